@@ -1,0 +1,16 @@
+"""Simulated multi-host cluster for meshrun's tests.
+
+Each host h<i> is a network namespace mrt<i> on the bridge mrtbr0
+(10.77.0.(10+i)/24) running a real sshd with its own hostname (UTS namespace),
+/etc/hosts and private home directory; optionally a wireguard-go overlay
+(10.78.0.(10+i)/24, wg0). Needs root. Try it by hand: `python -m tests.testbed`.
+"""
+
+from .cluster import ClusterState, DownReport, Process, SimCluster
+from .layout import Host
+from .requirements import APT_PACKAGES, missing_requirements
+
+__all__ = [
+    "APT_PACKAGES", "ClusterState", "DownReport", "Host", "Process", "SimCluster",
+    "missing_requirements",
+]

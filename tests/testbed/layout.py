@@ -1,0 +1,124 @@
+"""Names, addresses and state-dir paths of the simulated hosts.
+
+Every kernel object the test bed creates carries the prefix ``mrt`` (namespaces
+``mrt<i>``, veths ``mrt<i>h``, bridge ``mrtbr0``) so cleanup can find its own
+leftovers by name and never touches anything else on the machine.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "mrt"
+BRIDGE = f"{PREFIX}br0"
+UNDERLAY = "10.77.0"
+OVERLAY = "10.78.0"
+GATEWAY = f"{UNDERLAY}.1"
+NS_IFNAME = "eth0"  # the host's LAN interface, as seen inside its namespace
+WG_IFNAME = "wg0"
+WG_PORT = 51820
+DEFAULT_STATE_DIR = Path("/tmp/meshrun-testbed")
+MAX_HOSTS = 200  # 10 + i must stay a valid last octet
+
+NETNS_RE = re.compile(rf"^{PREFIX}(\d+)$")
+VETH_RE = re.compile(rf"^{PREFIX}(\d+)h$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One simulated host: its names and addresses."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"h{self.index}"
+
+    @property
+    def overlay_name(self) -> str:
+        return f"h{self.index}-wg"
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}{self.index}"
+
+    @property
+    def veth(self) -> str:
+        """Root-namespace end of the host's veth pair (a bridge port)."""
+        return f"{PREFIX}{self.index}h"
+
+    @property
+    def address(self) -> str:
+        return f"{UNDERLAY}.{10 + self.index}"
+
+    @property
+    def overlay_address(self) -> str:
+        return f"{OVERLAY}.{10 + self.index}"
+
+
+def hosts(n: int) -> list[Host]:
+    if not 1 <= n <= MAX_HOSTS:
+        raise ValueError(f"number of hosts must be 1..{MAX_HOSTS}, got {n}")
+    return [Host(i) for i in range(1, n + 1)]
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    """Files under the state dir. Namespaces share one filesystem, so every sshd
+    needs its own config, host key, pid file and log."""
+
+    root: Path
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.root / "authorized_keys"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.root / "ssh_config"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    def host_dir(self, host: Host) -> Path:
+        return self.root / host.name
+
+    def home(self, host: Host) -> Path:
+        return self.host_dir(host) / "home"
+
+    def sshd_config(self, host: Host) -> Path:
+        return self.host_dir(host) / "sshd_config"
+
+    def host_key(self, host: Host) -> Path:
+        return self.host_dir(host) / "ssh_host_ed25519_key"
+
+    def sshd_pid(self, host: Host) -> Path:
+        return self.host_dir(host) / "sshd.pid"
+
+    def sshd_log(self, host: Host) -> Path:
+        return self.host_dir(host) / "sshd.log"
+
+    def wg_key(self, host: Host) -> Path:
+        return self.host_dir(host) / "wg.key"
+
+    def wg_pid(self, host: Host) -> Path:
+        return self.host_dir(host) / "wg.pid"
+
+    def wg_log(self, host: Host) -> Path:
+        return self.host_dir(host) / "wg.log"
+
+    def netns_hosts_file(self, host: Host) -> Path:
+        # `ip netns exec` bind-mounts /etc/netns/<ns>/* over /etc/*: this becomes
+        # the host's /etc/hosts (the state dir is not involved).
+        return Path("/etc/netns") / host.netns / "hosts"

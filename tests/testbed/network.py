@@ -1,0 +1,108 @@
+"""Namespaces, the bridge, veths, hosts files, shaping and link faults.
+
+Layout: one bridge ``mrtbr0`` (10.77.0.1/24) in the root namespace is the LAN
+switch; each host is a network namespace ``mrt<i>`` with a veth whose root end
+``mrt<i>h`` is a bridge port and whose inner end is ``eth0`` (10.77.0.(10+i)).
+Namespaces get no default route: nothing can leave the simulated subnets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .layout import BRIDGE, GATEWAY, NETNS_RE, NS_IFNAME, VETH_RE, Host, StatePaths
+from .proc import run
+
+
+def own_netns() -> list[str]:
+    """Our namespaces (``mrt<digits>``) that exist now, whoever made them."""
+    out = run(["ip", "-j", "netns", "list"]).stdout.strip()
+    names = [entry["name"] for entry in json.loads(out)] if out else []
+    return sorted((n for n in names if NETNS_RE.match(n)), key=lambda n: int(n[3:]))
+
+
+def own_root_links() -> list[str]:
+    """Our links in the root namespace: the bridge and ``mrt<i>h`` veths."""
+    out = run(["ip", "-j", "link", "show"]).stdout.strip()
+    names = [entry["ifname"] for entry in json.loads(out)] if out else []
+    return [n for n in names if n == BRIDGE or VETH_RE.match(n)]
+
+
+def create_bridge() -> None:
+    run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    run(["ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE])
+    run(["ip", "link", "set", BRIDGE, "up"])
+
+
+def create_host_link(host: Host) -> None:
+    run(["ip", "netns", "add", host.netns])
+    # Create the peer directly inside the namespace: no window where a stray
+    # "eth0" exists in the root namespace.
+    run(["ip", "link", "add", host.veth, "type", "veth",
+         "peer", "name", NS_IFNAME, "netns", host.netns])
+    run(["ip", "link", "set", host.veth, "master", BRIDGE, "up"])
+    run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+    run(["ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", NS_IFNAME])
+    run(["ip", "-n", host.netns, "link", "set", NS_IFNAME, "up"])
+
+
+def hosts_file_text(all_hosts: list[Host]) -> str:
+    """/etc/hosts for every host: each name (and its ``-wg`` overlay name) maps
+    to its address. Without this the hostname would not resolve inside a
+    namespace, and torchrun's c10d rendezvous dies with socket.gaierror."""
+    lines = ["127.0.0.1 localhost", f"{GATEWAY} {BRIDGE}-gw"]
+    for h in all_hosts:
+        lines.append(f"{h.address} {h.name}")
+        lines.append(f"{h.overlay_address} {h.overlay_name}")
+    return "\n".join(lines) + "\n"
+
+
+def write_hosts_file(host: Host, paths: StatePaths, text: str) -> None:
+    target = paths.netns_hosts_file(host)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+
+
+def delete_netns(netns: str) -> None:
+    run(["ip", "netns", "del", netns], check=False)
+    netns_etc = Path("/etc/netns") / netns
+    if NETNS_RE.match(netns) and netns_etc.is_dir():
+        shutil.rmtree(netns_etc)
+
+
+def delete_root_links() -> None:
+    for link in own_root_links():
+        run(["ip", "link", "del", link], check=False)
+    # /etc/netns itself may be used by others: remove only if we emptied it.
+    try:
+        Path("/etc/netns").rmdir()
+    except OSError:
+        pass
+
+
+def _tbf(rate: str) -> list[str]:
+    # Only tbf/htb/fifo qdiscs exist on the lab kernel (no netem, fq, cake).
+    return ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"]
+
+
+def shape(host: Host, rate: str) -> None:
+    """Limit both directions of the host's link: egress of each veth end."""
+    run(["tc", "qdisc", "replace", "dev", host.veth, *_tbf(rate)])
+    run(["ip", "netns", "exec", host.netns,
+         "tc", "qdisc", "replace", "dev", NS_IFNAME, *_tbf(rate)])
+
+
+def unshape(host: Host) -> None:
+    run(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False)
+    run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", NS_IFNAME, "root"],
+        check=False)
+
+
+def set_link(host: Host, up: bool) -> None:
+    """cut (down) / heal (up) both ends of the host's LAN link. The overlay runs
+    over it, so a cut host is unreachable on both networks."""
+    state = "up" if up else "down"
+    run(["ip", "link", "set", host.veth, state])
+    run(["ip", "-n", host.netns, "link", "set", NS_IFNAME, state])
