@@ -1,0 +1,1 @@
+"""meshrun's controller side: inventory → plan → execute → render (see docs/architecture.md)."""

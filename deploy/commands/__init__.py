@@ -1,0 +1,1 @@
+"""One module per fab task: each reads like a paragraph (load, plan, execute, render)."""

@@ -1,0 +1,119 @@
+"""`fab train`: connect, (check, sync,) plan, launch on every host at once, summarize."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from deploy.errors import InputError, MeshrunError
+from deploy.fanout import failures, on_each
+from deploy.inventory import ElasticBounds, Host, Inventory, load_inventory, inventory_path
+from deploy.launch import JobRunner, JobStatus, remote_log_path
+from deploy.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, rendezvous_host, run_dir
+from deploy.probes import peer_address_for, route_interface
+from deploy.render import Renderer
+from deploy.selection import select_hosts
+from deploy.summary import build_summary, write_summary
+from deploy.transport import Session, connect
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    inventory: str | None
+    hosts: str | None
+    workload: Workload
+    nnodes: str | None = None
+    pg_timeout_s: int = 60
+    detach: bool = False
+    skip_checks: bool = False
+    no_sync: bool = False
+
+
+def new_run_id() -> str:
+    """Sortable and unique: reusing an rdzv id would join a stale rendezvous."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> ElasticBounds | None:
+    """`--nnodes MIN:MAX` wins over the inventory's `elastic:`; a plain count means no elasticity."""
+    if not value:
+        return inventory.elastic
+    low, colon, high = value.partition(":")
+    if not (low.isdigit() and (not colon or high.isdigit())):
+        raise InputError(f"--nnodes '{value}': expected MIN:MAX, e.g. --nnodes 2:3")
+    bounds = ElasticBounds(int(low), int(high) if colon else int(low))
+    if not 1 <= bounds.min <= bounds.max:
+        raise InputError(f"--nnodes '{value}': need 1 <= MIN <= MAX")
+    if bounds.min > host_count:
+        raise InputError(f"--nnodes '{value}': MIN {bounds.min} is more than the {host_count} selected host(s)")
+    return bounds if colon else None
+
+
+def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:
+    """An open session per host, or one error naming every host that failed."""
+    results = on_each(hosts, lambda h: connect(h, inventory.known_hosts, root), timeout=30)
+    failed = failures(results)
+    if failed:
+        for session in results.values():
+            if not isinstance(session, MeshrunError):
+                session.close()
+        raise MeshrunError("; ".join(str(e) for e in failed.values()))
+    return results  # type: ignore[return-value]
+
+
+def training_interfaces(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Session]) -> dict[str, str]:
+    """Per host, the interface that routes to the rendezvous host (for NCCL/GLOO_SOCKET_IFNAME)."""
+    if len(hosts) == 1 and hosts[0].is_local:
+        return {}
+    addresses = {h.name: h.address for h in hosts}
+
+    def probe(host: Host) -> str:
+        peer = peer_address_for(host.name, head.name, addresses)
+        return route_interface(sessions[host.name], peer).name if peer else ""
+
+    results = on_each(hosts, probe, timeout=30)
+    failed = failures(results)
+    if failed:
+        raise MeshrunError("; ".join(str(e) for e in failed.values()))
+    return {name: iface for name, iface in results.items() if iface}  # type: ignore[misc]
+
+
+def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
+    """The trainer's result.json, from whichever host ran rank 0."""
+    for launch in plan.hosts:
+        result = sessions[launch.host.name].run(["cat", f"{run_dir(plan.run_id)}/result.json"], timeout=20)
+        if result.ok:
+            try:
+                return json.loads(result.stdout)
+            except ValueError:
+                continue
+    return None
+
+
+def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
+    inventory = load_inventory(inventory_path(request.inventory))
+    hosts = select_hosts(inventory, request.hosts)
+    elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
+    run_id = new_run_id()
+    options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach)
+    sessions = connect_all(hosts, inventory, root)
+    try:
+        head = rendezvous_host(hosts, inventory.rendezvous)
+        plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
+                           sys.executable)
+        renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, run_dir(run_id))
+        outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(run_id), sys.executable).run()
+        summary = build_summary(plan, outcome, read_result(sessions, plan))
+    finally:
+        for session in sessions.values():
+            session.close()
+    path = write_summary(root / run_dir(run_id), summary)
+    if outcome.status is JobStatus.FAILED and outcome.failed_host:
+        renderer.failure_tail(outcome, remote_log_path(run_id, outcome.failed_host))
+    renderer.job_summary(summary, outcome, str(path))
+    return 0 if outcome.status is JobStatus.SUCCEEDED else 1

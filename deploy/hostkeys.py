@@ -1,0 +1,83 @@
+"""SSH host keys, enforced. Fabric accepts unknown and changed keys silently (AutoAddPolicy, no
+known_hosts); meshrun loads the system and the inventory's known_hosts and rejects unknown keys.
+A changed key is always an error naming the host and both fingerprints.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+import paramiko
+
+from deploy.errors import MeshrunError
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """SHA256 fingerprint as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The name OpenSSH and paramiko look keys up by: `addr`, or `[addr]:port` off port 22."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class UnknownHostKey(paramiko.SSHException):
+    """The server's key is in no known_hosts file. Carries the key so `trust` can show it."""
+
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(f"unknown host key for {hostname}")
+        self.hostname = hostname
+        self.key = key
+
+
+class RejectUnknown(paramiko.MissingHostKeyPolicy):
+    """Like paramiko's RejectPolicy, but keeps the offered key for the error message."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise UnknownHostKey(hostname, key)
+
+
+def load_known_hosts(client: paramiko.SSHClient, project_file: Path | None) -> None:
+    """System known_hosts (~/.ssh/known_hosts) plus the inventory's file, if it exists."""
+    try:
+        client.load_system_host_keys()
+    except (OSError, paramiko.SSHException):
+        pass  # no or unreadable ~/.ssh/known_hosts: the project file may still vouch
+    if project_file is not None and project_file.exists():
+        try:
+            client.get_host_keys().load(str(project_file))
+        except (OSError, paramiko.SSHException) as err:
+            raise MeshrunError(f"{project_file}: cannot read known_hosts ({err}); fix or remove the file", 2) from None
+    client.set_missing_host_key_policy(RejectUnknown())
+
+
+def unknown_key_error(host: str, err: UnknownHostKey, known_hosts: Path | None) -> MeshrunError:
+    where = str(known_hosts) if known_hosts else "~/.ssh/known_hosts"
+    return MeshrunError(
+        f"host '{host}': unknown SSH host key {fingerprint(err.key)} ({err.key.get_name()}) for {err.hostname}, "
+        f"not in {where}; if you trust it, run: fab trust --hosts {host}"
+    )
+
+
+def changed_key_error(host: str, err: paramiko.BadHostKeyException, known_hosts: Path | None) -> MeshrunError:
+    where = str(known_hosts) if known_hosts else "~/.ssh/known_hosts"
+    return MeshrunError(
+        f"host '{host}': SSH host key CHANGED for {err.hostname}: known {fingerprint(err.expected_key)}, "
+        f"offered {fingerprint(err.key)}. This may be an attack; if the host was reinstalled, delete its line "
+        f"from {where} and run: fab trust --hosts {host}"
+    )
+
+
+def append_known_host(path: Path, name: str, key: paramiko.PKey) -> None:
+    """Add one `name keytype base64` line, creating the file; never rewrites existing lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = f"{name} {key.get_name()} {key.get_base64()}\n"
+    existing = path.read_text() if path.exists() else ""
+    if existing and not existing.endswith("\n"):
+        line = "\n" + line
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)

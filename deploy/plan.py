@@ -1,0 +1,192 @@
+"""Launch planning, pure: selected hosts + options → the exact argv and environment per host.
+
+Nothing here touches the network or the filesystem, so tests compare plans by equality.
+The plan encodes what `docs/architecture.md` and the field notes require: addresses (never
+hostnames) in the rendezvous endpoint, `is_host=1` on the rendezvous host and `--local-addr`
+everywhere (overlay rendezvous fails without them), one unique rdzv id per run, and the
+interface that routes to the rendezvous host for NCCL and gloo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from deploy.errors import InputError
+from deploy.inventory import ElasticBounds, Host, Rendezvous
+
+AGENT_MODULE = "deploy.agent"
+HEARTBEAT_TIMEOUT_S = 30  # the agent stops the run when the controller is silent this long
+DEFAULT_PG_TIMEOUT_S = 60  # collective timeout: a cut link is noticed in bounded time
+ELASTIC_MAX_RESTARTS = 10  # headroom for spurious membership restarts (lab NOTES §7)
+ELASTIC_RDZV_CONF = ("join_timeout=120", "last_call_timeout=5", "close_timeout=10")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What each rank runs: the built-in trainer, or a user's torchrun-compatible script."""
+
+    script: str | None = None  # path inside the synced project; None runs `python -m train`
+    config: str | None = None  # trainer config file (built-in trainer only)
+    args: tuple[str, ...] = ()  # trainer `key=value` overrides, or the script's own arguments
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    run_id: str
+    workload: Workload = Workload()
+    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S
+    elastic: ElasticBounds | None = None
+    max_restarts: int | None = None  # None: 0, or ELASTIC_MAX_RESTARTS when elastic
+    heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
+    detach: bool = False
+
+
+@dataclass(frozen=True)
+class HostLaunch:
+    """What runs on one host: the agent argv, which starts torchrun with `env` set."""
+
+    host: Host
+    is_rendezvous_host: bool
+    env: tuple[tuple[str, str], ...]
+    torchrun: tuple[str, ...]
+    agent: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    rdzv_endpoint: str  # "address:port", or "standalone" for one local host
+    hosts: tuple[HostLaunch, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(h.host.nproc_per_node for h in self.hosts)
+
+
+def run_dir(run_id: str) -> str:
+    """A run's directory, relative to the workdir on a host and to the project locally."""
+    return f"runs/{run_id}"
+
+
+def host_dir(run_id: str, host: str) -> str:
+    """Where a host's agent keeps its pidfile and log, inside the run directory."""
+    return f"{run_dir(run_id)}/hosts/{host}"
+
+
+def python_of(host: Host, local_python: str) -> str:
+    return host.python or local_python
+
+
+def rendezvous_host(hosts: tuple[Host, ...], rdzv: Rendezvous) -> Host:
+    """The inventory's rendezvous host if selected, else the first selected host."""
+    if rdzv.host is not None:
+        for host in hosts:
+            if host.name == rdzv.host:
+                return host
+        raise InputError(
+            f"rendezvous host '{rdzv.host}' is not among the selected hosts "
+            f"({', '.join(h.name for h in hosts)}); add it to --hosts or change `rendezvous.host`"
+        )
+    return hosts[0]
+
+
+def plan_launch(
+    hosts: tuple[Host, ...],
+    rdzv: Rendezvous,
+    options: LaunchOptions,
+    interfaces: Mapping[str, str],
+    local_python: str,
+) -> LaunchPlan:
+    """The launch plan. `interfaces` maps host name → the interface routing to the rendezvous host."""
+    if not hosts:
+        raise InputError("no hosts selected; pass --hosts NAME[,NAME...]")
+    head = rendezvous_host(hosts, rdzv)
+    standalone = len(hosts) == 1 and head.is_local and options.elastic is None
+    if not standalone:
+        for host in hosts:
+            if host.is_local:
+                raise InputError(
+                    f"host '{host.name}' has `address: local`, which other hosts cannot reach; "
+                    "give it its LAN or overlay address to use it in a multi-host run"
+                )
+    endpoint = "standalone" if standalone else f"{head.address}:{rdzv.port}"
+    launches = []
+    for host in hosts:
+        env = host_env(host, options, interfaces.get(host.name))
+        torchrun = torchrun_argv(host, head, endpoint, len(hosts), options, local_python)
+        agent = agent_argv(host, options, env, torchrun, local_python)
+        launches.append(HostLaunch(host, host.name == head.name, env, torchrun, agent))
+    return LaunchPlan(options.run_id, endpoint, tuple(launches))
+
+
+def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple[tuple[str, str], ...]:
+    """Environment for torchrun on `host`; the inventory's `env` comes last and wins."""
+    env: list[tuple[str, str]] = [
+        ("MESHRUN_RUN_ID", options.run_id),
+        ("MESHRUN_HOST", host.name),
+        ("PYTHONUNBUFFERED", "1"),  # logs must stream live, not in 8 KiB blocks
+    ]
+    if host.gpus is not None:
+        env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in host.gpus)))
+    if interface:
+        env += [("NCCL_SOCKET_IFNAME", f"={interface}"), ("GLOO_SOCKET_IFNAME", interface)]
+    if host.network.is_overlay_or_public:
+        env.append(("NCCL_IB_DISABLE", "1"))
+    if options.elastic is not None:
+        # torch 2.14.1: scale-up hangs then crashes with the shared rendezvous store (lab NOTES §7b).
+        env.append(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
+    if isinstance(host.batch_size, int):
+        env.append(("MESHRUN_BATCH_SIZE", str(host.batch_size)))
+    elif host.batch_size == "auto":
+        env.append(("MESHRUN_BATCH_SIZE", "auto"))
+    env.append(("MESHRUN_PG_TIMEOUT", str(options.pg_timeout_s)))
+    overridden = {k for k, _ in host.env}
+    return tuple((k, v) for k, v in env if k not in overridden) + host.env
+
+
+def torchrun_argv(host: Host, head: Host, endpoint: str, node_count: int, options: LaunchOptions,
+                  local_python: str) -> tuple[str, ...]:
+    argv = [python_of(host, local_python), "-m", "torch.distributed.run"]
+    if endpoint == "standalone":
+        argv += ["--standalone", "--nnodes", "1"]
+    else:
+        nnodes = f"{options.elastic.min}:{options.elastic.max}" if options.elastic else str(node_count)
+        argv += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                 "--rdzv-id", options.run_id]
+        conf = (["is_host=1"] if host.name == head.name else []) + (list(ELASTIC_RDZV_CONF) if options.elastic else [])
+        if conf:
+            argv += ["--rdzv-conf", ",".join(conf)]
+        argv += ["--local-addr", host.address]
+    restarts = options.max_restarts
+    if restarts is None:
+        restarts = ELASTIC_MAX_RESTARTS if options.elastic else 0
+    argv += [
+        "--nproc-per-node", str(host.nproc_per_node),
+        "--max-restarts", str(restarts),
+        "--log-dir", f"{host_dir(options.run_id, host.name)}/torchrun",
+        "--tee", "3",
+        "--log-line-prefix-template", f"[{host.name}:${{rank}}] ",
+    ]
+    return tuple(argv + _workload_argv(options))
+
+
+def _workload_argv(options: LaunchOptions) -> list[str]:
+    work = options.workload
+    if work.script is not None:
+        return [work.script, *work.args]
+    argv = ["-m", "train", "--run-dir", run_dir(options.run_id)]
+    if work.config is not None:
+        argv += ["--config", work.config]
+    return argv + [f"dist.timeout={options.pg_timeout_s}", *work.args]
+
+
+def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], ...],
+               torchrun: tuple[str, ...], local_python: str) -> tuple[str, ...]:
+    """The host-side supervisor: own process group, pidfile, log tee, controller watchdog."""
+    argv = [python_of(host, local_python), "-m", AGENT_MODULE, "run",
+            "--run-id", options.run_id, "--host", host.name, "--run-dir", run_dir(options.run_id),
+            "--heartbeat-timeout", "0" if options.detach else str(options.heartbeat_timeout_s)]
+    for key, value in env:
+        argv += ["--env", f"{key}={value}"]
+    return tuple(argv + ["--", *torchrun])

@@ -1,0 +1,83 @@
+"""The output layer: the only module that imports rich. Results in, text out."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from deploy.launch import JobOutcome, JobStatus
+from deploy.summary import RunSummary
+
+HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")
+
+
+class Renderer:
+    def __init__(self, console: Console | None = None, err_console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False, soft_wrap=True)
+        self.err = err_console or Console(stderr=True, highlight=False, soft_wrap=True)
+        self._styles: dict[str, str] = {}
+        self._lock = threading.Lock()  # log lines arrive from one thread per host
+
+    def log_line(self, host: str, text: str) -> None:
+        style = self._styles.setdefault(host, HOST_STYLES[len(self._styles) % len(HOST_STYLES)])
+        line = Text(text)
+        end = text.find("] ")
+        if text.startswith("[") and end > 0:
+            line.stylize(style, 0, end + 1)
+        with self._lock:
+            self.console.print(line)
+
+    def info(self, message: str) -> None:
+        with self._lock:
+            self.console.print(Text(message))
+
+    def warn(self, message: str) -> None:
+        with self._lock:
+            self.err.print(Text("warning: ", style="yellow bold") + Text(message))
+
+    def error(self, message: str) -> None:
+        with self._lock:
+            self.err.print(Text("error: ", style="red bold") + Text(message))
+
+    def json(self, data: Any) -> None:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+
+    def run_started(self, run_id: str, hosts: list[str], world_size: int, run_dir: str) -> None:
+        self.info(f"run {run_id}: {len(hosts)} host(s) ({', '.join(hosts)}), world size {world_size}; "
+                  f"logs and summary in {run_dir}/")
+
+    def failure_tail(self, outcome: JobOutcome, remote_log: str) -> None:
+        """The failed host's last lines and where its full log is."""
+        host = next(h for h in outcome.hosts if h.host == outcome.failed_host)
+        with self._lock:
+            self.err.print(Text(f"--- last {len(host.tail)} lines from {host.host} ---", style="red"))
+            for line in host.tail:
+                self.err.print(Text(line))
+            self.err.print(Text(f"--- full log: {host.log} (on the host: {remote_log}) ---", style="red"))
+
+    def job_summary(self, summary: RunSummary, outcome: JobOutcome, summary_path: str) -> None:
+        table = Table(title=f"run {summary.run_id}: {summary.status}", title_justify="left")
+        for column in ("host", "exit", "log", "left running"):
+            table.add_column(column)
+        for host in outcome.hosts:
+            left = "none" if not host.remaining and not host.stop_error else (host.stop_error or str(list(host.remaining)))
+            table.add_row(host.host, "lost" if host.rc is None else str(host.rc), str(host.log), left)
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary.metrics.items())) or "none"
+        style = {"succeeded": "green", "failed": "red", "stopped": "yellow"}[summary.status]
+        with self._lock:
+            self.console.print(table)
+            self.console.print(Text(
+                f"{summary.status}: {summary.epochs_completed} epoch(s), world size {summary.world_size}, "
+                f"{summary.duration_s:.1f} s; metrics: {metrics}; summary: {summary_path}", style=style))
+            if outcome.status is JobStatus.STOPPED:
+                clean = all(not h.remaining and not h.stop_error for h in outcome.hosts)
+                self.console.print(Text("every host is clean: no run process left" if clean else
+                                        "some hosts may still run processes: see 'left running'",
+                                        style="green" if clean else "red bold"))
