@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 import subprocess
 import sys
 import time
@@ -217,6 +219,24 @@ class SimCluster:
         for h in self.hosts:
             network.unshape(h)
 
+    @contextmanager
+    def shaped(self, rate: str) -> Iterator[None]:
+        """with cluster.shaped("20mbit"): ... (unshapes even on failure)"""
+        self.shape(rate)
+        try:
+            yield
+        finally:
+            self.unshape()
+
+    @contextmanager
+    def link_cut(self, i: int) -> Iterator[None]:
+        """with cluster.link_cut(2): ... (heals even on failure)"""
+        self.cut(i)
+        try:
+            yield
+        finally:
+            self.heal(i)
+
     def cut(self, i: int) -> None:
         network.set_link(self.host(i), up=False)
 
@@ -276,14 +296,20 @@ class SimCluster:
         """Start argv inside host i in the background (subprocess.Popen kwargs)."""
         return subprocess.Popen([*self._enter(i), *argv], **kwargs)
 
-    def ssh_argv(self, i: int, *remote: str, known_hosts: Path | None = None) -> list[str]:
-        """ssh CLI argv to host i with the client key and strict host key checking."""
-        h = self.host(i)
+    def ssh_command(self, *, known_hosts: Path | None = None,
+                    connect_timeout: int = 5) -> list[str]:
+        """`ssh` plus options (client key, strict host key checking), no target:
+        for `rsync -e shlex.join(...)` or to add a target yourself."""
         return ["ssh", "-i", str(self.client_key), "-p", str(self.ssh_port),
                 "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                 "-o", f"UserKnownHostsFile={known_hosts or self.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
-                f"root@{h.address}", "--", *remote]
+                "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={connect_timeout}"]
+
+    def ssh_argv(self, i: int, *remote: str, known_hosts: Path | None = None,
+                 connect_timeout: int = 5) -> list[str]:
+        """ssh CLI argv running `remote` on host i (words go to the remote shell)."""
+        ssh = self.ssh_command(known_hosts=known_hosts, connect_timeout=connect_timeout)
+        return [*ssh, f"root@{self.host(i).address}", "--", *remote]
 
     # --------------------------------------------------------- inventory ----
     def write_inventory(

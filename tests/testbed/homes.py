@@ -22,10 +22,10 @@ REAL_HOME = Path("/root")
 TOOL_DIRS = (".pyenv", ".local", ".cargo", ".rustup")
 
 
-def _top_level_under_root(path: Path) -> str | None:
-    """First component of `path` below /root, e.g. /root/ci/x/y -> "ci"."""
+def _top_level_under(home: Path, path: Path) -> str | None:
+    """First component of `path` below `home`, e.g. /root/ci/x/y -> "ci"."""
     try:
-        rel = path.relative_to(REAL_HOME)
+        rel = path.relative_to(home)
     except ValueError:
         return None
     return rel.parts[0] if rel.parts else None
@@ -47,7 +47,10 @@ def _venv_home(venv: Path) -> Path | None:
 
 
 def passthrough_dirs(
-    python: str = sys.executable, repo_root: Path | None = None, extra: Iterable[Path] = ()
+    python: str = sys.executable,
+    repo_root: Path | None = None,
+    extra: Iterable[Path] = (),
+    real_home: Path = REAL_HOME,
 ) -> list[Path]:
     """Directories of the real /root to bind into every private home. `extra`:
     more paths that must stay visible (e.g. a state dir placed under /root,
@@ -67,12 +70,12 @@ def passthrough_dirs(
     for path in extra:
         candidates += [path.absolute(), path.resolve()]
 
-    names = [name for name in TOOL_DIRS if (REAL_HOME / name).is_dir()]
+    names = [name for name in TOOL_DIRS if (real_home / name).is_dir()]
     for path in candidates:
-        top = _top_level_under_root(path)
-        if top is not None and top not in names and (REAL_HOME / top).is_dir():
+        top = _top_level_under(real_home, path)
+        if top is not None and top not in names and (real_home / top).is_dir():
             names.append(top)
-    return [REAL_HOME / name for name in names]
+    return [real_home / name for name in names]
 
 
 def mount_points_under(path: Path) -> list[str]:
