@@ -152,7 +152,7 @@ def _read_fields(node: yaml.Node, where: Where, host: str | None, allowed: tuple
     for key, key_node, value_node in mapping_items(node, where.at(node, host=host), what):
         at = where.at(key_node, host=host, field=key)
         if key not in allowed:
-            raise unknown_key(key, allowed, where.at(key_node, host=host), what)
+            raise unknown_key(key, allowed, where.at(key_node, host=host), what if host is None else "")
         values[key] = fields.FIELD_READERS[key](value_node, at)
     return values
 

@@ -94,4 +94,4 @@ def unknown_key(key: str, allowed: tuple[str, ...], where: Where, what: str) -> 
     """Error for a key not in `allowed`, with a did-you-mean when one is close."""
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(allowed)}"
-    return where.fail(f"unknown key '{key}' in {what}", hint)
+    return where.fail(f"unknown key '{key}'" + (f" in {what}" if what else ""), hint)
