@@ -1,0 +1,63 @@
+"""The resumable sampler: exact coverage, equal step counts, and resharding on resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from train.sampler import ResumableBatchSampler, epoch_order, eval_shard, plan_steps
+
+
+def real_indices(world: int, batch: int, n: int, epoch: int, consumed: int) -> list[list[int]]:
+    """Per step, the real (weight > 0) indices of all ranks, read through the samplers."""
+    samplers = [ResumableBatchSampler(n, batch, world, r, seed=7) for r in range(world)]
+    for s in samplers:
+        s.set_epoch(epoch, consumed)
+    assert len({len(s) for s in samplers}) == 1, "every rank must run the same number of steps"
+    steps = []
+    for per_rank in zip(*samplers):
+        assert len({len(b) for b in per_rank}) == 1, "same batch shape on every rank"
+        steps.append([i for b in per_rank for i, w in b if w > 0])
+    return steps
+
+
+@pytest.mark.parametrize("world, batch, n", [(1, 4, 10), (2, 4, 10), (3, 4, 10), (4, 3, 5),
+                                             (3, 1, 2), (2, 32, 1437)])
+def test_each_sample_once_per_epoch(world: int, batch: int, n: int) -> None:
+    used = [i for step in real_indices(world, batch, n, epoch=1, consumed=0) for i in step]
+    assert sorted(used) == list(range(n))
+
+
+@pytest.mark.parametrize("world, batch, n", [(2, 4, 10), (3, 4, 10), (4, 3, 5), (3, 1, 2)])
+def test_weights_make_ddp_average_the_global_mean(world: int, batch: int, n: int) -> None:
+    # DDP averages rank gradients (divides by world); sum(w) == world makes that the mean.
+    for step in plan_steps(epoch_order(n, 0, 0, True), 0, world, batch):
+        weights = [w for rank in step.per_rank for _, w in rank]
+        assert sum(weights) == pytest.approx(world)
+        assert sum(1 for w in weights if w > 0) == step.real
+
+
+@pytest.mark.parametrize("old_world, new_world, stop_after", [(2, 3, 2), (3, 2, 1), (2, 2, 3),
+                                                             (4, 1, 1), (1, 4, 5)])
+def test_resume_at_another_world_size_covers_rest_exactly_once(
+        old_world: int, new_world: int, stop_after: int) -> None:
+    n, batch, epoch = 101, 4, 3
+    before = real_indices(old_world, batch, n, epoch, consumed=0)[:stop_after]
+    consumed = sum(len(step) for step in before)
+    after = real_indices(new_world, batch, n, epoch, consumed)
+    used = Counter(i for step in before + after for i in step)
+    assert sorted(used) == list(range(n)) and set(used.values()) == {1}
+    # The consumed prefix is exactly the first samples of the epoch's (world-independent) order.
+    assert [i for s in before for i in s] == epoch_order(n, 7, epoch, True)[:consumed]
+
+
+def test_epochs_shuffle_differently_and_deterministically() -> None:
+    assert epoch_order(50, 1, 0, True) != epoch_order(50, 1, 1, True)
+    assert epoch_order(50, 1, 2, True) == epoch_order(50, 1, 2, True)
+    assert epoch_order(5, 1, 0, False) == [0, 1, 2, 3, 4]
+
+
+def test_eval_shard_has_no_padding() -> None:
+    shards = [eval_shard(11, 4, r) for r in range(4)]
+    assert sorted(i for s in shards for i in s) == list(range(11))

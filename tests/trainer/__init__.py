@@ -1,0 +1,1 @@
+"""Helpers shared by the trainer tests (tests/test_train_*.py)."""

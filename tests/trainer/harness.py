@@ -1,0 +1,62 @@
+"""Launch the trainer the way the controller does, and read what it wrote.
+
+Everything runs in real processes: ``torchrun --standalone`` with gloo on CPU for the trainer,
+``torch.multiprocessing`` for function-level multi-rank tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+_TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "MESHRUN_RUN_ID")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def train_argv(run_dir: Path, overrides: tuple[str, ...], nproc: int, config: Path | None) -> list[str]:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}", "-m", "train"] if nproc else \
+        [sys.executable, "-m", "train"]
+    cfg = ["--config", str(config)] if config else []
+    return [*launcher, *cfg, "--run-dir", str(run_dir), *overrides]
+
+
+def train(run_dir: Path, *overrides: str, nproc: int = 2, config: Path | None = None,
+          timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m train`` (under torchrun when ``nproc`` > 0) and wait for it."""
+    return subprocess.run(train_argv(run_dir, overrides, nproc, config), cwd=run_dir.parent,
+                          env=clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def records(run_dir: Path, name: str = "metrics.jsonl", kind: str | None = None) -> list[dict[str, Any]]:
+    lines = (run_dir / name).read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
+    """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` fresh processes; ``fn`` must
+    create its own gloo group on ``tcp://127.0.0.1:<port>`` and write results to files."""
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.start_processes(fn, args=(world_size, free_port(), *args), nprocs=world_size,
+                       start_method="spawn")

@@ -1,0 +1,1 @@
+"""meshrun's DDP trainer: run it as ``python -m train`` (alone or under torchrun)."""

@@ -1,0 +1,66 @@
+"""``python -m train [--config PATH] [--run-dir DIR] [key=value ...]``, alone or under torchrun.
+
+Exit status: 0 on success; 2 for a usage error (one line on stderr, no traceback); 3 when a
+``debug.stop_after_*`` option stopped the run; 1 (with a traceback) for anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from train import dist
+from train.config import TrainConfig, load_config
+from train.errors import InjectedFailure, UsageError
+from train.render import make_console
+
+EXIT_USAGE = 2
+EXIT_INJECTED = 3
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=None,
+                        help="YAML config (default: the packaged train/configs/digits.yaml)")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="output directory (default: runs/<MESHRUN_RUN_ID or 'local'>)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted config overrides, e.g. optim.lr=0.05 epochs=3")
+    return parser.parse_args(argv)
+
+
+def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
+    from train.trainer import Trainer  # heavy imports after the config is known to be valid
+
+    device = dist.pick_device(env)
+    trainer = None
+    try:
+        dist.init(env, cfg.dist.backend, cfg.dist.timeout, device)
+        trainer = Trainer(cfg, env, run_dir, device, make_console(env.is_main,
+                                                                  cfg.log.print_every_steps))
+        trainer.fit()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        dist.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        env = dist.read_env()
+        cfg = load_config(args.config, tuple(args.overrides))
+        run_dir = args.run_dir or Path("runs") / (env.run_id or "local")
+        run(cfg, env, run_dir)
+    except UsageError as err:
+        print(f"train: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except InjectedFailure as err:
+        print(f"train: {err}", file=sys.stderr, flush=True)
+        return EXIT_INJECTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

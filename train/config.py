@@ -1,0 +1,357 @@
+"""Typed training configuration: frozen dataclasses built from YAML plus ``key=value`` overrides.
+
+Contract:
+- ``load_config(path, overrides)`` returns a fully validated ``TrainConfig`` or raises
+  ``UsageError`` whose message is one line naming the source (file or override), the dotted key,
+  what is allowed and, for typos, a did-you-mean.
+- Only ``train.__main__`` calls it; everything else receives the sub-config it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from train.errors import UsageError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "digits.yaml"
+
+
+class ModelKind(str, enum.Enum):
+    MLP = "mlp"
+    TOY = "toy"
+    TORCHVISION = "torchvision"
+    POINTNET2 = "pointnet2"
+
+
+class DatasetKind(str, enum.Enum):
+    DIGITS = "digits"
+    CIFAR10 = "cifar10"
+    IMAGEFOLDER = "imagefolder"
+    SYNTHETIC_IMAGES = "synthetic_images"
+    SHAPES = "shapes"
+    MODELNET40 = "modelnet40"
+
+
+class OptimizerKind(str, enum.Enum):
+    SGD = "sgd"
+    ADAMW = "adamw"
+
+
+class ScheduleKind(str, enum.Enum):
+    CONSTANT = "constant"
+    STEP = "step"
+    COSINE = "cosine"
+
+
+class Precision(str, enum.Enum):
+    OFF = "off"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class Backend(str, enum.Enum):
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which network to build; fields a model does not use are ignored by it."""
+
+    name: ModelKind = ModelKind.MLP
+    arch: str = "resnet18"  # any torchvision.models constructor name
+    small_stem: bool = False  # 3x3 stride-1 stem without max-pool, for 32x32 inputs
+    hidden: tuple[int, ...] = (128, 64)  # MLP hidden widths
+    dropout: float = 0.0
+    sa_points: tuple[int, ...] = (256, 64)  # PointNet++ centroids per set-abstraction level
+    sa_radius: tuple[float, ...] = (0.2, 0.4)
+    sa_samples: int = 32  # neighbours per ball query
+    width: int = 64  # PointNet++ base channel width
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where samples come from and how they are batched (``batch_size`` is per process)."""
+
+    name: DatasetKind = DatasetKind.DIGITS
+    root: str = ""
+    batch_size: int = 32
+    eval_batch_size: int = 256
+    num_workers: int = 0
+    test_fraction: float = 0.2  # digits: held-out share, split with a fixed seed
+    split_seed: int = 0
+    image_size: int = 32  # synthetic images / ImageFolder crop
+    num_classes: int = 10  # synthetic images / shapes
+    train_size: int = 2000  # generated datasets
+    test_size: int = 500
+    num_points: int = 512  # point clouds
+    augment: bool = True
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer, gradient accumulation and clipping (``grad_clip`` 0 disables clipping)."""
+
+    name: OptimizerKind = OptimizerKind.SGD
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    grad_clip: float = 0.0
+    accum_steps: int = 1
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Learning rate as a function of fractional epoch; see ``train.optim.lr_at``."""
+
+    name: ScheduleKind = ScheduleKind.CONSTANT
+    warmup_epochs: float = 0.0
+    step_epochs: int = 30  # STEP: multiply by gamma every this many epochs (seed 004)
+    gamma: float = 0.1
+    min_lr: float = 0.0
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 0  # also save every N optimizer steps; 0 = only at epoch ends
+    keep_last: int = 3
+    resume: bool = True
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    backend: Backend = Backend.AUTO
+    timeout: float = 60.0  # seconds, passed to init_process_group
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    print_every_steps: int = 50
+    progress_seconds: float = 2.0
+    tensorboard: bool = True
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    every_steps: int = 1  # per-rank step record cadence
+    comm_probe_steps: int = 3  # steps timed with and without gradient sync; 0 disables
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Fault injection for tests: exit with status 3 right after the named checkpoint."""
+
+    stop_after_epoch: int = 0
+    stop_after_step: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    epochs: int = 20
+    amp: Precision = Precision.OFF
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+def load_config(path: Path | None = None, overrides: tuple[str, ...] = ()) -> TrainConfig:
+    """YAML file (default: packaged digits.yaml) with dotted ``key=value`` overrides applied."""
+    path = DEFAULT_CONFIG if path is None else path
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} not found; ship-in configs: {_shipped()}") from None
+    except yaml.YAMLError as err:
+        raise UsageError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: top level must be a mapping of keys, got {type(raw).__name__}")
+    cfg = _build(TrainConfig, raw, "", str(path))
+    for item in overrides:
+        cfg = apply_override(cfg, item)
+    _check_ranges(cfg, f"{path} with overrides" if overrides else str(path))
+    return cfg
+
+
+_RANGES: tuple[tuple[str, Any, str], ...] = (
+    ("epochs", lambda v: v >= 0, ">= 0"),
+    ("data.batch_size", lambda v: v >= 1, ">= 1"),
+    ("data.eval_batch_size", lambda v: v >= 1, ">= 1"),
+    ("data.num_workers", lambda v: v >= 0, ">= 0"),
+    ("data.test_fraction", lambda v: 0 < v < 1, "between 0 and 1"),
+    ("optim.lr", lambda v: v > 0, "> 0"),
+    ("optim.accum_steps", lambda v: v >= 1, ">= 1"),
+    ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
+    ("dist.timeout", lambda v: v > 0, "> 0 seconds"),
+)
+
+
+def _check_ranges(cfg: TrainConfig, source: str) -> None:
+    for key, ok, allowed in _RANGES:
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        if not ok(value):
+            raise UsageError(f"{source}: {key!r} must be {allowed}; got {value!r}")
+
+
+def apply_override(cfg: TrainConfig, item: str) -> TrainConfig:
+    """Return ``cfg`` with one ``dotted.key=value`` override applied (value parsed as YAML)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise UsageError(f"override {item!r} must look like key=value, e.g. optim.lr=0.05")
+    source = f"override {item!r}"
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    return _replace_path(cfg, key.split("."), value, "", source, text)
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain JSON/YAML-able form of a config (enums as values, tuples as lists)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, enum.Enum):
+        return cfg.value
+    if isinstance(cfg, tuple):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
+    """Inverse of ``to_dict`` (used to read the config stored in a checkpoint)."""
+    return _build(TrainConfig, dict(raw), "", "checkpoint")
+
+
+def _shipped() -> str:
+    return ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.yaml")))
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def _build(cls: type, raw: Mapping[str, Any], prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            _unknown(cls, prefix, str(key), source)
+    kwargs = {}
+    for name in names:
+        if name in raw:
+            kwargs[name] = _coerce(hints[name], raw[name], prefix + name, source, None)
+    return cls(**kwargs)
+
+
+def _replace_path(obj: Any, parts: list[str], value: Any, prefix: str, source: str,
+                  text: str) -> Any:
+    head, rest = parts[0], parts[1:]
+    hints = typing.get_type_hints(type(obj))
+    if head not in hints:
+        _unknown(type(obj), prefix, ".".join(parts), source)
+    kind = hints[head]
+    if dataclasses.is_dataclass(kind):
+        if not rest:
+            raise UsageError(f"{source}: {prefix + head!r} is a section; set one of its keys, "
+                             f"e.g. {prefix + head}.{dataclasses.fields(kind)[0].name}=...")
+        new = _replace_path(getattr(obj, head), rest, value, prefix + head + ".", source, text)
+    elif rest:
+        _unknown(type(obj), prefix, ".".join(parts), source)
+    else:
+        new = _coerce(kind, value, prefix + head, source, text)
+    return dataclasses.replace(obj, **{head: new})
+
+
+def _unknown(cls: type, prefix: str, key: str, source: str) -> typing.NoReturn:
+    full = prefix + key
+    allowed = sorted(f.name for f in dataclasses.fields(cls))
+    guess = difflib.get_close_matches(full, _all_keys(TrainConfig, ""), n=1, cutoff=0.6)
+    if not guess:
+        tail = full.rsplit(".", 1)[-1]
+        guess = [k for k in _all_keys(TrainConfig, "") if k.rsplit(".", 1)[-1] == tail][:1]
+    hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+    where = f"under {prefix[:-1]!r}" if prefix else "at top level"
+    raise UsageError(f"{source}: unknown key {full!r}{hint}; allowed {where}: {', '.join(allowed)}")
+
+
+def _all_keys(cls: type, prefix: str) -> list[str]:
+    keys = []
+    for name, kind in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(kind):
+            keys += _all_keys(kind, prefix + name + ".")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _coerce(kind: Any, value: Any, key: str, source: str, text: str | None) -> Any:
+    """Check/convert one leaf value; ``text`` is the raw override text (None for YAML files)."""
+    if dataclasses.is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise UsageError(f"{source}: {key!r} must be a mapping of keys, got {value!r}")
+        return _build(kind, value, key + ".", source)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        choices = [m.value for m in kind]
+        if value in choices:
+            return kind(value)
+        guess = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+        raise UsageError(f"{source}: {key!r} must be one of {', '.join(choices)}; "
+                         f"got {value!r}{hint}")
+    if typing.get_origin(kind) is tuple:
+        return _coerce_tuple(typing.get_args(kind)[0], value, key, source)
+    return _coerce_scalar(kind, value, key, source, text)
+
+
+def _coerce_tuple(item: type, value: Any, key: str, source: str) -> tuple:
+    values = value if isinstance(value, list) else [value]
+    try:
+        return tuple(_coerce_scalar(item, v, key, source, None) for v in values)
+    except UsageError:
+        raise UsageError(f"{source}: {key!r} must be a list of {item.__name__}s like [1, 2]; "
+                         f"got {value!r}") from None
+
+
+def _coerce_scalar(kind: type, value: Any, key: str, source: str, text: str | None) -> Any:
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        if text is not None:
+            return text  # an override value is a string by nature, e.g. data.root=2024
+    elif kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    else:
+        raise AssertionError(f"unsupported config field type {kind!r} for {key}")
+    names = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}
+    shown = text if text is not None else value
+    raise UsageError(f"{source}: {key!r} must be {names[kind]}; got {shown!r}")

@@ -1,0 +1,154 @@
+"""Process-group lifecycle and the torchrun environment.
+
+Contract:
+- ``read_env()`` is the only place in the trainer that reads ``os.environ``. It returns a frozen
+  ``DistEnv``; everything else receives that record.
+- Without ``RANK`` in the environment the run is one plain process: world size 1, no process
+  group, and every collective helper below degrades to a local no-op.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as torch_dist
+
+from train.config import Backend
+from train.errors import UsageError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """What torchrun and the meshrun controller told this process."""
+
+    launched: bool  # True under torchrun (RANK set): a process group is created
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    group_rank: int = 0
+    restart_count: int = 0
+    master_addr: str = ""
+    run_id: str = ""
+    host: str = ""
+    batch_size: int | None = None  # MESHRUN_BATCH_SIZE: per-process batch for this host
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Parse the torchrun/meshrun variables once; malformed values raise ``UsageError``."""
+    env = os.environ if environ is None else environ
+    batch = env.get("MESHRUN_BATCH_SIZE", "")
+    return DistEnv(
+        launched="RANK" in env,
+        rank=_int(env, "RANK", 0),
+        local_rank=_int(env, "LOCAL_RANK", 0),
+        world_size=_int(env, "WORLD_SIZE", 1),
+        local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1),
+        group_rank=_int(env, "GROUP_RANK", 0),
+        restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        master_addr=env.get("MASTER_ADDR", ""),
+        run_id=env.get("MESHRUN_RUN_ID", ""),
+        host=env.get("MESHRUN_HOST", ""),
+        batch_size=_int(env, "MESHRUN_BATCH_SIZE", 0) if batch else None,
+    )
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "")
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"environment variable {name}={text!r} must be an integer") from None
+
+
+def pick_device(env: DistEnv) -> torch.device:
+    """``cuda:<local rank>`` when CUDA is visible (torch applies CUDA_VISIBLE_DEVICES), else CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init(env: DistEnv, backend: Backend, timeout_s: float, device: torch.device) -> None:
+    """Create the process group (torchrun's env:// rendezvous) with a deliberate timeout, so a
+    vanished peer is noticed in bounded time instead of gloo's 30 minutes."""
+    if not env.launched:
+        return
+    if backend is Backend.AUTO:
+        backend = Backend.NCCL if device.type == "cuda" else Backend.GLOO
+    if backend is Backend.NCCL and device.type != "cuda":
+        raise UsageError("dist.backend=nccl needs CUDA, but no GPU is visible; use dist.backend=gloo")
+    torch_dist.init_process_group(
+        backend=backend.value,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def shutdown() -> None:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def active() -> bool:
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks (in place, also returned); identity without a process group."""
+    if active():
+        torch_dist.all_reduce(values, op=torch_dist.ReduceOp.SUM)
+    return values
+
+
+def all_gather_ints(value: int, device: torch.device) -> list[int]:
+    """Every rank's ``value``, indexed by rank."""
+    if not active():
+        return [value]
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    out = [torch.zeros_like(mine) for _ in range(torch_dist.get_world_size())]
+    torch_dist.all_gather(out, mine)
+    return [int(t.item()) for t in out]
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_bytes(payload: bytes | None, src: int, device: torch.device) -> bytes:
+    """Send ``payload`` (only meaningful on ``src``) to every rank as a uint8 tensor."""
+    if not active():
+        assert payload is not None
+        return payload
+    size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64,
+                        device=device)
+    torch_dist.broadcast(size, src)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    if payload is not None:
+        buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    torch_dist.broadcast(buf, src)
+    return buf.cpu().numpy().tobytes()
+
+
+def barrier() -> None:
+    if active():
+        torch_dist.barrier()
+
+
+__all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum",
+           "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]

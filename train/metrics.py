@@ -1,0 +1,195 @@
+"""Run-directory outputs: JSONL metrics, progress.json, result.json, TensorBoard scalars.
+
+Contract (files under the run dir):
+- ``metrics.jsonl`` (rank 0, appended, one JSON object per line, flushed per record):
+  ``config``, ``resume``, ``epoch`` and ``comm`` records (see the dataclasses below);
+- ``metrics.rank<R>.jsonl`` (every rank): ``step`` performance records, buffered and flushed
+  every ``FLUSH_EVERY`` records and at each epoch end;
+- ``progress.json`` (rank 0, atomically replaced at most every ``progress_seconds`` and at each
+  epoch end) and ``result.json`` (rank 0, atomically, only at a successful end);
+- ``tensorboard/`` (rank 0) when enabled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from train.fsutil import atomic_write_json
+
+FLUSH_EVERY = 200
+
+
+class RecordKind(str, enum.Enum):
+    CONFIG = "config"
+    RESUME = "resume"
+    EPOCH = "epoch"
+    STEP = "step"
+    COMM = "comm"
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int  # epochs completed, 1-based
+    train_loss: float
+    test_loss: float
+    test_acc: float  # fraction 0..1
+    test_acc5: float
+    lr: float
+    world_size: int
+    global_step: int
+    time: float
+    samples_seen: int
+    train_seconds: float
+    eval_seconds: float
+    kind: RecordKind = RecordKind.EPOCH
+
+
+@dataclass(frozen=True)
+class ResumeRecord:
+    from_step: int
+    epoch: int  # epochs completed in the restored checkpoint
+    world_size: int  # the resuming run's world size
+    saved_world_size: int
+    consumed_in_epoch: int
+    source_rank: int
+    time: float
+    kind: RecordKind = RecordKind.RESUME
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step on one rank. Times in seconds; on CUDA they are taken after a
+    synchronize, so they are real device time, not launch time."""
+
+    rank: int
+    host: str
+    epoch: int
+    global_step: int
+    samples: int  # real samples this rank consumed in the step
+    data_s: float  # waiting for the data loader
+    fwd_bwd_s: float  # forward + backward, including DDP's gradient all-reduce
+    optim_s: float  # clipping + optimizer step
+    step_s: float  # wall time since the previous step ended
+    samples_per_s: float  # this rank
+    total_samples_per_s: float  # all ranks' real samples of this step / this rank's step time
+    peak_mem_bytes: int
+    mem_kind: str
+    time: float
+    kind: RecordKind = RecordKind.STEP
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """Gradient communication cost, measured as the difference of median fwd+bwd times with
+    and without DDP gradient sync (``no_sync``) on the same batch."""
+
+    rank: int
+    host: str
+    method: str
+    steps: int
+    sync_s: float
+    no_sync_s: float
+    comm_s: float
+    world_size: int
+    time: float
+    kind: RecordKind = RecordKind.COMM
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    epoch: int  # 0-based epoch in progress
+    step_in_epoch: int
+    steps_per_epoch: int
+    global_step: int
+    world_size: int
+    time: float
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    epochs_completed: int
+    metrics: dict[str, float]
+    best_test_acc: float
+    world_size: int
+    restarts: int
+    global_step: int
+
+
+def as_json(record: Any) -> dict[str, Any]:
+    out = dataclasses.asdict(record)
+    return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in out.items()}
+
+
+class MetricsSink:
+    """Writes this rank's share of the run-dir outputs; ``is_main`` selects the rank-0 files."""
+
+    def __init__(self, run_dir: Path, rank: int, is_main: bool, progress_seconds: float,
+                 tensorboard: bool) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir, self.is_main = run_dir, is_main
+        self.progress_seconds = progress_seconds
+        self._last_progress = 0.0
+        self._main: IO[str] | None = open(run_dir / "metrics.jsonl", "a") if is_main else None
+        self._rank = open(run_dir / f"metrics.rank{rank}.jsonl", "a")
+        self._pending: list[str] = []
+        self._tb = _tensorboard(run_dir) if is_main and tensorboard else None
+
+    def event(self, record: Any, extra: dict[str, Any] | None = None) -> None:
+        """Append a rank-0 record to metrics.jsonl (no-op elsewhere)."""
+        if self._main is None:
+            return
+        self._main.write(json.dumps({**as_json(record), **(extra or {})}) + "\n")
+        self._main.flush()
+
+    def config(self, resolved: dict[str, Any]) -> None:
+        if self._main is not None:
+            self._main.write(json.dumps({"kind": RecordKind.CONFIG.value, "time": time.time(),
+                                         "config": resolved}) + "\n")
+            self._main.flush()
+
+    def rank_record(self, record: Any) -> None:
+        self._pending.append(json.dumps(as_json(record)))
+        if len(self._pending) >= FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._rank.write("\n".join(self._pending) + "\n")
+            self._pending.clear()
+        self._rank.flush()
+
+    def progress(self, record: ProgressRecord, force: bool = False) -> None:
+        if not self.is_main:
+            return
+        if force or record.time - self._last_progress >= self.progress_seconds:
+            atomic_write_json(self.run_dir / "progress.json", as_json(record))
+            self._last_progress = record.time
+
+    def result(self, record: ResultRecord) -> None:
+        if self.is_main:
+            atomic_write_json(self.run_dir / "result.json", as_json(record))
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        if self._tb is not None:
+            for tag, value in values.items():
+                self._tb.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.flush()
+        self._rank.close()
+        if self._main is not None:
+            self._main.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    from torch.utils.tensorboard import SummaryWriter  # slow import: only rank 0, only if on
+
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
