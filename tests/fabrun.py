@@ -1,0 +1,100 @@
+"""Helpers for tests that drive `fab` as a user would: a real subprocess in the project root."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAB = [sys.executable, "-m", "fabric"]
+RUN_ID_RE = re.compile(r"^run (\d{8}-\d{6}-[0-9a-f]{4}): ", re.M)
+
+
+def fab(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `fab ARGS` to completion in the project root."""
+    return subprocess.run([*FAB, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+class FabProcess:
+    """`fab ARGS` running in its own process group; a thread collects its merged output."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([*FAB, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, **(env or {})}, start_new_session=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> str:
+        """Block until the output matches `pattern`; returns the output so far."""
+        regex = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if regex.search(self.output):
+                return self.output
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no match for {pattern!r} within {timeout} s; output:\n{self.output[-3000:]}")
+
+    def signal_group(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def finish(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self.reader.join(timeout=5)
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def run_id_of(output: str) -> str:
+    match = RUN_ID_RE.search(output)
+    assert match, f"no run id in output:\n{output[-2000:]}"
+    return match.group(1)
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live (non-zombie) processes on this machine tagged with the run's id."""
+    tag = f"MESHRUN_RUN_ID={run_id}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if tag in env and state != b"Z":
+            pids.append(int(entry))
+    return pids
+
+
+def wait_no_run_processes(run_id: str, timeout: float) -> float:
+    """Seconds until no process of the run is left; fails after `timeout`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if not run_processes(run_id):
+            return time.monotonic() - start
+        time.sleep(0.25)
+    raise AssertionError(f"run {run_id} still has processes after {timeout} s: {run_processes(run_id)}")
