@@ -19,6 +19,7 @@ if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
 from tests.testbed import SimCluster, missing_requirements  # noqa: E402
+from tests.testbed.lock import exclusive  # noqa: E402
 
 TESTBED_HOSTS = 3
 # CI sets this: a test bed that cannot come up is then a failure, not a skip.
@@ -43,17 +44,20 @@ def testbed() -> Iterator[SimCluster]:
     if missing:
         _testbed_unavailable("; ".join(missing))
     cluster = SimCluster(os.environ.get(STATE_DIR_ENV, "/tmp/meshrun-testbed"))
-    cluster.up(TESTBED_HOSTS)
-    try:
-        yield cluster
-    finally:
-        report = cluster.down()
-        if report.leftovers:
-            warnings.warn(
-                "test bed down() had to SIGKILL processes left in the hosts: "
-                + "; ".join(f"{ns} pid {p.pid} {' '.join(p.argv)}" for ns, p in report.leftovers),
-                stacklevel=1,
-            )
+    # Another pytest session on this machine would tear our hosts down: wait.
+    with exclusive():
+        cluster.up(TESTBED_HOSTS)
+        try:
+            yield cluster
+        finally:
+            report = cluster.down()
+            if report.leftovers:
+                warnings.warn(
+                    "test bed down() had to SIGKILL processes left in the hosts: "
+                    + "; ".join(f"{ns} pid {p.pid} {' '.join(p.argv)}"
+                                for ns, p in report.leftovers),
+                    stacklevel=1,
+                )
 
 
 @pytest.fixture

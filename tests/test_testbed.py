@@ -90,7 +90,9 @@ def test_paramiko_verifies_host_keys_and_fingerprints(testbed: SimCluster, inven
                        key_filename=doc["defaults"]["identity"], timeout=10,
                        look_for_keys=False, allow_agent=False)
         try:
-            key = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
+            transport = client.get_transport()
+            assert transport is not None
+            key = transport.get_remote_server_key()
             digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode()
             assert f"SHA256:{digest.rstrip('=')}" == testbed.host_key_fingerprint(h.index)
             _, stdout, _ = client.exec_command("hostname")
@@ -199,6 +201,7 @@ def test_wireguard_overlay(testbed_wg: SimCluster, wg_inventory: Path) -> None:
     assert " dev wg0 " in route
     link = json.loads(testbed_wg.exec(1, ["ip", "-j", "link", "show", "wg0"]).stdout)
     assert link[0]["mtu"] == 1420
+    assert testbed_wg.processes(1, sessions=False) == []  # wireguard-go is infrastructure
     doc = yaml.safe_load(wg_inventory.read_text())
     assert doc["defaults"]["network"] == "wireguard"
     assert doc["hosts"]["h2"] == {"address": h2.overlay_address, "ssh_address": h2.address}

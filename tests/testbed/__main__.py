@@ -17,6 +17,7 @@ import sys
 
 from .cluster import SimCluster
 from .layout import DEFAULT_STATE_DIR
+from .lock import BusyError, exclusive
 from .proc import read_pidfile
 
 
@@ -59,6 +60,19 @@ def _status(cluster: SimCluster) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cluster = SimCluster(args.state_dir)
+    cmd = args.command
+    if cmd in ("up", "down"):
+        # Refuse to tear down hosts a pytest session is using (it holds the lock).
+        try:
+            with exclusive(timeout=0):
+                return _run(cluster, args)
+        except BusyError as exc:
+            print(f"{exc}; not touching it", file=sys.stderr)
+            return 1
+    return _run(cluster, args)
+
+
+def _run(cluster: SimCluster, args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "up":
         seconds = cluster.up(args.n, wireguard=args.wireguard)

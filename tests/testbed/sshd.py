@@ -77,7 +77,8 @@ def start_sshd(host: Host, paths: StatePaths, passthrough: list[Path], port: int
     paths.sshd_config(host).write_text(sshd_config_text(host, paths, port))
     paths.sshd_pid(host).unlink(missing_ok=True)
     steps = [["hostname", host.name], *bind_commands(paths.home(host), passthrough)]
-    steps.append(["exec", SSHD, "-f", str(paths.sshd_config(host)), "-E", str(paths.sshd_log(host))])
+    steps.append(["exec", SSHD, "-f", str(paths.sshd_config(host)),
+                  "-E", str(paths.sshd_log(host))])
     script = " && ".join(shlex.join(step) for step in steps)
     run(["ip", "netns", "exec", host.netns,
          "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script])
