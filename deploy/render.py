@@ -81,3 +81,24 @@ class Renderer:
                 self.console.print(Text("every host is clean: no run process left" if clean else
                                         "some hosts may still run processes: see 'left running'",
                                         style="green" if clean else "red bold"))
+
+
+class HostProgress:
+    """One progress bar per host, for transfers (sync, fetch). Thread-safe updates by percent."""
+
+    def __init__(self, renderer: Renderer, title: str, hosts: list[str]) -> None:
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+        self.progress = Progress(TextColumn(f"{title} [bold]{{task.fields[host]}}"), BarColumn(), TaskProgressColumn(),
+                                 console=renderer.console, transient=False)
+        self.tasks = {h: self.progress.add_task("", total=100, host=h) for h in hosts}
+
+    def __enter__(self) -> HostProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, host: str, percent: int) -> None:
+        self.progress.update(self.tasks[host], completed=percent)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
 from deploy.fanout import failures, on_each
 from deploy.inventory import ElasticBounds, Host, Inventory, load_inventory, inventory_path
@@ -103,6 +104,8 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
     options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach)
     sessions = connect_all(hosts, inventory, root)
     try:
+        if not request.no_sync:
+            sync_code(hosts, inventory, root, renderer)
         head = rendezvous_host(hosts, inventory.rendezvous)
         plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
                            sys.executable)

@@ -1,0 +1,25 @@
+"""`fab sync`: the project's code to every selected host, in parallel, one progress bar each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploy.errors import MeshrunError
+from deploy.fanout import failures, on_each
+from deploy.inventory import Host, Inventory
+from deploy.render import HostProgress, Renderer
+from deploy.sync import SyncResult, project_files, sync_host
+
+SYNC_TIMEOUT_S = 900
+
+
+def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer) -> dict[str, SyncResult]:
+    """Sync to every host; raises one MeshrunError naming each host that failed."""
+    files = project_files(root)
+    with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
+        results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update),
+                          timeout=SYNC_TIMEOUT_S)
+    failed = failures(results)
+    if failed:
+        raise MeshrunError("; ".join(str(e) for e in failed.values()))
+    return results  # type: ignore[return-value]
