@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from deploy.errors import MeshrunError
 from deploy.fanout import on_each
-from deploy.plan import AGENT_MODULE, HostLaunch, LaunchPlan, host_dir, python_of, run_dir
+from deploy.plan import HostLaunch, LaunchPlan, agent_verb_argv, host_dir
 from deploy.transport import Session, Stream
 
 HEARTBEAT_EVERY_S = 5.0
@@ -148,8 +148,7 @@ class JobRunner:
 
     def _stop_host(self, live: _Live) -> tuple[int, ...]:
         host = live.launch.host
-        argv = [python_of(host, self.local_python), "-m", AGENT_MODULE, "stop", "--host", host.name,
-                "--run-dir", run_dir(self.plan.run_id), "--grace", str(STOP_GRACE_S)]
+        argv = agent_verb_argv(host, "stop", self.plan.run_id, self.local_python, STOP_GRACE_S)
         result = live.session.run(argv, timeout=STOP_GRACE_S + 25)
         try:
             report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -187,6 +187,18 @@ def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], .
     argv = [python_of(host, local_python), "-m", AGENT_MODULE, "run",
             "--run-id", options.run_id, "--host", host.name, "--run-dir", run_dir(options.run_id),
             "--heartbeat-timeout", "0" if options.detach else str(options.heartbeat_timeout_s)]
+    if options.detach:
+        argv.append("--detach")
     for key, value in env:
         argv += ["--env", f"{key}={value}"]
     return tuple(argv + ["--", *torchrun])
+
+
+def agent_verb_argv(host: Host, verb: str, run_id: str | None, local_python: str, grace_s: float = 10.0) -> list[str]:
+    """`python -m deploy.agent stop|status` for one host (status of all its runs when run_id is None)."""
+    argv = [python_of(host, local_python), "-m", AGENT_MODULE, verb, "--host", host.name]
+    if run_id is not None:
+        argv += ["--run-dir", run_dir(run_id)]
+    if verb == "stop":
+        argv += ["--grace", str(grace_s)]
+    return argv
