@@ -82,6 +82,23 @@ class Renderer:
                                         "some hosts may still run processes: see 'left running'",
                                         style="green" if clean else "red bold"))
 
+    def run_states(self, states: list) -> None:
+        """`fab status`: one row per (run, host)."""
+        table = Table(title="runs", title_justify="left")
+        for column in ("run", "host", "state", "exit", "epoch", "step", "uptime", "detail"):
+            table.add_column(column)
+        colors = {"running": "green", "exited": "blue", "stopped": "yellow", "lost": "red", "unreachable": "red"}
+        for s in states:
+            uptime = f"{s.uptime_s:.0f} s" if s.uptime_s is not None else "-"
+            table.add_row(s.run_id, s.host, Text(s.state, style=colors.get(s.state, "")), _dash(s.rc), _dash(s.epoch),
+                          _dash(s.step), uptime, s.detail or "")
+        with self._lock:
+            self.console.print(table)
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
 
 class HostProgress:
     """One progress bar per host, for transfers (sync, fetch). Thread-safe updates by percent."""

@@ -18,6 +18,7 @@ from deploy.launch import JobRunner, JobStatus, remote_log_path
 from deploy.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, rendezvous_host, run_dir
 from deploy.probes import peer_address_for, route_interface
 from deploy.render import Renderer
+from deploy.runs import RunRecord
 from deploy.selection import select_hosts
 from deploy.summary import build_summary, write_summary
 from deploy.transport import Session, connect
@@ -96,6 +97,25 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
     return None
 
 
+def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
+    """Start each host's agent in the background; it outlives this controller by design."""
+    def start(host: Host) -> dict:
+        launch = next(h for h in plan.hosts if h.host.name == host.name)
+        result = sessions[host.name].run(launch.agent, timeout=30)
+        try:
+            record = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            record = {"error": result.stderr.strip()[-300:] or f"exit {result.rc}"}
+        if "error" in record:
+            raise MeshrunError(f"host '{host.name}': detached start failed: {record['error']}")
+        return record
+
+    failed = failures(on_each([h.host for h in plan.hosts], start, timeout=60))
+    if failed:
+        raise MeshrunError("; ".join(str(e) for e in failed.values())
+                           + f"; stop what did start with: fab stop --run {plan.run_id}")
+
+
 def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
     inventory = load_inventory(inventory_path(request.inventory))
     hosts = select_hosts(inventory, request.hosts)
@@ -109,7 +129,14 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
         head = rendezvous_host(hosts, inventory.rendezvous)
         plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
                            sys.executable)
+        RunRecord(run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(), request.detach,
+                  plan.rdzv_endpoint).save(root)
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, run_dir(run_id))
+        if request.detach:
+            start_detached(plan, sessions)
+            renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
+                          f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
+            return 0
         outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(run_id), sys.executable).run()
         summary = build_summary(plan, outcome, read_result(sessions, plan))
     finally:
