@@ -11,7 +11,7 @@ import pytest
 from train.config import (DEFAULT_CONFIG, Backend, DatasetKind, OptimizerKind, TrainConfig,
                           from_dict, load_config, to_dict)
 from train.errors import UsageError
-from trainer.harness import REPO, clean_env
+from tests.trainer.harness import REPO, clean_env
 
 
 def error_of(*overrides: str, path: Path | None = None) -> str:

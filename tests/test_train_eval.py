@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from train.loop import evaluate
 from train.sampler import eval_shard
-from trainer.harness import spawn
+from tests.trainer.harness import spawn
 
 N_SAMPLES, N_CLASSES = 11, 7  # 11 over 3 ranks: DistributedSampler would pad to 12
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from train.checkpoint import MANIFEST, read_manifest
 from train.fsutil import sha256_file
-from trainer.harness import records, train
+from tests.trainer.harness import records, train
 
 
 def test_resume_after_epoch_2_continues_at_epoch_3(tmp_path: Path) -> None:

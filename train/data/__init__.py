@@ -29,6 +29,9 @@ def build_datasets(cfg: DataConfig) -> Datasets:
 
 
 def _builders() -> dict[DatasetKind, Callable[[DataConfig], Datasets]]:
-    from train.data import digits
+    from train.data import cifar, digits, imagefolder, modelnet, shapes, synthetic
 
-    return {DatasetKind.DIGITS: digits.build}
+    return {DatasetKind.DIGITS: digits.build, DatasetKind.CIFAR10: cifar.build,
+            DatasetKind.IMAGEFOLDER: imagefolder.build,
+            DatasetKind.SYNTHETIC_IMAGES: synthetic.build, DatasetKind.SHAPES: shapes.build,
+            DatasetKind.MODELNET40: modelnet.build}

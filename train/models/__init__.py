@@ -18,6 +18,7 @@ def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
 
 
 def _builders() -> dict[ModelKind, Callable[[ModelConfig, int, tuple[int, ...]], nn.Module]]:
-    from train.models import mlp
+    from train.models import mlp, pointnet2, toy, vision
 
-    return {ModelKind.MLP: mlp.build}
+    return {ModelKind.MLP: mlp.build, ModelKind.TOY: toy.build,
+            ModelKind.TORCHVISION: vision.build, ModelKind.POINTNET2: pointnet2.build}

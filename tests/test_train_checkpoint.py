@@ -1,0 +1,82 @@
+"""Checkpoint files: a kill during a write leaves the previous checkpoint loadable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, load_file, read_manifest
+from train.config import CheckpointConfig
+from train.fsutil import TMP_PREFIX, sha256_file
+from tests.trainer.harness import REPO, clean_env
+
+# Saves step 1, then starts step 2 with a writer that stops for good after its first chunk:
+# the kill lands with part of the new checkpoint on disk.
+WRITER = """
+import sys, time, torch
+from pathlib import Path
+from train import fsutil
+from train.checkpoint import Checkpointer
+from train.config import CheckpointConfig
+
+ckpt = Checkpointer(Path(sys.argv[1]), CheckpointConfig(keep_last=1))
+ckpt.save({"w": torch.arange(10.0)}, 1, is_best=True)
+write = fsutil.HashingWriter.write
+
+def stalling_write(self, data):
+    n = write(self, data)
+    self.flush()
+    Path(sys.argv[2]).write_text("partial")
+    time.sleep(600)
+    return n
+
+fsutil.HashingWriter.write = stalling_write
+ckpt.save({"w": torch.randn(200_000)}, 2, is_best=True)
+"""
+
+
+def test_kill_during_write_leaves_previous_checkpoint(tmp_path: Path) -> None:
+    directory, flag = tmp_path / "checkpoints", tmp_path / "flag"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(flag)],
+                            cwd=REPO, env=clean_env())
+    try:
+        deadline = time.monotonic() + 120
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), "the writer never reached the middle of the second save"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    partial = [p for p in directory.iterdir() if p.name.startswith(TMP_PREFIX)]
+    assert partial and partial[0].stat().st_size > 0  # we really killed it mid-write
+    assert not (directory / checkpoint_name(2)).exists()
+    ckpt = Checkpointer(directory, CheckpointConfig(keep_last=1))
+    assert ckpt.newest_valid() == 1
+    assert torch.equal(load_file(directory / checkpoint_name(1))["w"], torch.arange(10.0))
+    manifest = read_manifest(directory / MANIFEST)
+    assert sorted(manifest) == ["best.pt", checkpoint_name(1)]
+    assert all(sha256_file(directory / n) == h for n, h in manifest.items())
+
+
+def test_retention_keeps_last_k_and_best(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep_last=2))
+    for step in range(1, 6):
+        ckpt.save({"step": step}, step, is_best=step == 2)
+    assert sorted(ckpt.local_steps()) == [4, 5]
+    assert load_file(tmp_path / "best.pt")["step"] == 2
+    assert sorted(read_manifest(tmp_path / MANIFEST)) == ["best.pt", checkpoint_name(4),
+                                                         checkpoint_name(5)]
+
+
+def test_corrupted_newest_is_skipped(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep_last=3))
+    ckpt.save({"step": 1}, 1, is_best=False)
+    ckpt.save({"step": 2}, 2, is_best=False)
+    (tmp_path / checkpoint_name(2)).write_bytes(b"garbage")  # e.g. a bad rsync
+    assert Checkpointer(tmp_path, CheckpointConfig()).newest_valid() == 1
