@@ -82,9 +82,9 @@ def test_shapes_cover_all_classes_deterministically() -> None:
     cfg = DataConfig(name=DatasetKind.SHAPES, num_classes=len(SHAPES), num_points=64,
                      train_size=16, test_size=8)
     a, b = build_datasets(cfg), build_datasets(cfg)
-    x, y = a.train.tensors
+    x, y = a.train.inner.tensors
     assert x.shape == (16, 64, 3) and sorted(set(y.tolist())) == list(range(len(SHAPES)))
-    assert torch.equal(x, b.train.tensors[0]) and not torch.equal(x[:8], a.test.tensors[0])
+    assert torch.equal(x, b.train.inner.tensors[0]) and not torch.equal(x[:8], a.test.tensors[0])
     assert torch.allclose(x.norm(dim=-1).amax(dim=1), torch.ones(16))  # unit sphere
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from train.config import DataConfig
 from train.data import Datasets
@@ -104,12 +104,31 @@ def generate(size: int, num_classes: int, n_points: int, seed: int) -> TensorDat
     return TensorDataset(torch.from_numpy(clouds), labels)
 
 
+class Augmented(Dataset):
+    """Train-time augmentation: a fresh random rotation and per-axis scale (0.9-1.1) per draw,
+    from torch's global RNG (saved in checkpoints, so resumes replay it exactly)."""
+
+    def __init__(self, inner: TensorDataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.inner[index]
+        q, r = torch.linalg.qr(torch.randn(3, 3))
+        q = q * torch.sign(torch.diagonal(r))
+        x = (x * (0.9 + 0.2 * torch.rand(3))) @ q.T
+        return x / x.norm(dim=1).max(), y
+
+
 def build(cfg: DataConfig) -> Datasets:
     if not 2 <= cfg.num_classes <= len(SHAPES):
         raise UsageError(f"data.num_classes={cfg.num_classes} for data.name=shapes must be "
                          f"between 2 and {len(SHAPES)} ({', '.join(SHAPES)})")
     base = cfg.split_seed * 10_000_019
-    return Datasets(train=generate(cfg.train_size, cfg.num_classes, cfg.num_points, base),
+    train = generate(cfg.train_size, cfg.num_classes, cfg.num_points, base)
+    return Datasets(train=Augmented(train) if cfg.augment else train,
                     test=generate(cfg.test_size, cfg.num_classes, cfg.num_points,
                                   base + 5_000_011),
                     num_classes=cfg.num_classes, input_shape=(cfg.num_points, 3))
