@@ -119,6 +119,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "exit.json").unlink(missing_ok=True)  # a resumed run reuses this directory
         env = dict(os.environ)
         env.update(kv.split("=", 1) for kv in self.args.env)
         # Our own tags are set last: the sweep in `stop` relies on them.
@@ -133,7 +134,7 @@ class Supervisor:
             return 127
         write_json(self.dir / "agent.json", {
             "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
-            "started": time.time(), "command": self.args.command, "detached": self.args.heartbeat_timeout == 0})
+            "started": time.time(), "command": self.args.command, "env": self.args.env, "detached": self.args.heartbeat_timeout == 0})
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda signum, _f: self.request_stop(f"signal {signal.Signals(signum).name}"))
         tee = threading.Thread(target=self.tee, args=(child,), daemon=True)

@@ -40,6 +40,11 @@ class LaunchOptions:
     max_restarts: int | None = None  # None: 0, or ELASTIC_MAX_RESTARTS when elastic
     heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
     detach: bool = False
+    rdzv_id: str | None = None  # None: the run id; a resumed run needs a fresh one
+
+    @property
+    def rendezvous_id(self) -> str:
+        return self.rdzv_id or self.run_id
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,7 @@ def torchrun_argv(host: Host, head: Host, endpoint: str, node_count: int, option
     else:
         nnodes = f"{options.elastic.min}:{options.elastic.max}" if options.elastic else str(node_count)
         argv += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                 "--rdzv-id", options.run_id]
+                 "--rdzv-id", options.rendezvous_id]
         conf = (["is_host=1"] if host.name == head.name else []) + (list(ELASTIC_RDZV_CONF) if options.elastic else [])
         if conf:
             argv += ["--rdzv-conf", ",".join(conf)]

@@ -95,6 +95,22 @@ class Renderer:
         with self._lock:
             self.console.print(table)
 
+    def fetch_reports(self, run_id: str, home: str, reports: list) -> None:
+        """Where everything landed, what was refused, and how to resume from it."""
+        table = Table(title=f"fetched run {run_id}", title_justify="left")
+        for column in ("host", "landed in", "new", "unchanged", "not overwritten", "corrupt (not kept)"):
+            table.add_column(column)
+        for r in reports:
+            table.add_row(r.host, str(r.landed), str(len(r.new)), str(len(r.unchanged)),
+                          Text(", ".join(r.conflicts) or "-", style="yellow" if r.conflicts else ""),
+                          Text(", ".join(r.corrupt) or "-", style="red bold" if r.corrupt else ""))
+        with self._lock:
+            self.console.print(table)
+            self.console.print(Text(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
+                                    f"logs and metrics: {home}/hosts/<host>/"))
+            self.console.print(Text(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
+                                    "is pushed back if the hosts lost it)"))
+
 
 def _dash(value: object) -> str:
     return "-" if value is None else str(value)

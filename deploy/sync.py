@@ -104,3 +104,12 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
 def _last_line(text: str) -> str:
     lines = [l for l in text.splitlines() if l.strip()]
     return lines[-1] if lines else "no message"
+
+
+def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None) -> list[str]:
+    """rsync a local directory to `dest` (relative to the host's workdir), never replacing files there."""
+    argv = ["rsync", "--archive", "--mkpath", "--ignore-existing"]
+    if host.is_local:
+        return argv + [f"{local_dir}/", f"{local_workdir(host.workdir, root) / dest}/"]
+    target = f"{remote_path(host.workdir)}/{dest}"
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{local_dir}/", f"{host.ssh_host}:{target}/"]

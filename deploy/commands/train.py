@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -18,7 +20,8 @@ from deploy.launch import JobRunner, JobStatus, remote_log_path
 from deploy.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, rendezvous_host, run_dir
 from deploy.probes import peer_address_for, route_interface
 from deploy.render import Renderer
-from deploy.runs import RunRecord
+from deploy.runs import RunRecord, load_record
+from deploy.sync import is_project_itself, push_dir_argv
 from deploy.selection import select_hosts
 from deploy.summary import build_summary, write_summary
 from deploy.transport import Session, connect
@@ -34,6 +37,7 @@ class TrainRequest:
     detach: bool = False
     skip_checks: bool = False
     no_sync: bool = False
+    resume: str | None = None  # an earlier run id: same run directory, fresh rendezvous
 
 
 def new_run_id() -> str:
@@ -54,6 +58,15 @@ def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> El
     if bounds.min > host_count:
         raise InputError(f"--nnodes '{value}': MIN {bounds.min} is more than the {host_count} selected host(s)")
     return bounds if colon else None
+
+
+def _with_resumed_defaults(request: TrainRequest, root: Path) -> TrainRequest:
+    """`--resume ID` defaults to that run's inventory and hosts."""
+    if not request.resume:
+        return request
+    record = load_record(root, request.resume)
+    return dataclasses.replace(request, inventory=request.inventory or record.inventory,
+                               hosts=request.hosts or ",".join(record.hosts))
 
 
 def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:
@@ -116,16 +129,33 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
                            + f"; stop what did start with: fab stop --run {plan.run_id}")
 
 
+def push_checkpoints(head: Host, run_id: str, inventory: Inventory, root: Path) -> None:
+    """Give the rendezvous host the fetched checkpoints of a resumed run (it may have lost them).
+    The trainer broadcasts the newest one to every rank, so one host holding it is enough."""
+    local = root / run_dir(run_id) / "checkpoints"
+    if not local.is_dir() or is_project_itself(head, root):
+        return
+    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/checkpoints", root, inventory.known_hosts)
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: {done.stderr.strip()[-300:]}")
+
+
 def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
+    request = _with_resumed_defaults(request, root)
     inventory = load_inventory(inventory_path(request.inventory))
     hosts = select_hosts(inventory, request.hosts)
     elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
-    run_id = new_run_id()
-    options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach)
+    run_id = request.resume or new_run_id()
+    rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
+    options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
+                            rdzv_id=rdzv_id)
     sessions = connect_all(hosts, inventory, root)
     try:
         if not request.no_sync:
             sync_code(hosts, inventory, root, renderer)
+        if request.resume:
+            push_checkpoints(rendezvous_host(hosts, inventory.rendezvous), run_id, inventory, root)
         head = rendezvous_host(hosts, inventory.rendezvous)
         plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
                            sys.executable)

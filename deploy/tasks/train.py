@@ -17,16 +17,17 @@ from deploy.tasks import DEBUG_HELP, HOSTS_HELP, INVENTORY_HELP, ROOT
     "timeout": "process-group timeout in seconds: how long a lost peer may stall a collective",
     "detach": "start the run and return its id", "skip_checks": "skip the pre-flight checks",
     "no_sync": "do not sync the code first", "debug": DEBUG_HELP,
+    "resume": "continue an earlier run (its id) from its newest checkpoint, on its hosts by default",
 })
 @guarded
 def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DEFAULT_PG_TIMEOUT_S,
-          detach=False, skip_checks=False, no_sync=False, debug=False):
+          detach=False, skip_checks=False, no_sync=False, resume="", debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
     from deploy.commands.train import TrainRequest, train as run_train
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
     request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None, int(timeout),
-                           detach, skip_checks, no_sync)
+                           detach, skip_checks, no_sync, resume or None)
     code = run_train(request, Renderer(), ROOT)
     if code:
         raise Exit(code=code)
