@@ -10,7 +10,7 @@ import torch
 from train.checkpoint import checkpoint_name, load_file
 from tests.trainer.harness import records, train
 
-# digits: 1437 training samples, 2 ranks x 32 = 23 steps per epoch; step 30 is mid-epoch 2.
+# digits: 1438 training samples, 2 ranks x 32 = 23 steps per epoch; step 30 is mid-epoch 2.
 COMMON = ("epochs=2", "checkpoint.every_steps=5", "log.tensorboard=false")
 FINAL_STEP = 46
 
@@ -24,7 +24,7 @@ def test_mid_epoch_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     assert train(straight, *COMMON).returncode == 0
     stopped = train(broken, *COMMON, "debug.stop_after_step=30")
-    assert stopped.returncode == 3, stopped.stderr
+    assert stopped.returncode != 0 and "debug.stop_after_step=30" in stopped.stderr
     resumed = train(broken, *COMMON)
     assert resumed.returncode == 0, resumed.stderr
 
@@ -35,19 +35,19 @@ def test_mid_epoch_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
     ea, eb = records(straight, kind="epoch"), records(broken, kind="epoch")
     assert [r["epoch"] for r in eb] == [1, 2]
-    assert eb[1]["samples_seen"] == ea[1]["samples_seen"] == 2 * 1437
+    assert eb[1]["samples_seen"] == ea[1]["samples_seen"] == 2 * 1438
     assert abs(eb[1]["train_loss"] - ea[1]["train_loss"]) <= 1e-6
 
 
 @pytest.mark.slow
 def test_resume_on_fewer_processes_uses_each_sample_once(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert train(run, *COMMON, "debug.stop_after_step=30").returncode == 3
+    assert train(run, *COMMON, "debug.stop_after_step=30").returncode != 0  # torchrun: 1
     resumed = train(run, *COMMON, nproc=0)  # plain process: world size 1, no process group
     assert resumed.returncode == 0, resumed.stderr
     resume = records(run, kind="resume")[0]
     assert (resume["world_size"], resume["saved_world_size"]) == (1, 2)
     last = records(run, kind="epoch")[-1]
-    # 1437 - 448 = 989 samples left in epoch 2, at 32 per step on one process: 31 steps.
-    assert last["samples_seen"] == 2 * 1437 and last["global_step"] == 30 + 31
+    # 1438 - 448 = 990 samples left in epoch 2, at 32 per step on one process: 31 steps.
+    assert last["samples_seen"] == 2 * 1438 and last["global_step"] == 30 + 31
     assert last["world_size"] == 1

@@ -23,7 +23,7 @@ def real_indices(world: int, batch: int, n: int, epoch: int, consumed: int) -> l
 
 
 @pytest.mark.parametrize("world, batch, n", [(1, 4, 10), (2, 4, 10), (3, 4, 10), (4, 3, 5),
-                                             (3, 1, 2), (2, 32, 1437)])
+                                             (3, 1, 2), (2, 32, 1438)])
 def test_each_sample_once_per_epoch(world: int, batch: int, n: int) -> None:
     used = [i for step in real_indices(world, batch, n, epoch=1, consumed=0) for i in step]
     assert sorted(used) == list(range(n))
