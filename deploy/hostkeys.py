@@ -81,3 +81,15 @@ def append_known_host(path: Path, name: str, key: paramiko.PKey) -> None:
         line = "\n" + line
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
+
+
+def known_keys(project_file: Path | None, name: str) -> dict[str, paramiko.PKey]:
+    """Key type → key recorded for `name` in ~/.ssh/known_hosts and the inventory's file."""
+    keys = paramiko.HostKeys()
+    for path in (Path("~/.ssh/known_hosts").expanduser(), project_file):
+        if path is not None and path.exists():
+            try:
+                keys.load(str(path))
+            except (OSError, paramiko.SSHException) as err:
+                raise MeshrunError(f"{path}: cannot read known_hosts ({err}); fix or remove the file", 2) from None
+    return dict(keys.lookup(name) or {})

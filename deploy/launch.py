@@ -37,9 +37,10 @@ class HostOutcome:
     host: str
     rc: int | None  # None: the connection was lost before an exit status came
     log: Path
-    tail: tuple[str, ...]
+    tail: tuple[str, ...]  # the last lines of everything the host printed
     remaining: tuple[int, ...] = ()  # run pids still alive after a stop (should be empty)
     stop_error: str | None = None
+    worker_tail: tuple[str, ...] = ()  # the last lines its ranks printed (torchrun's own report excluded)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class _Live:
     rc: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    worker_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
 
 class JobRunner:
@@ -107,7 +109,9 @@ class JobRunner:
         with open(live.log, "a", encoding="utf-8") as log:
             while line := live.stream.readline():
                 text = line.decode("utf-8", errors="replace").rstrip("\r\n")
-                if not text.startswith(f"[{name}:"):
+                if text.startswith(f"[{name}:"):
+                    live.worker_tail.append(text)
+                else:
                     text = f"[{name}] {text}"
                 log.write(text + "\n")
                 log.flush()
@@ -166,7 +170,8 @@ class JobRunner:
             left = remaining.get(live.launch.host.name, ())
             error = str(left) if isinstance(left, MeshrunError) else None
             pids = tuple(left) if isinstance(left, tuple) else ()
-            outcomes.append(HostOutcome(live.launch.host.name, live.rc, live.log, tuple(live.tail), pids, error))
+            outcomes.append(HostOutcome(live.launch.host.name, live.rc, live.log, tuple(live.tail), pids, error,
+                                        tuple(live.worker_tail)))
         return tuple(outcomes)
 
 

@@ -61,3 +61,30 @@ def peer_address_for(host_name: str, rdzv_name: str, addresses: dict[str, str]) 
         return addresses[rdzv_name]
     others = [a for name, a in addresses.items() if name != host_name]
     return others[0] if others else None
+
+
+NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.used,memory.total", "--format=csv,noheader,nounits")
+
+
+def parse_gpus(output: str) -> tuple[tuple[int, str, int, int], ...]:
+    """`nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits`
+    → (index, name, MiB used, MiB total) per GPU; lines that do not parse are skipped."""
+    gpus = []
+    for line in output.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not (parts[0].isdigit() and parts[2].isdigit() and parts[3].isdigit()):
+            continue
+        gpus.append((int(parts[0]), parts[1], int(parts[2]), int(parts[3])))
+    return tuple(gpus)
+
+
+def parse_json_object(output: str) -> dict | None:
+    """The last line of `output` that is a JSON object (a probe's answer after any warnings)."""
+    for line in reversed(output.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None

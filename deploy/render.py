@@ -54,18 +54,24 @@ class Renderer:
                   f"logs and summary in {run_dir}/")
 
     def failure_tail(self, outcome: JobOutcome, remote_log: str) -> None:
-        """The failed host's last lines and where its full log is."""
+        """The failed host's last lines and where its full log is: what its ranks printed last,
+        then torchrun's root-cause report (which alone would push the ranks' error out of view)."""
         host = next(h for h in outcome.hosts if h.host == outcome.failed_host)
+        report = _root_cause(host.tail)
         with self._lock:
-            self.err.print(Text(f"--- last {len(host.tail)} lines from {host.host} ---", style="red"))
-            for line in host.tail:
+            if host.worker_tail:
+                self.err.print(Text(f"--- last {len(host.worker_tail)} lines from {host.host}'s ranks ---", style="red"))
+                for line in host.worker_tail:
+                    self.err.print(Text(line))
+            self.err.print(Text(f"--- last {len(report)} lines from {host.host} ---", style="red"))
+            for line in report:
                 self.err.print(Text(line))
             self.err.print(Text(f"--- full log: {host.log} (on the host: {remote_log}) ---", style="red"))
 
     def job_summary(self, summary: RunSummary, outcome: JobOutcome, summary_path: str) -> None:
         table = Table(title=f"run {summary.run_id}: {summary.status}", title_justify="left")
         for column in ("host", "exit", "log", "left running"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for host in outcome.hosts:
             left = "none" if not host.remaining and not host.stop_error else (host.stop_error or str(list(host.remaining)))
             table.add_row(host.host, "lost" if host.rc is None else str(host.rc), str(host.log), left)
@@ -86,7 +92,7 @@ class Renderer:
         """`fab status`: one row per (run, host)."""
         table = Table(title="runs", title_justify="left")
         for column in ("run", "host", "state", "exit", "epoch", "step", "uptime", "detail"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         colors = {"running": "green", "exited": "blue", "stopped": "yellow", "lost": "red", "unreachable": "red"}
         for s in states:
             uptime = f"{s.uptime_s:.0f} s" if s.uptime_s is not None else "-"
@@ -99,17 +105,29 @@ class Renderer:
         """Where everything landed, what was refused, and how to resume from it."""
         table = Table(title=f"fetched run {run_id}", title_justify="left")
         for column in ("host", "landed in", "new", "unchanged", "not overwritten", "corrupt (not kept)"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for r in reports:
             table.add_row(r.host, str(r.landed), str(len(r.new)), str(len(r.unchanged)),
                           Text(", ".join(r.conflicts) or "-", style="yellow" if r.conflicts else ""),
                           Text(", ".join(r.corrupt) or "-", style="red bold" if r.corrupt else ""))
         with self._lock:
             self.console.print(table)
+            for r in reports:
+                for name in r.conflicts:
+                    self.console.print(Text(f"not overwritten: {r.landed}/{name} differs from {r.host}'s copy; "
+                                            "kept yours (--force replaces it)", style="yellow"))
             self.console.print(Text(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
                                     f"logs and metrics: {home}/hosts/<host>/"))
             self.console.print(Text(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
                                     "is pushed back if the hosts lost it)"))
+
+
+def _root_cause(tail: tuple[str, ...]) -> tuple[str, ...]:
+    """From torchrun's failure report, the part from "Root Cause" on; else the whole tail."""
+    for i, line in enumerate(tail):
+        if "Root Cause" in line:
+            return tail[max(0, i - 2):]
+    return tail
 
 
 def _dash(value: object) -> str:

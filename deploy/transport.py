@@ -224,3 +224,29 @@ def connect(host: Host, known_hosts: Path | None, project_root: Path,
     if host.is_local:
         return LocalSession(host, project_root)
     return SshSession(host, known_hosts, timeout).open()
+
+
+def scan_host_key(host: Host, timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+                  preferred: Sequence[str] = ()) -> paramiko.PKey:
+    """The host key `host`'s sshd offers, fetched without logging in (for `fab trust`).
+    `preferred`: key types to ask for first (those already known for the host)."""
+    target = f"{host.ssh_host}:{host.port}"
+    try:
+        sock = socket.create_connection((host.ssh_host, host.port), timeout=timeout)
+    except (socket.timeout, TimeoutError):
+        raise MeshrunError(f"host '{host.name}': no answer from {target} within {timeout:.0f} s; is the host up "
+                           "and its address right?") from None
+    except OSError as err:
+        raise MeshrunError(f"host '{host.name}': cannot connect to {target} ({err.strerror or err}); is sshd "
+                           "running and the port open?") from None
+    transport = paramiko.Transport(sock)
+    try:
+        options = transport.get_security_options()
+        wanted = [k for k in preferred if k in options.key_types]
+        options.key_types = [*wanted, *(k for k in options.key_types if k not in wanted)]
+        transport.start_client(timeout=timeout)
+        return transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as err:
+        raise MeshrunError(f"host '{host.name}': SSH handshake with {target} failed ({err})") from None
+    finally:
+        transport.close()

@@ -1,0 +1,142 @@
+"""Host-side link probes for `fab check-network`; stdlib only, run as `python -c <this file> MODE ...`.
+
+`listen ADDRESS [RDZV_PORT] LIFETIME`: listen on an ephemeral port of the host's training address
+(and, on the rendezvous host, on the rendezvous port of every address, as torchrun's store would);
+print `{"port": N, "rendezvous": "listening" | why not}` and serve until stdin closes or LIFETIME
+seconds pass, so nothing outlives a lost controller. A connection that sends `b` is a bulk
+transfer: the listener counts the bytes until EOF and answers the count.
+
+`connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip), a
+don't-fragment ping of the given size to each address, optionally a timed bulk transfer to each;
+prints a JSON list with one result per target.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+CHUNK = b"\0" * 65536
+
+
+def _serve_one(conn: socket.socket) -> None:
+    with conn:
+        conn.settimeout(10)
+        try:
+            if conn.recv(1) != b"b":
+                return
+            total = 0
+            while data := conn.recv(1 << 20):
+                total += len(data)
+            conn.sendall(total.to_bytes(8, "big"))
+        except OSError:
+            pass
+
+
+def _open_rendezvous(port: int) -> tuple[socket.socket | None, str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # like TCPStore: TIME_WAIT is no conflict
+    try:
+        sock.bind(("0.0.0.0", port))
+        sock.listen(64)
+        return sock, "listening"
+    except OSError as err:
+        sock.close()
+        return None, f"in use ({err.strerror})" if err.errno == errno.EADDRINUSE else str(err)
+
+
+def listen(address: str, rdzv_port: int | None, lifetime: float) -> None:
+    ephemeral = socket.create_server((address, 0), backlog=64)
+    sockets = [ephemeral]
+    state = "not asked"
+    if rdzv_port is not None:
+        rdzv, state = _open_rendezvous(rdzv_port)
+        sockets += [rdzv] if rdzv is not None else []
+    print(json.dumps({"port": ephemeral.getsockname()[1], "rendezvous": state}), flush=True)
+    closed = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), closed.set()), daemon=True).start()
+    deadline = time.monotonic() + lifetime
+    while not closed.is_set() and time.monotonic() < deadline:
+        ready, _, _ = select.select(sockets, [], [], 0.2)
+        for sock in ready:
+            conn, _ = sock.accept()
+            threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+    for sock in sockets:
+        sock.close()
+
+
+def _connect(address: str, port: int, timeout: float) -> dict[str, object]:
+    start = time.monotonic()
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return {"state": "open", "connect_ms": round((time.monotonic() - start) * 1000, 3), "detail": ""}
+    except ConnectionRefusedError:
+        return {"state": "refused", "detail": "connection refused"}
+    except socket.timeout:
+        return {"state": "timeout", "detail": f"no answer within {timeout:g} s"}
+    except OSError as err:
+        unreachable = err.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
+        return {"state": "unreachable" if unreachable else "error", "detail": err.strerror or str(err)}
+
+
+def _df_ping(address: str, size: int) -> bool | None:
+    argv = ["ping", "-n", "-q", "-M", "do", "-s", str(size), "-c", "1", "-W", "2", address]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _bulk(address: str, port: int, seconds: float) -> float | None:
+    """Mbit/s the far end received in about `seconds`."""
+    try:
+        with socket.create_connection((address, port), timeout=5) as sock:
+            sock.sendall(b"b")
+            start = time.monotonic()
+            while time.monotonic() - start < seconds:
+                sock.sendall(CHUNK)
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(seconds + 10)
+            received = int.from_bytes(sock.recv(8), "big")
+            return round(received * 8 / (time.monotonic() - start) / 1e6, 1)
+    except OSError:
+        return None
+
+
+def connect(spec: dict) -> None:
+    targets = spec["targets"]
+    results: list[dict[str, object]] = [{} for _ in targets]
+
+    def probe(i: int, target: dict) -> None:
+        results[i] = _connect(target["address"], target["port"], spec["timeout"])
+        if spec.get("df_size") and not target.get("rendezvous"):
+            results[i]["df_ok"] = _df_ping(target["address"], spec["df_size"])
+
+    threads = [threading.Thread(target=probe, args=(i, t)) for i, t in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for target, result in zip(targets, results):
+        if spec.get("bandwidth_s") and result["state"] == "open" and not target.get("rendezvous"):
+            result["mbit_s"] = _bulk(target["address"], target["port"], spec["bandwidth_s"])
+    print(json.dumps(results))
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "listen":
+        listen(argv[1], int(argv[2]) if argv[2] != "-" else None, float(argv[3]))
+    elif argv[0] == "connect":
+        connect(json.loads(argv[1]))
+    else:
+        raise SystemExit(f"usage: probe_net listen ADDRESS RDZV_PORT|- LIFETIME | connect SPEC_JSON, not {argv}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

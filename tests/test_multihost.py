@@ -1,0 +1,160 @@
+"""Multi-host runs end to end on the simulated cluster: real sshd, namespaces, rsync, torchrun.
+
+Each test starts torch on 3 hosts (15-40 s of CPU), so assertions that can share a run do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes, wait_no_run_processes
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+HOSTILE = ["a b", "it's", 'say "hi"', "$(touch /tmp/meshrun-pwned)", "`touch /tmp/meshrun-pwned`",
+           "x; touch /tmp/meshrun-pwned", "line1\nline2", "$HOME", "*", "\\", "--epochs", "-rf", "é ü 漢"]
+PWNED = Path("/tmp/meshrun-pwned")
+
+
+def summary_of(run_id: str) -> dict:
+    return json.loads((ROOT / "runs" / run_id / "summary.json").read_text())
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path) -> None:
+    done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2,h3", "--", "epochs=10", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    run_id = run_id_of(done.stdout)
+    summary = summary_of(run_id)
+    assert summary["status"] == "succeeded" and summary["hosts"] == ["h1", "h2", "h3"]
+    assert summary["world_size"] == 3 and summary["metrics"]["test_acc"] >= 0.95
+    for rank, host in enumerate(["h1", "h2", "h3"]):
+        assert f"[{host}:{rank}] " in done.stdout  # live, prefixed by host and global rank
+        assert (ROOT / "runs" / run_id / "logs" / f"{host}.log").read_text()
+        # Synced code really landed in each host's private home.
+        assert testbed.exec(int(host[1]), ["test", "-f", "/root/meshrun/deploy/agent.py"], check=False).returncode == 0
+    assert not run_processes(run_id)
+
+    fetched = fab("fetch-checkpoints", "--run", run_id)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    home = ROOT / "runs" / run_id
+    manifest = dict(reversed(line.split("  ")) for line in (home / "checkpoints/MANIFEST.sha256").read_text().splitlines())
+    newest = sorted(n for n in manifest if n.startswith("ckpt-step"))[-1]
+    assert sha256(home / "checkpoints" / newest) == manifest[newest]
+    state = torch.load(home / "checkpoints" / newest, map_location="cpu", weights_only=False)
+    assert state["world_size"] == 3 and "model" in state
+    assert (home / "hosts/h2").is_dir() and (home / "hosts/h1/metrics.jsonl").exists()
+    assert "fab train --resume" in fetched.stdout
+
+    # A damaged copy on the host is caught and not kept; a differing local file is not overwritten.
+    (home / "checkpoints" / newest).unlink()
+    (home / "hosts/h1/checkpoints" / newest).unlink()
+    remote = f"/root/meshrun/runs/{run_id}/checkpoints/{newest}"
+    testbed.exec(1, ["python3", "-c", f"f=open('{remote}','r+b'); f.seek(100); f.write(b'XXXX')"])
+    (home / "hosts/h2/metrics.rank1.jsonl").write_text("edited locally\n")
+    again = fab("fetch-checkpoints", "--run", run_id)
+    assert again.returncode == 1
+    assert f"checksum mismatch, not kept: h1:checkpoints/{newest}" in again.stderr
+    assert not (home / "checkpoints" / newest).exists() and not (home / "hosts/h1/checkpoints" / newest).exists()
+    assert (home / "hosts/h2/metrics.rank1.jsonl").read_text() == "edited locally\n"
+    assert "metrics.rank1.jsonl" in again.stdout  # listed as not overwritten
+
+
+def test_uneven_processes_over_the_wireguard_overlay(testbed_wg, make_inventory) -> None:
+    """2+1+1 processes; rendezvous on h1's overlay address; NCCL/GLOO interface is wg0."""
+    inventory = make_inventory(host_overrides={"h1": {"nproc": 2}})
+    text = inventory.read_text()
+    assert "10.78.0.11" in text and "network: wireguard" in text
+    done = fab("train", "--inventory", str(inventory), "--", "epochs=8", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    run_id = run_id_of(done.stdout)
+    summary = summary_of(run_id)
+    assert summary["world_size"] == 4 and summary["metrics"]["test_acc"] >= 0.95
+    for i in (1, 2, 3):
+        agent = json.loads(testbed_wg.exec(i, ["cat", f"/root/meshrun/runs/{run_id}/hosts/h{i}/agent.json"]).stdout)
+        assert "GLOO_SOCKET_IFNAME=wg0" in agent["env"] and "NCCL_SOCKET_IFNAME==wg0" in agent["env"]
+        assert "NCCL_IB_DISABLE=1" in agent["env"]
+        command = agent["command"]
+        assert command[command.index("--rdzv-endpoint") + 1] == "10.78.0.11:29400"
+        assert command[command.index("--local-addr") + 1] == f"10.78.0.1{i}"
+        assert command[command.index("--nproc-per-node") + 1] == ("2" if i == 1 else "1")
+
+
+def test_user_script_gets_hostile_arguments_and_env_literally(testbed, make_inventory) -> None:
+    """A seed-000-style script runs unmodified via --script; hostile values in argv, env and the
+    workdir reach the remote process literally and none is executed."""
+    PWNED.unlink(missing_ok=True)
+    env = {f"MR_HOSTILE_{i}": v for i, v in enumerate(HOSTILE)}
+    inventory = make_inventory(defaults_overrides={"env": env, "workdir": "~/mesh run $(x)"})
+    done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--script",
+               "docs/examples/seed000_main.py", "--", "--epochs", "1", "--", *HOSTILE, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    line = next(l for l in done.stdout.splitlines() if "ARGS " in l)
+    assert json.loads(line.split("ARGS ", 1)[1]) == {"argv": HOSTILE, "epochs": 1}
+    assert "rank 1 local_rank 0 epoch 0" in done.stdout
+    run_id = run_id_of(done.stdout)
+    agent = json.loads(testbed.exec(2, ["cat", f"/root/mesh run $(x)/runs/{run_id}/hosts/h2/agent.json"]).stdout)
+    assert [f"{k}={v}" for k, v in env.items()] == [e for e in agent["env"] if e.startswith("MR_HOSTILE_")]
+    assert not PWNED.exists()
+    for i in (1, 2, 3):
+        assert testbed.exec(i, ["test", "-e", str(PWNED)], check=False).returncode != 0
+
+
+def leftovers(testbed, run_id: str) -> list:
+    """Run processes anywhere: tagged torchrun/workers, or a host agent of this run."""
+    agents = [(i, p.pid) for i in (1, 2, 3) for p in testbed.processes(i, sessions=False)
+              if "deploy.agent" in p.argv and run_id in p.argv and "run" in p.argv]
+    return run_processes(run_id) + agents
+
+
+def wait_until_clean(testbed, run_id: str, limit: float) -> float:
+    deadline = time.monotonic() + limit
+    while leftovers(testbed, run_id):
+        assert time.monotonic() < deadline, f"left after {limit} s: {leftovers(testbed, run_id)}"
+        time.sleep(0.25)
+    return time.monotonic()
+
+
+@pytest.mark.parametrize("sig,limit", [(signal.SIGINT, 15.0), (signal.SIGKILL, 30.0)], ids=["ctrl-c", "sigkill"])
+def test_no_orphans_when_the_controller_is_interrupted_or_killed(testbed, inventory: Path, sig: int,
+                                                                 limit: float) -> None:
+    run = FabProcess("train", "--inventory", str(inventory), "--", "epochs=500")
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 1 ", timeout=180))
+        assert len({pid for pid in run_processes(run_id)}) >= 6  # torchrun + a worker on each host
+        started = time.monotonic()
+        if sig == signal.SIGINT:
+            run.signal_group(signal.SIGINT)
+        else:
+            run.proc.kill()
+        took = wait_until_clean(testbed, run_id, limit) - started
+        if sig == signal.SIGINT:
+            assert run.finish(timeout=60) == 1
+            assert summary_of(run_id)["status"] == "stopped"
+            assert "every host is clean" in run.output
+        print(f"{signal.Signals(sig).name}: run processes gone after {took:.1f} s")
+    finally:
+        run.close()
+
+
+def test_crash_on_one_host_stops_the_others_and_shows_its_tail(testbed, inventory: Path) -> None:
+    done = fab("train", "--inventory", str(inventory), "--script", "tests/scripts/crash_one_rank.py", timeout=240)
+    assert done.returncode == 1
+    run_id = run_id_of(done.stdout)
+    tail = done.stderr.split("lines from h3's ranks ---", 1)[1]
+    assert "[h3:2] CRASHING on purpose" in tail and "exitcode  : 7" in tail
+    assert f"runs/{run_id}/hosts/h3/train.log" in done.stderr
+    summary = summary_of(run_id)
+    assert summary["status"] == "failed" and summary["failed_host"] == "h3"
+    assert all(not r["remaining_pids"] for r in summary["host_results"].values())
+    wait_no_run_processes(run_id, timeout=5)
