@@ -1,0 +1,108 @@
+"""P1: launch overhead of `fab train` against bare parallel `ssh host torchrun ...`.
+
+On 3 simulated hosts (tests/testbed, needs root), both sides start the same tiny script
+(bench/barrier_probe.py) with the same torchrun rendezvous flags; each rank prints the wall
+time just after its first `dist.barrier()`. Measured: seconds from the start of the command
+(`fab train --no-sync --skip-checks`, or the three `ssh` processes) until the LAST rank is past
+that barrier. Runs alternate fab/ssh to cancel drift; the ratio is the median over pairs.
+Goal: ratio <= 1.2.
+
+Usage: sudo .venv/bin/python bench/launch.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from deploy.remote import remote_command  # noqa: E402
+from tests.testbed import SimCluster  # noqa: E402
+from tests.testbed.lock import exclusive  # noqa: E402
+
+SCRIPT = "bench/barrier_probe.py"
+BARRIER_RE = re.compile(r"BARRIER rank=(\d+) t=([\d.]+)")
+
+
+def last_barrier(output: str, world: int) -> float:
+    times = {int(r): float(t) for r, t in BARRIER_RE.findall(output)}
+    if len(times) != world:
+        raise RuntimeError(f"saw {len(times)} of {world} ranks past the barrier:\n{output[-2000:]}")
+    return max(times.values())
+
+
+def run_fab(inventory: Path) -> float:
+    start = time.time()
+    done = subprocess.run([sys.executable, "-m", "fabric", "train", "--inventory", str(inventory), "--no-sync",
+                           "--skip-checks", "--script", SCRIPT], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+    return last_barrier(done.stdout, 3) - start
+
+
+def bare_torchrun(i: int, run_id: str) -> list[str]:
+    """What a user types by hand on host i (the same flags meshrun plans, minus its agent)."""
+    head = "10.77.0.11"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:29400", "--rdzv-id", run_id,
+            "--local-addr", f"10.77.0.1{i}"]
+    if i == 1:
+        argv += ["--rdzv-conf", "is_host=1"]
+    return argv + [SCRIPT]
+
+
+def run_ssh(cluster: SimCluster) -> float:
+    run_id = "bare-" + secrets.token_hex(3)
+    start = time.time()
+
+    def one(i: int) -> str:
+        command = remote_command("~/meshrun", bare_torchrun(i, run_id))
+        done = subprocess.run(cluster.ssh_argv(i, command), capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(done.stdout[-1500:] + done.stderr[-1500:])
+        return done.stdout
+
+    with ThreadPoolExecutor(3) as pool:
+        outputs = list(pool.map(one, (1, 2, 3)))
+    return last_barrier("".join(outputs), 3) - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cluster = SimCluster("/tmp/meshrun-testbed")
+    with exclusive():
+        cluster.up(3)
+        try:
+            inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-launch.yaml"))
+            sync = subprocess.run([sys.executable, "-m", "fabric", "sync", "--inventory", str(inventory)], cwd=REPO,
+                                  capture_output=True, text=True)
+            if sync.returncode != 0:
+                raise RuntimeError(sync.stderr)
+            pairs = []
+            for _ in range(args.repeats):
+                pairs.append((run_fab(inventory), run_ssh(cluster)))
+        finally:
+            cluster.down()
+    print(f"{'repeat':>6}  {'fab train (s)':>13}  {'bare ssh torchrun (s)':>21}  {'ratio':>6}")
+    for n, (fab_s, ssh_s) in enumerate(pairs, 1):
+        print(f"{n:>6}  {fab_s:>13.2f}  {ssh_s:>21.2f}  {fab_s / ssh_s:>6.2f}")
+    ratio = statistics.median(f / s for f, s in pairs)
+    print(f"P1 = median(fab / bare) = {ratio:.2f}  (goal <= 1.2)  on 3 simulated hosts, start to all ranks past "
+          "their first barrier")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
