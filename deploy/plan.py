@@ -63,6 +63,7 @@ class LaunchPlan:
     run_id: str
     rdzv_endpoint: str  # "address:port", or "standalone" for one local host
     hosts: tuple[HostLaunch, ...]
+    elastic: ElasticBounds | None = None
 
     @property
     def world_size(self) -> int:
@@ -122,7 +123,7 @@ def plan_launch(
         torchrun = torchrun_argv(host, head, endpoint, len(hosts), options, local_python)
         agent = agent_argv(host, options, env, torchrun, local_python)
         launches.append(HostLaunch(host, host.name == head.name, env, torchrun, agent))
-    return LaunchPlan(options.run_id, endpoint, tuple(launches))
+    return LaunchPlan(options.run_id, endpoint, tuple(launches), options.elastic)
 
 
 def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple[tuple[str, str], ...]:

@@ -49,6 +49,14 @@ class Renderer:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
         sys.stdout.flush()
 
+    def membership(self, event: Any) -> None:
+        """A host joined, left, finished or was lost during the run."""
+        detail = f" ({event.detail})" if event.detail else ""
+        style = {"lost": "red bold", "joined": "green", "left": "yellow"}.get(event.event.value, "")
+        with self._lock:
+            self.console.print(Text(f"meshrun: {event.host} {event.event.value}{detail}; "
+                                    f"{event.world_size} process(es) remain in the job", style=style))
+
     def run_started(self, run_id: str, hosts: list[str], world_size: int, run_dir: str) -> None:
         self.info(f"run {run_id}: {len(hosts)} host(s) ({', '.join(hosts)}), world size {world_size}; "
                   f"logs and summary in {run_dir}/")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from deploy.errors import InputError
@@ -21,6 +21,11 @@ class RunRecord:
     started: float
     detached: bool
     rdzv_endpoint: str
+    rdzv_id: str = ""
+    elastic: tuple[int, int] | None = None  # (min, max) for elastic runs
+    workload: dict = field(default_factory=dict)  # plan.Workload fields: script, config, args
+    pg_timeout_s: int = 60
+    controller_pid: int | None = None  # the attached `fab train` that watches this run
 
     def save(self, root: Path) -> Path:
         path = root / run_dir(self.run_id) / "launch.json"
@@ -39,8 +44,11 @@ def load_record(root: Path, run_id: str) -> RunRecord:
         raise InputError(f"run '{run_id}': no {path}; list runs with `fab status`") from None
     except ValueError as err:
         raise InputError(f"{path}: unreadable ({err}); the run record is damaged") from None
+    elastic = data.get("elastic")
     return RunRecord(data["run_id"], data["inventory"], tuple(data["hosts"]), data["started"], data["detached"],
-                     data["rdzv_endpoint"])
+                     data["rdzv_endpoint"], data.get("rdzv_id", data["run_id"]),
+                     tuple(elastic) if elastic else None, data.get("workload", {}), data.get("pg_timeout_s", 60),
+                     data.get("controller_pid"))
 
 
 def all_records(root: Path) -> list[RunRecord]:

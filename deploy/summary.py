@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from deploy.launch import JobOutcome
+from deploy.membership import Change
 from deploy.plan import LaunchPlan
 
 
@@ -28,6 +29,8 @@ class RunSummary:
     failed_host: str | None = None
     best_test_acc: float | None = None
     host_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # membership changes, in order
+    lost_hosts: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -52,6 +55,9 @@ def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, An
         best_test_acc=result.get("best_test_acc"),
         host_results={h.host: {"rc": h.rc, "log": str(h.log), "remaining_pids": list(h.remaining),
                                "stop_error": h.stop_error} for h in outcome.hosts},
+        timeline=[{"time": round(e.time, 3), "event": e.event.value, "host": e.host, "world_size": e.world_size,
+                   "detail": e.detail} for e in outcome.events],
+        lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST}),
     )
 
 

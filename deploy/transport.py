@@ -54,6 +54,7 @@ class Session(Protocol):
     def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False,
             stdin: bytes | None = None) -> CommandResult: ...
     def start(self, argv: Sequence[str]) -> Stream: ...
+    def ping(self, timeout: float) -> bool: ...  # the host answers a trivial command in time
     def close(self) -> None: ...
 
 
@@ -117,6 +118,9 @@ class LocalSession:
         proc = subprocess.Popen(list(argv), cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
         return LocalStream(proc)
+
+    def ping(self, timeout: float) -> bool:
+        return True
 
     def close(self) -> None:
         pass
@@ -207,6 +211,21 @@ class SshSession:
         channel.set_combine_stderr(True)
         channel.exec_command(remote_command(self.host.workdir, argv))
         return SshStream(channel)
+
+    def ping(self, timeout: float) -> bool:
+        """A fresh channel running `true` answers within `timeout`: the link and sshd are alive."""
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        try:
+            channel = transport.open_session(timeout=timeout)
+            try:
+                channel.exec_command("true")
+                return channel.status_event.wait(timeout)
+            finally:
+                channel.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            return False
 
     def close(self) -> None:
         self.conn.close()

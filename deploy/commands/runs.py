@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.commands.train import connect_all
+from deploy.commands.common import connect_all
 from deploy.errors import MeshrunError
 from deploy.fanout import failures, on_each
 from deploy.inventory import Host, Inventory, load_inventory
@@ -75,7 +75,13 @@ def host_states(record: RunRecord, root: Path, timeout: float = 10.0) -> list[Ho
 
 def stop_run(record: RunRecord, root: Path) -> dict[str, tuple[int, ...] | MeshrunError]:
     """Stop the run on every host; {host: pids still alive (should be empty) or the error}."""
+    return stop_hosts(record, root, record.hosts)
+
+
+def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> dict[str, tuple[int, ...] | MeshrunError]:
+    """Stop the run on the named hosts of the run."""
     hosts, inventory = _hosts_of(record)
+    hosts = tuple(h for h in hosts if h.name in names)
     sessions = connect_all(hosts, inventory, root)
 
     def stop(host: Host) -> tuple[int, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from deploy.commands.membership import RequestPoller
+from deploy.commands.common import connect_all, training_interfaces
 from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
 from deploy.fanout import failures, on_each
@@ -69,33 +72,19 @@ def _with_resumed_defaults(request: TrainRequest, root: Path) -> TrainRequest:
                                hosts=request.hosts or ",".join(record.hosts))
 
 
-def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:
-    """An open session per host, or one error naming every host that failed."""
-    results = on_each(hosts, lambda h: connect(h, inventory.known_hosts, root), timeout=30)
-    failed = failures(results)
-    if failed:
-        for session in results.values():
-            if not isinstance(session, MeshrunError):
-                session.close()
-        raise MeshrunError("; ".join(str(e) for e in failed.values()))
-    return results  # type: ignore[return-value]
-
-
-def training_interfaces(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Session]) -> dict[str, str]:
-    """Per host, the interface that routes to the rendezvous host (for NCCL/GLOO_SOCKET_IFNAME)."""
-    if len(hosts) == 1 and hosts[0].is_local:
-        return {}
-    addresses = {h.name: h.address for h in hosts}
-
-    def probe(host: Host) -> str:
-        peer = peer_address_for(host.name, head.name, addresses)
-        return route_interface(sessions[host.name], peer).name if peer else ""
-
-    results = on_each(hosts, probe, timeout=30)
-    failed = failures(results)
-    if failed:
-        raise MeshrunError("; ".join(str(e) for e in failed.values()))
-    return {name: iface for name, iface in results.items() if iface}  # type: ignore[misc]
+def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
+    """Where the newest checkpoint is, for the message after losing the rendezvous host."""
+    found: list[tuple[str, str]] = []
+    for launch in plan.hosts:
+        result = sessions[launch.host.name].run(["ls", f"{run_dir(plan.run_id)}/checkpoints"], timeout=10) \
+            if launch.host.name != lost else None
+        names = [n for n in (result.stdout.split() if result and result.ok else []) if n.startswith("ckpt-step")]
+        found += [(n, launch.host.name) for n in names]
+    if not found:
+        return (f"last checkpoint: on {lost} (rank 0 wrote there), not reachable now; once it is back, "
+                f"fab fetch-checkpoints --run {plan.run_id} and fab train --resume {plan.run_id}")
+    name, host = max(found)
+    return f"last checkpoint: {name} on {host}; resume with fab train --resume {plan.run_id}"
 
 
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
@@ -159,15 +148,24 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
         head = rendezvous_host(hosts, inventory.rendezvous)
         plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
                            sys.executable)
-        RunRecord(run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(), request.detach,
-                  plan.rdzv_endpoint).save(root)
+        record = RunRecord(run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(),
+                           request.detach, plan.rdzv_endpoint, options.rendezvous_id,
+                           (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(request.workload),
+                           request.pg_timeout_s, None if request.detach else os.getpid())
+        record.save(root)
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, run_dir(run_id))
         if request.detach:
             start_detached(plan, sessions)
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
-        outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(run_id), sys.executable).run()
+        poller = RequestPoller(record, inventory, root, renderer) if elastic else None
+        outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(run_id), sys.executable, poller,
+                            renderer.membership).run()
+        if outcome.failed_host == head.name and plan.elastic is not None:
+            renderer.error(f"rendezvous host '{head.name}' was lost, and an elastic job cannot outlive it (torchrun's "
+                           f"c10d store lives there); {last_checkpoint(sessions, plan, head.name)}; every other host "
+                           f"was stopped")
         summary = build_summary(plan, outcome, read_result(sessions, plan))
     finally:
         for session in sessions.values():

@@ -1,0 +1,198 @@
+"""`fab join` and `fab leave` for elastic runs.
+
+An attached run is watched by its `fab train` controller, which must own every host's stream,
+heartbeats and timeline. So `join`/`leave` drop a request file in `runs/<id>/requests/`, the
+controller (RequestPoller) carries it out and answers with `<request>.done.json`. A detached
+run has no controller: `join`/`leave` act on the hosts directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.commands.common import training_interfaces
+from deploy.commands.sync import sync_code
+from deploy.errors import InputError, MeshrunError
+from deploy.launch import JobRunner
+from deploy.inventory import ElasticBounds, Inventory, Rendezvous, load_inventory
+from deploy.plan import HostLaunch, LaunchOptions, Workload, plan_launch, run_dir
+from deploy.render import Renderer
+from deploy.runs import RunRecord
+from deploy.selection import select_hosts
+from deploy.transport import Session, connect
+
+ANSWER_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Request:
+    action: str  # "join" | "leave"
+    host: str
+    path: Path
+
+
+def requests_dir(root: Path, run_id: str) -> Path:
+    return root / run_dir(run_id) / "requests"
+
+
+def controller_alive(record: RunRecord) -> bool:
+    """The run's attached controller still runs (its pid is a fab/python process)."""
+    if record.detached or not record.controller_pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{record.controller_pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"fab" in cmdline and b"train" in cmdline
+
+
+def options_of(record: RunRecord) -> LaunchOptions:
+    if record.elastic is None:
+        raise InputError(f"run {record.run_id} is not elastic, so hosts cannot join or leave it; "
+                         "start it with --nnodes MIN:MAX (or `elastic:` in the inventory)")
+    work = record.workload
+    workload = Workload(work.get("script"), work.get("config"), tuple(work.get("args", ())))
+    return LaunchOptions(record.run_id, workload, record.pg_timeout_s, ElasticBounds(*record.elastic),
+                         detach=False, rdzv_id=record.rdzv_id)
+
+
+def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, root: Path, renderer: Renderer,
+                   detach: bool) -> tuple[HostLaunch, Session]:
+    """Connect to, sync and plan one joining host with the run's own rendezvous."""
+    options = options_of(record)
+    if detach:
+        options = dataclasses.replace(options, detach=True)
+    members = tuple(inventory.host(h) for h in record.hosts)
+    joiner = select_hosts(inventory, name)[0]
+    head = next(h for h in members if f"{h.address}:" in record.rdzv_endpoint)
+    session = connect(joiner, inventory.known_hosts, root)
+    sync_code((joiner,), inventory, root, renderer)
+    sessions = {joiner.name: session}
+    head_session = connect(head, inventory.known_hosts, root)
+    try:
+        interfaces = training_interfaces((head, joiner), head, {**sessions, head.name: head_session})
+    finally:
+        head_session.close()
+    rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
+    plan = plan_launch((head, joiner), rdzv, options, interfaces, sys.executable)
+    return plan.hosts[1], session
+
+
+def add_member(root: Path, record: RunRecord, name: str) -> RunRecord:
+    """The run record lists every host that ever took part, so status/stop/fetch reach it."""
+    if name in record.hosts:
+        return record
+    updated = dataclasses.replace(record, hosts=(*record.hosts, name))
+    updated.save(root)
+    return updated
+
+
+def submit(root: Path, record: RunRecord, action: str, host: str) -> dict:
+    """Hand a request to the attached controller and wait for its answer."""
+    directory = requests_dir(root, record.run_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{time.time():.3f}-{secrets.token_hex(2)}-{action}-{host}.json"
+    tmp = path.with_name("." + path.name)
+    tmp.write_text(json.dumps({"action": action, "host": host}))
+    os.replace(tmp, path)
+    answer = path.with_name(path.stem + ".done.json")
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if answer.exists():
+            return json.loads(answer.read_text())
+        time.sleep(0.2)
+    raise MeshrunError(f"run {record.run_id}: its controller did not answer the {action} of '{host}' within "
+                       f"{ANSWER_TIMEOUT_S:.0f} s; is `fab train` still running? (fab status --run {record.run_id})")
+
+
+class RequestPoller:
+    """Called by the attached controller's JobRunner loop: carries out join/leave requests."""
+
+    def __init__(self, record: RunRecord, inventory: Inventory, root: Path, renderer: Renderer) -> None:
+        self.record = record
+        self.inventory = inventory
+        self.root = root
+        self.renderer = renderer
+        self.seen: set[Path] = set()
+
+    def __call__(self, runner: JobRunner) -> None:
+        directory = requests_dir(self.root, self.record.run_id)
+        if not directory.is_dir():
+            return
+        for path in sorted(directory.glob("[0-9]*.json")):
+            if path.name.endswith(".done.json") or path in self.seen:
+                continue
+            self.seen.add(path)
+            data = json.loads(path.read_text())
+            request = Request(data["action"], data["host"], path)
+            threading.Thread(target=self._handle, args=(runner, request), daemon=True).start()
+
+    def _handle(self, runner: JobRunner, request: Request) -> None:
+        try:
+            message = self._join(runner, request.host) if request.action == "join" else self._leave(runner, request.host)
+            answer = {"ok": True, "message": message}
+        except MeshrunError as err:
+            answer = {"ok": False, "message": str(err)}
+        self.renderer.info(f"{request.action} {request.host}: {answer['message']}")
+        done = request.path.with_name(request.path.stem + ".done.json")
+        tmp = done.with_name("." + done.name)
+        tmp.write_text(json.dumps(answer))
+        os.replace(tmp, done)
+
+    def _join(self, runner: JobRunner, name: str) -> str:
+        running = [h for h in runner.hosts if not h.done.is_set()]
+        if any(h.name == name for h in running):
+            raise MeshrunError(f"host '{name}' is already in run {self.record.run_id}")
+        if len(running) >= self.record.elastic[1]:
+            raise MeshrunError(f"run {self.record.run_id} already has its maximum of {self.record.elastic[1]} hosts")
+        launch, session = prepare_joiner(self.record, self.inventory, name, self.root, self.renderer, detach=False)
+        runner.add_host(launch, session)
+        self.record = add_member(self.root, self.record, name)
+        return f"started on {name}; the job re-rendezvouses to take it in"
+
+    def _leave(self, runner: JobRunner, name: str) -> str:
+        if not any(h.name == name and not h.done.is_set() for h in runner.hosts):
+            raise MeshrunError(f"host '{name}' is not running in run {self.record.run_id}")
+        runner.remove_host(name)
+        return f"stopping {name}; the others go on while at least {self.record.elastic[0]} host(s) remain"
+
+
+def join_or_leave(root: Path, record: RunRecord, action: str, hosts: list[str], renderer: Renderer) -> list[str]:
+    """Carry out `fab join|leave` for each host; returns one message per host."""
+    options_of(record)  # refuses non-elastic runs up front
+    inventory = load_inventory(Path(record.inventory))
+    for name in hosts:
+        select_hosts(inventory, name)  # unknown hosts get the usual one-line error
+    if controller_alive(record):
+        answers = [submit(root, record, action, name) for name in hosts]
+        failed = [a["message"] for a in answers if not a["ok"]]
+        if failed:
+            raise MeshrunError("; ".join(failed))
+        return [a["message"] for a in answers]
+    return [_detached(root, record, inventory, action, name, renderer) for name in hosts]
+
+
+def _detached(root: Path, record: RunRecord, inventory: Inventory, action: str, name: str,
+              renderer: Renderer) -> str:
+    from deploy.commands.runs import stop_hosts
+
+    if action == "leave":
+        stop_hosts(record, root, (name,))
+        return f"stopped run {record.run_id} on {name}"
+    launch, session = prepare_joiner(record, inventory, name, root, renderer, detach=True)
+    try:
+        result = session.run(launch.agent, timeout=30)
+    finally:
+        session.close()
+    if result.rc != 0:
+        raise MeshrunError(f"host '{name}': detached start failed: {result.stderr.strip()[-300:]}")
+    add_member(root, record, name)
+    return f"started detached on {name}"

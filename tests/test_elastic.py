@@ -1,0 +1,136 @@
+"""Elastic runs on the simulated cluster (`--nnodes 2:3`): kill a host, cut a link, join a
+host, lose the rendezvous host. Real torchrun elastic agents, real gloo, real SIGKILL and link cuts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+# Small steps so a kill lands mid-epoch; a checkpoint every 5 steps bounds what is redone.
+TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
+
+
+def epoch_records(run_id: str, host: str = "h1") -> list[dict]:
+    """The rank-0 epoch records, fetched from the host(s) that wrote them."""
+    path = ROOT / "runs" / run_id / "hosts" / host / "metrics.jsonl"
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"]
+
+
+def summary_of(run_id: str) -> dict:
+    return json.loads((ROOT / "runs" / run_id / "summary.json").read_text())
+
+
+def clean_accuracy(inventory: Path) -> float:
+    done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--", *TRAIN, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:]
+    return summary_of(run_id_of(done.stdout))["metrics"]["test_acc"]
+
+
+def test_a_killed_host_is_survived(testbed, inventory: Path) -> None:
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
+        killed_at = time.time()
+        assert testbed.kill_processes(3)  # everything of the run on h3, its sshd sessions too
+        assert run.finish(timeout=400) == 0, run.output[-3000:]
+    finally:
+        run.close()
+    summary = summary_of(run_id)
+    assert summary["status"] == "succeeded" and summary["lost_hosts"] == ["h3"]
+    events = [(e["event"], e["host"]) for e in summary["timeline"]]
+    assert ("lost", "h3") in events and events.count(("finished", "h1")) == 1
+    assert summary["restarts"] >= 1 and summary["world_size"] == 2
+    assert fab("fetch-checkpoints", "--run", run_id).returncode == 0
+    records = epoch_records(run_id)
+    assert [r["epoch"] for r in records][-1] == 12
+    assert records[-1]["world_size"] == 2 and records[0]["world_size"] == 3
+    # Every sample of every epoch exactly once across the restart: the trainer's cumulative
+    # count (rolled back with the checkpoint, so redone steps are not counted twice).
+    per_epoch = records[0]["samples_seen"]
+    assert [r["samples_seen"] for r in records] == [per_epoch * (i + 1) for i in range(12)]
+    lines = [json.loads(l) for l in (ROOT / "runs" / run_id / "hosts/h1/metrics.jsonl").read_text().splitlines()]
+    resumes = [r for r in lines if r.get("kind") == "resume"]
+    assert resumes and resumes[-1]["world_size"] == 2 and resumes[-1]["saved_world_size"] == 3
+    steps = [json.loads(l) for l in (ROOT / "runs" / run_id / "hosts/h1/metrics.rank0.jsonl").read_text().splitlines()]
+    before_kill = max(r["global_step"] for r in steps if r.get("kind") == "step" and r["time"] < killed_at)
+    redone = before_kill - resumes[0]["from_step"]
+    assert 0 <= redone <= 5, (before_kill, resumes[0])
+    assert records[-1]["test_acc"] >= 0.95
+    print(f"redone steps {redone}; final accuracy {records[-1]['test_acc']:.4f}")
+
+
+def test_b_a_cut_link_is_noticed_and_the_cut_host_ends_itself(testbed, inventory: Path) -> None:
+    """No TCP reset: survivors notice through the process-group timeout (--timeout 20) and
+    re-rendezvous; the controller marks h3 lost; h3's agent, hearing no heartbeat, stops its run."""
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--timeout", "20", "--", *TRAIN)
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
+        with testbed.link_cut(3):
+            cut_at = time.monotonic()
+            run.wait_for(r"meshrun: h3 lost", timeout=60)
+            # h3's agent stops its own run once the controller has been silent 30 s.
+            deadline = cut_at + 75
+            while [p for p in run_processes(run_id) if _on_host(p, "h3")] and time.monotonic() < deadline:
+                time.sleep(1)
+            left_on_h3 = [p for p in run_processes(run_id) if _on_host(p, "h3")]
+            gone_after = time.monotonic() - cut_at
+        assert not left_on_h3, f"h3 still runs {left_on_h3} {gone_after:.0f} s after the cut"
+        assert run.finish(timeout=400) == 0, run.output[-3000:]
+    finally:
+        run.close()
+    summary = summary_of(run_id)
+    assert summary["status"] == "succeeded" and summary["lost_hosts"] == ["h3"]
+    assert summary["world_size"] == 2 and summary["metrics"]["test_acc"] >= 0.95
+    print(f"cut host's run processes gone {gone_after:.0f} s after the cut")
+
+
+def _on_host(pid: int, host: str) -> bool:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"MESHRUN_HOST={host}".encode() in env
+
+
+def test_c_a_joining_host_grows_the_world(testbed, inventory: Path) -> None:
+    run = FabProcess("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "2:3", "--",
+                     *TRAIN)
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
+        joined = fab("join", "--run", run_id, "--hosts", "h3", timeout=200)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        assert "started on h3" in joined.stdout
+        assert run.finish(timeout=400) == 0, run.output[-3000:]
+    finally:
+        run.close()
+    summary = summary_of(run_id)
+    assert ("joined", "h3") in [(e["event"], e["host"]) for e in summary["timeline"]]
+    assert summary["status"] == "succeeded" and summary["world_size"] == 3
+    assert fab("fetch-checkpoints", "--run", run_id).returncode == 0
+    sizes = [r["world_size"] for r in epoch_records(run_id)]
+    assert sizes[0] == 2 and sizes[-1] == 3, sizes
+
+
+def test_d_losing_the_rendezvous_host_stops_everything_clearly(testbed, inventory: Path) -> None:
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
+        testbed.kill_processes(1)
+        assert run.finish(timeout=120) == 1, run.output[-3000:]
+    finally:
+        run.close()
+    assert "rendezvous host 'h1' was lost" in run.output
+    assert "last checkpoint" in run.output
+    summary = summary_of(run_id)
+    assert summary["status"] == "failed" and summary["failed_host"] == "h1"
+    assert not run_processes(run_id)
+    for i in (1, 2, 3):
+        assert not [p for p in testbed.processes(i, sessions=False) if run_id in " ".join(p.argv)]
