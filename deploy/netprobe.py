@@ -28,8 +28,9 @@ FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
 LINK_CONNECT_TIMEOUT_S = 3.0
 ALLREDUCE_LIMIT_S = 90  # rendezvous + gloo init + one all-reduce; `timeout` kills it after this
 ALLREDUCE_PG_TIMEOUT_S = 30
-WRITE_STDIN = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.parent.mkdir(parents=True, exist_ok=True); "
-               "p.write_bytes(sys.stdin.buffer.read())")
+# The file travels in argv, not on stdin: invoke feeds a remote stdin about 100 bytes per second.
+WRITE_FILE = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.parent.mkdir(parents=True, exist_ok=True); "
+              "p.write_text(sys.argv[2])")
 
 
 def probe_argv(python: str, probe: str, *args: str) -> list[str]:
@@ -171,10 +172,9 @@ def run_allreduce(hosts: tuple[Host, ...], inventory: Inventory, sessions: Mappi
                   interfaces: Mapping[str, str], run_id: str, local_python: str) -> AllReduceResult:
     """deploy/probe_allreduce.py under torchrun on every host, from the same plan as `fab train`."""
     script = f"{run_dir(run_id)}/probe_allreduce.py"
-    source = (PROBE_DIR / "probe_allreduce.py").read_bytes()
-    for host in hosts:
-        sessions[host.name].run([python_of(host, local_python), "-c", WRITE_STDIN, script], stdin=source,
-                                create_workdir=True, timeout=30)
+    source = (PROBE_DIR / "probe_allreduce.py").read_text()
+    on_each(hosts, lambda h: sessions[h.name].run([python_of(h, local_python), "-c", WRITE_FILE, script, source],
+                                                  create_workdir=True, timeout=30), timeout=40)
     options = LaunchOptions(run_id, Workload(script=script), pg_timeout_s=ALLREDUCE_PG_TIMEOUT_S)
     plan = plan_launch(hosts, inventory.rendezvous, options, interfaces, local_python)
     start = time.monotonic()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 APT_PACKAGES = (
     "openssh-server", "rsync", "iproute2", "wireguard-go", "wireguard-tools",
-    "iputils-ping", "iperf3",
+    "iputils-ping", "iperf3", "iptables",
 )
 
 # tool -> Debian package providing it

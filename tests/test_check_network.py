@@ -1,0 +1,206 @@
+"""`fab check-network` end to end on the simulated 3-host cluster, driven as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.fabrun import fab
+from tests.testbed import SimCluster
+from tests.testbed import wireguard as testbed_wireguard
+from tests.zerotier_standin import install as install_zerotier, remove as remove_zerotier
+
+pytestmark = pytest.mark.cluster
+RDZV_PORT = 29400
+
+
+def check(inventory: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    result = fab("check-network", "--inventory", str(inventory), *args, timeout=timeout)
+    return result, time.monotonic() - start
+
+
+def check_json(inventory: Path, *args: str) -> tuple[dict[str, Any], int, float]:
+    result, elapsed = check(inventory, "--json", *args)
+    try:
+        return json.loads(result.stdout), result.returncode, elapsed
+    except ValueError:
+        raise AssertionError(f"no JSON from check-network:\n{result.stdout}\n{result.stderr}") from None
+
+
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {h["name"]: h for h in report["hosts"]}
+
+
+def failing(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(f["where"], f["message"]) for f in report["findings"] if f["level"] == "FAIL"]
+
+
+@contextmanager
+def iptables(testbed: SimCluster, i: int, rule: list[str]) -> Iterator[None]:
+    """An INPUT rule in host i's network namespace, removed even on failure."""
+    if shutil.which("iptables") is None:
+        pytest.skip("iptables not installed (apt-get install iptables; tests/run does)")
+    netns = ["ip", "netns", "exec", testbed.host(i).netns, "iptables"]
+    subprocess.run([*netns, "-I", "INPUT", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*netns, "-D", "INPUT", *rule], check=True)
+
+
+@pytest.mark.slow
+def test_all_checks_pass_with_table_and_json(inventory: Path) -> None:
+    result, elapsed = check(inventory)
+    print(result.stdout, result.stderr, sep="\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for i in (1, 2, 3):
+        assert f"h{i} (10.77.0.1{i}, lan): PASS" in result.stdout
+    assert "reachable, host key verified" in result.stdout and "rdzv h1:29400" in result.stdout
+    assert "check-network PASS: 3 host(s), 6 link(s) probed, 0 failure(s), 0 warning(s)" in result.stdout
+
+    report, code, _ = check_json(inventory)
+    assert (code, report["level"], report["findings"]) == (0, "PASS", [])
+    for host in report["hosts"]:
+        assert host["reachable"] and host["fingerprint"]["torch"] == torch.__version__
+        assert (host["interface"], host["mtu"], host["gpus"]) == ("eth0", 1500, [])
+    pairs = {(l["source"], l["target"]) for l in report["links"] if not l["rendezvous"]}
+    assert pairs == {(a, b) for a in ("h1", "h2", "h3") for b in ("h1", "h2", "h3") if a != b}
+    assert all(l["state"] == "open" for l in report["links"]) and len(report["links"]) == 9
+    assert all(l["df_ok"] is True and l["df_size"] == 1472 for l in report["links"] if not l["rendezvous"])
+    assert report["rendezvous"] == {"host": "h1", "address": "10.77.0.11", "port": RDZV_PORT, "listener": "listening"}
+    assert report["allreduce"]["status"] == "ok" and report["allreduce"]["world_size"] == 3
+    print(f"check-network on 3 hosts: {elapsed:.1f} s wall (fab), {report['duration_s']} s measured inside")
+
+
+def test_cut_host_is_fail_within_the_connect_timeout(testbed: SimCluster, inventory: Path) -> None:
+    with testbed.link_cut(2):
+        report, code, elapsed = check_json(inventory, "--timeout", "3")
+    hosts = by_name(report)
+    assert code == 1 and report["level"] == "FAIL"
+    assert not hosts["h2"]["reachable"] and hosts["h1"]["reachable"] and hosts["h3"]["reachable"]
+    assert ("h2", hosts["h2"]["error"]) in failing(report)
+    assert "within 3 s" in hosts["h2"]["error"]
+    assert report["allreduce"]["status"] == "skipped"
+    assert {(l["source"], l["target"]) for l in report["links"] if not l["rendezvous"]} == {("h1", "h3"), ("h3", "h1")}
+    print(f"check-network with h2 cut: {elapsed:.1f} s wall, {report['duration_s']} s inside")
+    assert report["duration_s"] < 3 + 20  # the dead host costs its connect timeout, not minutes
+
+
+def test_closed_rendezvous_port_is_detected(testbed: SimCluster, inventory: Path) -> None:
+    """A firewall on the rendezvous host rejects its port; everything else stays open."""
+    rule = ["-p", "tcp", "--dport", str(RDZV_PORT), "-j", "REJECT", "--reject-with", "tcp-reset"]
+    with iptables(testbed, 1, rule):
+        report, code, _ = check_json(inventory)
+    assert code == 1
+    rdzv = [l for l in report["links"] if l["rendezvous"]]
+    assert {(l["source"], l["state"]) for l in rdzv} == {("h1", "refused"), ("h2", "refused"), ("h3", "refused")}
+    assert all(l["state"] == "open" for l in report["links"] if not l["rendezvous"])
+    assert ("h2 -> h1", "rendezvous port 10.77.0.11:29400 on h1 is refused (connection refused): torchrun cannot "
+                        "rendezvous; allow TCP 29400 to h1 from every host (docs/public-ip.md#ports)") in failing(report)
+
+
+def test_rendezvous_port_taken_by_another_process_is_detected(testbed: SimCluster, inventory: Path) -> None:
+    squatter = testbed.popen(1, [sys.executable, "-c", (
+        "import socket, time; s = socket.create_server(('0.0.0.0', %d)); print('up', flush=True); time.sleep(120)"
+        % RDZV_PORT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline().strip() == "up"
+        report, code, _ = check_json(inventory)
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert code == 1 and report["rendezvous"]["listener"] == "in use (Address already in use)"
+    assert ("h1", "rendezvous port 29400 cannot be opened on h1: in use (Address already in use); another process "
+                  "holds it (a run in progress?): stop it or change `rendezvous.port`") in failing(report)
+
+
+def test_blocked_ephemeral_ports_are_detected(testbed: SimCluster, inventory: Path) -> None:
+    """Only SSH and the rendezvous port open on h3: gloo/NCCL's all-to-all would fail."""
+    rule = ["-p", "tcp", "-m", "conntrack", "--ctstate", "NEW", "-m", "multiport", "!", "--dports",
+            f"22,{RDZV_PORT}", "-j", "DROP"]
+    with iptables(testbed, 3, rule):
+        report, code, _ = check_json(inventory)
+    assert code == 1
+    closed = {(l["source"], l["target"], l["state"]) for l in report["links"] if l["state"] != "open"}
+    assert closed == {("h1", "h3", "timeout"), ("h2", "h3", "timeout")}
+
+
+def test_python_without_torch_is_fail(make_inventory: Callable[..., Path]) -> None:
+    inventory = make_inventory(host_overrides={"h3": {"python": "/usr/bin/python3"}})
+    report, code, _ = check_json(inventory)
+    h3 = by_name(report)["h3"]
+    assert code == 1 and h3["fingerprint"]["torch"] is None
+    assert ("h3", f"torch is not importable by the host's python {h3['fingerprint']['python']} "
+                  "(ModuleNotFoundError: No module named 'torch'); install torch there or point `python:` in the "
+                  "inventory at a venv that has it") in failing(report)
+    assert report["allreduce"]["status"] == "skipped"
+
+
+@contextmanager
+def wg_state_visible_to_ssh(testbed: SimCluster) -> Iterator[None]:
+    """Let SSH sessions on each host read the real wireguard-go's state with `wg show`.
+
+    On a real host `wg` finds wireguard-go's control socket in /var/run/wireguard. The test bed
+    runs each wireguard-go in a private mount namespace (three wg0 sockets would collide), so here
+    each host's sshd namespace gets its own /var/run/wireguard with a link to its own daemon's
+    socket. The state read through it is the live daemon's: nothing is simulated.
+    """
+    uapi = testbed_wireguard.UAPI_DIR
+    for h in testbed.hosts:
+        pid = testbed_wireguard.pid_of(h, testbed.paths)
+        assert pid is not None, f"no wireguard-go on {h.name}"
+        testbed.exec(h.index, ["mount", "-t", "tmpfs", "meshrun-test-wg", uapi])
+        # /var/run is a symlink to /run: spelled out, or it would resolve in our own namespace.
+        daemon_socket = f"/proc/{pid}/root{os.path.realpath(uapi)}/wg0.sock"
+        testbed.exec(h.index, ["ln", "-s", daemon_socket, f"{uapi}/wg0.sock"])
+    try:
+        yield
+    finally:
+        for h in testbed.hosts:
+            testbed.exec(h.index, ["umount", uapi], check=False)
+
+
+@pytest.mark.slow
+def test_wireguard_overlay_is_the_training_interface(testbed_wg: SimCluster, wg_inventory: Path) -> None:
+    with wg_state_visible_to_ssh(testbed_wg):
+        report, code, _ = check_json(wg_inventory)
+    assert (code, report["level"]) == (0, "PASS"), report["findings"]
+    for host in report["hosts"]:
+        assert (host["network"], host["interface"], host["mtu"]) == ("wireguard", "wg0", 1420)
+        assert host["address"].startswith("10.78.0.") and len(host["wireguard"]["peers"]) == 2
+        assert host["wireguard"]["error"] is None
+    assert all(l["df_size"] == 1392 and l["df_ok"] for l in report["links"] if not l["rendezvous"])
+    assert report["allreduce"]["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_zerotier_state_through_the_stand_in(testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
+    """h2 is a ZeroTier host whose `zerotier-cli` is the recorded stand-in (the one allowed mock)."""
+    home = testbed.paths.home(testbed.host(2))
+    inventory = make_inventory(host_overrides={"h2": {"network": "zerotier"}})
+    try:
+        install_zerotier(home, "ok", testbed.host(2).address)
+        ok, ok_code, _ = check_json(inventory)
+        install_zerotier(home, "offline", testbed.host(2).address)
+        offline, offline_code, _ = check_json(inventory)
+    finally:
+        remove_zerotier(home)
+    h2 = by_name(ok)["h2"]
+    assert (ok_code, ok["level"]) == (0, "PASS"), ok["findings"]
+    assert (h2["zerotier"]["node"], h2["zerotier"]["state"], h2["zerotier"]["networks"][0]["status"]) == (
+        "a1b2c3d4e5", "ONLINE", "OK")
+    assert offline_code == 1 and failing(offline) == [("h2", (
+        "ZeroTier node a1b2c3d4e5 is OFFLINE (no contact with its roots); start it (`systemctl start zerotier-one`) "
+        "and let UDP 9993 out; see docs/zerotier.md"))]

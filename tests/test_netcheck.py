@@ -1,0 +1,208 @@
+"""`fab check-network`'s pure parts: recorded outputs → records → findings, by exact equality."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from deploy import probes, wireguard, zerotier
+from deploy.findings import Finding, Level
+from deploy.inventory import Host, Network
+from deploy.netcheck import (CLUSTER, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
+                             ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
+                             link_targets, public_findings, rendezvous_findings, version_findings)
+from deploy.netprobe import bounded_argv
+from deploy.plan import HostLaunch
+from deploy.render import Renderer
+from deploy.render_check import print_check
+from tests.zerotier_standin import recorded
+
+CLUSTER_NODES = {"b2c3d4e5f6": "h1", "c3d4e5f6a7": "h3"}  # the peers in tests/data/zerotier/*.json
+
+
+def zt_state(scenario: str) -> zerotier.ZeroTierState:
+    data = recorded(scenario)
+    return zerotier.parse_state(*(json.dumps(data[sub], indent=2) for sub in zerotier.SUBCOMMANDS))
+
+
+def zt_findings(scenario: str, interface: str = "ztabcdef12") -> list[Finding]:
+    return zerotier.findings("h2", "10.147.17.11", zt_state(scenario), CLUSTER_NODES, interface)
+
+
+def test_zerotier_online_ok_parses_and_passes() -> None:
+    state = zt_state("ok")
+    assert (state.node, state.state, state.version) == ("a1b2c3d4e5", zerotier.NodeState.ONLINE, "1.14.2")
+    assert state.networks == (zerotier.ZtNetwork("8056c2e21c000001", "meshrun-lab", "OK", "ztabcdef12", 2800,
+                                                 ("10.147.17.11", "fd80:56c2:e21c:0:199:93a1:b2c3:d4e5")),)
+    assert state.peers == (zerotier.ZtPeer("62f865ae71", "PLANET", zerotier.Link.DIRECT, 88),
+                           zerotier.ZtPeer("b2c3d4e5f6", "LEAF", zerotier.Link.DIRECT, 1),
+                           zerotier.ZtPeer("c3d4e5f6a7", "LEAF", zerotier.Link.DIRECT, 2))
+    assert zt_findings("ok") == []
+
+
+def test_zerotier_offline_is_fail() -> None:
+    assert zt_findings("offline") == [Finding(Level.FAIL, "h2", (
+        "ZeroTier node a1b2c3d4e5 is OFFLINE (no contact with its roots); start it (`systemctl start zerotier-one`) "
+        "and let UDP 9993 out; see docs/zerotier.md"))]
+
+
+def test_zerotier_access_denied_is_fail_naming_the_node_to_authorize() -> None:
+    assert zt_findings("access_denied") == [Finding(Level.FAIL, "h2", (
+        "ZeroTier network 8056c2e21c000001 status ACCESS_DENIED; authorize node a1b2c3d4e5 in the network's "
+        "controller (ZeroTier Central: Members, tick Auth)"))]
+
+
+def test_zerotier_relayed_cluster_peer_is_warn() -> None:
+    state = zt_state("relay")
+    assert state.peers[2] == zerotier.ZtPeer("c3d4e5f6a7", "LEAF", zerotier.Link.RELAY, None)
+    assert zt_findings("relay") == [Finding(Level.WARN, "h2", (
+        "ZeroTier peer h3 (c3d4e5f6a7) is RELAYED, not DIRECT: slow; open UDP 9993 (or the node's ports) between "
+        "the hosts, see docs/zerotier.md"))]
+
+
+def test_zerotier_relay_to_a_stranger_and_wrong_interface() -> None:
+    found = zerotier.findings("h2", "10.147.17.11", zt_state("relay"), {}, "eth0")
+    assert found == [Finding(Level.WARN, "h2", "traffic to the rendezvous host leaves via eth0, not the ZeroTier "
+                                               "device ztabcdef12: check `ip route get` on this host")]
+
+
+def test_zerotier_address_not_assigned_and_garbage() -> None:
+    found = zerotier.findings("h2", "10.9.9.9", zt_state("ok"), {}, None)
+    assert found == [Finding(Level.FAIL, "h2", (
+        "address 10.9.9.9 is not assigned by any joined ZeroTier network (joined: 8056c2e21c000001 ['10.147.17.11', "
+        "'fd80:56c2:e21c:0:199:93a1:b2c3:d4e5']); fix `address` in the inventory or the network's IP assignment"))]
+    broken = zerotier.parse_state("200 info a1b2c3d4e5 1.14.2 ONLINE", "[]", "[]")
+    assert broken.error == "`zerotier-cli -j info` printed no JSON: '200 info a1b2c3d4e5 1.14.2 ONLINE'"
+
+
+def test_wireguard_handshakes_and_unreadable() -> None:
+    out = "wg0\tAbC=\t1767225590\nwg0\tDeF=\t0\n"
+    state = wireguard.state_from(0, out, "", now=1767225600)
+    assert state == wireguard.WireGuardState((wireguard.WgPeer("wg0", "AbC=", 10), wireguard.WgPeer("wg0", "DeF=", None)))
+    assert wireguard.summary(state) == "wg0: 2 peer(s), handshakes 10 s, never"
+    assert wireguard.findings("h1", state) == []
+    denied = wireguard.state_from(1, "", "Unable to access interface: Operation not permitted\n", now=0)
+    assert wireguard.findings("h1", denied) == [Finding(Level.WARN, "h1", (
+        "WireGuard state unreadable: Unable to access interface: Operation not permitted; reading WireGuard state "
+        "needs root (CAP_NET_ADMIN): log in as root or allow `wg show` via sudo"))]
+
+
+def test_nvidia_smi_parse() -> None:
+    out = "0, NVIDIA H200, 1024, 143771\n1, NVIDIA H200, 0, 143771\n"
+    assert probes.parse_gpus(out) == ((0, "NVIDIA H200", 1024, 143771), (1, "NVIDIA H200", 0, 143771))
+    assert probes.parse_gpus("No devices were found\n") == ()
+
+
+def facts(name: str, **changes: object) -> HostFacts:
+    base = dict(name=name, address=f"10.0.0.{name[-1]}", network="lan", reachable=True, ssh_ms=3.0,
+                fingerprint=Fingerprint("3.11.7", "2.14.1+cu130", "13.0", "2.30.7"), interface="eth0", mtu=1500,
+                workdir="~/meshrun", disk_free_gib=50.0)
+    return HostFacts(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_missing_torch_missing_gpu_and_unreachable_are_fail() -> None:
+    no_torch = facts("h3", fingerprint=Fingerprint("3.11.2", error="ModuleNotFoundError: No module named 'torch'"))
+    assert host_findings(no_torch, {}) == [Finding(Level.FAIL, "h3", (
+        "torch is not importable by the host's python 3.11.2 (ModuleNotFoundError: No module named 'torch'); "
+        "install torch there or point `python:` in the inventory at a venv that has it"))]
+    gpu = facts("h1", gpus=(Gpu(0, "NVIDIA H200", 0, 143771),), selected_gpus=(0, 1))
+    assert host_findings(gpu, {}) == [Finding(Level.FAIL, "h1", (
+        "GPU index(es) 1 selected but not present (GPUs: 0); fix `gpus:` in the inventory or the "
+        "`--hosts NAME:0,1` override"))]
+    dead = facts("h2", reachable=False, error="host 'h2': no SSH answer from root@10.0.0.2:22 within 3 s")
+    assert host_findings(dead, {}) == [Finding(Level.FAIL, "h2", "host 'h2': no SSH answer from root@10.0.0.2:22 within 3 s")]
+
+
+def test_differing_versions_are_fail_but_python_patch_level_is_not() -> None:
+    hosts = [facts("h1"), facts("h2", fingerprint=Fingerprint("3.11.2", "2.13.0+cpu", None, None)),
+             facts("h3", fingerprint=Fingerprint("3.12.1", "2.14.1+cu130", "13.0", "2.30.7"))]
+    assert version_findings(hosts) == [
+        Finding(Level.FAIL, CLUSTER, "torch versions differ (h1 2.14.1+cu130, h2 2.13.0+cpu, h3 2.14.1+cu130); install "
+                                     "the same version on every host (mismatched collectives hang or return garbage)"),
+        Finding(Level.FAIL, CLUSTER, "NCCL versions differ (h1 2.30.7, h2 none, h3 2.30.7); install the same version on "
+                                     "every host (mismatched collectives hang or return garbage)"),
+        Finding(Level.FAIL, CLUSTER, "python versions differ (h1 3.11, h2 3.11, h3 3.12); install the same version on "
+                                     "every host (mismatched collectives hang or return garbage)"),
+    ]
+    assert version_findings([facts("h1"), facts("h2", fingerprint=Fingerprint("3.11.2", "2.14.1+cu130", "13.0",
+                                                                              "2.30.7"))]) == []
+
+
+def test_closed_ports_fail_and_lost_df_probe_warns() -> None:
+    links = [LinkResult("h2", "h1", "10.0.0.1", 29400, PortState.REFUSED, rendezvous=True, detail="connection refused"),
+             LinkResult("h2", "h3", "10.0.0.3", 41000, PortState.TIMEOUT, detail="no answer within 3 s"),
+             LinkResult("h1", "h3", "10.0.0.3", 41000, PortState.OPEN, connect_ms=0.2, df_size=1472, df_ok=False)]
+    assert link_findings(links, {"h1": 1500}) == [
+        Finding(Level.FAIL, "h2 -> h1", "rendezvous port 10.0.0.1:29400 on h1 is refused (connection refused): torchrun "
+                                        "cannot rendezvous; allow TCP 29400 to h1 from every host (docs/public-ip.md#ports)"),
+        Finding(Level.FAIL, "h2 -> h3", "TCP to an ephemeral port on h3 (10.0.0.3:41000) is timeout (no answer within "
+                                        "3 s): NCCL and gloo connect every pair on random ports; allow all TCP between "
+                                        "the hosts' training addresses (docs/public-ip.md#ports)"),
+        Finding(Level.WARN, "h1 -> h3", "a 1472-byte don't-fragment ping to 10.0.0.3 was lost: the path MTU is below "
+                                        "h1's interface MTU 1500; large transfers may stall; lower the interface MTU "
+                                        "(docs/zerotier.md#mtu)"),
+    ]
+
+
+def test_rendezvous_in_use_is_fail_and_public_rendezvous_warns() -> None:
+    busy = RendezvousFacts("h1", "10.0.0.1", 29400, "in use (Address already in use)")
+    assert rendezvous_findings(busy) == [Finding(Level.FAIL, "h1", (
+        "rendezvous port 29400 cannot be opened on h1: in use (Address already in use); another process holds it "
+        "(a run in progress?): stop it or change `rendezvous.port`"))]
+    public = RendezvousFacts("h1", "8.8.4.4", 29400, "listening")
+    assert [f.level for f in public_findings(public, "public")] == [Level.WARN]
+    assert "unauthenticated and unencrypted" in public_findings(public, "public")[0].message
+    assert "docs/public-ip.md" in public_findings(public, "public")[0].message
+    assert public_findings(public, "zerotier") == []
+    assert public_findings(RendezvousFacts("h1", "192.168.1.4", 29400, "listening"), "public") == []
+
+
+def test_link_targets_rendezvous_first_then_every_other_host() -> None:
+    ports = {"h1": ("10.0.0.1", 40001), "h2": ("10.0.0.2", 40002), "h3": ("10.0.0.3", 40003)}
+    assert link_targets("h2", ports, "h1", ("10.0.0.1", 29400)) == [
+        {"name": "h1", "address": "10.0.0.1", "port": 29400, "rendezvous": True},
+        {"name": "h1", "address": "10.0.0.1", "port": 40001},
+        {"name": "h3", "address": "10.0.0.3", "port": 40003},
+    ]
+
+
+def test_allreduce_runs_the_planned_torchrun_with_its_env_bounded_in_time() -> None:
+    host = Host("h1", "10.0.0.1", None, "root", 22, None, "/venv/bin/python", "~/meshrun", Network.LAN, None, 1,
+                None, ())
+    launch = HostLaunch(host, True, (("GLOO_SOCKET_IFNAME", "eth0"), ("X", "a b;$c")),
+                        ("/venv/bin/python", "-m", "torch.distributed.run", "--rdzv-conf", "is_host=1", "p.py"))
+    assert bounded_argv(launch, 90) == ["timeout", "-k", "5", "90", "env", "GLOO_SOCKET_IFNAME=eth0", "X=a b;$c",
+                                        "/venv/bin/python", "-m", "torch.distributed.run", "--rdzv-conf", "is_host=1",
+                                        "p.py"]
+
+
+@pytest.mark.parametrize("scenario,level", [("ok", Level.PASS), ("offline", Level.FAIL),
+                                            ("access_denied", Level.FAIL), ("relay", Level.WARN)])
+def test_zerotier_scenarios_decide_the_report(scenario: str, level: Level) -> None:
+    h2 = facts("h2", address="10.147.17.11", network="zerotier", interface="ztabcdef12", mtu=2800,
+               zerotier=zt_state(scenario))
+    peers = [facts("h1"), facts("h3")]
+    report = build_report((peers[0], h2, peers[1]), None, (), AllReduceResult(ProbeStatus.SKIPPED), "lan", 1.0)
+    nodes_named = {"b2c3d4e5f6": "h1", "c3d4e5f6a7": "h3"}
+    direct = host_findings(h2, {**nodes_named, "a1b2c3d4e5": "h2"})
+    assert report.level is (level if scenario != "relay" else Level.PASS)  # strangers' relays do not count
+    assert [f.level for f in direct] == ([] if level is Level.PASS else [level])
+
+
+def test_report_renders_tables_matrix_findings_and_summary() -> None:
+    links = (LinkResult("h1", "h2", "10.0.0.2", 40002, PortState.OPEN, connect_ms=0.25, df_size=1472, df_ok=True),
+             LinkResult("h2", "h1", "10.0.0.1", 40001, PortState.REFUSED, detail="connection refused"),
+             LinkResult("h2", "h1", "10.0.0.1", 29400, PortState.OPEN, rendezvous=True, connect_ms=0.3))
+    report = build_report((facts("h1"), facts("h2")), RendezvousFacts("h1", "10.0.0.1", 29400, "listening"), links,
+                          AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first"), "lan", 2.5)
+    out = io.StringIO()
+    print_check(Renderer(Console(file=out, width=160, highlight=False)), report)
+    text = out.getvalue()
+    assert "h1 (10.0.0.1, lan): PASS" in text and "h2 (10.0.0.2, lan): PASS" in text  # link findings are per pair
+    assert "FAIL h2 -> h1: TCP to an ephemeral port on h1 (10.0.0.1:40001) is refused" in text
+    assert "0.25 ms, DF 1472 ok" in text and "refused" in text
+    assert "end to end: gloo all-reduce skipped: not run: fix the failures above first" in text
+    assert text.rstrip().endswith("check-network FAIL: 2 host(s), 2 link(s) probed, 1 failure(s), 0 warning(s), 2.5 s")

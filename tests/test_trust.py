@@ -1,0 +1,80 @@
+"""`fab trust` and the host-key policy end to end on the simulated cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fabrun import fab
+from tests.testbed import SimCluster
+
+pytestmark = pytest.mark.cluster
+
+
+def known_hosts_of(inventory: Path) -> Path:
+    return Path(yaml.safe_load(inventory.read_text())["known_hosts"])
+
+
+def reachable(inventory: Path, host: str) -> tuple[bool, str]:
+    """(reachable, error) of one host by `fab check-network --json`."""
+    result = fab("check-network", "--inventory", str(inventory), "--hosts", host, "--json", timeout=180)
+    facts = json.loads(result.stdout)["hosts"][0]
+    return facts["reachable"], facts["error"] or ""
+
+
+def test_unknown_key_is_refused_and_trust_yes_makes_it_accepted(testbed: SimCluster,
+                                                                make_inventory: Callable[..., Path]) -> None:
+    inventory = make_inventory(known_hosts=False)
+    known = known_hosts_of(inventory)
+    assert not known.exists()
+    ok, error = reachable(inventory, "h1")
+    fingerprint = testbed.host_key_fingerprint(1)
+    assert not ok and error == (f"host 'h1': unknown SSH host key {fingerprint} (ssh-ed25519) for 10.77.0.11, not in "
+                                f"{known}; if you trust it, run: fab trust --hosts h1")
+
+    result = fab("trust", "--inventory", str(inventory), "--hosts", "h1,h2,h3", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for i in (1, 2, 3):
+        assert testbed.host_key_fingerprint(i) in result.stdout
+        assert f"trusted h{i}: 10.77.0.1{i} {testbed.host_key_fingerprint(i)} added to {known}" in result.stdout
+    assert len(known.read_text().splitlines()) == 3
+    assert reachable(inventory, "h1") == (True, "")
+
+    again = fab("trust", "--inventory", str(inventory), "--hosts", "h1", "--yes")
+    assert again.returncode == 0 and "already trusted" in again.stdout
+    assert len(known.read_text().splitlines()) == 3  # nothing appended twice
+
+
+def test_trust_without_yes_and_without_a_terminal_refuses(make_inventory: Callable[..., Path]) -> None:
+    inventory = make_inventory(known_hosts=False)
+    result = fab("trust", "--inventory", str(inventory), "--hosts", "h2")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: fab trust: 1 new host key(s) (h2) and no terminal to ask on; compare the fingerprints above with "
+        "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on each host, then rerun with --yes")
+    assert not known_hosts_of(inventory).exists()
+
+
+def test_changed_key_is_an_error_naming_both_fingerprints_and_never_replaced(
+        testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
+    inventory = make_inventory()
+    known = known_hosts_of(inventory)
+    lines = known.read_text().splitlines()
+    h2_key = lines[1].split(" ", 1)[1]
+    lines[0] = f"10.77.0.11 {h2_key}"  # h1 "was" h2's key: h1 now offers a changed key
+    known.write_text("\n".join(lines) + "\n")
+    before = known.read_text()
+
+    result = fab("trust", "--inventory", str(inventory), "--hosts", "h1", "--yes")
+    assert result.returncode == 1
+    expected = (f"error: host 'h1': SSH host key CHANGED for 10.77.0.11: known {testbed.host_key_fingerprint(2)}, "
+                f"offered {testbed.host_key_fingerprint(1)}. This may be an attack; if the host was reinstalled, "
+                f"delete its line from {known} and run: fab trust --hosts h1")
+    assert result.stderr.strip().splitlines()[-1] == expected
+    assert known.read_text() == before
+    ok, error = reachable(inventory, "h1")
+    assert not ok and error == expected.removeprefix("error: ")
