@@ -129,6 +129,24 @@ class Renderer:
             self.console.print(Text(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
                                     "is pushed back if the hosts lost it)"))
 
+    def run_report(self, run_id: str, report: Any, png: str) -> None:
+        """`fab report`: throughput and step-time breakdown per rank, then accuracy."""
+        table = Table(title=f"run {run_id}: throughput per rank (medians over steps)", title_justify="left")
+        for column in ("host", "rank", "samples/s", "step ms", "data ms", "fwd+bwd ms", "optim ms", "comm ms",
+                       "peak MiB"):
+            table.add_column(column, justify="right" if column not in ("host",) else "left")
+        for r in report.ranks:
+            comm = f"{r.comm_s * 1e3:.1f}" if r.comm_s is not None else "-"
+            table.add_row(r.host, str(r.rank), f"{r.samples_per_s:.0f}", f"{r.step_s * 1e3:.1f}",
+                          f"{r.data_s * 1e3:.1f}", f"{r.fwd_bwd_s * 1e3:.1f}", f"{r.optim_s * 1e3:.1f}", comm,
+                          f"{r.peak_mem_bytes / 2**20:.0f}")
+        final = f"{report.final_test_acc:.4f}" if report.final_test_acc is not None else "-"
+        best = f"{report.best_test_acc:.4f}" if report.best_test_acc is not None else "-"
+        with self._lock:
+            self.console.print(table)
+            self.console.print(Text(f"total {report.total_samples_per_s:.0f} samples/s; {len(report.epochs)} epoch(s); "
+                                    f"final test acc {final}, best {best}; resumes {report.resumes}; plot: {png}"))
+
 
 def _root_cause(tail: tuple[str, ...]) -> tuple[str, ...]:
     """From torchrun's failure report, the part from "Root Cause" on; else the whole tail."""

@@ -26,6 +26,20 @@ def test_fab_train_local_default_reaches_95_percent_and_writes_summary() -> None
     assert "[local:0] " in log and "epoch" in log
     assert not run_processes(run_id)
 
+    # fab report on the same run: a table, JSON, and a real PNG with curves in it.
+    shown = fab("report", "--run", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "local" in shown.stdout and "samples/s" in shown.stdout
+    data = json.loads(fab("report", "--run", run_id, "--json").stdout)
+    assert data["final_test_acc"] == pytest.approx(summary["metrics"]["test_acc"])
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["total_samples_per_s"] > 0
+    png = ROOT / "runs" / run_id / "report.png"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(png)
+    assert pixels.shape[0] >= 300 and pixels.shape[1] >= 900
+    assert pixels[..., :3].std() > 0.05  # not a blank canvas
+
 
 @pytest.mark.parametrize("sig,limit", [(signal.SIGINT, 15.0), (signal.SIGKILL, 30.0)])
 def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: float) -> None:

@@ -1,0 +1,36 @@
+"""`fab report`: a run's throughput per host and rank, step-time breakdown, accuracy, and a PNG."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from deploy.errors import InputError
+from deploy.plan import run_dir
+from train.report import RunReport, load_report, write_png
+
+
+def metrics_root(root: Path, run_id: str) -> Path:
+    """Where a run's metrics are: per host after `fab fetch-checkpoints`, else in the run dir itself."""
+    home = root / run_dir(run_id)
+    fetched = home / "hosts"
+    if fetched.is_dir() and any(fetched.glob("*/metrics*.jsonl")):
+        return fetched
+    if any(home.glob("metrics*.jsonl")):
+        return home
+    raise InputError(f"run {run_id}: no metrics under {home}; bring them home first: "
+                     f"fab fetch-checkpoints --run {run_id}")
+
+
+def build_report(root: Path, run_id: str) -> tuple[RunReport, Path]:
+    """The report and the PNG written next to the run (`runs/<id>/report.png`)."""
+    report = load_report(metrics_root(root, run_id))
+    png = write_png(report, root / run_dir(run_id) / "report.png")
+    return report, png
+
+
+def report_json(run_id: str, report: RunReport, png: Path) -> dict:
+    return {"run_id": run_id, "png": str(png), "final_test_acc": report.final_test_acc,
+            "best_test_acc": report.best_test_acc, "total_samples_per_s": report.total_samples_per_s,
+            "resumes": report.resumes, "ranks": [asdict(r) for r in report.ranks],
+            "epochs": [asdict(e) for e in report.epochs]}
