@@ -204,3 +204,13 @@ def test_zerotier_state_through_the_stand_in(testbed: SimCluster, make_inventory
     assert offline_code == 1 and failing(offline) == [("h2", (
         "ZeroTier node a1b2c3d4e5 is OFFLINE (no contact with its roots); start it (`systemctl start zerotier-one`) "
         "and let UDP 9993 out; see docs/zerotier.md"))]
+
+
+@pytest.mark.slow
+def test_bandwidth_is_measured_on_every_link_in_bounded_time(testbed: SimCluster, inventory: Path) -> None:
+    with testbed.shaped("50mbit"):
+        report, code, elapsed = check_json(inventory, "--bandwidth")
+    assert code == 0, report["findings"]
+    rates = [l["mbit_s"] for l in report["links"] if not l["rendezvous"]]
+    assert len(rates) == 6 and all(r is not None and 10 < r < 80 for r in rates), rates
+    print(f"check-network --bandwidth at 50mbit: {rates} Mbit/s, {elapsed:.1f} s")
