@@ -10,15 +10,17 @@ from train.sampler import ResumableBatchSampler, epoch_order, eval_shard, plan_s
 
 
 def real_indices(world: int, batch: int, n: int, epoch: int, consumed: int) -> list[list[int]]:
-    """Per step, the real (weight > 0) indices of all ranks, read through the samplers."""
-    samplers = [ResumableBatchSampler(n, batch, world, r, seed=7) for r in range(world)]
+    """Per step, the real (non-padding) indices of all ranks, read through the samplers."""
+    samplers = [ResumableBatchSampler(n, [batch] * world, r, seed=7) for r in range(world)]
     for s in samplers:
         s.set_epoch(epoch, consumed)
     assert len({len(s) for s in samplers}) == 1, "every rank must run the same number of steps"
     steps = []
-    for per_rank in zip(*samplers):
-        assert len({len(b) for b in per_rank}) == 1, "same batch shape on every rank"
-        steps.append([i for b in per_rank for i, w in b if w > 0])
+    for k, per_rank in enumerate(zip(*samplers)):
+        assert all(b for b in per_rank), "every rank gets a batch (padding when it has no share)"
+        reals = [step.real for step in samplers[0].steps[k].per_rank]
+        assert max(reals) - min(reals) <= 1, "equal batch sizes: shares differ by at most 1"
+        steps.append([i for b, real in zip(per_rank, reals) for i in b[:real]])
     return steps
 
 
@@ -30,12 +32,11 @@ def test_each_sample_once_per_epoch(world: int, batch: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("world, batch, n", [(2, 4, 10), (3, 4, 10), (4, 3, 5), (3, 1, 2)])
-def test_weights_make_ddp_average_the_global_mean(world: int, batch: int, n: int) -> None:
-    # DDP averages rank gradients (divides by world); sum(w) == world makes that the mean.
-    for step in plan_steps(epoch_order(n, 0, 0, True), 0, world, batch):
-        weights = [w for rank in step.per_rank for _, w in rank]
-        assert sum(weights) == pytest.approx(world)
-        assert sum(1 for w in weights if w > 0) == step.real
+def test_real_counts_add_up_and_padding_only_for_empty_shares(world: int, batch: int, n: int) -> None:
+    for step in plan_steps(epoch_order(n, 0, 0, True), 0, [batch] * world):
+        assert sum(b.real for b in step.per_rank) == step.real
+        for b in step.per_rank:
+            assert len(b.indices) == max(b.real, 1)
 
 
 @pytest.mark.parametrize("old_world, new_world, stop_after", [(2, 3, 2), (3, 2, 1), (2, 2, 3),

@@ -81,11 +81,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where samples come from and how they are batched (``batch_size`` is per process)."""
+    """Where samples come from and how they are batched. ``batch_size`` is per process unless
+    the host's inventory sets its own; ``global_batch_size`` is what ``batch_size: auto`` ranks
+    share (0: world size x ``batch_size``), see ``train.balance``."""
 
     name: DatasetKind = DatasetKind.DIGITS
     root: str = ""
     batch_size: int = 32
+    global_batch_size: int = 0
     eval_batch_size: int = 256
     num_workers: int = 0
     test_fraction: float = 0.2  # digits: held-out share, split with a fixed seed
@@ -143,8 +146,18 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class PerfConfig:
-    every_steps: int = 1  # per-rank step record cadence
+    every_steps: int = 20  # one per-rank step record aggregates this many optimizer steps
     comm_probe_steps: int = 3  # steps timed with and without gradient sync; 0 disables
+
+
+@dataclass(frozen=True)
+class AutoBatchConfig:
+    """The ``batch_size: auto`` probe (``train.balance``)."""
+
+    probe_sizes: tuple[int, ...] = ()  # empty: share/2, share, 2 x share (share = global/world)
+    probe_steps: int = 3  # timed forward+backward passes per size, after one warm-up pass
+    cpu_memory_mb: float = 0.0  # CPU cap per process (activations + 4x parameters); 0: none
+    cuda_memory_fraction: float = 0.9  # CUDA cap: this share of the device's memory
 
 
 @dataclass(frozen=True)
@@ -160,6 +173,7 @@ class TrainConfig:
     seed: int = 0
     epochs: int = 20
     amp: Precision = Precision.OFF
+    sync_bn: bool = False  # BatchNorm -> SyncBatchNorm (statistics over all ranks' samples; CUDA)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -168,6 +182,7 @@ class TrainConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     log: LogConfig = field(default_factory=LogConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
+    autobatch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
@@ -193,11 +208,17 @@ _RANGES: tuple[tuple[str, Any, str], ...] = (
     ("epochs", lambda v: v >= 0, ">= 0"),
     ("data.batch_size", lambda v: v >= 1, ">= 1"),
     ("data.eval_batch_size", lambda v: v >= 1, ">= 1"),
+    ("data.global_batch_size", lambda v: v >= 0, ">= 0 (0: world size x data.batch_size)"),
+    ("autobatch.probe_sizes", lambda v: all(s >= 1 for s in v), "a list of sizes >= 1"),
+    ("autobatch.probe_steps", lambda v: v >= 1, ">= 1"),
+    ("autobatch.cpu_memory_mb", lambda v: v >= 0, ">= 0 (0: no cap)"),
+    ("autobatch.cuda_memory_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("data.num_workers", lambda v: v >= 0, ">= 0"),
     ("data.test_fraction", lambda v: 0 < v < 1, "between 0 and 1"),
     ("optim.lr", lambda v: v > 0, "> 0"),
     ("optim.accum_steps", lambda v: v >= 1, ">= 1"),
     ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
+    ("perf.every_steps", lambda v: v >= 1, ">= 1"),
     ("dist.timeout", lambda v: v > 0, "> 0 seconds"),
 )
 

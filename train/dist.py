@@ -37,6 +37,7 @@ class DistEnv:
     run_id: str = ""
     host: str = ""
     batch_size: int | None = None  # MESHRUN_BATCH_SIZE: per-process batch for this host
+    batch_auto: bool = False  # MESHRUN_BATCH_SIZE=auto: size this rank by the probe
 
     @property
     def is_main(self) -> bool:
@@ -47,7 +48,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Parse the torchrun/meshrun variables once; malformed values raise ``UsageError``."""
     env = os.environ if environ is None else environ
     batch = env.get("MESHRUN_BATCH_SIZE", "")
-    return DistEnv(
+    auto = batch == "auto"
+    record = DistEnv(
         launched="RANK" in env,
         rank=_int(env, "RANK", 0),
         local_rank=_int(env, "LOCAL_RANK", 0),
@@ -58,8 +60,13 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         master_addr=env.get("MASTER_ADDR", ""),
         run_id=env.get("MESHRUN_RUN_ID", ""),
         host=env.get("MESHRUN_HOST", ""),
-        batch_size=_int(env, "MESHRUN_BATCH_SIZE", 0) if batch else None,
+        batch_size=_int(env, "MESHRUN_BATCH_SIZE", 0) if batch and not auto else None,
+        batch_auto=auto,
     )
+    if record.batch_size is not None and record.batch_size < 1:
+        raise UsageError(f"environment variable MESHRUN_BATCH_SIZE={batch!r} must be >= 1 "
+                         "or 'auto'")
+    return record
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -114,12 +121,21 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 
 def all_gather_ints(value: int, device: torch.device) -> list[int]:
     """Every rank's ``value``, indexed by rank."""
+    return [int(v) for v in _all_gather_scalar(value, torch.int64, device)]
+
+
+def all_gather_floats(value: float, device: torch.device) -> list[float]:
+    """Every rank's ``value`` (float64), indexed by rank."""
+    return [float(v) for v in _all_gather_scalar(value, torch.float64, device)]
+
+
+def _all_gather_scalar(value: float, dtype: torch.dtype, device: torch.device) -> list[Any]:
     if not active():
         return [value]
-    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    mine = torch.tensor([value], dtype=dtype, device=device)
     out = [torch.zeros_like(mine) for _ in range(torch_dist.get_world_size())]
     torch_dist.all_gather(out, mine)
-    return [int(t.item()) for t in out]
+    return [t.item() for t in out]
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
@@ -151,4 +167,4 @@ def barrier() -> None:
 
 
 __all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum",
-           "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]
+           "all_gather_ints", "all_gather_floats", "all_gather_objects", "broadcast_bytes", "barrier"]

@@ -1,21 +1,26 @@
 """One training step and exact evaluation; both take explicit objects and no config.
 
-Losses are per-sample cross-entropy multiplied by the sampler's weights and summed (see
-``train.sampler``), so padded slots count for nothing and the DDP gradient equals the gradient
-of the mean over the global step's real samples.
+Gradient contract (uneven per-rank batch sizes, gradient accumulation, any world size): each
+rank sums the cross-entropy of its *real* samples (``train.sampler``: padding slots excluded)
+and multiplies by ``world_size / R`` where ``R`` is the number of real samples of the whole
+optimizer step (all ranks, all accumulated micro-steps). DDP averages over ranks (divides by
+``world_size``), so the update uses ``sum(loss) / R``: the gradient of the global batch,
+``g = sum_i b_i * mean_i / sum_i b_i``, whatever the per-rank sizes ``b_i``. Equivalently each
+rank's *mean* loss is scaled by ``b_i * W / B``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from train import dist
+from train.sampler import GlobalStep
 
 
 @dataclass(frozen=True)
@@ -42,20 +47,49 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def forward_backward(parts: StepParts, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+@dataclass(frozen=True)
+class MicroStep:
+    """What one rank does with one sampler step."""
+
+    real: int  # this rank's real samples (the batch's first ``real`` rows)
+    scale: float  # world_size / real samples of the whole optimizer step
+    sync: bool  # last micro-step of its optimizer step: DDP all-reduces, the optimizer steps
+    window_real: int  # real samples of the whole optimizer step, all ranks
+
+
+def micro_steps(steps: Sequence[GlobalStep], rank: int, accum: int) -> list[MicroStep]:
+    """Group the epoch's remaining steps into optimizer steps of ``accum`` micro-steps (the last
+    one may be shorter) and give each micro-step its loss scale (see module docstring)."""
+    world = len(steps[0].per_rank) if steps else 1
+    out = []
+    for start in range(0, len(steps), accum):
+        window = steps[start:start + accum]
+        total = sum(s.real for s in window)
+        for j, step in enumerate(window):
+            out.append(MicroStep(step.per_rank[rank].real, world / total, j == len(window) - 1,
+                                 total))
+    return out
+
+
+def forward_backward(parts: StepParts, x: torch.Tensor, y: torch.Tensor, real: int,
                      scale: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accumulate gradients of ``scale * sum(w * loss)``; ``sync=False`` skips DDP's all-reduce
-    (gradient accumulation). Returns the detached real-sample loss sum and real-sample count,
-    left on the device so the caller decides when to synchronize."""
+    """Accumulate gradients of ``scale * sum(loss of the first real rows)``; ``sync=False``
+    skips DDP's all-reduce (gradient accumulation). Returns the detached real-sample loss sum
+    and number of correct top-1 predictions, left on the device so the caller decides when to
+    synchronize."""
     skip = parts.model.no_sync() if not sync and hasattr(parts.model, "no_sync") else None
     with skip or contextlib.nullcontext():
         with autocast(parts.device, parts.autocast_dtype):
             logits = parts.model(x)
-        per_sample = F.cross_entropy(logits.float(), y, reduction="none")
-        loss = (per_sample * w).sum() * scale
-        (parts.scaler.scale(loss) if parts.scaler else loss).backward()
-    real = (w > 0).to(per_sample.dtype)
-    return (per_sample.detach() * real).sum(), real.sum()
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        if real < len(y):  # padding rows: computed (the step must run) but not counted
+            logits, y = logits[:real], y[:real]
+        loss_sum = F.cross_entropy(logits, y, reduction="sum")
+        (parts.scaler.scale(loss_sum * scale) if parts.scaler else loss_sum * scale).backward()
+    with torch.no_grad():
+        correct = (logits.argmax(1) == y).sum()
+    return loss_sum.detach(), correct
 
 
 def optimizer_step(parts: StepParts) -> None:

@@ -2,9 +2,10 @@
 
 Contract (files under the run dir):
 - ``metrics.jsonl`` (rank 0, appended, one JSON object per line, flushed per record):
-  ``config``, ``resume``, ``epoch`` and ``comm`` records (see the dataclasses below);
-- ``metrics.rank<R>.jsonl`` (every rank): ``step`` performance records, buffered and flushed
-  every ``FLUSH_EVERY`` records and at each epoch end;
+  ``config``, ``balance``, ``resume`` and ``epoch`` records (see the dataclasses below);
+- ``metrics.rank<R>.jsonl`` (every rank): ``step`` performance records (each aggregates
+  ``perf.every_steps`` optimizer steps) and one ``comm`` record, buffered and flushed every
+  ``FLUSH_EVERY`` records and at each epoch end;
 - ``progress.json`` (rank 0, atomically replaced at most every ``progress_seconds`` and at each
   epoch end) and ``result.json`` (rank 0, atomically, only at a successful end);
 - ``tensorboard/`` (rank 0) when enabled.
@@ -31,6 +32,7 @@ class RecordKind(str, enum.Enum):
     EPOCH = "epoch"
     STEP = "step"
     COMM = "comm"
+    BALANCE = "balance"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,13 @@ class EpochRecord:
     samples_seen: int
     train_seconds: float
     eval_seconds: float
+    train_acc: float = 0.0  # real samples of all ranks, weighted by samples
+    batch_sizes: tuple[int, ...] = ()  # per rank
+    rank_samples: tuple[int, ...] = ()  # real samples each rank used (since a resume, if any)
+    rank_samples_per_s: tuple[float, ...] = ()  # rank_samples / that rank's epoch wall time
+    consumed_before: int = 0  # samples of this epoch used before a mid-epoch resume
+    coverage_min: int = 0  # fewest / most times any sample of the epoch reached the model,
+    coverage_max: int = 0  # over all ranks (1 and 1: every sample exactly once)
     kind: RecordKind = RecordKind.EPOCH
 
 
@@ -64,23 +73,26 @@ class ResumeRecord:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One optimizer step on one rank. Times in seconds; on CUDA they are taken after a
-    synchronize, so they are real device time, not launch time."""
+    """``steps`` consecutive optimizer steps on one rank, ending at ``global_step`` (one record
+    per ``perf.every_steps`` steps keeps the per-step cost to a few additions). Times are
+    per-step means in seconds; on CUDA they are taken after a synchronize, so they are device
+    time, not launch time."""
 
     rank: int
     host: str
     epoch: int
-    global_step: int
-    samples: int  # real samples this rank consumed in the step
+    global_step: int  # the last step of the window
+    samples: int  # real samples this rank consumed in the window
     data_s: float  # waiting for the data loader
     fwd_bwd_s: float  # forward + backward, including DDP's gradient all-reduce
     optim_s: float  # clipping + optimizer step
-    step_s: float  # wall time since the previous step ended
-    samples_per_s: float  # this rank
-    total_samples_per_s: float  # all ranks' real samples of this step / this rank's step time
+    step_s: float  # wall time per step
+    samples_per_s: float  # this rank: samples / window wall time
+    total_samples_per_s: float  # all ranks' real samples of the window / this rank's wall time
     peak_mem_bytes: int
     mem_kind: str
     time: float
+    steps: int = 1
     kind: RecordKind = RecordKind.STEP
 
 
@@ -102,6 +114,22 @@ class CommRecord:
 
 
 @dataclass(frozen=True)
+class BalanceRecord:
+    """Per-rank batch sizes chosen before training (``train.balance``); ``probes`` holds each
+    auto rank's probe (sizes tried, median seconds, samples/s, memory cap), else null."""
+
+    batch_sizes: tuple[int, ...]
+    hosts: tuple[str, ...]
+    sources: tuple[str, ...]
+    global_batch_size: int
+    steps_per_epoch: int
+    probes: tuple[dict[str, Any] | None, ...]
+    world_size: int
+    time: float
+    kind: RecordKind = RecordKind.BALANCE
+
+
+@dataclass(frozen=True)
 class ProgressRecord:
     epoch: int  # 0-based epoch in progress
     step_in_epoch: int
@@ -119,6 +147,12 @@ class ResultRecord:
     world_size: int
     restarts: int
     global_step: int
+    batch_sizes: list[int]  # per rank
+    rank_hosts: list[str]  # per rank
+    global_batch_size: int
+    batch_source: str  # config | inventory | auto (several joined by '+')
+    rank_samples_per_s: list[float]  # per rank, over this process's epochs
+    samples_per_s: dict[str, float]  # per host: the sum over its ranks
 
 
 def as_json(record: Any) -> dict[str, Any]:
@@ -163,6 +197,10 @@ class MetricsSink:
             self._rank.write("\n".join(self._pending) + "\n")
             self._pending.clear()
         self._rank.flush()
+
+    def progress_due(self) -> bool:
+        """Whether ``progress`` would write now (lets callers skip building the record)."""
+        return self.is_main and time.time() - self._last_progress >= self.progress_seconds
 
     def progress(self, record: ProgressRecord, force: bool = False) -> None:
         if not self.is_main:

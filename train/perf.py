@@ -1,8 +1,6 @@
 """Step timing, peak memory, and the gradient-communication probe.
 
-Timing contract: on CUDA, the device is synchronized at each timing boundary of a *recorded*
-step (every ``perf.every_steps``), so the numbers are device time rather than kernel-launch
-time; unrecorded steps run without extra synchronization. On CPU no synchronization is needed.
+Timing contract: see ``StepWindow``; on CPU no synchronization is needed.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from train.loop import StepParts, forward_backward
+from train.metrics import StepRecord
 
 
 @dataclass(frozen=True)
@@ -56,13 +55,13 @@ def probe_comm(parts: StepParts, batch: tuple[torch.Tensor, ...], steps: int) ->
     module = parts.model.module if hasattr(parts.model, "module") else parts.model
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
     rng = torch.get_rng_state()
-    x, y, w = (t.to(parts.device) for t in batch)
+    x, y = (t.to(parts.device) for t in batch[:2])
     timed = {True: [], False: []}
     for _ in range(steps):
         for sync_grads in (True, False):
             sync(parts.device)
             start = time.perf_counter()
-            forward_backward(parts, x, y, w, 1.0, sync_grads)
+            forward_backward(parts, x, y, len(y), 1.0 / len(y), sync_grads)
             sync(parts.device)
             timed[sync_grads].append(time.perf_counter() - start)
             parts.optimizer.zero_grad(set_to_none=True)
@@ -84,3 +83,61 @@ class Stopwatch:
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
         return elapsed
+
+
+class StepWindow:
+    """Phase times of consecutive optimizer steps, emitted as one ``StepRecord`` per window.
+
+    Per step it only adds to floats. On CPU every phase time is exact, and the record holds
+    per-step means. On CUDA only the window's last step synchronizes at its phase boundaries (a
+    sample of device time; the other steps run unsynchronized), so the record's phase split
+    comes from that step while ``step_s`` and samples/s cover the whole window exactly.
+    """
+
+    def __init__(self, device: torch.device, size: int) -> None:
+        self.device, self.size = device, max(size, 1)
+        self.watch = Stopwatch()
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps = self.samples = self.total_samples = 0
+        self.sums = [0.0, 0.0, 0.0]  # data, fwd+bwd, optimizer over the window
+        self.current = [0.0, 0.0, 0.0]  # the step in progress
+
+    @property
+    def sampling(self) -> bool:
+        """The step in progress is the window's last (synchronized on CUDA)."""
+        return self.steps + 1 >= self.size
+
+    def data_ready(self) -> None:
+        self.current[0] += self.watch.lap()
+
+    def computed(self) -> None:
+        if self.sampling:
+            sync(self.device)
+        self.current[1] += self.watch.lap()
+
+    def stepped(self, mine: int, total: int) -> bool:
+        """An optimizer step ended; True when the window is full and ``record`` is due."""
+        if self.sampling:
+            sync(self.device)
+        self.current[2] += self.watch.lap()
+        self.sums = [a + b for a, b in zip(self.sums, self.current)]
+        self.steps, self.samples = self.steps + 1, self.samples + mine
+        self.total_samples += total
+        if self.steps < self.size:
+            self.current = [0.0, 0.0, 0.0]
+        return self.steps >= self.size
+
+    def record(self, rank: int, host: str, epoch: int, global_step: int) -> StepRecord:
+        """The window so far as one record (call after ``stepped``), then start a new one."""
+        wall = sum(self.sums)
+        n = max(self.steps, 1)
+        phases = self.current if self.device.type == "cuda" else [v / n for v in self.sums]
+        mem = peak_memory(self.device)
+        out = StepRecord(rank, host, epoch, global_step, self.samples, phases[0], phases[1],
+                         phases[2], wall / n, self.samples / wall if wall else 0.0,
+                         self.total_samples / wall if wall else 0.0, mem.bytes, mem.kind,
+                         time.time(), steps=self.steps)
+        self.reset()
+        return out

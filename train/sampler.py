@@ -1,34 +1,44 @@
-"""A resumable, reshardable distributed batch sampler, and the exact evaluation shard.
+"""A resumable, reshardable distributed batch sampler with per-rank batch sizes, and the exact
+evaluation shard.
 
-Contract (``ResumableBatchSampler``):
-- An epoch's sample order is ``permutation(seed, epoch)``; it does not depend on the world size.
+Contract (``plan_steps`` / ``ResumableBatchSampler``):
+- An epoch's sample order is ``permutation(seed, epoch)``; it depends on neither the world size
+  nor the batch sizes.
 - ``consumed`` samples of that order are skipped; the rest is cut into global steps of
-  ``world_size * batch_size`` samples, rank ``r`` taking the ``r``-th contiguous slice.
-- The last global step may be short. It is split evenly (ceil) and topped up with padding
-  slots whose weight is 0, so every rank runs the same number of steps with the same batch shape
-  but each real sample contributes exactly once.
-- Each yielded batch is a list of ``(index, weight)``; with per-sample losses multiplied by the
-  weight and summed, DDP's average over ranks equals the mean over the global step's real
-  samples: ``weight = world_size / real_samples_in_global_step``.
+  ``B = sum(batch_sizes)`` samples, rank ``r`` taking the ``r``-th contiguous slice of length
+  ``batch_sizes[r]``. Every rank therefore runs the same number of steps, and every sample of
+  the epoch is used exactly once.
+- Remainder policy: the last global step may be short (``c < B`` samples). It is split in
+  proportion to the batch sizes (largest remainder, ties to the lower rank), so the slowest
+  rank still gets the largest share. A rank whose share is 0 (possible only when ``c`` is
+  smaller than the world size or a batch size is tiny) gets one *padding* slot: an index of the
+  epoch that counts for nothing (``real`` excludes it), so that every rank still takes the step.
+- Padding slots are always at the end of a rank's batch: ``indices[:real]`` are the real ones.
+- The gradient of the global batch, ``sum_i b_i * mean_i / B``, is obtained by scaling each
+  rank's *sum* of real-sample losses by ``world_size / real_in_window`` (``train.loop``); DDP's
+  division by the world size then leaves the mean over all real samples of the window.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from torch.utils.data import Dataset, Sampler
 
-Slot = tuple[int, float]
+
+@dataclass(frozen=True)
+class RankBatch:
+    indices: tuple[int, ...]
+    real: int  # indices[:real] are real samples; the rest are zero-weight padding
 
 
 @dataclass(frozen=True)
 class GlobalStep:
-    """One step across all ranks: per-rank slots and how many real samples it consumes."""
+    """One step across all ranks: each rank's batch and how many real samples all consume."""
 
-    per_rank: tuple[tuple[Slot, ...], ...]
+    per_rank: tuple[RankBatch, ...]
     real: int
 
 
@@ -39,50 +49,70 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> list[
     return torch.randperm(num_samples, generator=gen).tolist()
 
 
-def plan_steps(order: list[int], consumed: int, world_size: int, batch_size: int) -> list[GlobalStep]:
+def proportional_split(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` split in proportion to ``weights``: floors, then the largest remainders get one
+    more (ties to the lower index). Sums to ``total`` exactly."""
+    norm = sum(weights)
+    assert total >= 0 and norm > 0 and all(w >= 0 for w in weights)
+    exact = [total * w / norm for w in weights]
+    shares = [int(e) for e in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - shares[i]), i))
+    for i in by_remainder[:total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def plan_steps(order: list[int], consumed: int, batch_sizes: Sequence[int]) -> list[GlobalStep]:
     """Pure layout of the rest of an epoch (see module docstring)."""
-    rest = order[consumed:]
-    full = world_size * batch_size
+    assert batch_sizes and all(b >= 1 for b in batch_sizes)
+    rest, full = order[consumed:], sum(batch_sizes)
     steps = []
     for start in range(0, len(rest), full):
         chunk = rest[start:start + full]
-        per = math.ceil(len(chunk) / world_size)
-        pads = [order[i % len(order)] for i in range(per * world_size - len(chunk))]
-        weight = world_size / len(chunk)
-        slots = [(i, weight) for i in chunk] + [(i, 0.0) for i in pads]
-        per_rank = tuple(tuple(slots[r * per:(r + 1) * per]) for r in range(world_size))
-        steps.append(GlobalStep(per_rank=per_rank, real=len(chunk)))
+        shares = list(batch_sizes) if len(chunk) == full else proportional_split(len(chunk),
+                                                                               batch_sizes)
+        per_rank, at = [], 0
+        for share in shares:
+            pad = (order[(consumed + start) % len(order)],) if share == 0 else ()
+            per_rank.append(RankBatch(tuple(chunk[at:at + share]) + pad, share))
+            at += share
+        steps.append(GlobalStep(per_rank=tuple(per_rank), real=len(chunk)))
     return steps
 
 
-class ResumableBatchSampler(Sampler[list[Slot]]):
-    """Batch sampler for ``DataLoader(batch_sampler=...)`` over a ``WeightedDataset``."""
+class ResumableBatchSampler(Sampler[list[int]]):
+    """Batch sampler for ``DataLoader(batch_sampler=...)``; ``batch_sizes`` is indexed by rank."""
 
-    def __init__(self, num_samples: int, batch_size: int, world_size: int, rank: int,
-                 seed: int, shuffle: bool = True) -> None:
-        assert 0 <= rank < world_size and batch_size > 0 and num_samples > 0
-        self.num_samples, self.batch_size = num_samples, batch_size
-        self.world_size, self.rank = world_size, rank
-        self.seed, self.shuffle = seed, shuffle
+    def __init__(self, num_samples: int, batch_sizes: Sequence[int], rank: int, seed: int,
+                 shuffle: bool = True) -> None:
+        assert 0 <= rank < len(batch_sizes) and num_samples > 0
+        self.num_samples, self.batch_sizes = num_samples, tuple(batch_sizes)
+        self.rank, self.seed, self.shuffle = rank, seed, shuffle
         self.set_epoch(0)
 
+    @property
+    def global_batch(self) -> int:
+        return sum(self.batch_sizes)
+
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
-        """Start ``epoch`` with its first ``consumed`` samples already used (by any world size)."""
+        """Start ``epoch`` with its first ``consumed`` samples already used (by any world size
+        and any batch sizes)."""
         assert 0 <= consumed <= self.num_samples
         self.epoch, self.consumed = epoch, consumed
-        order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
-        self.steps = plan_steps(order, consumed, self.world_size, self.batch_size)
+        self.order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
+        self.steps = plan_steps(self.order, consumed, self.batch_sizes)
 
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __iter__(self) -> Iterator[list[Slot]]:
+    def __iter__(self) -> Iterator[list[int]]:
         for step in self.steps:
-            yield list(step.per_rank[self.rank])
+            yield list(step.per_rank[self.rank].indices)
 
 
-class WeightedDataset(Dataset):
-    """Wraps a dataset so that item ``(index, weight)`` returns ``(*dataset[index], weight)``."""
+class IndexedDataset(Dataset):
+    """Wraps a dataset so that item ``i`` is ``(*dataset[i], i)``: the trainer counts which
+    samples really reached the model (per-epoch coverage in the metrics)."""
 
     def __init__(self, inner: Dataset) -> None:
         self.inner = inner
@@ -90,10 +120,9 @@ class WeightedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
 
-    def __getitem__(self, slot: Slot) -> tuple:
-        index, weight = slot
+    def __getitem__(self, index: int) -> tuple:
         x, y = self.inner[index]
-        return x, y, torch.tensor(weight, dtype=torch.float32)
+        return x, y, index
 
 
 def eval_shard(num_samples: int, world_size: int, rank: int) -> list[int]:

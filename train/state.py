@@ -36,6 +36,7 @@ class Position:
     last_test_loss: float = float("nan")
     epoch_loss_sum: float = 0.0  # real-sample training loss so far in this epoch (all ranks)
     epoch_loss_count: int = 0
+    epoch_correct: int = 0  # real-sample top-1 hits so far in this epoch (all ranks)
 
 
 @dataclass(frozen=True)

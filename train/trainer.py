@@ -3,6 +3,8 @@
 Contract:
 - Construction is collective when a process group exists (it agrees on and loads the newest
   checkpoint held by any rank) and must happen after ``dist.init``.
+- Construction also resolves the per-rank batch sizes (``train.balance``, collective; it runs
+  the ``batch_size: auto`` probe when asked) and lays out each epoch with them.
 - ``fit()`` trains up to ``cfg.epochs`` epochs from the restored position, evaluates exactly
   after each, checkpoints on rank 0 after each epoch and every ``checkpoint.every_steps``
   optimizer steps, and returns the final ``ResultRecord`` (also written to result.json).
@@ -11,29 +13,32 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, default_collate
 
-from train import dist, perf, state
+from train import balance, dist, perf, state
 from train.checkpoint import Checkpointer, restore_agreed
 from train.config import Precision, TrainConfig, to_dict
 from train.data import build_datasets
 from train.dist import DistEnv
-from train.errors import InjectedFailure
-from train.loop import EvalResult, StepParts, evaluate, forward_backward, optimizer_step
-from train.metrics import (CommRecord, EpochRecord, MetricsSink, ProgressRecord, ResultRecord,
-                           ResumeRecord, StepRecord)
+from train.errors import InjectedFailure, UsageError
+from train.loop import (EvalResult, StepParts, evaluate, forward_backward, micro_steps,
+                        optimizer_step)
+from train.metrics import (BalanceRecord, CommRecord, EpochRecord, MetricsSink, ProgressRecord,
+                           ResultRecord, ResumeRecord)
 from train.models import build_model
 from train.optim import build_optimizer, lr_at, set_lr
 from train.render import Console
-from train.sampler import ResumableBatchSampler, WeightedDataset, eval_shard
+from train.sampler import IndexedDataset, ResumableBatchSampler, eval_shard
 from train.state import Position
+from train.tally import EpochTally, EpochTotals
 
 
 def amp_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
@@ -43,13 +48,36 @@ def amp_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if precision is Precision.BF16 else torch.float16
 
 
+def convert_sync_bn(module: nn.Module, wanted: bool, device: torch.device) -> nn.Module:
+    """``sync_bn: true``: BatchNorm layers become SyncBatchNorm, whose statistics are computed
+    over all ranks' samples (weighted by sample count, so uneven batches are exact). Torch
+    implements it for GPUs only."""
+    if not wanted or not dist.active():
+        return module
+    if device.type != "cuda":
+        raise UsageError("sync_bn=true needs CUDA: torch's SyncBatchNorm runs on GPUs only; "
+                         "on CPU use sync_bn=false (see docs/heterogeneous.md, BatchNorm)")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
+@dataclass
+class Cursor:
+    """The position counters that move every step (plain ints: no record is rebuilt per step)."""
+
+    consumed: int
+    samples_seen: int
+    global_step: int
+    mine: int = 0  # this rank's real samples since the last optimizer step
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, env: DistEnv, run_dir: Path, device: torch.device,
                  console: Console) -> None:
         self.cfg, self.env, self.device, self.console = cfg, env, device, console
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.data = build_datasets(cfg.data)
-        self.module = build_model(cfg.model, self.data.num_classes, self.data.input_shape).to(device)
+        module = build_model(cfg.model, self.data.num_classes, self.data.input_shape).to(device)
+        self.module = convert_sync_bn(module, cfg.sync_bn, device)
         optimizer = build_optimizer(cfg.optim, self.module.parameters())
         dtype = amp_dtype(cfg.amp, device)
         scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
@@ -59,20 +87,33 @@ class Trainer:
                                 cfg.log.tensorboard)
         self.pos = Position()
         self._restored = self._restore(optimizer, scaler)
+        self.batches = balance.resolve_batch_sizes(env, cfg.data, cfg.autobatch, self.module,
+                                                   self._probe_batch, device)
         model = self.module
         if dist.active():
             ids = [device.index] if device.type == "cuda" else None
             model = DistributedDataParallel(self.module, device_ids=ids)
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
-        self.sampler = ResumableBatchSampler(len(self.data.train), cfg.data.batch_size,
-                                             env.world_size, env.rank, cfg.seed)
+        self._build_loaders()
+        self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
+        self.run_seconds = [0.0] * env.world_size
+
+    def _build_loaders(self) -> None:
+        cfg, env = self.cfg, self.env
+        self.sampler = ResumableBatchSampler(len(self.data.train), self.batches.sizes, env.rank,
+                                             cfg.seed)
         self.loader_seed = torch.Generator()  # keeps the global RNG untouched by DataLoader
-        self.train_loader = DataLoader(WeightedDataset(self.data.train), batch_sampler=self.sampler,
+        self.train_loader = DataLoader(IndexedDataset(self.data.train), batch_sampler=self.sampler,
                                        num_workers=cfg.data.num_workers, generator=self.loader_seed,
-                                       pin_memory=device.type == "cuda")
+                                       pin_memory=self.device.type == "cuda")
         shard = Subset(self.data.test, eval_shard(len(self.data.test), env.world_size, env.rank))
         self.test_loader = DataLoader(shard, batch_size=cfg.data.eval_batch_size,
                                       num_workers=cfg.data.num_workers)
+
+    def _probe_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.data.train)
+        x, y = default_collate([self.data.train[i % n] for i in range(size)])
+        return x, y
 
     def _restore(self, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler | None) -> state.Restored | None:
@@ -92,17 +133,29 @@ class Trainer:
             self._probe_comm()
         for epoch in range(self.pos.epoch, self.cfg.epochs):
             started = time.time()
-            self._train_epoch(epoch)
+            totals = self._train_epoch(epoch)
             train_s, started = time.time() - started, time.time()
             result = evaluate(self.module, self.test_loader, self.device, self.parts.autocast_dtype)
-            self._end_epoch(epoch, result, train_s, time.time() - started)
-        final = ResultRecord(
+            self._end_epoch(epoch, result, totals, train_s, time.time() - started)
+        final = self._result()
+        self.sink.result(final)
+        return final
+
+    def _result(self) -> ResultRecord:
+        rates = [n / s if s > 0 else 0.0 for n, s in zip(self.run_samples, self.run_seconds)]
+        hosts = [h or "local" for h in self.batches.hosts]
+        per_host: dict[str, float] = {}
+        for host, rate in zip(hosts, rates):
+            per_host[host] = per_host.get(host, 0.0) + rate
+        return ResultRecord(
             epochs_completed=self.pos.epoch,
             metrics={"test_acc": self.pos.last_test_acc, "test_loss": self.pos.last_test_loss},
             best_test_acc=self.pos.best_acc, world_size=self.env.world_size,
-            restarts=self.env.restart_count, global_step=self.pos.global_step)
-        self.sink.result(final)
-        return final
+            restarts=self.env.restart_count, global_step=self.pos.global_step,
+            batch_sizes=list(self.batches.sizes), rank_hosts=hosts,
+            global_batch_size=self.batches.global_batch,
+            batch_source="+".join(sorted({s.value for s in self.batches.sources})),
+            rank_samples_per_s=rates, samples_per_s=per_host)
 
     def close(self) -> None:
         self.sink.close()
@@ -113,6 +166,13 @@ class Trainer:
         self.console.line("resolved config:\n" + yaml.safe_dump(resolved, sort_keys=False).rstrip())
         if self.cfg.amp is not Precision.OFF and self.parts.autocast_dtype is None:
             self.console.line(f"amp={self.cfg.amp.value} ignored: AMP runs only on CUDA")
+        b = self.batches
+        self.sink.event(BalanceRecord(
+            b.sizes, b.hosts, tuple(s.value for s in b.sources), b.global_batch,
+            self.sampler_steps_per_epoch(),
+            tuple(None if p is None else dataclasses.asdict(p) for p in b.probes),
+            self.env.world_size, time.time()))
+        self.console.line(f"{b.describe()}; {self.sampler_steps_per_epoch()} steps per epoch")
         r = self._restored
         if r is not None:
             self.sink.event(ResumeRecord(
@@ -127,9 +187,8 @@ class Trainer:
         steps = self.cfg.perf.comm_probe_steps
         if not dist.active() or steps <= 0:
             return
-        size = min(self.cfg.data.batch_size, len(self.data.train))
-        weighted = WeightedDataset(self.data.train)
-        batch = default_collate([weighted[(i, 1.0 / size)] for i in range(size)])
+        size = min(self.batches.sizes[self.env.rank], len(self.data.train))
+        batch = default_collate([self.data.train[i] for i in range(size)])
         est = perf.probe_comm(self.parts, tuple(batch), steps)
         self.sink.rank_record(CommRecord(
             rank=self.env.rank, host=self.env.host, method=est.method, steps=est.steps,
@@ -138,96 +197,114 @@ class Trainer:
         self.console.line(f"comm probe: {est.comm_s * 1e3:.2f} ms/step of gradient all-reduce "
                           f"({est.sync_s * 1e3:.2f} synced vs {est.no_sync_s * 1e3:.2f} no_sync)")
 
-    def _train_epoch(self, epoch: int) -> None:
+    def _train_epoch(self, epoch: int) -> EpochTotals:
         self.sampler.set_epoch(epoch, self.pos.consumed)
         self.loader_seed.manual_seed(hash((self.cfg.seed, epoch, self.pos.consumed, self.env.rank)))
-        steps = self.sampler.steps
-        full = self.env.world_size * self.cfg.data.batch_size
-        per_epoch = math.ceil(len(self.data.train) / full)
-        offset = math.ceil(self.pos.consumed / full)
-        accum = self.cfg.optim.accum_steps
+        steps, n = self.sampler.steps, len(self.data.train)
+        plan = micro_steps(steps, self.env.rank, self.cfg.optim.accum_steps)
+        offset = -(-self.pos.consumed // self.sampler.global_batch)
         self.console.start_epoch(epoch, len(steps), offset)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        count = torch.zeros((), dtype=torch.float64, device=self.device)
-        timer = _StepTimer(self.device, self._records(self.pos.global_step + 1))
-        for i, (x, y, w) in enumerate(self.train_loader):
-            timer.data_ready()
-            window = min(accum, len(steps) - (i // accum) * accum)
-            last = (i + 1) % accum == 0 or i + 1 == len(steps)
-            ls, c = forward_backward(self.parts, x.to(self.device, non_blocking=True),
-                                     y.to(self.device, non_blocking=True),
-                                     w.to(self.device, non_blocking=True), 1.0 / window, last)
-            loss_sum += ls
-            count += c
-            self.pos = dataclasses.replace(self.pos, consumed=self.pos.consumed + steps[i].real,
-                                           samples_seen=self.pos.samples_seen + steps[i].real)
-            timer.computed()
-            if not last:
+        tally = EpochTally(self.device, n, self.sampler.order[:self.pos.consumed], self.env.is_main)
+        window = perf.StepWindow(self.device, self.cfg.perf.every_steps)
+        cur = Cursor(self.pos.consumed, self.pos.samples_seen, self.pos.global_step)
+        for i, (x, y, idx) in enumerate(self.train_loader):
+            window.data_ready()
+            m = plan[i]
+            ls, correct = forward_backward(self.parts, x.to(self.device, non_blocking=True),
+                                           y.to(self.device, non_blocking=True), m.real, m.scale,
+                                           m.sync)
+            tally.add(ls, correct, idx, m.real)
+            cur.consumed += steps[i].real
+            cur.samples_seen += steps[i].real
+            cur.mine += m.real
+            window.computed()
+            if not m.sync:
                 continue
-            lr = lr_at(self.cfg.schedule, self.cfg.optim.lr,
-                       epoch + self.pos.consumed / len(self.data.train), self.cfg.epochs)
-            set_lr(self.parts.optimizer, lr)
+            set_lr(self.parts.optimizer, lr_at(self.cfg.schedule, self.cfg.optim.lr,
+                                               epoch + cur.consumed / n, self.cfg.epochs))
             optimizer_step(self.parts)
-            self.pos = dataclasses.replace(self.pos, global_step=self.pos.global_step + 1)
-            self._after_step(epoch, i, timer, int(sum(s.real for s in steps[i + 1 - window:i + 1])),
-                             loss_sum, count, offset, per_epoch, done_all=i + 1 == len(steps))
-        totals = dist.all_reduce_sum(torch.stack([loss_sum, count]))
-        self.pos = dataclasses.replace(
-            self.pos, epoch_loss_sum=self.pos.epoch_loss_sum + float(totals[0]),
-            epoch_loss_count=self.pos.epoch_loss_count + int(totals[1]))
+            cur.global_step += 1
+            if window.stepped(cur.mine, m.window_real):
+                self._perf_record(window, epoch, cur.global_step)
+            cur.mine = 0
+            self._after_step(epoch, offset + i + 1, cur, tally, done_all=i + 1 == len(steps))
+        if window.steps:
+            self._perf_record(window, epoch, cur.global_step)
+        totals = tally.finish()
+        self.pos = self._position(cur, totals.loss_sum, totals.count, totals.correct)
         self.console.end_epoch()
+        return totals
 
-    def _after_step(self, epoch: int, i: int, timer: "_StepTimer", global_real: int,
-                    loss_sum: torch.Tensor, count: torch.Tensor, offset: int, per_epoch: int,
+    def _perf_record(self, window: perf.StepWindow, epoch: int, step: int) -> None:
+        self.sink.rank_record(window.record(self.env.rank, self.env.host, epoch, step))
+
+    def _position(self, cur: Cursor, loss_sum: float, count: int, correct: int) -> Position:
+        return dataclasses.replace(
+            self.pos, consumed=cur.consumed, samples_seen=cur.samples_seen,
+            global_step=cur.global_step, epoch_loss_sum=self.pos.epoch_loss_sum + loss_sum,
+            epoch_loss_count=self.pos.epoch_loss_count + count,
+            epoch_correct=self.pos.epoch_correct + correct)
+
+    def _after_step(self, epoch: int, done: int, cur: Cursor, tally: EpochTally,
                     done_all: bool) -> None:
-        gs = self.pos.global_step
-        if timer.recording:
-            self.sink.rank_record(timer.record(self.env, epoch, gs, global_real))
-        timer.restart(self._records(gs + 1))
-        done = offset + i + 1
+        gs = cur.global_step
         show = done % max(self.cfg.log.print_every_steps, 1) == 0 or done_all
-        self.console.step(done, float(loss_sum / count.clamp(min=1)) if show else None)
-        self.sink.progress(ProgressRecord(epoch, done, per_epoch, gs, self.env.world_size,
-                                          time.time()))
+        self.console.step(done, float(tally.loss_sum) / max(tally.samples, 1) if show else None)
+        if self.sink.progress_due():
+            self.sink.progress(ProgressRecord(epoch, done, self.sampler_steps_per_epoch(), gs,
+                                              self.env.world_size, time.time()))
         if self.ckpt.due(gs) and not done_all:
-            partial = dist.all_reduce_sum(torch.stack([loss_sum, count]))
-            self._save(is_best=False, pos=dataclasses.replace(
-                self.pos, epoch_loss_sum=self.pos.epoch_loss_sum + float(partial[0]),
-                epoch_loss_count=self.pos.epoch_loss_count + int(partial[1])))
+            loss_sum, count, correct = tally.partial()
+            self._save(is_best=False, pos=self._position(cur, loss_sum, count, correct))
             if self.cfg.debug.stop_after_step == gs:
                 raise InjectedFailure(f"debug.stop_after_step={gs}: stopping after checkpoint")
 
-    def _end_epoch(self, epoch: int, result: EvalResult, train_s: float, eval_s: float) -> None:
-        train_loss = self.pos.epoch_loss_sum / max(self.pos.epoch_loss_count, 1)
-        is_best = result.top1 > self.pos.best_acc or epoch == 0
+    def _end_epoch(self, epoch: int, result: EvalResult, totals: EpochTotals, train_s: float,
+                   eval_s: float) -> None:
+        pos = self.pos
+        train_loss = pos.epoch_loss_sum / max(pos.epoch_loss_count, 1)
+        train_acc = pos.epoch_correct / max(pos.epoch_loss_count, 1)
+        is_best = result.top1 > pos.best_acc or epoch == 0
         self.pos = dataclasses.replace(
-            self.pos, epoch=epoch + 1, consumed=0, epoch_loss_sum=0.0, epoch_loss_count=0,
-            best_acc=max(self.pos.best_acc, result.top1), last_test_acc=result.top1,
+            pos, epoch=epoch + 1, consumed=0, epoch_loss_sum=0.0, epoch_loss_count=0,
+            epoch_correct=0, best_acc=max(pos.best_acc, result.top1), last_test_acc=result.top1,
             last_test_loss=result.loss)
         self._save(is_best)
         lr = self.parts.optimizer.param_groups[0]["lr"]
-        record = EpochRecord(epoch + 1, train_loss, result.loss, result.top1, result.top5, lr,
-                             self.env.world_size, self.pos.global_step, time.time(),
-                             self.pos.samples_seen, train_s, eval_s)
-        self.sink.event(record)
+        self.sink.event(EpochRecord(
+            epoch + 1, train_loss, result.loss, result.top1, result.top5, lr,
+            self.env.world_size, self.pos.global_step, time.time(), self.pos.samples_seen,
+            train_s, eval_s, train_acc=train_acc, batch_sizes=self.batches.sizes,
+            rank_samples=totals.rank_samples, rank_samples_per_s=totals.rank_samples_per_s,
+            consumed_before=pos.consumed - sum(totals.rank_samples),
+            coverage_min=totals.coverage_min, coverage_max=totals.coverage_max))
         self.sink.flush()
-        self.sink.scalars({"train/loss": train_loss, "test/loss": result.loss,
-                           "test/acc1": result.top1, "test/acc5": result.top5, "lr": lr},
-                          self.pos.global_step)
+        self.sink.scalars({"train/loss": train_loss, "train/acc1": train_acc,
+                           "test/loss": result.loss, "test/acc1": result.top1,
+                           "test/acc5": result.top5, "lr": lr}, self.pos.global_step)
         self.sink.progress(ProgressRecord(epoch + 1, 0, self.sampler_steps_per_epoch(),
                                           self.pos.global_step, self.env.world_size, time.time()),
                            force=True)
-        self.console.line(f"epoch {epoch + 1}/{self.cfg.epochs} train_loss {train_loss:.4f} "
-                          f"test_loss {result.loss:.4f} acc1 {result.top1:.4f} "
-                          f"acc5 {result.top5:.4f} lr {lr:.5g} ({train_s:.1f}s train)")
+        self._log_epoch(epoch, train_loss, train_acc, result, lr, train_s, totals)
         if self.cfg.debug.stop_after_epoch == epoch + 1:
             raise InjectedFailure(f"debug.stop_after_epoch={epoch + 1}: stopping after checkpoint")
 
-    def _records(self, step: int) -> bool:
-        return step % max(self.cfg.perf.every_steps, 1) == 0
+    def _log_epoch(self, epoch: int, train_loss: float, train_acc: float, result: EvalResult,
+                   lr: float, train_s: float, totals: EpochTotals) -> None:
+        for r, (n, s) in enumerate(zip(totals.rank_samples, totals.rank_seconds)):
+            self.run_samples[r] += n
+            self.run_seconds[r] += s
+        rates = ", ".join(f"{h or 'local'}/r{r} {b}x{v:.0f}/s" for r, (h, b, v) in enumerate(
+            zip(self.batches.hosts, self.batches.sizes, totals.rank_samples_per_s)))
+        self.console.line(f"epoch {epoch + 1}/{self.cfg.epochs} train_loss {train_loss:.4f} "
+                          f"train_acc {train_acc:.4f} test_loss {result.loss:.4f} "
+                          f"acc1 {result.top1:.4f} acc5 {result.top5:.4f} lr {lr:.5g} "
+                          f"({train_s:.1f}s train)")
+        self.console.line(f"epoch {epoch + 1} samples/s per rank (batch x rate): {rates}; "
+                          f"coverage {totals.coverage_min}..{totals.coverage_max} uses per sample")
 
     def sampler_steps_per_epoch(self) -> int:
-        return math.ceil(len(self.data.train) / (self.env.world_size * self.cfg.data.batch_size))
+        return -(-len(self.data.train) // self.sampler.global_batch)
 
     def _save(self, is_best: bool, pos: Position | None = None) -> None:
         """Collective (RNG gather); rank 0 writes. ``pos`` overrides the saved position."""
@@ -237,35 +314,3 @@ class Trainer:
                                  pos, lr, self.env.world_size, self.env.is_main)
         if snapshot is not None:
             self.ckpt.save(snapshot, pos.global_step, is_best)
-
-
-class _StepTimer:
-    """Splits one optimizer step's wall time into data wait, fwd+bwd and optimizer phases."""
-
-    def __init__(self, device: torch.device, recording: bool) -> None:
-        self.device, self.recording = device, recording
-        self.watch = perf.Stopwatch()
-        self.data_s = self.fwd_bwd_s = 0.0
-
-    def data_ready(self) -> None:
-        self.data_s += self.watch.lap()
-
-    def computed(self) -> None:
-        if self.recording:
-            perf.sync(self.device)
-        self.fwd_bwd_s += self.watch.lap()
-
-    def record(self, env: DistEnv, epoch: int, step: int, global_real: int) -> StepRecord:
-        perf.sync(self.device)
-        optim_s = self.watch.lap()
-        step_s = self.data_s + self.fwd_bwd_s + optim_s
-        mine = global_real / env.world_size
-        mem = perf.peak_memory(self.device)
-        return StepRecord(env.rank, env.host, epoch, step, int(mine), self.data_s, self.fwd_bwd_s,
-                          optim_s, step_s, mine / step_s, global_real / step_s, mem.bytes,
-                          mem.kind, time.time())
-
-    def restart(self, recording: bool) -> None:
-        self.recording = recording
-        self.watch.lap()
-        self.data_s = self.fwd_bwd_s = 0.0

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
 _TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "MESHRUN_RUN_ID")
+                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "MESHRUN_RUN_ID",
+                  "MESHRUN_BATCH_SIZE")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -34,10 +35,12 @@ def train_argv(run_dir: Path, overrides: tuple[str, ...], nproc: int, config: Pa
 
 
 def train(run_dir: Path, *overrides: str, nproc: int = 2, config: Path | None = None,
-          timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m train`` (under torchrun when ``nproc`` > 0) and wait for it."""
+          timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m train`` (under torchrun when ``nproc`` > 0) and wait for it; ``env``
+    adds variables (e.g. MESHRUN_BATCH_SIZE, as the controller sets it)."""
     return subprocess.run(train_argv(run_dir, overrides, nproc, config), cwd=run_dir.parent,
-                          env=clean_env(), capture_output=True, text=True, timeout=timeout)
+                          env=clean_env(**(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def records(run_dir: Path, name: str = "metrics.jsonl", kind: str | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,259 @@
+"""Per-rank batch sizes: from the inventory (``MESHRUN_BATCH_SIZE``), the config, or a probe.
+
+Contract:
+- ``resolve_batch_sizes`` is collective (every rank calls it once, before training) and returns
+  the same ``BatchPlan`` on every rank.
+- A rank's request is an int (its host's inventory ``batch_size``), nothing (the config's
+  ``data.batch_size``) or ``auto``.
+- When any rank asks for ``auto``, the global batch is ``data.global_batch_size`` (0: world size
+  x ``data.batch_size``). The auto ranks share what the fixed ranks leave of it, in proportion
+  to the samples/s each measured in ``probe_throughput``, each at least 1 and at most its memory
+  cap (``allocate``). Too little memory in total is a ``UsageError``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from train import dist
+from train.config import AutoBatchConfig, DataConfig
+from train.dist import DistEnv
+from train.errors import UsageError
+from train.sampler import proportional_split
+
+BatchFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class BatchSource(str, enum.Enum):
+    CONFIG = "config"  # data.batch_size
+    INVENTORY = "inventory"  # the host's batch_size: N
+    AUTO = "auto"  # the host's batch_size: auto, sized by the probe
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One rank's probe: median forward+backward seconds per batch size tried."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    samples_per_s: float  # best sizes[i] / seconds[i]
+    max_batch: int  # memory cap in samples; 0: no cap
+    memory: str  # how the cap was found
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    sizes: tuple[int, ...]  # per rank
+    hosts: tuple[str, ...]  # per rank
+    sources: tuple[BatchSource, ...]  # per rank
+    probes: tuple[ProbeResult | None, ...]  # per rank (None: not probed)
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.sizes)
+
+    def describe(self) -> str:
+        parts = []
+        for rank, (size, host, probe) in enumerate(zip(self.sizes, self.hosts, self.probes)):
+            extra = "" if probe is None else (
+                f" (probe {probe.samples_per_s:.0f} samples/s, cap "
+                f"{probe.max_batch or 'none'})")
+            parts.append(f"{host or 'local'}/r{rank} {size}{extra}")
+        kinds = "+".join(sorted({s.value for s in self.sources}))
+        return f"batch sizes ({kinds}, global {self.global_batch}): " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class _Request:
+    host: str
+    fixed: int | None
+    auto: bool
+
+
+def allocate(total: int, speeds: Sequence[float], caps: Sequence[int]) -> list[int]:
+    """``total`` samples over ranks in proportion to ``speeds``: each gets at least 1 and at most
+    its cap (0: none); a capped rank's excess goes to the others in the same proportions."""
+    n = len(speeds)
+    if total < n:
+        raise UsageError(f"global batch {total} is smaller than the {n} auto-sized ranks; "
+                         f"raise data.global_batch_size")
+    limited = sum(c if c else total for c in caps)
+    if limited < total:
+        raise UsageError(f"global batch {total} does not fit in the ranks' memory caps "
+                         f"{list(caps)} (sum {limited}); lower data.global_batch_size or raise "
+                         f"autobatch.cpu_memory_mb / autobatch.cuda_memory_fraction")
+    sizes: dict[int, int] = {}
+    while True:
+        free = [i for i in range(n) if i not in sizes]
+        shares = _at_least_one(proportional_split(total - sum(sizes.values()),
+                                                  [max(speeds[i], 1e-9) for i in free]))
+        over = [i for i, s in zip(free, shares) if caps[i] and s > caps[i]]
+        if not over:
+            sizes.update(zip(free, shares))
+            return [sizes[i] for i in range(n)]
+        sizes.update({i: caps[i] for i in over})
+
+
+def _at_least_one(shares: list[int]) -> list[int]:
+    """A rank too slow for a whole sample still gets 1, taken from the largest share."""
+    shares = list(shares)
+    for i, share in enumerate(shares):
+        if share == 0:
+            shares[shares.index(max(shares))] -= 1
+            shares[i] = 1
+    return shares
+
+
+def probe_sizes(cfg: AutoBatchConfig, share: int) -> tuple[int, ...]:
+    if cfg.probe_sizes:
+        return tuple(sorted(set(cfg.probe_sizes)))
+    return tuple(sorted({max(1, share // 2), share, 2 * share}))
+
+
+def resolve_batch_sizes(env: DistEnv, data: DataConfig, auto: AutoBatchConfig,
+                        module: nn.Module, batch_fn: BatchFn,
+                        device: torch.device) -> BatchPlan:
+    """Collective: gather every rank's request, probe if any asked for ``auto``, allocate."""
+    mine = _Request(env.host, env.batch_size, env.batch_auto)
+    requests: list[_Request] = dist.all_gather_objects(mine)
+    sources = tuple(BatchSource.AUTO if r.auto else BatchSource.INVENTORY if r.fixed
+                    else BatchSource.CONFIG for r in requests)
+    sizes = [r.fixed or data.batch_size for r in requests]
+    hosts = tuple(r.host for r in requests)
+    if not any(r.auto for r in requests):
+        return BatchPlan(tuple(sizes), hosts, sources, (None,) * len(requests))
+    total = data.global_batch_size or len(requests) * data.batch_size
+    auto_ranks = [i for i, r in enumerate(requests) if r.auto]
+    left = total - sum(s for i, s in enumerate(sizes) if i not in auto_ranks)
+    share = max(1, math.ceil(left / len(auto_ranks)))
+    probe = probe_throughput(module, batch_fn, device, probe_sizes(auto, share), auto) \
+        if mine.auto else None
+    probes: list[ProbeResult | None] = dist.all_gather_objects(probe)
+    measured = [p for i, p in enumerate(probes) if i in auto_ranks and p is not None]
+    chosen = allocate(left, [p.samples_per_s for p in measured], [p.max_batch for p in measured])
+    for i, size in zip(auto_ranks, chosen):
+        sizes[i] = size
+    return BatchPlan(tuple(sizes), hosts, sources, tuple(probes))
+
+
+def probe_throughput(module: nn.Module, batch_fn: BatchFn, device: torch.device,
+                     sizes: Sequence[int], cfg: AutoBatchConfig) -> ProbeResult:
+    """Time forward+backward (no gradient sync) at each size, smallest first, and derive the
+    memory cap. Leaves parameters, buffers, gradients and the RNG as found."""
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    rng, was_training = torch.get_rng_state(), module.training
+    module.train()
+    meter = _MemoryMeter(module, device, cfg)
+    tried: list[int] = []
+    seconds: list[float] = []
+    memory: list[int] = []
+    failed = 0  # smallest size that ran out of CUDA memory
+    for size in sizes:
+        if not meter.fits(size, tried, memory):
+            break
+        try:
+            took, used = _time_size(module, batch_fn(size), device, cfg.probe_steps, meter)
+        except torch.cuda.OutOfMemoryError:  # the probe's purpose: find where memory ends
+            torch.cuda.empty_cache()
+            failed = size
+            break
+        tried.append(size)
+        seconds.append(took)
+        memory.append(used)
+    module.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])
+    torch.set_rng_state(rng)
+    module.train(was_training)
+    if not tried:
+        raise UsageError(f"batch_size auto: even a batch of {sizes[0]} does not fit in memory "
+                         f"({meter.how}); set a smaller autobatch.probe_sizes")
+    best = max(s / t for s, t in zip(tried, seconds))
+    cap = meter.cap(tried, memory)
+    if failed:
+        cap = min(cap or failed - 1, failed - 1)
+    return ProbeResult(tuple(tried), tuple(seconds), best, cap, meter.how)
+
+
+def _time_size(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+               device: torch.device, steps: int, meter: "_MemoryMeter") -> tuple[float, int]:
+    x, y = (t.to(device) for t in batch)
+    times = []
+    for rep in range(steps + 1):  # the first pass warms up allocator and kernels
+        meter.start()
+        _sync(device)
+        began = time.perf_counter()
+        with meter.saved_tensors():
+            loss = nn.functional.cross_entropy(module(x).float(), y)
+        loss.backward()
+        _sync(device)
+        if rep:
+            times.append(time.perf_counter() - began)
+        module.zero_grad(set_to_none=True)
+    return statistics.median(times), meter.used()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _MemoryMeter:
+    """Bytes one fwd+bwd needs. CUDA: the allocator's peak against a fraction of the device.
+    CPU (RSS is no per-batch signal): bytes of tensors autograd saves for backward plus 4x the
+    parameter bytes (weights, gradients, two optimizer moments), against a configured cap."""
+
+    def __init__(self, module: nn.Module, device: torch.device, cfg: AutoBatchConfig) -> None:
+        self.device, self.saved = device, 0
+        self.fixed = 4 * sum(p.numel() * p.element_size() for p in module.parameters())
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            self.limit = int(total * cfg.cuda_memory_fraction)
+            self.how = f"CUDA peak allocated vs {cfg.cuda_memory_fraction:g} of {total >> 20} MiB"
+        else:
+            self.limit = int(cfg.cpu_memory_mb * 2 ** 20)
+            self.how = (f"saved activations + 4x parameters vs autobatch.cpu_memory_mb="
+                        f"{cfg.cpu_memory_mb:g}" if self.limit else "no CPU cap configured")
+
+    def start(self) -> None:
+        self.saved = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def saved_tensors(self) -> torch.autograd.graph.saved_tensors_hooks:
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            self.saved += t.numel() * t.element_size()
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def used(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return self.fixed + self.saved
+
+    def fits(self, size: int, tried: list[int], memory: list[int]) -> bool:
+        return not self.limit or len(tried) < 2 or _predict(size, tried, memory) <= self.limit
+
+    def cap(self, tried: list[int], memory: list[int]) -> int:
+        """Largest batch predicted to fit (linear in the batch size), 0 without a limit."""
+        if not self.limit:
+            return 0
+        if len(tried) < 2:
+            return tried[-1]  # the next size did not fit: what ran is all we know fits
+        per_sample = max((memory[-1] - memory[-2]) / (tried[-1] - tried[-2]), 1e-9)
+        return max(1, int((self.limit - (memory[-1] - per_sample * tried[-1])) // per_sample))
+
+
+def _predict(size: int, tried: list[int], memory: list[int]) -> float:
+    per_sample = (memory[-1] - memory[-2]) / (tried[-1] - tried[-2])
+    return memory[-1] + per_sample * (size - tried[-1])

@@ -1,0 +1,73 @@
+"""Per-epoch training sums, weighted by samples, and the proof that every sample was used once.
+
+Contract: ``EpochTally.add`` is called once per micro-step with device tensors (no host sync);
+``EpochTally.finish`` is collective (it all-reduces) and returns the same ``EpochTotals`` on
+every rank. Loss and accuracy are sums over real samples divided by the number of real samples
+of all ranks, so a rank with a bigger batch weighs more, exactly as in one big batch.
+Coverage counts how often each sample index reached the model in this epoch, over all ranks,
+with the samples consumed before a resume counted once (they are, by the sampler's contract,
+the epoch order's first ``consumed`` indices).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from train import dist
+
+
+@dataclass(frozen=True)
+class EpochTotals:
+    loss_sum: float  # all ranks, real samples
+    correct: int
+    count: int
+    rank_samples: tuple[int, ...]  # real samples each rank used in this process's epoch
+    rank_seconds: tuple[float, ...]  # each rank's wall time for them
+    coverage_min: int  # over all samples of the epoch: fewest and most uses (1 and 1: exact)
+    coverage_max: int
+
+    @property
+    def rank_samples_per_s(self) -> tuple[float, ...]:
+        return tuple(n / s if s > 0 else 0.0 for n, s in zip(self.rank_samples, self.rank_seconds))
+
+
+class EpochTally:
+    def __init__(self, device: torch.device, num_samples: int, prefix: list[int],
+                 is_main: bool) -> None:
+        self.device, self.num_samples = device, num_samples
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.samples = 0
+        self.seen: list[torch.Tensor] = [torch.as_tensor(prefix, dtype=torch.int64)] \
+            if is_main and prefix else []
+        self.started = time.perf_counter()
+
+    def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, indices: torch.Tensor,
+            real: int) -> None:
+        self.loss_sum += loss_sum
+        self.correct += correct
+        self.samples += real
+        self.seen.append(indices[:real])
+
+    def partial(self) -> tuple[float, int, int]:
+        """(loss sum, real count, correct) of all ranks so far; collective (intra-epoch saves)."""
+        sums = self._sums()
+        return float(sums[0]), int(sums[2]), int(sums[1])
+
+    def _sums(self) -> torch.Tensor:
+        count = torch.tensor(float(self.samples), dtype=torch.float64, device=self.device)
+        return dist.all_reduce_sum(torch.stack([self.loss_sum, self.correct.double(), count]))
+
+    def finish(self) -> EpochTotals:
+        seconds = time.perf_counter() - self.started
+        sums = self._sums()
+        counts = torch.bincount(torch.cat(self.seen) if self.seen else
+                                torch.zeros(0, dtype=torch.int64), minlength=self.num_samples)
+        counts = dist.all_reduce_sum(counts.to(device=self.device, dtype=torch.int32))
+        samples = dist.all_gather_ints(self.samples, self.device)
+        rank_seconds = dist.all_gather_floats(seconds, self.device)
+        return EpochTotals(float(sums[0]), int(sums[1]), int(sums[2]), tuple(samples),
+                           tuple(rank_seconds), int(counts.min()), int(counts.max()))
