@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,5 +68,6 @@ def resolve_run(root: Path, run_id: str | None) -> RunRecord:
     return records[0]
 
 
-def now() -> float:
-    return time.time()
+def new_run_id() -> str:
+    """Sortable and unique: reusing an rdzv id would join a stale rendezvous."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)

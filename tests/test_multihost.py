@@ -158,3 +158,13 @@ def test_crash_on_one_host_stops_the_others_and_shows_its_tail(testbed, inventor
     assert summary["status"] == "failed" and summary["failed_host"] == "h3"
     assert all(not r["remaining_pids"] for r in summary["host_results"].values())
     wait_no_run_processes(run_id, timeout=5)
+
+
+def test_preflight_stops_a_run_on_a_host_without_torch(testbed, make_inventory) -> None:
+    """The fast pre-flight (versions, ports) runs before sync and launch; --skip-checks skips it."""
+    inventory = make_inventory(host_overrides={"h2": {"python": "/usr/bin/python3"}})
+    done = fab("train", "--inventory", str(inventory), "--", "epochs=1", timeout=120)
+    assert done.returncode == 1
+    assert "error: pre-flight failed: h2: " in done.stderr and "torch" in done.stderr
+    assert "fab check-network" in done.stderr
+    assert "run " not in done.stdout  # nothing was launched

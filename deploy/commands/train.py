@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from deploy.commands.membership import RequestPoller
+from deploy.commands.check import preflight
 from deploy.commands.common import connect_all, training_interfaces
 from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
@@ -23,7 +24,7 @@ from deploy.launch import JobRunner, JobStatus, remote_log_path
 from deploy.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, rendezvous_host, run_dir
 from deploy.probes import peer_address_for, route_interface
 from deploy.render import Renderer
-from deploy.runs import RunRecord, load_record
+from deploy.runs import RunRecord, load_record, new_run_id
 from deploy.sync import is_project_itself, push_dir_argv
 from deploy.selection import select_hosts
 from deploy.summary import build_summary, write_summary
@@ -41,11 +42,6 @@ class TrainRequest:
     skip_checks: bool = False
     no_sync: bool = False
     resume: str | None = None  # an earlier run id: same run directory, fresh rendezvous
-
-
-def new_run_id() -> str:
-    """Sortable and unique: reusing an rdzv id would join a stale rendezvous."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
 def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> ElasticBounds | None:
@@ -141,6 +137,8 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
                             rdzv_id=rdzv_id)
     sessions = connect_all(hosts, inventory, root)
     try:
+        if not request.skip_checks:
+            preflight(hosts, inventory, sessions, renderer)
         if not request.no_sync:
             sync_code(hosts, inventory, root, renderer)
         if request.resume:
