@@ -43,6 +43,8 @@ def test_a_killed_host_is_survived(testbed, inventory: Path) -> None:
         assert run.finish(timeout=400) == 0, run.output[-3000:]
     finally:
         run.close()
+    assert "meshrun: h3 lost" in run.output
+    assert "now world size 2, lr " in run.output  # the batch policy's log after the change
     summary = summary_of(run_id)
     assert summary["status"] == "succeeded" and summary["lost_hosts"] == ["h3"]
     events = [(e["event"], e["host"]) for e in summary["timeline"]]
