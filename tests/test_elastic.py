@@ -5,6 +5,7 @@ host, lose the rendezvous host. Real torchrun elastic agents, real gloo, real SI
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -136,3 +137,35 @@ def test_d_losing_the_rendezvous_host_stops_everything_clearly(testbed, inventor
     assert not run_processes(run_id)
     for i in (1, 2, 3):
         assert not [p for p in testbed.processes(i, sessions=False) if run_id in " ".join(p.argv)]
+
+
+def test_e_a_host_leaves_on_purpose_and_the_run_goes_on(testbed, inventory: Path) -> None:
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
+        left = fab("leave", "--run", run_id, "--hosts", "h3", timeout=120)
+        assert left.returncode == 0, left.stdout + left.stderr
+        assert "stopping h3" in left.stdout
+        assert run.finish(timeout=400) == 0, run.output[-3000:]
+    finally:
+        run.close()
+    summary = summary_of(run_id)
+    assert ("left", "h3") in [(e["event"], e["host"]) for e in summary["timeline"]]
+    assert summary["lost_hosts"] == [] and summary["status"] == "succeeded" and summary["world_size"] == 2
+    assert not [p for p in run_processes(run_id) if _on_host(p, "h3")]
+
+
+def test_join_refuses_a_fixed_size_run(tmp_path: Path) -> None:
+    """No cluster needed: the refusal comes from the run record, in one line."""
+    from deploy.runs import RunRecord
+
+    record = RunRecord("20260101-000000-abcd", str(ROOT / "inventory/local.yaml"), ("local",), 0.0, False,
+                       "standalone")
+    path = record.save(ROOT)
+    try:
+        done = fab("join", "--run", record.run_id, "--hosts", "local")
+    finally:
+        shutil.rmtree(path.parent)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("error: run 20260101-000000-abcd is not elastic, so hosts cannot join or leave "
+                                   "it; start it with --nnodes MIN:MAX (or `elastic:` in the inventory)")
