@@ -8,9 +8,8 @@ Measured: samples/s of each training epoch 2..EPOCHS (epoch 1 carries DDP's warm
 ranks' samples together; a run's figure is its best such epoch (see ``Pair``). The trainer's
 figure comes from its own epoch records (``train_seconds``, which covers data loading, steps,
 per-step bookkeeping, step records, progress.json, the epoch's sample-weighted totals and
-coverage all-reduce and
-any intra-epoch checkpoint, but not evaluation or the epoch-end checkpoint); the hand loop times
-the same phase with perf_counter and does no evaluation.
+coverage all-reduce and any intra-epoch checkpoint, but not evaluation or the epoch-end
+checkpoint); the hand loop times the same phase with perf_counter and does no evaluation.
 
 Machine load (other jobs on the box) moves both sides, so the runs are interleaved in pairs
 whose order alternates (seed, trainer), (trainer, seed), ...: a slow spell hits both sides of
