@@ -1,4 +1,7 @@
-"""``python -m train [--config PATH] [--run-dir DIR] [key=value ...]``, alone or under torchrun.
+"""``python -m train [--config PATH] [--run-dir DIR] [--describe] [key=value ...]``, alone or under torchrun.
+
+``--describe`` prints the model's gradient shapes as one JSON object and trains nothing (the
+controller uses it to size gradient communication, see deploy/commplan.py).
 
 Exit status: 0 on success; 2 for a usage error (one line on stderr, no traceback); 3 when a
 ``debug.stop_after_*`` option stopped the run; 1 (with a traceback) for anything else.
@@ -7,6 +10,8 @@ Exit status: 0 on success; 2 for a usage error (one line on stderr, no traceback
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,6 +30,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="YAML config (default: the packaged train/configs/digits.yaml)")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="output directory (default: runs/<MESHRUN_RUN_ID or 'local'>)")
+    parser.add_argument("--describe", action="store_true",
+                        help="print the model's parameter count and gradient shapes as JSON; no training")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted config overrides, e.g. optim.lr=0.05 epochs=3")
     return parser.parse_args(argv)
@@ -46,11 +53,27 @@ def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
         dist.shutdown()
 
 
+def describe(cfg: TrainConfig) -> dict:
+    """``{"parameters", "gradient_bytes", "shapes"}`` of the model ``cfg`` builds (fp32 grads)."""
+    from train.comm import gradient_shapes
+    from train.data import build_datasets
+    from train.models import build_model
+
+    data = build_datasets(cfg.data)
+    module = build_model(cfg.model, data.num_classes, data.input_shape)
+    shapes = gradient_shapes(module)
+    count = sum(math.prod(s) for s in shapes)
+    return {"parameters": count, "gradient_bytes": 4 * count, "shapes": shapes}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         env = dist.read_env()
         cfg = load_config(args.config, tuple(args.overrides))
+        if args.describe:
+            print(json.dumps(describe(cfg)), flush=True)
+            return 0
         run_dir = args.run_dir or Path("runs") / (env.run_id or "local")
         run(cfg, env, run_dir)
     except UsageError as err:

@@ -64,6 +64,16 @@ class Backend(str, enum.Enum):
     NCCL = "nccl"
 
 
+class CommHook(str, enum.Enum):
+    """Gradient communication: torch's own DDP comm hooks (see ``train.comm``)."""
+
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWERSGD = "powersgd"
+    LOCALSGD = "localsgd"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which network to build; fields a model does not use are ignored by it."""
@@ -138,6 +148,17 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class CommConfig:
+    """DDP gradient communication; see ``train.comm`` and docs/performance.md."""
+
+    hook: CommHook = CommHook.NONE
+    powersgd_rank: int = 4  # PowerSGD matrix approximation rank r: sends (m+n)r, not mn
+    start_iter: int = 10  # powersgd/localsgd: plain all-reduce for the first iterations (> 1)
+    localsgd_period: int = 4  # localsgd: average parameters every this many optimizer steps
+    bucket_cap_mb: float = 25.0  # DDP bucket size; bigger buckets pay link latency fewer times
+
+
+@dataclass(frozen=True)
 class LogConfig:
     print_every_steps: int = 50
     progress_seconds: float = 2.0
@@ -180,6 +201,7 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     log: LogConfig = field(default_factory=LogConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     autobatch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
@@ -220,6 +242,10 @@ _RANGES: tuple[tuple[str, Any, str], ...] = (
     ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
     ("perf.every_steps", lambda v: v >= 1, ">= 1"),
     ("dist.timeout", lambda v: v > 0, "> 0 seconds"),
+    ("comm.powersgd_rank", lambda v: v >= 1, ">= 1"),
+    ("comm.start_iter", lambda v: v > 1, "> 1 (torch's PowerSGD needs start_powerSGD_iter > 1)"),
+    ("comm.localsgd_period", lambda v: v >= 1, ">= 1"),
+    ("comm.bucket_cap_mb", lambda v: v > 0, "> 0"),
 )
 
 

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, default_collate
 
 from train import balance, dist, perf, state
+from train import comm
 from train.checkpoint import Checkpointer, restore_agreed
 from train.config import Precision, TrainConfig, to_dict
 from train.data import build_datasets
@@ -86,13 +87,17 @@ class Trainer:
         self.sink = MetricsSink(run_dir, env.rank, env.is_main, cfg.log.progress_seconds,
                                 cfg.log.tensorboard)
         self.pos = Position()
+        self._comm_saved: comm.SavedComm | None = None  # set by _restore
         self._restored = self._restore(optimizer, scaler)
         self.batches = balance.resolve_batch_sizes(env, cfg.data, cfg.autobatch, self.module,
                                                    self._probe_batch, device)
         model = self.module
         if dist.active():
             ids = [device.index] if device.type == "cuda" else None
-            model = DistributedDataParallel(self.module, device_ids=ids)
+            model = DistributedDataParallel(self.module, device_ids=ids,
+                                            bucket_cap_mb=cfg.comm.bucket_cap_mb)
+        self.comm = comm.attach(model, cfg.comm, env.rank, env.world_size, self._comm_saved,
+                                console.line)
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
         self._build_loaders()
         self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
@@ -122,6 +127,7 @@ class Trainer:
         saved = restore_agreed(self.ckpt, self.env.rank, self.device)
         if saved is None:
             return None
+        self._comm_saved = comm.SavedComm(saved.get("comm"), saved["world_size"])
         restored = state.apply(saved, self.module, optimizer, scaler, self.cfg.seed,
                                self.env.rank, self.env.world_size)
         self.pos = restored.position
@@ -135,6 +141,7 @@ class Trainer:
             started = time.time()
             totals = self._train_epoch(epoch)
             train_s, started = time.time() - started, time.time()
+            self.comm.consensus()
             result = evaluate(self.module, self.test_loader, self.device, self.parts.autocast_dtype)
             self._end_epoch(epoch, result, totals, train_s, time.time() - started)
         final = self._result()
@@ -189,7 +196,8 @@ class Trainer:
             return
         size = min(self.batches.sizes[self.env.rank], len(self.data.train))
         batch = default_collate([self.data.train[i] for i in range(size)])
-        est = perf.probe_comm(self.parts, tuple(batch), steps)
+        with self.comm.preserved():
+            est = perf.probe_comm(self.parts, tuple(batch), steps)
         self.sink.rank_record(CommRecord(
             rank=self.env.rank, host=self.env.host, method=est.method, steps=est.steps,
             sync_s=est.sync_s, no_sync_s=est.no_sync_s, comm_s=est.comm_s,
@@ -223,6 +231,7 @@ class Trainer:
             set_lr(self.parts.optimizer, lr_at(self.cfg.schedule, self.cfg.optim.lr,
                                                epoch + cur.consumed / n, self.cfg.epochs))
             optimizer_step(self.parts)
+            self.comm.after_step()
             cur.global_step += 1
             if window.stepped(cur.mine, m.window_real):
                 self._perf_record(window, epoch, cur.global_step)
@@ -310,7 +319,10 @@ class Trainer:
         """Collective (RNG gather); rank 0 writes. ``pos`` overrides the saved position."""
         pos = pos or self.pos
         lr = self.parts.optimizer.param_groups[0]["lr"]
+        self.comm.consensus()
+        comm_state = self.comm.state_dict()  # collective, like capture
         snapshot = state.capture(self.cfg, self.module, self.parts.optimizer, self.parts.scaler,
                                  pos, lr, self.env.world_size, self.env.is_main)
         if snapshot is not None:
+            snapshot["comm"] = comm_state
             self.ckpt.save(snapshot, pos.global_step, is_best)
