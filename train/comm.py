@@ -11,7 +11,7 @@ Contract:
 - A saved state is restored only for the same hook at the same world size; otherwise the hook
   starts fresh and ``attach`` logs why (per-rank error feedback means nothing on another set of
   ranks, and the warm-up restarts).
-- ``after_step()`` runs after each optimizer step (local SGD's periodic averaging);
+- Local SGD's periodic averaging runs as a step post-hook of the optimizer;
   ``consensus()`` makes every rank hold the same parameters (local SGD, before evaluation and
   checkpoints); ``preserved()`` runs a timing probe past the warm-up (steady-state traffic)
   and then undoes what it did to the hook state.
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
@@ -58,7 +60,8 @@ class Communicator:
     def _local_state(self) -> dict[str, Any]:
         if self.powersgd is not None:
             # torch's own picklable form: every slot except the process group.
-            return {"powersgd": self.powersgd.__getstate__()}
+            with _quiet():
+                return {"powersgd": self.powersgd.__getstate__()}
         if self.localsgd is not None and self.averager is not None:
             return {"localsgd_iter": self.localsgd.iter, "averager_step": self.averager.step}
         return {}
@@ -72,13 +75,16 @@ class Communicator:
     def load_rank_state(self, state: dict[str, Any]) -> None:
         if self.powersgd is not None and "powersgd" in state:
             group = self.powersgd.process_group
-            self.powersgd.__setstate__(state["powersgd"])
+            with _quiet():
+                self.powersgd.__setstate__(state["powersgd"])
             self.powersgd.process_group = group
         if self.localsgd is not None and self.averager is not None and "localsgd_iter" in state:
             self.localsgd.iter = state["localsgd_iter"]
             self.averager.step = state["averager_step"]
 
-    def after_step(self) -> None:
+    def _average_after_step(self, *_: Any) -> None:
+        """Optimizer step post-hook: runs after ``step()`` and before ``zero_grad``, as torch's
+        averager expects (it averages only parameters that have gradients)."""
         if self.averager is not None and self.model is not None:
             self.averager.average_parameters(self.model.parameters())
 
@@ -106,8 +112,21 @@ class Communicator:
             self.load_rank_state(saved)
 
 
-def attach(model: nn.Module, cfg: CommConfig, rank: int, world_size: int,
-           saved: SavedComm | None, log: Callable[[str], None]) -> Communicator:
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """PowerSGDState's (de)serialization warns about its process group on every call; we keep
+    the default group on purpose, and a probe or checkpoint would repeat it on every rank."""
+    logger = logging.getLogger(powerSGD_hook.__name__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, rank: int,
+           world_size: int, saved: SavedComm | None, log: Callable[[str], None]) -> Communicator:
     """Register ``cfg.hook`` on the DDP ``model`` and restore its saved state when it applies."""
     if not dist.active() or cfg.hook is CommHook.NONE:
         return Communicator(cfg.hook, world_size)
@@ -132,6 +151,7 @@ def attach(model: nn.Module, cfg: CommConfig, rank: int, world_size: int,
         model.register_comm_hook(state, post_localSGD_hook)
         averager = PeriodicModelAverager(period=cfg.localsgd_period, warmup_steps=cfg.start_iter)
         comm = Communicator(cfg.hook, world_size, model, localsgd=state, averager=averager)
+        optimizer.register_step_post_hook(comm._average_after_step)
     _restore(comm, rank, saved, log)
     return comm
 

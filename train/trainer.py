@@ -96,8 +96,8 @@ class Trainer:
             ids = [device.index] if device.type == "cuda" else None
             model = DistributedDataParallel(self.module, device_ids=ids,
                                             bucket_cap_mb=cfg.comm.bucket_cap_mb)
-        self.comm = comm.attach(model, cfg.comm, env.rank, env.world_size, self._comm_saved,
-                                console.line)
+        self.comm = comm.attach(model, optimizer, cfg.comm, env.rank, env.world_size,
+                                self._comm_saved, console.line)
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
         self._build_loaders()
         self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
@@ -231,7 +231,6 @@ class Trainer:
             set_lr(self.parts.optimizer, lr_at(self.cfg.schedule, self.cfg.optim.lr,
                                                epoch + cur.consumed / n, self.cfg.epochs))
             optimizer_step(self.parts)
-            self.comm.after_step()
             cur.global_step += 1
             if window.stepped(cur.mine, m.window_real):
                 self._perf_record(window, epoch, cur.global_step)
