@@ -129,7 +129,7 @@ class Renderer:
             self.console.print(Text(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
                                     "is pushed back if the hosts lost it)"))
 
-    def run_report(self, run_id: str, report: Any, png: str) -> None:
+    def run_report(self, run_id: str, report: Any, png: str, comm: dict | None = None) -> None:
         """`fab report`: throughput and step-time breakdown per rank, then accuracy."""
         table = Table(title=f"run {run_id}: throughput per rank (medians over steps)", title_justify="left")
         for column in ("host", "rank", "samples/s", "step ms", "data ms", "fwd+bwd ms", "optim ms", "comm ms",
@@ -146,6 +146,12 @@ class Renderer:
             self.console.print(table)
             self.console.print(Text(f"total {report.total_samples_per_s:.0f} samples/s; {len(report.epochs)} epoch(s); "
                                     f"final test acc {final}, best {best}; resumes {report.resumes}; plot: {png}"))
+            if comm is not None:
+                measured = f"{comm['measured_s'] * 1e3:.1f} ms" if comm["measured_s"] is not None else "not measured"
+                self.console.print(Text(f"comm {comm['hook']}: all-reduce {measured} per step, ring floor "
+                                        f"{comm['floor_s'] * 1e3:.1f} ms at {comm['bandwidth_mbit_s']} Mbit/s x "
+                                        f"{comm['nodes']} nodes (ratio {comm['ratio']}); recommended "
+                                        f"{comm['recommended']}: {comm['reason']}"))
 
 
 def _root_cause(tail: tuple[str, ...]) -> tuple[str, ...]:

@@ -31,12 +31,14 @@ class RunSummary:
     host_results: dict[str, dict[str, Any]] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)  # membership changes, in order
     lost_hosts: list[str] = field(default_factory=list)
+    comm: dict[str, Any] | None = None  # with --comm: hook, floor_s, measured_s, ratio (deploy/commands/comm.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
-def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None) -> RunSummary:
+def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,
+                  comm: dict[str, Any] | None = None) -> RunSummary:
     """Combine what the controller saw with what the trainer reported (result.json), if any."""
     result = result or {}
     return RunSummary(
@@ -58,6 +60,7 @@ def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, An
         timeline=[{"time": round(e.time, 3), "event": e.event.value, "host": e.host, "world_size": e.world_size,
                    "detail": e.detail} for e in outcome.events],
         lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST}),
+        comm=comm,
     )
 
 

@@ -54,7 +54,7 @@ def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
 
 
 def describe(cfg: TrainConfig) -> dict:
-    """``{"parameters", "gradient_bytes", "shapes"}`` of the model ``cfg`` builds (fp32 grads)."""
+    """``{"parameters", "gradient_bytes", "shapes", "comm"}`` of the model ``cfg`` builds (fp32 grads)."""
     from train.comm import gradient_shapes
     from train.data import build_datasets
     from train.models import build_model
@@ -63,7 +63,9 @@ def describe(cfg: TrainConfig) -> dict:
     module = build_model(cfg.model, data.num_classes, data.input_shape)
     shapes = gradient_shapes(module)
     count = sum(math.prod(s) for s in shapes)
-    return {"parameters": count, "gradient_bytes": 4 * count, "shapes": shapes}
+    return {"parameters": count, "gradient_bytes": 4 * count, "shapes": shapes,
+            "comm": {"hook": cfg.comm.hook.value, "powersgd_rank": cfg.comm.powersgd_rank,
+                     "localsgd_period": cfg.comm.localsgd_period}}
 
 
 def main(argv: list[str] | None = None) -> int:

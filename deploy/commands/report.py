@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from deploy.commands.comm import beside_floor, load_plan
 from deploy.errors import InputError
 from deploy.plan import run_dir
 from train.report import RunReport, load_report, write_png
@@ -29,8 +30,17 @@ def build_report(root: Path, run_id: str) -> tuple[RunReport, Path]:
     return report, png
 
 
-def report_json(run_id: str, report: RunReport, png: Path) -> dict:
-    return {"run_id": run_id, "png": str(png), "final_test_acc": report.final_test_acc,
+def comm_beside_floor(root: Path, run_id: str, report: RunReport) -> dict | None:
+    """With `fab train --comm`: rank 0's measured all-reduce per step beside the ring floor."""
+    saved = load_plan(root, run_id)
+    if saved is None:
+        return None
+    measured = next((r.comm_s for r in report.ranks if r.rank == 0), None)
+    return beside_floor(saved, measured)
+
+
+def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = None) -> dict:
+    return {"comm": comm, "run_id": run_id, "png": str(png), "final_test_acc": report.final_test_acc,
             "best_test_acc": report.best_test_acc, "total_samples_per_s": report.total_samples_per_s,
             "resumes": report.resumes, "ranks": [asdict(r) for r in report.ranks],
             "epochs": [asdict(e) for e in report.epochs]}

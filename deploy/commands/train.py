@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from deploy.commands import comm as comm_cmd
 from deploy.commands.membership import RequestPoller
 from deploy.commands.check import preflight
 from deploy.commands.common import connect_all, training_interfaces
@@ -42,6 +43,7 @@ class TrainRequest:
     skip_checks: bool = False
     no_sync: bool = False
     resume: str | None = None  # an earlier run id: same run directory, fresh rendezvous
+    comm: str | None = None  # a comm hook, or "auto" (deploy/commands/comm.py)
 
 
 def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> ElasticBounds | None:
@@ -128,6 +130,8 @@ def push_checkpoints(head: Host, run_id: str, inventory: Inventory, root: Path) 
 
 def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
     request = _with_resumed_defaults(request, root)
+    if request.comm:
+        comm_cmd.parse_comm(request.comm, request.workload)
     inventory = load_inventory(inventory_path(request.inventory))
     hosts = select_hosts(inventory, request.hosts)
     elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
@@ -143,14 +147,21 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
             sync_code(hosts, inventory, root, renderer)
         if request.resume:
             push_checkpoints(rendezvous_host(hosts, inventory.rendezvous), run_id, inventory, root)
+        comm_plan = None
+        if request.comm:
+            workload, comm_plan = comm_cmd.choose(request.comm, hosts, inventory, sessions, options.workload, root,
+                                                  renderer)
+            options = dataclasses.replace(options, workload=workload)
         head = rendezvous_host(hosts, inventory.rendezvous)
         plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
                            sys.executable)
         record = RunRecord(run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(),
                            request.detach, plan.rdzv_endpoint, options.rendezvous_id,
-                           (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(request.workload),
+                           (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(options.workload),
                            request.pg_timeout_s, None if request.detach else os.getpid())
         record.save(root)
+        if comm_plan is not None:
+            comm_cmd.save_plan(root, run_id, comm_plan, comm_cmd.applied_hook(options.workload))
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, run_dir(run_id))
         if request.detach:
             start_detached(plan, sessions)
@@ -164,12 +175,19 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
             renderer.error(f"rendezvous host '{head.name}' was lost, and an elastic job cannot outlive it (torchrun's "
                            f"c10d store lives there); {last_checkpoint(sessions, plan, head.name)}; every other host "
                            f"was stopped")
-        summary = build_summary(plan, outcome, read_result(sessions, plan))
+        saved_plan = comm_cmd.load_plan(root, run_id)
+        measured = comm_cmd.read_comm_record(sessions, plan) if saved_plan else None
+        comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
+        summary = build_summary(plan, outcome, read_result(sessions, plan), comm)
     finally:
         for session in sessions.values():
             session.close()
     path = write_summary(root / run_dir(run_id), summary)
     if outcome.status is JobStatus.FAILED and outcome.failed_host:
         renderer.failure_tail(outcome, remote_log_path(run_id, outcome.failed_host))
+    if summary.comm and summary.comm["measured_s"] is not None:
+        c = summary.comm
+        renderer.info(f"comm: {c['hook']} all-reduce {c['measured_s'] * 1e3:.1f} ms per step, ring floor "
+                      f"{c['floor_s'] * 1e3:.1f} ms at {c['bandwidth_mbit_s']} Mbit/s ({c['ratio']}x)")
     renderer.job_summary(summary, outcome, str(path))
     return 0 if outcome.status is JobStatus.SUCCEEDED else 1

@@ -11,13 +11,14 @@ from deploy.tasks import DEBUG_HELP, ROOT, RUN_HELP
 @guarded
 def report(c, run="", json=False, debug=False):
     """Throughput per host and rank, step-time breakdown, final and best accuracy, and a PNG of the curves."""
-    from deploy.commands.report import build_report, report_json
+    from deploy.commands.report import build_report, comm_beside_floor, report_json
     from deploy.runs import resolve_run
 
     run_id = resolve_run(ROOT, run or None).run_id
     result, png = build_report(ROOT, run_id)
+    comm = comm_beside_floor(ROOT, run_id, result)
     renderer = Renderer()
     if json:
-        renderer.json(report_json(run_id, result, png))
+        renderer.json(report_json(run_id, result, png, comm))
     else:
-        renderer.run_report(run_id, result, str(png))
+        renderer.run_report(run_id, result, str(png), comm)

@@ -18,16 +18,17 @@ from deploy.tasks import DEBUG_HELP, HOSTS_HELP, INVENTORY_HELP, ROOT
     "detach": "start the run and return its id", "skip_checks": "skip the pre-flight checks",
     "no_sync": "do not sync the code first", "debug": DEBUG_HELP,
     "resume": "continue an earlier run (its id) from its newest checkpoint, on its hosts by default",
+    "comm": "gradient communication: none|fp16|bf16|powersgd|localsgd, or auto (measure the links, pick by the floor)",
 })
 @guarded
 def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DEFAULT_PG_TIMEOUT_S,
-          detach=False, skip_checks=False, no_sync=False, resume="", debug=False):
+          detach=False, skip_checks=False, no_sync=False, resume="", comm="", debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
     from deploy.commands.train import TrainRequest, train as run_train
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
     request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None, int(timeout),
-                           detach, skip_checks, no_sync, resume or None)
+                           detach, skip_checks, no_sync, resume or None, comm or None)
     code = run_train(request, Renderer(), ROOT)
     if code:
         raise Exit(code=code)
