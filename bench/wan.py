@@ -14,7 +14,7 @@ On 3 simulated hosts (tests/testbed, needs root) with tbf-shaped links, `fab tra
   interpolated at the start of the first epoch and the end of the last epoch's training, summed
   over hosts, divided by hosts x optimizer steps. Compression = bytes(none) ÷ bytes(hook).
 
-Usage: sudo .venv/bin/python bench/wan.py [--epochs 8] [--hooks none,fp16,bf16,powersgd,localsgd]
+Usage: sudo .venv/bin/python bench/wan.py [--epochs 8] [--hooks none,fp16,bf16,powersgd,localsgd] [--wait 900]
 """
 
 from __future__ import annotations
@@ -138,12 +138,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--hooks", default="none,fp16,bf16,powersgd,localsgd")
+    parser.add_argument("--wait", type=float, default=900, help="seconds to wait for the test bed lock")
     args = parser.parse_args()
     hooks = args.hooks.split(",")
     cluster = SimCluster("/tmp/meshrun-testbed")
     runs: list[Run] = []
     started = time.time()
-    with exclusive():
+    with exclusive(timeout=args.wait):
         cluster.up(HOSTS)
         try:
             inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-wan.yaml"))
