@@ -112,8 +112,8 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
                            *overrides(hook, epochs)], cwd=REPO, capture_output=True, text=True, timeout=900)
     time.sleep(1.0)  # one more tx sample after the end
     sampler.close()
-    if done.returncode != 0:
-        raise RuntimeError(f"{hook}/{shape}: fab train failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
+    if done.returncode != 0:  # still report the run if its metrics are complete, but say so
+        print(f"  {shape:>8} {hook:>8}: fab train exited {done.returncode}:\n{done.stdout[-1500:]}", flush=True)
     remote = f"/root/meshrun/runs/{run_id_of(done.stdout)}"  # rank 0 runs on h1
     main = [json.loads(x) for x in cluster.exec(1, ["cat", f"{remote}/metrics.jsonl"]).stdout.splitlines() if x]
     rank0 = [json.loads(x) for x in cluster.exec(1, ["cat", f"{remote}/metrics.rank0.jsonl"]).stdout.splitlines() if x]
