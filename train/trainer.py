@@ -188,7 +188,8 @@ class Trainer:
                 consumed_in_epoch=r.position.consumed, source_rank=r.source_rank, time=time.time()))
             self.console.line(f"resumed from step {r.position.global_step} (epoch {r.position.epoch}"
                               f" + {r.position.consumed} samples), checkpoint from rank "
-                              f"{r.source_rank}, saved at world size {r.saved_world_size}")
+                              f"{r.source_rank}, saved at world size {r.saved_world_size}; now world size "
+                              f"{self.env.world_size}, lr {self.parts.optimizer.param_groups[0]['lr']:.5g}")
 
     def _probe_comm(self) -> None:
         steps = self.cfg.perf.comm_probe_steps
