@@ -45,3 +45,11 @@ def on_each(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
 
 def failures(results: dict[str, object]) -> dict[str, MeshrunError]:
     return {name: r for name, r in results.items() if isinstance(r, MeshrunError)}
+
+
+def require_all(results: dict[str, T | MeshrunError]) -> dict[str, T]:
+    """The results if every host succeeded, else one MeshrunError naming each failure."""
+    failed = failures(results)
+    if failed:
+        raise MeshrunError("; ".join(str(e) for e in failed.values()))
+    return results  # type: ignore[return-value]

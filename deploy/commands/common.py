@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Mapping
 
 from deploy.errors import MeshrunError
-from deploy.fanout import failures, on_each
+from deploy.fanout import failures, on_each, require_all
 from deploy.inventory import Host, Inventory
 from deploy.probes import peer_address_for, route_interface
 from deploy.transport import Session, connect
@@ -34,8 +34,5 @@ def training_interfaces(hosts: tuple[Host, ...], head: Host, sessions: Mapping[s
         peer = peer_address_for(host.name, head.name, addresses)
         return route_interface(sessions[host.name], peer).name if peer else ""
 
-    results = on_each(hosts, probe, timeout=30)
-    failed = failures(results)
-    if failed:
-        raise MeshrunError("; ".join(str(e) for e in failed.values()))
-    return {name: iface for name, iface in results.items() if iface}  # type: ignore[misc]
+    results = require_all(on_each(hosts, probe, timeout=30))
+    return {name: iface for name, iface in results.items() if iface}

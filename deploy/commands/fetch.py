@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deploy.errors import MeshrunError
-from deploy.fanout import failures, on_each
+from deploy.fanout import on_each, require_all
 from deploy.fetch import CHECKPOINTS, FetchReport, fetch_argv, place, remove_staging, transfer, \
     verify_checkpoints
 from deploy.inventory import Host, load_inventory
@@ -36,11 +35,8 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         return report
 
     with HostProgress(renderer, "fetch", list(record.hosts)) as bars:
-        results = on_each(hosts, lambda h: one(h, bars), timeout=3600)
-    failed = failures(results)
-    if failed:
-        raise MeshrunError("; ".join(str(e) for e in failed.values()))
-    reports: list[FetchReport] = list(results.values())  # type: ignore[arg-type]
+        results = require_all(on_each(hosts, lambda h: one(h, bars), timeout=3600))
+    reports = list(results.values())
     incoming = home / ".incoming"
     if incoming.is_dir() and not any(incoming.iterdir()):
         incoming.rmdir()

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from deploy.commands.common import connect_all
 from deploy.errors import MeshrunError
-from deploy.fanout import failures, on_each
+from deploy.fanout import on_each
 from deploy.inventory import Host, Inventory, load_inventory
 from deploy.launch import remote_log_path
 from deploy.plan import agent_verb_argv
 from deploy.render import Renderer
-from deploy.runs import RunRecord, resolve_run
+from deploy.runs import RunRecord
 from deploy.transport import Session, connect
 
 STOP_GRACE_S = 10.0

@@ -9,7 +9,7 @@ from pathlib import Path
 from deploy.commands.common import connect_all
 from deploy.commands.sync import sync_code
 from deploy.errors import MeshrunError
-from deploy.fanout import failures, on_each
+from deploy.fanout import on_each, require_all
 from deploy.inventory import Host, Inventory
 from deploy.render import Renderer
 
@@ -49,7 +49,4 @@ def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rende
     finally:
         for session in sessions.values():
             session.close()
-    failed = failures(results)
-    if failed:
-        raise MeshrunError("; ".join(str(e) for e in failed.values()))
-    return results  # type: ignore[return-value]
+    return require_all(results)

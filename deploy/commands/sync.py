@@ -7,8 +7,7 @@ from pathlib import Path
 
 from deploy.commands.common import connect_all
 from deploy.datasync import DataResult, DataSpec, build_manifest, sync_data
-from deploy.errors import MeshrunError
-from deploy.fanout import failures, on_each
+from deploy.fanout import on_each, require_all
 from deploy.inventory import Host, Inventory
 from deploy.plan import python_of
 from deploy.render import HostProgress, Renderer
@@ -23,10 +22,7 @@ def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rendere
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
         results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update),
                           timeout=SYNC_TIMEOUT_S)
-    failed = failures(results)
-    if failed:
-        raise MeshrunError("; ".join(str(e) for e in failed.values()))
-    return results  # type: ignore[return-value]
+    return require_all(results)
 
 
 def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec: DataSpec) -> dict[str, DataResult]:
@@ -39,7 +35,4 @@ def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec
     finally:
         for session in sessions.values():
             session.close()
-    failed = failures(results)
-    if failed:
-        raise MeshrunError("; ".join(str(e) for e in failed.values()))
-    return results  # type: ignore[return-value]
+    return require_all(results)
