@@ -15,7 +15,7 @@ from tests.fabrun import ROOT, fab, run_id_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-TRAIN = ("epochs=6", "log.tensorboard=false", "comm.start_iter=5", "comm.powersgd_rank=2")
+TRAIN = ("epochs=6", "log.tensorboard=false", "comm.start_iter=5", "comm.powersgd_rank=4")
 
 
 def summary_of(run_id: str) -> dict:
