@@ -136,9 +136,9 @@ class Renderer:
                        "peak MiB"):
             table.add_column(column, justify="right" if column not in ("host",) else "left")
         for r in report.ranks:
-            comm = f"{r.comm_s * 1e3:.1f}" if r.comm_s is not None else "-"
+            rank_comm = f"{r.comm_s * 1e3:.1f}" if r.comm_s is not None else "-"
             table.add_row(r.host, str(r.rank), f"{r.samples_per_s:.0f}", f"{r.step_s * 1e3:.1f}",
-                          f"{r.data_s * 1e3:.1f}", f"{r.fwd_bwd_s * 1e3:.1f}", f"{r.optim_s * 1e3:.1f}", comm,
+                          f"{r.data_s * 1e3:.1f}", f"{r.fwd_bwd_s * 1e3:.1f}", f"{r.optim_s * 1e3:.1f}", rank_comm,
                           f"{r.peak_mem_bytes / 2**20:.0f}")
         final = f"{report.final_test_acc:.4f}" if report.final_test_acc is not None else "-"
         best = f"{report.best_test_acc:.4f}" if report.best_test_acc is not None else "-"

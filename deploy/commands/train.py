@@ -19,17 +19,16 @@ from deploy.commands.check import preflight
 from deploy.commands.common import connect_all, training_interfaces
 from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
-from deploy.fanout import failures, on_each
+from deploy.fanout import on_each, require_all
 from deploy.inventory import ElasticBounds, Host, Inventory, load_inventory, inventory_path
-from deploy.launch import JobRunner, JobStatus, remote_log_path
+from deploy.launch import JobOutcome, JobRunner, JobStatus, remote_log_path
 from deploy.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, rendezvous_host, run_dir
-from deploy.probes import peer_address_for, route_interface
 from deploy.render import Renderer
 from deploy.runs import RunRecord, load_record, new_run_id
 from deploy.sync import is_project_itself, push_dir_argv
 from deploy.selection import select_hosts
-from deploy.summary import build_summary, write_summary
-from deploy.transport import Session, connect
+from deploy.summary import RunSummary, build_summary, write_summary
+from deploy.transport import Session
 
 
 @dataclass(frozen=True)
@@ -110,10 +109,10 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
             raise MeshrunError(f"host '{host.name}': detached start failed: {record['error']}")
         return record
 
-    failed = failures(on_each([h.host for h in plan.hosts], start, timeout=60))
-    if failed:
-        raise MeshrunError("; ".join(str(e) for e in failed.values())
-                           + f"; stop what did start with: fab stop --run {plan.run_id}")
+    try:
+        require_all(on_each([h.host for h in plan.hosts], start, timeout=60))
+    except MeshrunError as err:
+        raise MeshrunError(f"{err}; stop what did start with: fab stop --run {plan.run_id}") from None
 
 
 def push_checkpoints(head: Host, run_id: str, inventory: Inventory, root: Path) -> None:
@@ -129,6 +128,7 @@ def push_checkpoints(head: Host, run_id: str, inventory: Inventory, root: Path) 
 
 
 def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
+    """Pre-flight, sync, plan, launch on every host at once, then summarize. Exit status 0/1."""
     request = _with_resumed_defaults(request, root)
     if request.comm:
         comm_cmd.parse_comm(request.comm, request.workload)
@@ -141,50 +141,73 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
                             rdzv_id=rdzv_id)
     sessions = connect_all(hosts, inventory, root)
     try:
-        if not request.skip_checks:
-            preflight(hosts, inventory, sessions, renderer)
-        if not request.no_sync:
-            sync_code(hosts, inventory, root, renderer)
-        if request.resume:
-            push_checkpoints(rendezvous_host(hosts, inventory.rendezvous), run_id, inventory, root)
-        comm_plan = None
-        if request.comm:
-            workload, comm_plan = comm_cmd.choose(request.comm, hosts, inventory, sessions, options.workload, root,
-                                                  renderer)
-            options = dataclasses.replace(options, workload=workload)
+        options = _prepare_hosts(request, hosts, inventory, sessions, options, root, renderer)
         head = rendezvous_host(hosts, inventory.rendezvous)
         plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
                            sys.executable)
-        record = RunRecord(run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(),
-                           request.detach, plan.rdzv_endpoint, options.rendezvous_id,
-                           (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(options.workload),
-                           request.pg_timeout_s, None if request.detach else os.getpid())
-        record.save(root)
-        if comm_plan is not None:
-            comm_cmd.save_plan(root, run_id, comm_plan, comm_cmd.applied_hook(options.workload))
+        record = _record(request, inventory, hosts, plan, options, root)
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, run_dir(run_id))
         if request.detach:
             start_detached(plan, sessions)
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
-        poller = RequestPoller(record, inventory, root, renderer) if elastic else None
-        outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(run_id), sys.executable, poller,
-                            renderer.membership).run()
-        if outcome.failed_host == head.name and plan.elastic is not None:
-            renderer.error(f"rendezvous host '{head.name}' was lost, and an elastic job cannot outlive it (torchrun's "
-                           f"c10d store lives there); {last_checkpoint(sessions, plan, head.name)}; every other host "
-                           f"was stopped")
-        saved_plan = comm_cmd.load_plan(root, run_id)
-        measured = comm_cmd.read_comm_record(sessions, plan) if saved_plan else None
-        comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
-        summary = build_summary(plan, outcome, read_result(sessions, plan), comm)
+        outcome, summary = _run_attached(plan, record, inventory, sessions, head, root, renderer)
     finally:
         for session in sessions.values():
             session.close()
-    path = write_summary(root / run_dir(run_id), summary)
+    return _conclude(outcome, summary, root, renderer)
+
+
+def _prepare_hosts(request: TrainRequest, hosts: tuple[Host, ...], inventory: Inventory,
+                   sessions: Mapping[str, Session], options: LaunchOptions, root: Path,
+                   renderer: Renderer) -> LaunchOptions:
+    """Pre-flight, code sync, checkpoints back for a resume, and the comm hook choice."""
+    if not request.skip_checks:
+        preflight(hosts, inventory, sessions, renderer)
+    if not request.no_sync:
+        sync_code(hosts, inventory, root, renderer)
+    if request.resume:
+        push_checkpoints(rendezvous_host(hosts, inventory.rendezvous), options.run_id, inventory, root)
+    if not request.comm:
+        return options
+    workload, comm_plan = comm_cmd.choose(request.comm, hosts, inventory, sessions, options.workload, root, renderer)
+    if comm_plan is not None:
+        comm_cmd.save_plan(root, options.run_id, comm_plan, comm_cmd.applied_hook(workload))
+    return dataclasses.replace(options, workload=workload)
+
+
+def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...], plan: LaunchPlan,
+            options: LaunchOptions, root: Path) -> RunRecord:
+    elastic = options.elastic
+    record = RunRecord(options.run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(),
+                       request.detach, plan.rdzv_endpoint, options.rendezvous_id,
+                       (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(options.workload),
+                       request.pg_timeout_s, None if request.detach else os.getpid())
+    record.save(root)
+    return record
+
+
+def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, sessions: Mapping[str, Session],
+                  head: Host, root: Path, renderer: Renderer) -> tuple[JobOutcome, RunSummary]:
+    """Run with this controller watching; returns the outcome and the summary to write."""
+    poller = RequestPoller(record, inventory, root, renderer) if plan.elastic else None
+    outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(plan.run_id), sys.executable, poller,
+                        renderer.membership).run()
+    if outcome.failed_host == head.name and plan.elastic is not None:
+        renderer.error(f"rendezvous host '{head.name}' was lost, and an elastic job cannot outlive it (torchrun's "
+                       f"c10d store lives there); {last_checkpoint(sessions, plan, head.name)}; every other host "
+                       f"was stopped")
+    saved_plan = comm_cmd.load_plan(root, plan.run_id)
+    measured = comm_cmd.read_comm_record(sessions, plan) if saved_plan else None
+    comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
+    return outcome, build_summary(plan, outcome, read_result(sessions, plan), comm)
+
+
+def _conclude(outcome: JobOutcome, summary: RunSummary, root: Path, renderer: Renderer) -> int:
+    path = write_summary(root / run_dir(outcome.run_id), summary)
     if outcome.status is JobStatus.FAILED and outcome.failed_host:
-        renderer.failure_tail(outcome, remote_log_path(run_id, outcome.failed_host))
+        renderer.failure_tail(outcome, remote_log_path(outcome.run_id, outcome.failed_host))
     if summary.comm and summary.comm["measured_s"] is not None:
         c = summary.comm
         renderer.info(f"comm: {c['hook']} all-reduce {c['measured_s'] * 1e3:.1f} ms per step, ring floor "
