@@ -202,15 +202,25 @@ class SshSession:
             result = self.conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=_input(stdin))
         except invoke.CommandTimedOut:
             raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s") from None
+        except (paramiko.SSHException, OSError, EOFError, invoke.ThreadException) as err:
+            # Fabric reconnects a dropped connection on its own; a host that is gone fails here.
+            raise self._lost(err) from None
         return CommandResult(result.exited, result.stdout, result.stderr)
 
     def start(self, argv: Sequence[str]) -> SshStream:
         transport = self.conn.client.get_transport()
         assert transport is not None, "start() before open()"
-        channel = transport.open_session(timeout=self.timeout)
-        channel.set_combine_stderr(True)
-        channel.exec_command(remote_command(self.host.workdir, argv))
+        try:
+            channel = transport.open_session(timeout=self.timeout)
+            channel.set_combine_stderr(True)
+            channel.exec_command(remote_command(self.host.workdir, argv))
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            raise self._lost(err) from None
         return SshStream(channel)
+
+    def _lost(self, err: BaseException) -> MeshrunError:
+        return MeshrunError(f"host '{self.host.name}': SSH connection lost ({err.__class__.__name__}: {err}); "
+                            f"is it up? (fab check-network --hosts {self.host.name})")
 
     def ping(self, timeout: float) -> bool:
         """A fresh channel running `true` answers within `timeout`: the link and sshd are alive."""

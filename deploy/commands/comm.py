@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from deploy import commplan
 from deploy.commplan import CommPlan, Hook, HookSettings
+from deploy.commands.common import reachable_results
 from deploy.errors import InputError, MeshrunError
 from deploy.inventory import Host, Inventory
 from deploy.netprobe import gather_facts, probe_pairs
@@ -113,8 +114,8 @@ def applied_hook(workload: Workload) -> str:
 
 def read_comm_record(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """Rank 0's `comm` record (the trainer's all-reduce probe), from whichever host ran rank 0."""
-    for launch in plan.hosts:
-        result = sessions[launch.host.name].run(["cat", f"{run_dir(plan.run_id)}/metrics.rank0.jsonl"], timeout=20)
+    names = [h.host.name for h in plan.hosts]
+    for _, result in reachable_results(sessions, names, ["cat", f"{run_dir(plan.run_id)}/metrics.rank0.jsonl"], 20):
         if not result.ok:
             continue
         rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip().startswith("{")]

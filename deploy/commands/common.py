@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Iterator, Mapping
 
 from deploy.errors import MeshrunError
 from deploy.fanout import failures, on_each, require_all
 from deploy.inventory import Host, Inventory
 from deploy.probes import peer_address_for, route_interface
-from deploy.transport import Session, connect
+from deploy.transport import CommandResult, Session, connect
+
+
+def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], argv: list[str],
+                      timeout: float) -> Iterator[tuple[str, CommandResult]]:
+    """(host, result) of `argv` on each named host that still answers; after a run, some may not."""
+    for name in names:
+        try:
+            yield name, sessions[name].run(argv, timeout=timeout)
+        except MeshrunError:
+            continue
 
 
 def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:

@@ -16,7 +16,7 @@ from typing import Mapping
 from deploy.commands import comm as comm_cmd
 from deploy.commands.membership import RequestPoller
 from deploy.commands.check import preflight
-from deploy.commands.common import connect_all, training_interfaces
+from deploy.commands.common import connect_all, reachable_results, training_interfaces
 from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
 from deploy.fanout import on_each, require_all
@@ -72,11 +72,9 @@ def _with_resumed_defaults(request: TrainRequest, root: Path) -> TrainRequest:
 def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
     """Where the newest checkpoint is, for the message after losing the rendezvous host."""
     found: list[tuple[str, str]] = []
-    for launch in plan.hosts:
-        result = sessions[launch.host.name].run(["ls", f"{run_dir(plan.run_id)}/checkpoints"], timeout=10) \
-            if launch.host.name != lost else None
-        names = [n for n in (result.stdout.split() if result and result.ok else []) if n.startswith("ckpt-step")]
-        found += [(n, launch.host.name) for n in names]
+    others = [h.host.name for h in plan.hosts if h.host.name != lost]
+    for host, result in reachable_results(sessions, others, ["ls", f"{run_dir(plan.run_id)}/checkpoints"], 10):
+        found += [(n, host) for n in (result.stdout.split() if result.ok else []) if n.startswith("ckpt-step")]
     if not found:
         return (f"last checkpoint: on {lost} (rank 0 wrote there), not reachable now; once it is back, "
                 f"fab fetch-checkpoints --run {plan.run_id} and fab train --resume {plan.run_id}")
@@ -86,8 +84,8 @@ def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str
 
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """The trainer's result.json, from whichever host ran rank 0."""
-    for launch in plan.hosts:
-        result = sessions[launch.host.name].run(["cat", f"{run_dir(plan.run_id)}/result.json"], timeout=20)
+    names = [h.host.name for h in plan.hosts]
+    for _, result in reachable_results(sessions, names, ["cat", f"{run_dir(plan.run_id)}/result.json"], 20):
         if result.ok:
             try:
                 return json.loads(result.stdout)
