@@ -51,8 +51,7 @@ class Stream(Protocol):
 class Session(Protocol):
     host: Host
 
-    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False,
-            stdin: bytes | None = None) -> CommandResult: ...
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult: ...
     def start(self, argv: Sequence[str]) -> Stream: ...
     def ping(self, timeout: float) -> bool: ...  # the host answers a trivial command in time
     def close(self) -> None: ...
@@ -102,12 +101,12 @@ class LocalSession:
         self.host = host
         self.cwd = local_workdir(host.workdir, project_root)
 
-    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False,
-            stdin: bytes | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
         if create_workdir:
             self.cwd.mkdir(parents=True, exist_ok=True)
         try:
-            done = subprocess.run(list(argv), cwd=self.cwd, input=stdin, capture_output=True, timeout=timeout)
+            done = subprocess.run(list(argv), cwd=self.cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=timeout)
         except subprocess.TimeoutExpired:
             raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s") from None
         except OSError as err:
@@ -195,11 +194,11 @@ class SshSession:
                                "open? (fab check-network)") from None
         return self
 
-    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False,
-            stdin: bytes | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
         command = remote_command(self.host.workdir, argv, create_workdir=create_workdir)
         try:
-            result = self.conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=_input(stdin))
+            # in_stream=False: never forward this process's own stdin to the host.
+            result = self.conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
         except invoke.CommandTimedOut:
             raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s") from None
         except (paramiko.SSHException, OSError, EOFError, invoke.ThreadException) as err:
@@ -239,12 +238,6 @@ class SshSession:
 
     def close(self) -> None:
         self.conn.close()
-
-
-def _input(data: bytes | None) -> object:
-    import io
-
-    return io.StringIO(data.decode()) if data is not None else False
 
 
 def connect(host: Host, known_hosts: Path | None, project_root: Path,
