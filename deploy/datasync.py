@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.errors import InputError, MeshrunError
-from deploy.fetch import sha256_of
 from deploy.inventory import Host
 from deploy.remote import local_workdir
 from deploy.sync import remote_path, ssh_argv
 from deploy.transport import Session
+from train.fsutil import sha256_file
 
 MANIFEST = "MANIFEST.sha256"
 CACHE = ".meshrun-hash-cache.json"
@@ -64,7 +64,7 @@ def build_manifest(source: Path) -> dict[str, str]:
         rel = path.relative_to(source).as_posix()
         stat = path.stat()
         key = f"{stat.st_size}:{stat.st_mtime_ns}"
-        digest = cache.get(rel, {}).get(key) or sha256_of(path)
+        digest = cache.get(rel, {}).get(key) or sha256_file(path)
         manifest[rel], fresh[rel] = digest, {key: digest}
     cache_path.write_text(json.dumps(fresh))
     (source / MANIFEST).write_text("".join(f"{d}  {r}\n" for r, d in manifest.items()))

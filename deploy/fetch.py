@@ -9,7 +9,6 @@ overwritten unless `force`.
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from deploy.inventory import Host
 from deploy.plan import run_dir
 from deploy.remote import local_workdir
 from deploy.sync import PROGRESS_RE, remote_path, ssh_argv
+from train.fsutil import sha256_file
 
 MANIFEST = "MANIFEST.sha256"
 CHECKPOINTS = "checkpoints"
@@ -36,14 +36,6 @@ class FetchReport:
     conflicts: list[str] = field(default_factory=list)  # differ from a local file; kept the local one
     corrupt: list[str] = field(default_factory=list)  # checksum mismatch; not kept
     newest_step: int = -1
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(path: Path) -> dict[str, str]:
@@ -85,7 +77,7 @@ def verify_checkpoints(staging: Path, report: FetchReport) -> None:
     manifest = read_manifest(directory / MANIFEST)
     for name, digest in manifest.items():
         path = directory / name
-        if path.exists() and sha256_of(path) != digest:
+        if path.exists() and sha256_file(path) != digest:
             report.corrupt.append(f"{CHECKPOINTS}/{name}")
             path.unlink()
     steps = [int(n[len("ckpt-step"):-3]) for n in manifest if n.startswith("ckpt-step") and (directory / n).exists()]
@@ -101,7 +93,7 @@ def place(staging: Path, target: Path, report: FetchReport, force: bool, prefix:
         name = prefix + str(rel)
         if not dst.exists():
             report.new.append(name)
-        elif sha256_of(dst) == sha256_of(src):
+        elif sha256_file(dst) == sha256_file(src):
             report.unchanged.append(name)
             continue
         elif not force:
