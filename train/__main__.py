@@ -10,6 +10,7 @@ Exit status: 0 on success; 2 for a usage error (one line on stderr, no traceback
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import math
 import sys
@@ -88,4 +89,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()  # an exception still propagates normally: a traceback and status 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter finalization once everything is written and the process group is gone:
+    # with gloo and DDP comm hooks, C++ threads torn down by static destructors at exit have
+    # aborted finished runs ("terminate called without an active exception", SIGABRT), which
+    # torchrun then reports as a failed rank.
+    os._exit(code)
