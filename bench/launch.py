@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.remote import remote_command  # noqa: E402
+from deploy.run.shell import remote_command  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
 

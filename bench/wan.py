@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.commplan import Hook, HookSettings, hook_bytes, ring_floor_s  # noqa: E402
+from deploy.run.commplan import Hook, HookSettings, hook_bytes, ring_floor_s  # noqa: E402
 from tests.fabrun import run_id_of  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402

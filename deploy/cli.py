@@ -25,7 +25,7 @@ DEBUG_LOG = Path("runs/meshrun-debug.log")
 def guarded(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: object, **kwargs: object) -> object:
-        from deploy.render import Renderer
+        from deploy.render.console import Renderer
 
         try:
             return fn(*args, **kwargs)

@@ -157,7 +157,7 @@ def test_e_a_host_leaves_on_purpose_and_the_run_goes_on(testbed, inventory: Path
 
 def test_join_refuses_a_fixed_size_run(tmp_path: Path) -> None:
     """No cluster needed: the refusal comes from the run record, in one line."""
-    from deploy.runs import RunRecord
+    from deploy.edges.records import RunRecord
 
     record = RunRecord("20260101-000000-abcd", str(ROOT / "inventory/local.yaml"), ("local",), 0.0, False,
                        "standalone")

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from deploy.errors import InputError
-from deploy.inventory import ElasticBounds, Host, Network, Rendezvous, inventory_path, load_inventory
-from deploy.selection import parse_hosts_flag, select_hosts, HostSpec
+from deploy.inventory.load import inventory_path, load_inventory
+from deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
+from deploy.inventory.selection import parse_hosts_flag, select_hosts, HostSpec
 
 FULL = """\
 defaults:
@@ -221,7 +222,21 @@ def test_bad_hosts_flag(tmp_path: Path, flag: str, expected: str) -> None:
 
 def test_select_hosts_groups_overrides_and_order(tmp_path: Path) -> None:
     inv = load_inventory(write(tmp_path, FULL))
-    chosen = select_hosts(inv, "cpu1:2,3,lab")
+    chosen = select_hosts(inv, "cpu1:2,3,lab").hosts
     assert [(h.name, h.gpus, h.nproc) for h in chosen] == [("cpu1", (2, 3), None), ("gpu1", (0, 1), None),
                                                           ("gpu2", (1,), None)]
-    assert select_hosts(inv, None) == inv.hosts
+    assert select_hosts(inv, None).hosts == inv.hosts
+
+
+def test_selection_decides_the_rendezvous_host(tmp_path: Path) -> None:
+    """The head is the inventory's rendezvous host (gpu1) when selected, wherever it is named; a
+    named rendezvous host left out of --hosts is one clear error; without one, the first host."""
+    inv = load_inventory(write(tmp_path, FULL))
+    assert select_hosts(inv, None).head.name == "gpu1"
+    assert select_hosts(inv, "gpu2,gpu1").head.name == "gpu1"
+    with pytest.raises(InputError) as err:
+        select_hosts(inv, "gpu2,cpu1").head
+    assert str(err.value) == ("rendezvous host 'gpu1' is not among the selected hosts (gpu2, cpu1); "
+                              "add it to --hosts or change `rendezvous.host`")
+    no_rdzv = load_inventory(write(tmp_path, "hosts:\n  a: {address: 10.0.0.1}\n  b: {address: 10.0.0.2}\n"))
+    assert select_hosts(no_rdzv, "b,a").head.name == "b"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from deploy.inventory import ElasticBounds
-from deploy.membership import HostView, Verdict, judge, world_size
+from deploy.inventory.model import ElasticBounds
+from deploy.run.membership import HostView, Verdict, judge, world_size
 
 E23 = ElasticBounds(2, 3)
 

@@ -42,7 +42,7 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
         assert f"[{host}:{rank}] " in done.stdout  # live, prefixed by host and global rank
         assert (ROOT / "runs" / run_id / "logs" / f"{host}.log").read_text()
         # Synced code really landed in each host's private home.
-        assert testbed.exec(int(host[1]), ["test", "-f", "/root/meshrun/deploy/agent.py"], check=False).returncode == 0
+        assert testbed.exec(int(host[1]), ["test", "-f", "/root/meshrun/deploy/host/agent.py"], check=False).returncode == 0
     assert not run_processes(run_id)
 
     fetched = fab("fetch-checkpoints", "--run", run_id)
@@ -113,7 +113,7 @@ def test_user_script_gets_hostile_arguments_and_env_literally(testbed, make_inve
 def leftovers(testbed, run_id: str) -> list:
     """Run processes anywhere: tagged torchrun/workers, or a host agent of this run."""
     agents = [(i, p.pid) for i in (1, 2, 3) for p in testbed.processes(i, sessions=False)
-              if "deploy.agent" in p.argv and run_id in p.argv and "run" in p.argv]
+              if "deploy.host.agent" in p.argv and run_id in p.argv and "run" in p.argv]
     return run_processes(run_id) + agents
 
 

@@ -8,16 +8,20 @@ import json
 import pytest
 from rich.console import Console
 
-from deploy import probes, wireguard, zerotier
-from deploy.findings import Finding, Level
-from deploy.inventory import Host, Network
-from deploy.netcheck import (CLUSTER, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
+from deploy.edges import host_queries as probes
+
+from deploy.check import wireguard
+
+from deploy.check import zerotier
+from deploy.check.findings import Finding, Level
+from deploy.inventory.model import Host, Network
+from deploy.check.verdicts import (CLUSTER, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
                              ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
                              link_targets, public_findings, rendezvous_findings, version_findings)
-from deploy.netprobe import bounded_argv
-from deploy.plan import HostLaunch
-from deploy.render import Renderer
-from deploy.render_check import print_check
+from deploy.edges.check_probes import bounded_argv
+from deploy.run.plan import HostLaunch
+from deploy.render.console import Renderer
+from deploy.render.check import print_check
 from tests.zerotier_standin import recorded
 
 CLUSTER_NODES = {"b2c3d4e5f6": "h1", "c3d4e5f6a7": "h3"}  # the peers in tests/data/zerotier/*.json

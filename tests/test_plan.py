@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from deploy.errors import InputError
-from deploy.inventory import ElasticBounds, Host, Network, Rendezvous
-from deploy.plan import LaunchOptions, Workload, plan_launch
-from deploy.remote import remote_command, shell_path
+from deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
+from deploy.inventory.selection import Selection
+from deploy.run.plan import LaunchOptions, Workload, plan_launch
+from deploy.run.shell import remote_command, shell_path
 
 PY = "/venv/bin/python"
 
@@ -31,7 +32,7 @@ HOSTILE = ["a b", "it's", 'say "hi"', "$(touch /tmp/pwned)", "`id`", "x; rm -rf 
 def test_two_gpu_hosts_exact_plan() -> None:
     hosts = (host("gpu1", "10.147.17.11", gpus=(0, 1)), host("gpu2", "10.147.17.12", gpus=(1,), batch_size=32,
                                                           env=(("OMP_NUM_THREADS", "1"),)))
-    plan = plan_launch(hosts, Rendezvous("gpu1", 29400), LaunchOptions("r1", Workload(args=("epochs=3",))),
+    plan = plan_launch(Selection(hosts, Rendezvous("gpu1", 29400)), LaunchOptions("r1", Workload(args=("epochs=3",))),
                        {"gpu1": "ztabc", "gpu2": "ztabc"}, "/local/python")
     assert plan.rdzv_endpoint == "10.147.17.11:29400" and plan.world_size == 3
     gpu1, gpu2 = plan.hosts
@@ -39,41 +40,41 @@ def test_two_gpu_hosts_exact_plan() -> None:
     assert gpu1.env == (
         ("MESHRUN_RUN_ID", "r1"), ("MESHRUN_HOST", "gpu1"), ("PYTHONUNBUFFERED", "1"),
         ("CUDA_VISIBLE_DEVICES", "0,1"), ("NCCL_SOCKET_IFNAME", "=ztabc"), ("GLOO_SOCKET_IFNAME", "ztabc"),
-        ("NCCL_IB_DISABLE", "1"), ("MESHRUN_PG_TIMEOUT", "60"),
+        ("NCCL_IB_DISABLE", "1"),
     )
     assert gpu2.env == (
         ("MESHRUN_RUN_ID", "r1"), ("MESHRUN_HOST", "gpu2"), ("PYTHONUNBUFFERED", "1"),
         ("CUDA_VISIBLE_DEVICES", "1"), ("NCCL_SOCKET_IFNAME", "=ztabc"), ("GLOO_SOCKET_IFNAME", "ztabc"),
-        ("NCCL_IB_DISABLE", "1"), ("MESHRUN_BATCH_SIZE", "32"), ("MESHRUN_PG_TIMEOUT", "60"), ("OMP_NUM_THREADS", "1"),
+        ("NCCL_IB_DISABLE", "1"), ("MESHRUN_BATCH_SIZE", "32"), ("OMP_NUM_THREADS", "1"),
     )
     assert gpu1.torchrun == (
         PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1", "--rdzv-conf", "is_host=1",
         "--local-addr", "10.147.17.11", "--nproc-per-node", "2", "--max-restarts", "0",
         "--log-dir", "runs/r1/hosts/gpu1/torchrun", "--tee", "3", "--log-line-prefix-template", "[gpu1:${rank}] ",
-        "-m", "train", "--run-dir", "runs/r1", "dist.timeout=60", "epochs=3",
+        "-m", "train", "dist.timeout=60", "epochs=3",
     )
     assert gpu2.torchrun == (
         PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1",
         "--local-addr", "10.147.17.12", "--nproc-per-node", "1", "--max-restarts", "0",
         "--log-dir", "runs/r1/hosts/gpu2/torchrun", "--tee", "3", "--log-line-prefix-template", "[gpu2:${rank}] ",
-        "-m", "train", "--run-dir", "runs/r1", "dist.timeout=60", "epochs=3",
+        "-m", "train", "dist.timeout=60", "epochs=3",
     )
     env_flags = [a for pair in gpu2.env for a in ("--env", f"{pair[0]}={pair[1]}")]
-    assert gpu2.agent == (PY, "-m", "deploy.agent", "run", "--run-id", "r1", "--host", "gpu2", "--run-dir", "runs/r1",
+    assert gpu2.agent == (PY, "-m", "deploy.host.agent", "run", "--run-id", "r1", "--host", "gpu2",
                           "--heartbeat-timeout", "30", *env_flags, "--", *gpu2.torchrun)
 
 
 def test_local_default_is_standalone_with_controller_python() -> None:
     local = host("local", "local", python=None, nproc=2, network=Network.LAN, workdir=".")
-    plan = plan_launch((local,), Rendezvous(None), LaunchOptions("r2"), {}, "/local/python")
+    plan = plan_launch(Selection((local,), Rendezvous(None)), LaunchOptions("r2"), {}, "/local/python")
     (only,) = plan.hosts
     assert plan.rdzv_endpoint == "standalone"
     assert only.torchrun == (
         "/local/python", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", "runs/r2/hosts/local/torchrun", "--tee", "3",
-        "--log-line-prefix-template", "[local:${rank}] ", "-m", "train", "--run-dir", "runs/r2", "dist.timeout=60",
+        "--log-line-prefix-template", "[local:${rank}] ", "-m", "train", "dist.timeout=60",
     )
     assert ("NCCL_IB_DISABLE", "1") not in only.env and ("GLOO_SOCKET_IFNAME", "lo") not in only.env
 
@@ -82,7 +83,7 @@ def test_elastic_and_script_workload() -> None:
     hosts = (host("a", "10.0.0.1", network=Network.LAN), host("b", "10.0.0.2", network=Network.LAN))
     options = LaunchOptions("r3", Workload(script="examples/seed_main.py", args=("--epochs", "2")), pg_timeout_s=30,
                             elastic=ElasticBounds(1, 2))
-    plan = plan_launch(hosts, Rendezvous(None, 29500), options, {"a": "eth0", "b": "eth0"}, "/p")
+    plan = plan_launch(Selection(hosts, Rendezvous(None, 29500)), options, {"a": "eth0", "b": "eth0"}, "/p")
     a, b = plan.hosts
     assert a.torchrun[3:15] == ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29500",
                                 "--rdzv-id", "r3", "--rdzv-conf",
@@ -91,19 +92,20 @@ def test_elastic_and_script_workload() -> None:
     assert "--rdzv-conf" in b.torchrun and "is_host=1" not in " ".join(b.torchrun)
     assert a.torchrun[a.torchrun.index("--max-restarts") + 1] == "10"
     assert a.torchrun[-3:] == ("examples/seed_main.py", "--epochs", "2")
-    assert ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1") in a.env and ("MESHRUN_PG_TIMEOUT", "30") in a.env
+    assert ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1") in a.env
+    assert not any(k == "MESHRUN_PG_TIMEOUT" for k, _ in a.env)  # the timeout reaches the trainer in argv only
     assert ("NCCL_IB_DISABLE", "1") not in a.env  # a LAN may have InfiniBand
 
 
 def test_local_host_cannot_join_multi_host_run() -> None:
     hosts = (host("a", "10.0.0.1"), host("me", "local"))
     with pytest.raises(InputError, match="host 'me' has `address: local`"):
-        plan_launch(hosts, Rendezvous(None), LaunchOptions("r"), {}, "/p")
+        plan_launch(Selection(hosts, Rendezvous(None)), LaunchOptions("r"), {}, "/p")
 
 
 def test_rendezvous_host_must_be_selected() -> None:
     with pytest.raises(InputError) as info:
-        plan_launch((host("a", "10.0.0.1"),), Rendezvous("b"), LaunchOptions("r"), {}, "/p")
+        plan_launch(Selection((host("a", "10.0.0.1"),), Rendezvous("b")), LaunchOptions("r"), {}, "/p")
     assert str(info.value) == ("rendezvous host 'b' is not among the selected hosts (a); "
                                "add it to --hosts or change `rendezvous.host`")
 
@@ -111,7 +113,7 @@ def test_rendezvous_host_must_be_selected() -> None:
 def test_hostile_values_stay_literal_in_plan() -> None:
     evil_env = tuple((f"V{i}", v) for i, v in enumerate(HOSTILE))
     h = host("a", "10.0.0.1", env=evil_env, python="/opt/my env/python")
-    plan = plan_launch((h, host("b", "10.0.0.2")), Rendezvous(None), LaunchOptions("r", Workload(args=tuple(HOSTILE))),
+    plan = plan_launch(Selection((h, host("b", "10.0.0.2")), Rendezvous(None)), LaunchOptions("r", Workload(args=tuple(HOSTILE))),
                        {}, "/p")
     launch = plan.hosts[0]
     assert launch.torchrun[-len(HOSTILE):] == tuple(HOSTILE)
@@ -149,5 +151,5 @@ def test_shell_path() -> None:
 
 def test_gpu_override_replaces_nproc() -> None:
     h = dataclasses.replace(host("a", "local", nproc=4, network=Network.LAN), gpus=(2, 3), nproc=None)
-    plan = plan_launch((h,), Rendezvous(None), LaunchOptions("r"), {}, "/p")
+    plan = plan_launch(Selection((h,), Rendezvous(None)), LaunchOptions("r"), {}, "/p")
     assert ("CUDA_VISIBLE_DEVICES", "2,3") in plan.hosts[0].env and plan.world_size == 2

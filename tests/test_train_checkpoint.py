@@ -13,7 +13,7 @@ import torch
 
 from train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, load_file, read_manifest
 from train.config import CheckpointConfig
-from train.fsutil import TMP_PREFIX, sha256_file
+from common.fsutil import TMP_PREFIX, sha256_file
 from tests.trainer.harness import REPO, clean_env
 
 # Saves step 1, then starts step 2 with a writer that stops for good after its first chunk:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from train.checkpoint import MANIFEST, read_manifest
-from train.fsutil import sha256_file
+from common.fsutil import sha256_file
 from tests.trainer.harness import records, train
 
 

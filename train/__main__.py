@@ -16,6 +16,7 @@ import math
 import sys
 from pathlib import Path
 
+from common import layout
 from train import dist
 from train.config import TrainConfig, load_config
 from train.errors import InjectedFailure, UsageError
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.describe:
             print(json.dumps(describe(cfg)), flush=True)
             return 0
-        run_dir = args.run_dir or Path("runs") / (env.run_id or "local")
+        run_dir = args.run_dir or Path(layout.run_dir(env.run_id or "local"))
         run(cfg, env, run_dir)
     except UsageError as err:
         print(f"train: error: {err}", file=sys.stderr, flush=True)

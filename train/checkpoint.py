@@ -21,7 +21,7 @@ import torch
 
 from train import dist
 from train.config import CheckpointConfig
-from train.fsutil import atomic_write_bytes, atomic_writer, sha256_file
+from common.fsutil import atomic_write_bytes, atomic_writer, sha256_file
 
 MANIFEST = "MANIFEST.sha256"
 BEST = "best.pt"

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from common.layout import DEFAULT_PG_TIMEOUT_S
 from train.errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -144,7 +145,7 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class DistConfig:
     backend: Backend = Backend.AUTO
-    timeout: float = 60.0  # seconds, passed to init_process_group
+    timeout: float = float(DEFAULT_PG_TIMEOUT_S)  # seconds, passed to init_process_group
 
 
 @dataclass(frozen=True)

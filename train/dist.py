@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as torch_dist
 
+from common.layout import ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID
 from train.config import Backend
 from train.errors import UsageError
 
@@ -47,7 +48,7 @@ class DistEnv:
 def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Parse the torchrun/meshrun variables once; malformed values raise ``UsageError``."""
     env = os.environ if environ is None else environ
-    batch = env.get("MESHRUN_BATCH_SIZE", "")
+    batch = env.get(ENV_BATCH_SIZE, "")
     auto = batch == "auto"
     record = DistEnv(
         launched="RANK" in env,
@@ -58,9 +59,9 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         group_rank=_int(env, "GROUP_RANK", 0),
         restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
         master_addr=env.get("MASTER_ADDR", ""),
-        run_id=env.get("MESHRUN_RUN_ID", ""),
-        host=env.get("MESHRUN_HOST", ""),
-        batch_size=_int(env, "MESHRUN_BATCH_SIZE", 0) if batch and not auto else None,
+        run_id=env.get(ENV_RUN_ID, ""),
+        host=env.get(ENV_HOST, ""),
+        batch_size=_int(env, ENV_BATCH_SIZE, 0) if batch and not auto else None,
         batch_auto=auto,
     )
     if record.batch_size is not None and record.batch_size < 1:

@@ -21,18 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from train.fsutil import atomic_write_json
+from common.fsutil import atomic_write_json
+from common.layout import RecordKind
 
 FLUSH_EVERY = 200
-
-
-class RecordKind(str, enum.Enum):
-    CONFIG = "config"
-    RESUME = "resume"
-    EPOCH = "epoch"
-    STEP = "step"
-    COMM = "comm"
-    BALANCE = "balance"
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Mapping
 
 from deploy.errors import MeshrunError
-from deploy.findings import Level
-from deploy.inventory import Host, Inventory, inventory_path, load_inventory
-from deploy.netcheck import AllReduceResult, ProbeStatus, build_report, has_failures
-from deploy.netprobe import gather_facts, open_sessions, probe_pairs, run_allreduce
-from deploy.plan import rendezvous_host
-from deploy.render import Renderer
-from deploy.runs import new_run_id
-from deploy.render_check import print_check
-from deploy.selection import select_hosts
-from deploy.transport import Session
+from deploy.check.findings import Level
+from deploy.inventory.load import inventory_path, load_inventory
+
+from deploy.check.verdicts import AllReduceResult, ProbeStatus, build_report, has_failures
+from deploy.edges.sessions import close_all
+from deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
+from deploy.render.console import Renderer
+from deploy.edges.records import new_run_id
+from deploy.render.check import print_check
+from deploy.inventory.selection import Selection, select_hosts
+from deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session
 
 BANDWIDTH_S = 1.0  # per link with --bandwidth: short, so the whole check stays in seconds
 
@@ -30,14 +31,14 @@ class CheckRequest:
     hosts: str | None
     json: bool = False
     bandwidth: bool = False
-    timeout: float = 10.0  # SSH connect timeout per host: what a dead host costs
+    timeout: float = DEFAULT_CONNECT_TIMEOUT_S  # what a dead host costs
 
 
 def check_network(request: CheckRequest, renderer: Renderer, root: Path) -> int:
     started = time.monotonic()
     inventory = load_inventory(inventory_path(request.inventory))
-    hosts = select_hosts(inventory, request.hosts)
-    head = rendezvous_host(hosts, inventory.rendezvous)
+    selection = select_hosts(inventory, request.hosts)
+    hosts, head = selection.hosts, selection.head
     network = head.network.value
     sessions, unreachable = open_sessions(hosts, inventory, root, request.timeout)
     try:
@@ -47,10 +48,9 @@ def check_network(request: CheckRequest, renderer: Renderer, root: Path) -> int:
         allreduce = AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first")
         if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0).findings):
             interfaces = {f.name: f.interface for f in facts if f.interface}
-            allreduce = run_allreduce(hosts, inventory, sessions, interfaces, "check-" + new_run_id(), sys.executable)
+            allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable)
     finally:
-        for session in sessions.values():
-            session.close()
+        close_all(sessions)
     report = build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started)
     if request.json:
         renderer.json(asdict(report))
@@ -59,14 +59,13 @@ def check_network(request: CheckRequest, renderer: Renderer, root: Path) -> int:
     return 1 if report.level is Level.FAIL else 0
 
 
-def preflight(hosts: tuple[Host, ...], inventory: Inventory, sessions: Mapping[str, Session],
-              renderer: Renderer) -> None:
+def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer) -> None:
     """The fast part of check-network before a run: versions, torch, GPUs, the rendezvous port
     and all-to-all ports (no all-reduce, no bandwidth). FAILs stop the run; WARNs are shown."""
     started = time.monotonic()
-    head = rendezvous_host(hosts, inventory.rendezvous)
+    hosts, head = selection.hosts, selection.head
     facts = gather_facts(hosts, head, sessions, {}, sys.executable)
-    rdzv, links = probe_pairs(hosts, head, inventory.rendezvous.port, sessions, facts, 0.0, sys.executable)
+    rdzv, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable)
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
     report = build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started)
     for finding in report.findings:
@@ -76,3 +75,8 @@ def preflight(hosts: tuple[Host, ...], inventory: Inventory, sessions: Mapping[s
     if failed:
         raise MeshrunError("pre-flight failed: " + "; ".join(failed) +
                            "; details: fab check-network (or skip with --skip-checks)")
+
+
+def main(request: CheckRequest, root: Path) -> int:
+    """`fab check-network`; returns the exit status (1 when any verdict is FAIL)."""
+    return check_network(request, Renderer(), root)

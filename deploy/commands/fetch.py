@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deploy.fanout import on_each, require_all
-from deploy.fetch import CHECKPOINTS, FetchReport, fetch_argv, place, remove_staging, transfer, \
+from common.layout import run_dir
+from deploy.edges.fanout import on_each
+from deploy.edges.fetch import CHECKPOINTS, FetchReport, fetch_argv, place, remove_staging, transfer, \
     verify_checkpoints
-from deploy.inventory import Host, load_inventory
-from deploy.remote import local_workdir
-from deploy.render import HostProgress, Renderer
-from deploy.runs import RunRecord
-from deploy.plan import run_dir
+from deploy.inventory.load import load_inventory
+from deploy.inventory.model import Host
+from deploy.run.shell import local_workdir
+from deploy.render.console import HostProgress, Renderer
+from deploy.edges.records import RunRecord, resolve_run
+
 
 
 def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer) -> list[FetchReport]:
@@ -35,7 +37,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         return report
 
     with HostProgress(renderer, "fetch", list(record.hosts)) as bars:
-        results = require_all(on_each(hosts, lambda h: one(h, bars), timeout=3600))
+        results = on_each(hosts, lambda h: one(h, bars), timeout=3600).require_all()
     reports = list(results.values())
     incoming = home / ".incoming"
     if incoming.is_dir() and not any(incoming.iterdir()):
@@ -54,3 +56,17 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     combined = FetchReport(best.host, home / CHECKPOINTS)
     place(source, combined.landed, combined, force, prefix=f"{CHECKPOINTS}/")
     best.conflicts += [c for c in combined.conflicts if c not in best.conflicts]
+
+
+def main(run: str | None, dest: str, force: bool, root: Path) -> int:
+    """`fab fetch-checkpoints`: exit status 1 when a host's copy failed its checksum."""
+    record = resolve_run(root, run)
+    renderer = Renderer()
+    destination = Path(dest) if Path(dest).is_absolute() else root / dest
+    reports = fetch_run(record, root, destination, force, renderer)
+    renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports)
+    corrupt = [f"{r.host}:{name}" for r in reports for name in r.corrupt]
+    if corrupt:
+        renderer.error(f"checksum mismatch, not kept: {', '.join(corrupt)}; the host's copy is damaged")
+        return 1
+    return 0

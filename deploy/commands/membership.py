@@ -18,16 +18,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.commands.common import training_interfaces
+from common.layout import run_dir
+from deploy.edges.sessions import training_interfaces
 from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
-from deploy.launch import JobRunner
-from deploy.inventory import ElasticBounds, Inventory, Rendezvous, load_inventory
-from deploy.plan import HostLaunch, LaunchOptions, Workload, plan_launch, run_dir
-from deploy.render import Renderer
-from deploy.runs import RunRecord
-from deploy.selection import select_hosts
-from deploy.transport import Session, connect
+from deploy.edges.launcher import JobRunner
+from deploy.inventory.load import load_inventory
+from deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
+from deploy.run.plan import HostLaunch, LaunchOptions, Workload, plan_launch
+from deploy.render.console import Renderer
+from deploy.edges.records import RunRecord, controller_alive, load_record
+from deploy.inventory.selection import Selection, select_hosts
+from deploy.edges.transport import Session, connect
 
 ANSWER_TIMEOUT_S = 180.0
 
@@ -41,17 +43,6 @@ class Request:
 
 def requests_dir(root: Path, run_id: str) -> Path:
     return root / run_dir(run_id) / "requests"
-
-
-def controller_alive(record: RunRecord) -> bool:
-    """The run's attached controller still runs (its pid is a fab/python process)."""
-    if record.detached or not record.controller_pid:
-        return False
-    try:
-        cmdline = Path(f"/proc/{record.controller_pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"fab" in cmdline and b"train" in cmdline
 
 
 def options_of(record: RunRecord) -> LaunchOptions:
@@ -71,7 +62,7 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, root: Pat
     if detach:
         options = dataclasses.replace(options, detach=True)
     members = tuple(inventory.host(h) for h in record.hosts)
-    joiner = select_hosts(inventory, name)[0]
+    joiner = select_hosts(inventory, name).hosts[0]
     head = next(h for h in members if f"{h.address}:" in record.rdzv_endpoint)
     session = connect(joiner, inventory.known_hosts, root)
     sync_code((joiner,), inventory, root, renderer)
@@ -82,7 +73,7 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, root: Pat
     finally:
         head_session.close()
     rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
-    plan = plan_launch((head, joiner), rdzv, options, interfaces, sys.executable)
+    plan = plan_launch(Selection((head, joiner), rdzv), options, interfaces, sys.executable)
     return plan.hosts[1], session
 
 
@@ -182,7 +173,7 @@ def join_or_leave(root: Path, record: RunRecord, action: str, hosts: list[str], 
 
 def _detached(root: Path, record: RunRecord, inventory: Inventory, action: str, name: str,
               renderer: Renderer) -> str:
-    from deploy.commands.runs import stop_hosts
+    from deploy.edges.agents import stop_hosts
 
     if action == "leave":
         stop_hosts(record, root, (name,))
@@ -196,3 +187,12 @@ def _detached(root: Path, record: RunRecord, inventory: Inventory, action: str, 
         raise MeshrunError(f"host '{name}': detached start failed: {result.stderr.strip()[-300:]}")
     add_member(root, record, name)
     return f"started detached on {name}"
+
+
+def main(action: str, run: str, hosts: str, root: Path) -> None:
+    """`fab join|leave --run ID --hosts NAMES`."""
+    if not run or not hosts:
+        raise InputError(f"fab {action} needs --run ID and --hosts NAME[,NAME...]")
+    renderer = Renderer()
+    for message in join_or_leave(root, load_record(root, run), action, hosts.split(","), renderer):
+        renderer.info(message)

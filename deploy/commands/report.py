@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from deploy.commands.comm import beside_floor, load_plan
+from common.layout import run_dir
+from deploy.edges.comm import beside_floor, load_plan
+from deploy.edges.records import resolve_run
 from deploy.errors import InputError
-from deploy.plan import run_dir
-from train.report import RunReport, load_report, write_png
+from deploy.render.console import Renderer
+
+from deploy.render.png import write_png
+from deploy.run.report import RunReport, load_report
 
 
 def metrics_root(root: Path, run_id: str) -> Path:
@@ -44,3 +48,15 @@ def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = N
             "best_test_acc": report.best_test_acc, "total_samples_per_s": report.total_samples_per_s,
             "resumes": report.resumes, "ranks": [asdict(r) for r in report.ranks],
             "epochs": [asdict(e) for e in report.epochs]}
+
+
+def main(run: str | None, as_json: bool, root: Path) -> None:
+    """`fab report [--run ID] [--json]`."""
+    run_id = resolve_run(root, run).run_id
+    result, png = build_report(root, run_id)
+    comm = comm_beside_floor(root, run_id, result)
+    renderer = Renderer()
+    if as_json:
+        renderer.json(report_json(run_id, result, png, comm))
+    else:
+        renderer.run_report(run_id, result, str(png), comm)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deploy.commands.common import connect_all
-from deploy.datasync import DataResult, DataSpec, build_manifest, sync_data
-from deploy.fanout import on_each, require_all
-from deploy.inventory import Host, Inventory
-from deploy.plan import python_of
-from deploy.render import HostProgress, Renderer
-from deploy.sync import SyncResult, project_files, sync_host
+from deploy.edges.sessions import sessions_to
+from deploy.edges.datasync import DataResult, DataSpec, build_manifest, parse_data_flag, sync_data
+from deploy.inventory.load import inventory_path, load_inventory
+from deploy.inventory.selection import select_hosts
+from deploy.edges.fanout import on_each
+from deploy.inventory.model import Host, Inventory
+from deploy.run.plan import python_of
+from deploy.render.console import HostProgress, Renderer
+from deploy.edges.sync import SyncResult, project_files, sync_host
 
 SYNC_TIMEOUT_S = 900
 
@@ -22,17 +24,31 @@ def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rendere
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
         results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update),
                           timeout=SYNC_TIMEOUT_S)
-    return require_all(results)
+    return results.require_all()
 
 
 def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec: DataSpec) -> dict[str, DataResult]:
     """The dataset to every host in parallel, verified against its sha256 manifest."""
     manifest = build_manifest(spec.source)
-    sessions = connect_all(hosts, inventory, root)
-    try:
+    with sessions_to(hosts, inventory, root) as sessions:
         results = on_each(hosts, lambda h: sync_data(h, sessions[h.name], python_of(h, sys.executable), spec, manifest,
                                                      root, inventory.known_hosts), timeout=SYNC_TIMEOUT_S)
-    finally:
-        for session in sessions.values():
-            session.close()
-    return require_all(results)
+    return results.require_all()
+
+
+def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, root: Path) -> None:
+    """`fab sync [--data SRC:DEST]`: the code, then the dataset, with a line per host."""
+    inv = load_inventory(inventory_path(inventory_arg))
+    spec = parse_data_flag(data) if data else None
+    selected = select_hosts(inv, hosts_arg).hosts
+    renderer = Renderer()
+    for result in sync_code(selected, inv, root, renderer).values():
+        renderer.info(f"{result.host}: " + ("workdir is this project, nothing to copy" if result.skipped
+                                             else f"{result.files} files in sync"))
+    if spec is None:
+        return
+    for item in sync_dataset(selected, inv, root, spec).values():
+        sent = f"{len(item.transferred)} sent" if item.transferred else "unchanged, nothing sent"
+        renderer.info(f"{item.host}: data {spec.dest}: {item.files} files verified by sha256; {sent}")
+        if item.repaired:
+            renderer.warn(f"{item.host}: corrupt copies found and sent again: {', '.join(item.repaired)}")

@@ -13,22 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from deploy.commands import comm as comm_cmd
+from common.layout import DEFAULT_PG_TIMEOUT_S, log_path, run_dir
+from deploy.edges import comm as comm_cmd
 from deploy.commands.membership import RequestPoller
 from deploy.commands.check import preflight
-from deploy.commands.common import connect_all, reachable_results, training_interfaces
+from deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
 from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
-from deploy.fanout import on_each, require_all
-from deploy.inventory import ElasticBounds, Host, Inventory, load_inventory, inventory_path
-from deploy.launch import JobOutcome, JobRunner, JobStatus, remote_log_path
-from deploy.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, rendezvous_host, run_dir
-from deploy.render import Renderer
-from deploy.runs import RunRecord, load_record, new_run_id
-from deploy.sync import is_project_itself, push_dir_argv
-from deploy.selection import select_hosts
-from deploy.summary import RunSummary, build_summary, write_summary
-from deploy.transport import Session
+from deploy.edges.fanout import on_each
+from deploy.inventory.load import load_inventory, inventory_path
+from deploy.inventory.model import ElasticBounds, Host, Inventory
+from deploy.edges.launcher import JobOutcome, JobRunner, JobStatus
+from deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
+from deploy.render.console import Renderer
+from deploy.edges.records import RunRecord, load_record, new_run_id
+from deploy.edges.sync import is_project_itself, push_dir_argv
+from deploy.inventory.selection import Selection, select_hosts
+from deploy.run.summary import RunSummary, build_summary, write_summary
+from deploy.edges.transport import Session
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class TrainRequest:
     hosts: str | None
     workload: Workload
     nnodes: str | None = None
-    pg_timeout_s: int = 60
+    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S
     detach: bool = False
     skip_checks: bool = False
     no_sync: bool = False
@@ -100,7 +102,7 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
         launch = next(h for h in plan.hosts if h.host.name == host.name)
         result = sessions[host.name].run(launch.agent, timeout=30)
         try:
-            record = json.loads(result.stdout.strip().splitlines()[-1])
+            record = result.last_json()
         except (ValueError, IndexError):
             record = {"error": result.stderr.strip()[-300:] or f"exit {result.rc}"}
         if "error" in record:
@@ -108,7 +110,7 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
         return record
 
     try:
-        require_all(on_each([h.host for h in plan.hosts], start, timeout=60))
+        on_each([h.host for h in plan.hosts], start, timeout=60).require_all()
     except MeshrunError as err:
         raise MeshrunError(f"{err}; stop what did start with: fab stop --run {plan.run_id}") from None
 
@@ -131,18 +133,16 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
     if request.comm:
         comm_cmd.parse_comm(request.comm, request.workload)
     inventory = load_inventory(inventory_path(request.inventory))
-    hosts = select_hosts(inventory, request.hosts)
+    selection = select_hosts(inventory, request.hosts)
+    hosts, head = selection.hosts, selection.head
     elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
     run_id = request.resume or new_run_id()
     rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
     options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
                             rdzv_id=rdzv_id)
-    sessions = connect_all(hosts, inventory, root)
-    try:
-        options = _prepare_hosts(request, hosts, inventory, sessions, options, root, renderer)
-        head = rendezvous_host(hosts, inventory.rendezvous)
-        plan = plan_launch(hosts, inventory.rendezvous, options, training_interfaces(hosts, head, sessions),
-                           sys.executable)
+    with sessions_to(hosts, inventory, root) as sessions:
+        options = _prepare_hosts(request, selection, inventory, sessions, options, root, renderer)
+        plan = plan_launch(selection, options, training_interfaces(hosts, head, sessions), sys.executable)
         record = _record(request, inventory, hosts, plan, options, root)
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, run_dir(run_id))
         if request.detach:
@@ -151,25 +151,22 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
         outcome, summary = _run_attached(plan, record, inventory, sessions, head, root, renderer)
-    finally:
-        for session in sessions.values():
-            session.close()
     return _conclude(outcome, summary, root, renderer)
 
 
-def _prepare_hosts(request: TrainRequest, hosts: tuple[Host, ...], inventory: Inventory,
+def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inventory,
                    sessions: Mapping[str, Session], options: LaunchOptions, root: Path,
                    renderer: Renderer) -> LaunchOptions:
     """Pre-flight, code sync, checkpoints back for a resume, and the comm hook choice."""
     if not request.skip_checks:
-        preflight(hosts, inventory, sessions, renderer)
+        preflight(selection, sessions, renderer)
     if not request.no_sync:
-        sync_code(hosts, inventory, root, renderer)
+        sync_code(selection.hosts, inventory, root, renderer)
     if request.resume:
-        push_checkpoints(rendezvous_host(hosts, inventory.rendezvous), options.run_id, inventory, root)
+        push_checkpoints(selection.head, options.run_id, inventory, root)
     if not request.comm:
         return options
-    workload, comm_plan = comm_cmd.choose(request.comm, hosts, inventory, sessions, options.workload, root, renderer)
+    workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, options.workload, root, renderer)
     if comm_plan is not None:
         comm_cmd.save_plan(root, options.run_id, comm_plan, comm_cmd.applied_hook(workload))
     return dataclasses.replace(options, workload=workload)
@@ -205,10 +202,15 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
 def _conclude(outcome: JobOutcome, summary: RunSummary, root: Path, renderer: Renderer) -> int:
     path = write_summary(root / run_dir(outcome.run_id), summary)
     if outcome.status is JobStatus.FAILED and outcome.failed_host:
-        renderer.failure_tail(outcome, remote_log_path(outcome.run_id, outcome.failed_host))
+        renderer.failure_tail(outcome, log_path(outcome.run_id, outcome.failed_host))
     if summary.comm and summary.comm["measured_s"] is not None:
         c = summary.comm
         renderer.info(f"comm: {c['hook']} all-reduce {c['measured_s'] * 1e3:.1f} ms per step, ring floor "
                       f"{c['floor_s'] * 1e3:.1f} ms at {c['bandwidth_mbit_s']} Mbit/s ({c['ratio']}x)")
     renderer.job_summary(summary, outcome, str(path))
     return 0 if outcome.status is JobStatus.SUCCEEDED else 1
+
+
+def main(request: TrainRequest, root: Path) -> int:
+    """`fab train`; returns the exit status."""
+    return train(request, Renderer(), root)

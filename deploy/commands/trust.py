@@ -3,6 +3,7 @@ append it to the inventory's known_hosts. A changed key is always an error, neve
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -10,14 +11,15 @@ from typing import Callable
 
 import paramiko
 
-from deploy import hostkeys
+from deploy.edges import hostkeys
 from deploy.errors import MeshrunError
-from deploy.fanout import failures, on_each
-from deploy.inventory import Host, inventory_path, load_inventory
-from deploy.render import Renderer
-from deploy.render_check import print_host_keys
-from deploy.selection import select_hosts
-from deploy.transport import scan_host_key
+from deploy.edges.fanout import on_each
+from deploy.inventory.load import inventory_path, load_inventory
+from deploy.inventory.model import Host
+from deploy.render.console import Renderer
+from deploy.render.check import print_host_keys
+from deploy.inventory.selection import select_hosts
+from deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, scan_host_key
 
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 
@@ -42,7 +44,7 @@ class TrustRequest:
     inventory: str | None
     hosts: str | None
     yes: bool = False
-    timeout: float = 10.0
+    timeout: float = DEFAULT_CONNECT_TIMEOUT_S
 
 
 def classify(host: Host, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> KeyOffer:
@@ -67,14 +69,14 @@ def changed_error(offer: KeyOffer, path: Path) -> MeshrunError:
 
 def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm: Callable[[str], bool]) -> int:
     inventory = load_inventory(inventory_path(request.inventory))
-    hosts = tuple(h for h in select_hosts(inventory, request.hosts) if not h.is_local)
+    hosts = tuple(h for h in select_hosts(inventory, request.hosts).hosts if not h.is_local)
     path = inventory.known_hosts or USER_KNOWN_HOSTS.expanduser()
     results = on_each(hosts, lambda h: offer_for(h, inventory.known_hosts, request.timeout), timeout=request.timeout + 5)
     offers = [r for r in results.values() if isinstance(r, KeyOffer)]
     print_host_keys(renderer, [(o.host, o.name, f"{hostkeys.fingerprint(o.key)} ({o.key.get_name()})",
                                 o.status.value) for o in offers], str(path))
     problems = [changed_error(o, path) for o in offers if o.status is KeyStatus.CHANGED]
-    problems += failures(results).values()
+    problems += results.failed.values()
     new = [o for o in offers if o.status is KeyStatus.NEW]
     if new and not request.yes:
         names = ", ".join(o.host for o in new)
@@ -92,3 +94,12 @@ def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm:
     if not new:
         renderer.info("nothing to do: every selected host's key is already trusted")
     return 0
+
+
+def _ask(question: str) -> bool:
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def main(request: TrustRequest) -> int:
+    """`fab trust`: asks before adding keys when run at a terminal."""
+    return trust(request, Renderer(), sys.stdin.isatty(), _ask)

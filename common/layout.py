@@ -1,0 +1,69 @@
+"""The contract between the controller, the host agent and the trainer: where a run's files
+live, what they are called, the `MESHRUN_*` environment names, and the timing constants both
+sides must agree on. Standard library only; every value here is written once.
+
+A run is named by its run id alone. The controller hands it to the host agent (`--run-id`), the
+agent tags torchrun and every worker with `MESHRUN_RUN_ID`, and the trainer reads that variable;
+every directory below is derived from the id by the functions here, on each side.
+"""
+
+from __future__ import annotations
+
+import enum
+
+RUNS_DIR = "runs"  # relative to the project on the controller and to the workdir on a host
+
+# Environment the agent sets for torchrun and its workers.
+ENV_RUN_ID = "MESHRUN_RUN_ID"
+ENV_HOST = "MESHRUN_HOST"
+ENV_BATCH_SIZE = "MESHRUN_BATCH_SIZE"  # this host's per-process batch size, or "auto"
+
+# Files of a run directory (`runs/<run_id>/`).
+LAUNCH_RECORD = "launch.json"  # controller: what was started where
+SUMMARY = "summary.json"  # controller: the outcome, a user contract
+COMM_PLAN = "commplan.json"  # controller: `--comm` floors and choice
+METRICS = "metrics.jsonl"  # trainer, rank 0
+PROGRESS = "progress.json"  # trainer, rank 0: epoch and step, for `fab status`
+RESULT = "result.json"  # trainer, rank 0: final metrics
+CHECKPOINTS = "checkpoints"  # trainer: ckpt-step<9 digits>.pt, best.pt, MANIFEST.sha256
+HOSTS = "hosts"  # per-host subdirectories
+
+# Files of a host directory (`runs/<run_id>/hosts/<host>/`), written by the agent.
+AGENT_PIDFILE = "agent.json"
+TRAIN_LOG = "train.log"
+EXIT_RECORD = "exit.json"
+TORCHRUN_LOGS = "torchrun"
+
+AGENT_MODULE = "deploy.host.agent"
+
+# Timing both sides rely on.
+HEARTBEAT_EVERY_S = 5.0  # the controller writes a heartbeat line to each agent this often
+HEARTBEAT_TIMEOUT_S = 30  # an agent stops its run when the controller is silent this long
+STOP_GRACE_S = 10.0  # TERM, then this long, then KILL
+DEFAULT_PG_TIMEOUT_S = 60  # collective timeout: a cut link is noticed in bounded time
+
+
+def run_dir(run_id: str) -> str:
+    """A run's directory, relative to the workdir on a host and to the project locally."""
+    return f"{RUNS_DIR}/{run_id}"
+
+
+def host_dir(run_id: str, host: str) -> str:
+    """Where a host's agent keeps its pidfile and log, inside the run directory."""
+    return f"{run_dir(run_id)}/{HOSTS}/{host}"
+
+
+def log_path(run_id: str, host: str) -> str:
+    """The agent's tee of torchrun's output on `host`, relative to its workdir."""
+    return f"{host_dir(run_id, host)}/{TRAIN_LOG}"
+
+
+class RecordKind(str, enum.Enum):
+    """The `kind` of each line of `metrics.jsonl` (the trainer writes them, `fab report` reads them)."""
+
+    CONFIG = "config"
+    RESUME = "resume"
+    EPOCH = "epoch"
+    STEP = "step"
+    COMM = "comm"
+    BALANCE = "balance"

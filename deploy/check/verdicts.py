@@ -1,0 +1,276 @@
+"""`fab check-network`, pure part: the facts gathered from hosts and links → findings → one report.
+
+Records are frozen dataclasses, so `--json` is `dataclasses.asdict(report)` and tests compare
+findings by equality. Nothing here touches the network (see deploy/netprobe.py for that).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Mapping
+
+from deploy.check import wireguard
+
+from deploy.check import zerotier
+from deploy.check.findings import Finding, Level, fail, warn, worst
+from deploy.check.wireguard import WireGuardState
+from deploy.check.zerotier import ZeroTierState
+
+LOW_DISK_GIB = 5.0
+CLUSTER = "cluster"
+PORTS_DOC = "docs/public-ip.md#ports"
+
+
+class PortState(str, Enum):
+    OPEN = "open"
+    REFUSED = "refused"  # nothing listens, or a firewall rejects
+    TIMEOUT = "timeout"  # dropped on the way: a firewall, a cut link, a wrong route
+    UNREACHABLE = "unreachable"  # no route to the address
+    ERROR = "error"
+    SKIPPED = "skipped"  # not tried: one end failed earlier
+
+
+class ProbeStatus(str, Enum):
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The host's `python` and what it imports: training needs the same versions everywhere."""
+
+    python: str | None
+    torch: str | None = None
+    cuda: str | None = None  # torch.version.cuda; None on a CPU build
+    nccl: str | None = None
+    error: str | None = None  # why torch could not be imported, or the probe failed
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_used_mib: int
+    memory_total_mib: int
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    name: str
+    address: str
+    network: str
+    reachable: bool
+    error: str | None = None  # why SSH failed
+    ssh_ms: float | None = None  # one command's round trip over the open connection
+    fingerprint: Fingerprint | None = None
+    gpus: tuple[Gpu, ...] = ()  # empty: CPU only
+    gpu_note: str | None = None  # e.g. "nvidia-smi not found"
+    selected_gpus: tuple[int, ...] | None = None
+    workdir: str = ""
+    disk_free_gib: float | None = None
+    interface: str | None = None  # routes to the rendezvous host: NCCL/GLOO_SOCKET_IFNAME
+    mtu: int | None = None
+    interface_error: str | None = None
+    zerotier: ZeroTierState | None = None
+    wireguard: WireGuardState | None = None
+
+
+@dataclass(frozen=True)
+class LinkResult:
+    """One directed TCP connect (and probes) from `source` to a port on `target`."""
+
+    source: str
+    target: str
+    address: str
+    port: int
+    state: PortState
+    rendezvous: bool = False  # the rendezvous port, not an ephemeral one
+    connect_ms: float | None = None  # TCP handshake time: one round trip
+    detail: str = ""
+    df_size: int | None = None  # ICMP payload of the don't-fragment probe (interface MTU - 28)
+    df_ok: bool | None = None  # None: not probed
+    mbit_s: float | None = None  # with --bandwidth
+
+
+@dataclass(frozen=True)
+class RendezvousFacts:
+    host: str
+    address: str
+    port: int
+    listener: str  # "listening", or why the port could not be opened there
+
+
+@dataclass(frozen=True)
+class AllReduceResult:
+    status: ProbeStatus
+    detail: str = ""
+    seconds: float | None = None
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    level: Level
+    hosts: tuple[HostFacts, ...]
+    rendezvous: RendezvousFacts | None
+    links: tuple[LinkResult, ...]
+    allreduce: AllReduceResult
+    findings: tuple[Finding, ...]
+    duration_s: float
+
+
+def host_findings(host: HostFacts, cluster_nodes: Mapping[str, str]) -> list[Finding]:
+    """Per-host verdicts. `cluster_nodes`: ZeroTier node id → host name for the selected hosts."""
+    if not host.reachable:
+        return [fail(host.name, host.error or "unreachable over SSH")]
+    found = _python_findings(host) + _gpu_findings(host)
+    if host.interface_error is not None:
+        found.append(fail(host.name, host.interface_error))
+    if host.disk_free_gib is not None and host.disk_free_gib < LOW_DISK_GIB:
+        found.append(warn(host.name, f"only {host.disk_free_gib:.1f} GiB free in {host.workdir}: checkpoints may not fit"))
+    if host.network == "zerotier":
+        state = host.zerotier or ZeroTierState(error="not probed")
+        others = {node: name for node, name in cluster_nodes.items() if name != host.name}
+        found += zerotier.findings(host.name, host.address, state, others, host.interface)
+    if host.network == "wireguard":
+        found += wireguard.findings(host.name, host.wireguard or WireGuardState(error="not probed"))
+    return found
+
+
+def _python_findings(host: HostFacts) -> list[Finding]:
+    fp = host.fingerprint
+    if fp is None or fp.python is None:
+        reason = fp.error if fp is not None and fp.error else "no answer"
+        return [fail(host.name, f"the host's python did not run ({reason}); set `python:` in the inventory "
+                                "to an interpreter that exists there")]
+    if fp.torch is None:
+        return [fail(host.name, f"torch is not importable by the host's python {fp.python} ({fp.error or 'missing'}); "
+                                "install torch there or point `python:` in the inventory at a venv that has it")]
+    return []
+
+
+def _gpu_findings(host: HostFacts) -> list[Finding]:
+    if host.selected_gpus is None:
+        return []
+    present = {g.index for g in host.gpus}
+    missing = [i for i in host.selected_gpus if i not in present]
+    if not missing:
+        return []
+    have = ", ".join(str(i) for i in sorted(present)) or "none (CPU only)"
+    return [fail(host.name, f"GPU index(es) {', '.join(map(str, missing))} selected but not present (GPUs: {have}); "
+                            "fix `gpus:` in the inventory or the `--hosts NAME:0,1` override")]
+
+
+def python_minor(version: str) -> str:
+    """3.11.7 → 3.11: patch releases share the pickle and bytecode formats that matter here."""
+    return ".".join(version.split(".")[:2])
+
+
+def version_findings(hosts: Iterable[HostFacts]) -> list[Finding]:
+    """FAIL when torch, NCCL or python (major.minor) differ: collectives hang or corrupt across versions."""
+    prints = {h.name: h.fingerprint for h in hosts if h.fingerprint is not None and h.fingerprint.torch is not None}
+    found = []
+    for what, value_of in (("torch", lambda f: f.torch), ("NCCL", lambda f: f.nccl),
+                           ("python", lambda f: python_minor(f.python or ""))):
+        values = {name: value_of(fp) for name, fp in prints.items()}
+        if len(set(values.values())) > 1:
+            listed = ", ".join(f"{name} {value or 'none'}" for name, value in values.items())
+            found.append(fail(CLUSTER, f"{what} versions differ ({listed}); install the same version on every host "
+                                       "(mismatched collectives hang or return garbage)"))
+    return found
+
+
+def link_findings(links: Iterable[LinkResult], mtus: Mapping[str, int | None]) -> list[Finding]:
+    found = []
+    for link in links:
+        where = f"{link.source} -> {link.target}"
+        detail = f" ({link.detail})" if link.detail else ""
+        if link.state is PortState.SKIPPED:
+            continue
+        if link.state is not PortState.OPEN and link.rendezvous:
+            found.append(fail(where, f"rendezvous port {link.address}:{link.port} on {link.target} is {link.state.value}"
+                                     f"{detail}: torchrun cannot rendezvous; allow TCP {link.port} to {link.target} "
+                                     f"from every host ({PORTS_DOC})"))
+        elif link.state is not PortState.OPEN:
+            found.append(fail(where, f"TCP to an ephemeral port on {link.target} ({link.address}:{link.port}) is "
+                                     f"{link.state.value}{detail}: NCCL and gloo connect every pair on random ports; "
+                                     f"allow all TCP between the hosts' training addresses ({PORTS_DOC})"))
+        if link.df_ok is False:
+            found.append(warn(where, f"a {link.df_size}-byte don't-fragment ping to {link.address} was lost: the path "
+                                     f"MTU is below {link.source}'s interface MTU {mtus.get(link.source)}; large "
+                                     "transfers may stall; lower the interface MTU (docs/zerotier.md#mtu)"))
+    return found
+
+
+def rendezvous_findings(rdzv: RendezvousFacts) -> list[Finding]:
+    if rdzv.listener == "listening":
+        return []
+    return [fail(rdzv.host, f"rendezvous port {rdzv.port} cannot be opened on {rdzv.host}: {rdzv.listener}; "
+                            "another process holds it (a run in progress?): stop it or change `rendezvous.port`")]
+
+
+def is_public(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_global
+    except ValueError:
+        return False
+
+
+def public_findings(rdzv: RendezvousFacts, network: str) -> list[Finding]:
+    """The c10d store has no authentication or encryption: on a public address anyone may join."""
+    if network != "public" or not is_public(rdzv.address):
+        return []
+    return [warn(CLUSTER, f"the rendezvous is on public address {rdzv.address}:{rdzv.port} ({rdzv.host}) with "
+                          "`network: public`: the c10d store (TCPStore) is unauthenticated and unencrypted, and "
+                          "object collectives unpickle, so anyone who reaches the port can run code on your hosts; "
+                          "firewall it to your hosts or use an overlay (docs/public-ip.md, docs/zerotier.md)")]
+
+
+def allreduce_findings(result: AllReduceResult) -> list[Finding]:
+    if result.status is not ProbeStatus.FAILED:
+        return []
+    return [fail(CLUSTER, f"the gloo all-reduce, started as training would be, failed: {result.detail}")]
+
+
+def local_findings(hosts: Iterable[HostFacts]) -> list[Finding]:
+    hosts = list(hosts)
+    if len(hosts) < 2:
+        return []
+    return [fail(h.name, "`address: local` cannot be reached by other hosts; give it its LAN or overlay address "
+                         "to use it in a multi-host run") for h in hosts if h.address == "local"]
+
+
+def has_failures(found: Iterable[Finding]) -> bool:
+    return any(f.level is Level.FAIL for f in found)
+
+
+def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, links: tuple[LinkResult, ...],
+                 allreduce: AllReduceResult, network: str, duration_s: float) -> CheckReport:
+    """All findings in a stable order: hosts, versions, rendezvous, links, end to end."""
+    nodes = {h.zerotier.node: h.name for h in hosts if h.zerotier is not None and h.zerotier.node}
+    found = [f for h in hosts for f in host_findings(h, nodes)] + local_findings(hosts) + version_findings(hosts)
+    if rdzv is not None:
+        found += rendezvous_findings(rdzv) + public_findings(rdzv, network)
+    found += link_findings(links, {h.name: h.mtu for h in hosts}) + allreduce_findings(allreduce)
+    return CheckReport(worst(f.level for f in found), hosts, rdzv, links, allreduce, tuple(found), round(duration_s, 2))
+
+
+def link_targets(source: str, ports: Mapping[str, tuple[str, int]], head: str | None,
+                 rdzv: tuple[str, int] | None) -> list[dict]:
+    """What `source` connects to: the rendezvous port (if its host listens), then every other
+    host's ephemeral listener. `ports`: host → (address, ephemeral port)."""
+    targets = []
+    if head is not None and rdzv is not None:
+        targets.append({"name": head, "address": rdzv[0], "port": rdzv[1], "rendezvous": True})
+    targets += [{"name": name, "address": address, "port": port}
+                for name, (address, port) in ports.items() if name != source]
+    return targets
+
+
+def errored_links(source: str, targets: list[dict], detail: str) -> tuple[LinkResult, ...]:
+    """Links that could not be probed because a probe failed: FAIL with its reason."""
+    return tuple(LinkResult(source, t["name"], t["address"], t["port"], PortState.ERROR,
+                            rendezvous=bool(t.get("rendezvous")), detail=detail) for t in targets)

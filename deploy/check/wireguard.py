@@ -1,0 +1,67 @@
+"""WireGuard state, pure: `wg show all latest-handshakes` → records → findings.
+
+Each output line is `interface<TAB>peer public key<TAB>unix time of the last handshake` (0: never).
+WireGuard only handshakes when there is traffic, and a session is renewed every 2 minutes, so an
+old or missing handshake is reported but is not a failure by itself: the pair probes decide.
+Reading it needs CAP_NET_ADMIN (root); an unreadable state is a warning that says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deploy.check.findings import Finding, warn
+
+ARGV = ("wg", "show", "all", "latest-handshakes")
+FRESH_S = 180  # REJECT_AFTER_TIME: older sessions are gone and need a new handshake
+
+
+@dataclass(frozen=True)
+class WgPeer:
+    interface: str
+    peer: str  # public key
+    handshake_age_s: int | None  # None: never
+
+
+@dataclass(frozen=True)
+class WireGuardState:
+    peers: tuple[WgPeer, ...] = ()
+    error: str | None = None
+
+
+def parse_handshakes(text: str, now: int) -> tuple[WgPeer, ...]:
+    peers = []
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) != 3 or not parts[2].strip().isdigit():
+            continue
+        stamp = int(parts[2])
+        peers.append(WgPeer(parts[0], parts[1], max(0, now - stamp) if stamp else None))
+    return tuple(peers)
+
+
+def state_from(rc: int, stdout: str, stderr: str, now: int) -> WireGuardState:
+    if rc == 127:
+        return WireGuardState(error="`wg` not found (apt-get install wireguard-tools)")
+    if rc != 0:
+        reason = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {rc}"
+        hint = "; reading WireGuard state needs root (CAP_NET_ADMIN): log in as root or allow `wg show` via sudo"
+        return WireGuardState(error=reason + (hint if "ermission" in reason or "not permitted" in reason else ""))
+    return WireGuardState(parse_handshakes(stdout, now))
+
+
+def findings(host: str, state: WireGuardState) -> list[Finding]:
+    if state.error is not None:
+        return [warn(host, f"WireGuard state unreadable: {state.error}")]
+    if not state.peers:
+        return [warn(host, "`wg show` lists no WireGuard peers: is the tunnel up on this host?")]
+    return []
+
+
+def summary(state: WireGuardState) -> str:
+    """`wg0: 2 peers, handshakes 3 s, never ago` for the host table."""
+    if state.error is not None:
+        return "unreadable"
+    ages = ", ".join("never" if p.handshake_age_s is None else f"{p.handshake_age_s} s" for p in state.peers)
+    interfaces = ",".join(sorted({p.interface for p in state.peers})) or "-"
+    return f"{interfaces}: {len(state.peers)} peer(s), handshakes {ages or '-'}"

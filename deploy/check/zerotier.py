@@ -1,0 +1,187 @@
+"""ZeroTier state, pure: `zerotier-cli -j info|listnetworks|peers` JSON → records → findings.
+
+The JSON is the service's own API output (ZeroTierOne `one.cpp` prints it unchanged with `-j`):
+`info` has `address`, `online`, `tcpFallbackActive`, `version`; `listnetworks` one object per
+network with `nwid`, `name`, `status`, `portDeviceName`, `mtu`, `assignedAddresses` (CIDR);
+`peers` one object per peer with `address`, `role` (LEAF, PLANET, MOON), `latency` and `paths`.
+A peer is DIRECT when it has a preferred, unexpired path, else its traffic is RELAYed through
+a root, as `zerotier-cli peers` shows it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Mapping
+
+from deploy.check.findings import Finding, fail, warn
+
+CLI = "zerotier-cli"
+SUBCOMMANDS = ("info", "listnetworks", "peers")
+FIX_OFFLINE = "start it (`systemctl start zerotier-one`) and let UDP 9993 out; see docs/zerotier.md"
+
+
+class NodeState(str, Enum):
+    ONLINE = "ONLINE"
+    OFFLINE = "OFFLINE"
+    TUNNELED = "TUNNELED"  # reaches the roots only over the TCP fallback relay: slow
+
+
+class Link(str, Enum):
+    DIRECT = "DIRECT"
+    RELAY = "RELAY"
+
+
+@dataclass(frozen=True)
+class ZtNetwork:
+    nwid: str
+    name: str
+    status: str  # OK, ACCESS_DENIED, REQUESTING_CONFIGURATION, NOT_FOUND, PORT_ERROR, ...
+    device: str | None  # portDeviceName, e.g. ztabcdef12
+    mtu: int | None
+    addresses: tuple[str, ...]  # assignedAddresses without the prefix length
+
+
+@dataclass(frozen=True)
+class ZtPeer:
+    node: str
+    role: str
+    link: Link
+    latency_ms: int | None
+
+
+@dataclass(frozen=True)
+class ZeroTierState:
+    """What one host's zerotier-cli said; `error` when it could not be asked."""
+
+    node: str | None = None
+    state: NodeState | None = None
+    version: str | None = None
+    networks: tuple[ZtNetwork, ...] = ()
+    peers: tuple[ZtPeer, ...] = ()
+    error: str | None = None
+
+
+def argv(cli: str, subcommand: str) -> list[str]:
+    return [cli, "-j", subcommand]
+
+
+def _load(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(f"`zerotier-cli -j {what}` printed no JSON: {text.strip()[:120]!r}") from None
+
+
+def parse_info(text: str) -> tuple[str | None, NodeState, str | None]:
+    """(node id, ONLINE/OFFLINE/TUNNELED, version) from `-j info`."""
+    info = _load(text, "info")
+    if not isinstance(info, dict):
+        raise ValueError("`zerotier-cli -j info` is not a JSON object")
+    if info.get("tcpFallbackActive"):
+        state = NodeState.TUNNELED
+    else:
+        state = NodeState.ONLINE if info.get("online") else NodeState.OFFLINE
+    return info.get("address"), state, info.get("version")
+
+
+def parse_networks(text: str) -> tuple[ZtNetwork, ...]:
+    networks = _load(text, "listnetworks")
+    if not isinstance(networks, list):
+        raise ValueError("`zerotier-cli -j listnetworks` is not a JSON list")
+    return tuple(
+        ZtNetwork(nwid=str(n.get("nwid") or n.get("id") or "?"), name=str(n.get("name") or ""),
+                  status=str(n.get("status") or "?"), device=n.get("portDeviceName") or None,
+                  mtu=int(n["mtu"]) if isinstance(n.get("mtu"), int) else None,
+                  addresses=tuple(str(a).split("/")[0] for a in n.get("assignedAddresses") or ()))
+        for n in networks if isinstance(n, dict)
+    )
+
+
+def _link(paths: Any) -> Link:
+    for path in paths if isinstance(paths, list) else ():
+        if isinstance(path, dict) and path.get("preferred") and not path.get("expired"):
+            return Link.DIRECT
+    return Link.RELAY
+
+
+def parse_peers(text: str) -> tuple[ZtPeer, ...]:
+    peers = _load(text, "peers")
+    if not isinstance(peers, list):
+        raise ValueError("`zerotier-cli -j peers` is not a JSON list")
+    return tuple(
+        ZtPeer(node=str(p.get("address") or "?"), role=str(p.get("role") or "?"), link=_link(p.get("paths")),
+               latency_ms=p["latency"] if isinstance(p.get("latency"), int) and p["latency"] >= 0 else None)
+        for p in peers if isinstance(p, dict)
+    )
+
+
+def parse_state(info: str, networks: str, peers: str) -> ZeroTierState:
+    """All three outputs → one record; unparsable output becomes `error`, never an exception."""
+    try:
+        node, state, version = parse_info(info)
+        return ZeroTierState(node, state, version, parse_networks(networks), parse_peers(peers))
+    except ValueError as err:
+        return ZeroTierState(error=str(err))
+
+
+def network_of(state: ZeroTierState, address: str) -> ZtNetwork | None:
+    """The joined network that assigned `address` to this node, if any."""
+    try:
+        wanted = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    for network in state.networks:
+        for assigned in network.addresses:
+            try:
+                if ipaddress.ip_address(assigned) == wanted:
+                    return network
+            except ValueError:
+                continue
+    return None
+
+
+NETWORK_FIXES: Mapping[str, str] = {
+    "ACCESS_DENIED": "authorize node {node} in the network's controller (ZeroTier Central: Members, tick Auth)",
+    "REQUESTING_CONFIGURATION": "the controller has not answered yet; wait, or check the host reaches it",
+    "NOT_FOUND": "no such network: check the network id and `zerotier-cli join` it again",
+    "PORT_ERROR": "the TAP device could not be created: check /dev/net/tun and the service's log",
+}
+
+
+def findings(host: str, address: str, state: ZeroTierState, cluster_nodes: Mapping[str, str],
+             interface: str | None) -> list[Finding]:
+    """Verdicts for one host. `cluster_nodes`: the other selected hosts' node ids → host names."""
+    if state.error is not None:
+        return [fail(host, f"ZeroTier state unreadable: {state.error}")]
+    if state.state is NodeState.OFFLINE:
+        return [fail(host, f"ZeroTier node {state.node} is OFFLINE (no contact with its roots); {FIX_OFFLINE}")]
+    found = []
+    if state.state is NodeState.TUNNELED:
+        found.append(warn(host, f"ZeroTier node {state.node} reaches its roots only over the TCP fallback relay "
+                                "(TUNNELED): traffic will be slow; let UDP 9993 through the firewall"))
+    network = network_of(state, address)
+    if network is None:
+        # A network that is not OK yet has no addresses: its status is the real news.
+        pending = [_status_finding(host, state, n) for n in state.networks if n.status != "OK"]
+        joined = ", ".join(f"{n.nwid} {list(n.addresses)}" for n in state.networks) or "none"
+        return found + (pending or [fail(host, f"address {address} is not assigned by any joined ZeroTier network "
+                                               f"(joined: {joined}); fix `address` in the inventory or the "
+                                               "network's IP assignment")])
+    if network.status != "OK":
+        found.append(_status_finding(host, state, network))
+    if interface is not None and network.device is not None and interface != network.device:
+        found.append(warn(host, f"traffic to the rendezvous host leaves via {interface}, not the ZeroTier device "
+                                f"{network.device}: check `ip route get` on this host"))
+    for peer in state.peers:
+        if peer.node in cluster_nodes and peer.link is Link.RELAY:
+            found.append(warn(host, f"ZeroTier peer {cluster_nodes[peer.node]} ({peer.node}) is RELAYED, not DIRECT: "
+                                    "slow; open UDP 9993 (or the node's ports) between the hosts, see docs/zerotier.md"))
+    return found
+
+
+def _status_finding(host: str, state: ZeroTierState, network: ZtNetwork) -> Finding:
+    fix = NETWORK_FIXES.get(network.status, "see `zerotier-cli listnetworks`").format(node=state.node)
+    return fail(host, f"ZeroTier network {network.nwid} status {network.status}; {fix}")

@@ -1,0 +1,55 @@
+"""`fab logs [-f]`: a run's logs from every host, prefixed [host:rank]."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from common.layout import log_path
+from deploy.edges.agents import run_hosts
+from deploy.edges.records import RunRecord, resolve_run
+from deploy.edges.sessions import sessions_to
+from deploy.edges.transport import Session
+from deploy.inventory.model import Host
+from deploy.render.console import Renderer
+
+
+def show_logs(record: RunRecord, root: Path, renderer: Renderer, follow: bool, lines: int) -> None:
+    """Each host's train.log (the last `lines`), prefixed; with `follow`, until Ctrl-C."""
+    hosts, inventory = run_hosts(record)
+    with sessions_to(hosts, inventory, root) as sessions:
+        if not follow:
+            for host in hosts:
+                result = sessions[host.name].run(["tail", "-n", str(lines), log_path(record.run_id, host.name)])
+                for line in result.stdout.splitlines():
+                    renderer.log_line(host.name, line if line.startswith(f"[{host.name}:") else f"[{host.name}] {line}")
+            return
+        _follow(hosts, sessions, record, renderer, lines)
+
+
+def _follow(hosts: tuple[Host, ...], sessions: dict[str, Session], record: RunRecord, renderer: Renderer,
+            lines: int) -> None:
+    streams = {h.name: sessions[h.name].start(["tail", "-n", str(lines), "-F",
+                                               log_path(record.run_id, h.name)]) for h in hosts}
+
+    def pump(name: str) -> None:
+        while raw := streams[name].readline():
+            text = raw.decode(errors="replace").rstrip("\r\n")
+            renderer.log_line(name, text if text.startswith(f"[{name}:") else f"[{name}] {text}")
+
+    threads = [threading.Thread(target=pump, args=(n,), daemon=True) for n in streams]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for stream in streams.values():
+            stream.abandon()
+
+
+def main(run: str | None, follow: bool, lines: int, root: Path) -> None:
+    show_logs(resolve_run(root, run, live_only=True), root, Renderer(), follow, lines)

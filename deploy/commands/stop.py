@@ -1,0 +1,27 @@
+"""`fab stop`: TERM, grace, KILL on every host of a run, and proof that nothing is left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploy.edges.agents import stop_run
+from deploy.edges.records import resolve_run
+from deploy.errors import MeshrunError
+from deploy.render.console import Renderer
+
+
+def main(run: str | None, root: Path) -> int:
+    """Exit status 1 when a host could not be reached or still has run processes."""
+    record = resolve_run(root, run, live_only=True)
+    renderer = Renderer()
+    dirty = []
+    for host, left in stop_run(record, root).items():
+        if isinstance(left, MeshrunError) or left:
+            dirty.append(host)
+            renderer.error(f"{host}: {left if isinstance(left, MeshrunError) else f'processes still alive: {list(left)}'}")
+        else:
+            renderer.info(f"{host}: clean, no process of run {record.run_id} left")
+    if dirty:
+        return 1
+    renderer.info(f"run {record.run_id} stopped on {len(record.hosts)} host(s)")
+    return 0

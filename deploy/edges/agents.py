@@ -1,0 +1,92 @@
+"""Talking to a run's host agents: what each says about the run (`status`), and stopping it
+(`stop`). An unreachable host is a state, not an error."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.layout import STOP_GRACE_S
+from deploy.edges.fanout import on_each
+from deploy.edges.records import RunRecord
+from deploy.edges.sessions import sessions_to
+from deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
+from deploy.errors import MeshrunError
+from deploy.inventory.load import load_inventory
+from deploy.inventory.model import Host, Inventory
+from deploy.run.plan import agent_verb_argv
+
+
+@dataclass(frozen=True)
+class HostState:
+    """What one host's agent says about a run (`python -m deploy.host.agent status`)."""
+
+    run_id: str
+    host: str
+    state: str  # running | exited | stopped | lost | unreachable
+    rc: int | None = None
+    epoch: int | None = None
+    step: int | None = None
+    uptime_s: float | None = None
+    detail: str | None = None
+
+
+def run_hosts(record: RunRecord) -> tuple[tuple[Host, ...], Inventory]:
+    inventory = load_inventory(Path(record.inventory))
+    known = {h.name: h for h in inventory.hosts}
+    missing = [h for h in record.hosts if h not in known]
+    if missing:
+        raise MeshrunError(f"run {record.run_id}: host(s) {', '.join(missing)} are no longer in {record.inventory}")
+    return tuple(known[h] for h in record.hosts), inventory
+
+
+def _parse_state(host: str, reports: list[dict]) -> HostState:
+    report = reports[0]
+    progress = report.get("progress") or {}
+    end = report.get("ended") or report.get("now")
+    uptime = (end - report["started"]) if end and report.get("started") else None
+    return HostState(report["run_id"], host, report["state"], report.get("rc"), progress.get("epoch"),
+                     progress.get("global_step"), uptime, report.get("reason"))
+
+
+def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
+    """Every host's view of the run; an unreachable host is a state, not an error."""
+    hosts, inventory = run_hosts(record)
+
+    def ask(host: Host) -> HostState:
+        session = connect(host, inventory.known_hosts, root, timeout)
+        try:
+            result = session.run(agent_verb_argv(host, "status", record.run_id, sys.executable), timeout=timeout)
+        finally:
+            session.close()
+        reports = json.loads(result.stdout or "[]") if result.ok else []
+        return _parse_state(host.name, reports) if reports else HostState(record.run_id, host.name, "unknown",
+                                                                            detail=result.stderr.strip()[-200:] or None)
+
+    results = on_each(hosts, ask, timeout=timeout + 20)
+    return [r if isinstance(r, HostState) else HostState(record.run_id, name, "unreachable", detail=str(r))
+            for name, r in results.items()]
+
+
+def stop_run(record: RunRecord, root: Path) -> dict[str, tuple[int, ...] | MeshrunError]:
+    """Stop the run on every host; {host: pids still alive (should be empty) or the error}."""
+    return stop_hosts(record, root, record.hosts)
+
+
+def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> dict[str, tuple[int, ...] | MeshrunError]:
+    """Stop the run on the named hosts of the run."""
+    hosts, inventory = run_hosts(record)
+    hosts = tuple(h for h in hosts if h.name in names)
+
+    def stop(host: Host, sessions: dict[str, Session]) -> tuple[int, ...]:
+        result = sessions[host.name].run(agent_verb_argv(host, "stop", record.run_id, sys.executable, STOP_GRACE_S),
+                                         timeout=STOP_GRACE_S + 25)
+        try:
+            return tuple(result.last_json()["remaining"])
+        except (ValueError, IndexError, KeyError):
+            raise MeshrunError(f"host '{host.name}': stop gave no report: {result.stderr.strip()[-200:]}") from None
+
+    with sessions_to(hosts, inventory, root) as sessions:
+        return on_each(hosts, lambda h: stop(h, sessions), timeout=STOP_GRACE_S + 40)

@@ -1,0 +1,260 @@
+"""`fab check-network`, the edge: runs the probes on hosts over open sessions, returns records.
+
+Every remote step is an argv (quoted by deploy/remote.py), bounded in time, and leaves nothing
+running: the link listeners exit when their stdin closes or their lifetime ends; the all-reduce
+runs under `timeout` on each host. Verdicts are made elsewhere (deploy/netcheck.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from common.layout import run_dir
+from deploy.edges import host_queries as probes
+
+from deploy.check import wireguard
+
+from deploy.check import zerotier
+from deploy.errors import MeshrunError
+from deploy.edges.fanout import on_each
+from deploy.inventory.model import Host, Inventory, Network
+from deploy.inventory.selection import Selection
+from deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
+                             ProbeStatus, RendezvousFacts, errored_links, link_targets)
+from deploy.run.plan import HostLaunch, LaunchOptions, Workload, plan_launch, python_of
+from deploy.edges.host_queries import peer_address_for
+from deploy.edges.transport import Session, Stream, connect
+
+PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
+FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
+LINK_CONNECT_TIMEOUT_S = 3.0
+ALLREDUCE_LIMIT_S = 90  # rendezvous + gloo init + one all-reduce; `timeout` kills it after this
+ALLREDUCE_PG_TIMEOUT_S = 30
+# The file travels in argv, not on stdin: invoke feeds a remote stdin about 100 bytes per second.
+WRITE_FILE = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.parent.mkdir(parents=True, exist_ok=True); "
+              "p.write_text(sys.argv[2])")
+
+
+def probe_argv(python: str, probe: str, *args: str) -> list[str]:
+    """`python -c <deploy/PROBE.py> ARGS`: the probe travels in the argv, nothing to install."""
+    return [python, "-c", (PROBE_DIR / f"{probe}.py").read_text(), *args]
+
+
+def open_sessions(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
+                  timeout: float) -> tuple[dict[str, Session], dict[str, MeshrunError]]:
+    """Sessions to the hosts that answer; the others with their error. A dead host costs `timeout`."""
+    results = on_each(hosts, lambda h: connect(h, inventory.known_hosts, root, timeout), timeout=timeout + 5)
+    return results.ok, results.failed
+
+
+def host_facts(session: Session, host: Host, peer: str | None, local_python: str) -> HostFacts:
+    """Everything the check learns about one host, in a few commands."""
+    start = time.monotonic()
+    session.run(["true"], timeout=FACTS_TIMEOUT_S, create_workdir=True)
+    ssh_ms = round((time.monotonic() - start) * 1000, 1)
+    fingerprint, disk_free, tools = _fingerprint(session, python_of(host, local_python))
+    gpus, gpu_note = _gpus(session, tools.get("nvidia-smi"))
+    interface, mtu, interface_error = _interface(session, peer)
+    zt = _zerotier(session, tools.get("zerotier-cli")) if host.network is Network.ZEROTIER else None
+    wg = _wireguard(session) if host.network is Network.WIREGUARD else None
+    return HostFacts(name=host.name, address=host.address, network=host.network.value, reachable=True,
+                     ssh_ms=ssh_ms, fingerprint=fingerprint, gpus=gpus, gpu_note=gpu_note, selected_gpus=host.gpus,
+                     workdir=host.workdir, disk_free_gib=None if disk_free is None else round(disk_free / 2**30, 1),
+                     interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg)
+
+
+def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str]]:
+    result = session.run(probe_argv(python, "facts"), timeout=FACTS_TIMEOUT_S)
+    facts = probes.parse_json_object(result.stdout) if result.ok else None
+    if facts is None:
+        reason = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
+        return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}
+    fingerprint = Fingerprint(facts.get("python"), facts.get("torch"), facts.get("cuda"), facts.get("nccl"),
+                              facts.get("error"))
+    return fingerprint, facts.get("disk_free"), {k: v for k, v in (facts.get("tools") or {}).items() if v}
+
+
+def _gpus(session: Session, nvidia_smi: str | None) -> tuple[tuple[Gpu, ...], str | None]:
+    if nvidia_smi is None:
+        return (), "nvidia-smi not found: CPU only"
+    result = session.run([nvidia_smi, *probes.NVIDIA_SMI_QUERY], timeout=30)
+    if not result.ok:
+        return (), f"nvidia-smi failed ({(result.stderr or result.stdout).strip()[:160]}): CPU only"
+    return tuple(Gpu(*g) for g in probes.parse_gpus(result.stdout)), None
+
+
+def _interface(session: Session, peer: str | None) -> tuple[str | None, int | None, str | None]:
+    if peer is None:
+        return None, None, None
+    try:
+        interface = probes.route_interface(session, peer)
+    except MeshrunError as err:
+        return None, None, str(err)
+    return interface.name, interface.mtu, None
+
+
+def _zerotier(session: Session, cli: str | None) -> zerotier.ZeroTierState:
+    if cli is None:
+        return zerotier.ZeroTierState(error="zerotier-cli not found (searched PATH, ~/bin, /usr/sbin, /usr/local/sbin); "
+                                            "install ZeroTier or put a wrapper in ~/bin, see docs/zerotier.md")
+    outputs = []
+    for sub in zerotier.SUBCOMMANDS:
+        result = session.run(zerotier.argv(cli, sub), timeout=20)
+        if not result.ok:
+            reason = (result.stderr or result.stdout).strip()[:200]
+            return zerotier.ZeroTierState(error=f"`{cli} -j {sub}` failed ({reason}); it needs root or a copy of "
+                                                "authtoken.secret in ~/.zeroTierOneAuthToken")
+        outputs.append(result.stdout)
+    return zerotier.parse_state(*outputs)
+
+
+def _wireguard(session: Session) -> wireguard.WireGuardState:
+    result = session.run(list(wireguard.ARGV), timeout=20)
+    return wireguard.state_from(result.rc, result.stdout, result.stderr, int(time.time()))
+
+
+@dataclass
+class Listener:
+    """A host's running `probe_net listen`: its ephemeral port, and the rendezvous port's state."""
+
+    stream: Stream
+    port: int
+    rendezvous: str
+
+    def close(self) -> None:
+        self.stream.close_stdin()
+        if self.stream.wait(timeout=5) is None:
+            self.stream.abandon()
+
+
+def start_listener(session: Session, host: Host, rdzv_port: int | None, lifetime: float,
+                   local_python: str) -> Listener:
+    argv = probe_argv(python_of(host, local_python), "links", "listen", host.address,
+                      str(rdzv_port) if rdzv_port is not None else "-", str(lifetime))
+    stream = session.start(argv)
+    line = stream.readline().decode(errors="replace")
+    answer = probes.parse_json_object(line)
+    if answer is None or "port" not in answer:
+        stream.abandon()
+        raise MeshrunError(f"host '{host.name}': the link probe did not start ({line.strip()[:200] or 'no output'})")
+    return Listener(stream, int(answer["port"]), str(answer["rendezvous"]))
+
+
+def probe_links(session: Session, host: Host, targets: list[dict], df_size: int | None, bandwidth_s: float,
+                local_python: str) -> tuple[LinkResult, ...]:
+    """Connect from `host` to every target at once; one LinkResult per target."""
+    spec = {"targets": targets, "timeout": LINK_CONNECT_TIMEOUT_S, "df_size": df_size, "bandwidth_s": bandwidth_s}
+    limit = LINK_CONNECT_TIMEOUT_S + 10 + bandwidth_s * len(targets) * 2
+    result = session.run(probe_argv(python_of(host, local_python), "links", "connect", json.dumps(spec)),
+                         timeout=limit)
+    try:
+        answers = result.last_json()
+    except (ValueError, IndexError):
+        raise MeshrunError(f"host '{host.name}': the link probe failed ({result.stderr.strip()[-200:]})") from None
+    return tuple(
+        LinkResult(source=host.name, target=t["name"], address=t["address"], port=t["port"],
+                   state=PortState(a["state"]), rendezvous=bool(t.get("rendezvous")), connect_ms=a.get("connect_ms"),
+                   detail=a.get("detail", ""), df_size=None if "df_ok" not in a else df_size, df_ok=a.get("df_ok"),
+                   mbit_s=a.get("mbit_s"))
+        for t, a in zip(targets, answers)
+    )
+
+
+def rendezvous_facts(head: Host, port: int, listener: Listener) -> RendezvousFacts:
+    return RendezvousFacts(head.name, head.address, port, listener.rendezvous)
+
+
+def bounded_argv(launch: HostLaunch, limit_s: int) -> list[str]:
+    """The planned torchrun with the planned environment, killed after `limit_s` whatever happens."""
+    return ["timeout", "-k", "5", str(limit_s), "env", *(f"{k}={v}" for k, v in launch.env), *launch.torchrun]
+
+
+def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
+                  interfaces: Mapping[str, str], run_id: str, local_python: str) -> AllReduceResult:
+    """deploy/host/allreduce.py under torchrun on every host, from the same plan as `fab train`."""
+    hosts = selection.hosts
+    script = f"{run_dir(run_id)}/probe_allreduce.py"
+    source = (PROBE_DIR / "allreduce.py").read_text()
+    on_each(hosts, lambda h: sessions[h.name].run([python_of(h, local_python), "-c", WRITE_FILE, script, source],
+                                                  create_workdir=True, timeout=30), timeout=40)
+    options = LaunchOptions(run_id, Workload(script=script, args=(str(ALLREDUCE_PG_TIMEOUT_S),)))
+    plan = plan_launch(selection, options, interfaces, local_python)
+    start = time.monotonic()
+    results = on_each(hosts, lambda h: sessions[h.name].run(
+        bounded_argv(next(l for l in plan.hosts if l.host.name == h.name), ALLREDUCE_LIMIT_S),
+        timeout=ALLREDUCE_LIMIT_S + 15), timeout=ALLREDUCE_LIMIT_S + 20)
+    seconds = round(time.monotonic() - start, 2)
+    for name, result in results.items():
+        if isinstance(result, MeshrunError):
+            return AllReduceResult(ProbeStatus.FAILED, str(result), seconds, plan.world_size)
+        if not result.ok:
+            lines = [ln for ln in (result.stdout + "\n" + result.stderr).splitlines() if ln.strip()]
+            why = "did not finish in time" if result.rc == 124 else f"exit status {result.rc}"
+            tail = lines[-1].strip()[:240] if lines else "no output"
+            return AllReduceResult(ProbeStatus.FAILED, f"{name}: {why}: {tail}; logs in {run_dir(run_id)}/ on each host",
+                                   seconds, plan.world_size)
+    return AllReduceResult(ProbeStatus.OK, f"world size {plan.world_size}", seconds, plan.world_size)
+
+
+def gather_facts(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Session],
+                 unreachable: Mapping[str, MeshrunError], local_python: str) -> tuple[HostFacts, ...]:
+    """HostFacts for every selected host, in order; unreachable ones carry their SSH error."""
+    addresses = {h.name: h.address for h in hosts}
+    live = [h for h in hosts if h.name in sessions]
+    multi = len(hosts) > 1 or not head.is_local
+
+    def one(host: Host) -> HostFacts:
+        peer = peer_address_for(host.name, head.name, addresses) if multi else None
+        return host_facts(sessions[host.name], host, peer, local_python)
+
+    results: dict[str, object] = {**unreachable, **on_each(live, one, timeout=FACTS_TIMEOUT_S * 2)}
+    return tuple(
+        HostFacts(h.name, h.address, h.network.value, False, error=str(results[h.name]), selected_gpus=h.gpus)
+        if isinstance(results[h.name], MeshrunError) else results[h.name]  # type: ignore[misc]
+        for h in hosts
+    )
+
+
+def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: Mapping[str, Session],
+                facts: tuple[HostFacts, ...], bandwidth_s: float,
+                local_python: str) -> tuple[RendezvousFacts | None, tuple[LinkResult, ...]]:
+    """Listeners on every able host (and the rendezvous port on its host), then all-to-all connects."""
+    ok = {f.name for f in facts if f.reachable and f.fingerprint is not None and f.fingerprint.python}
+    able = tuple(h for h in hosts if h.name in ok and not h.is_local)
+    if not able:
+        return None, ()
+    lifetime = 60 + bandwidth_s * len(hosts) * 3
+    started = on_each(able, lambda h: start_listener(sessions[h.name], h, rdzv_port if h.name == head.name else None,
+                                                     lifetime, local_python), timeout=FACTS_TIMEOUT_S)
+    listeners = {name: s for name, s in started.items() if isinstance(s, Listener)}
+    try:
+        ports = {h.name: (h.address, listeners[h.name].port) for h in able if h.name in listeners}
+        rdzv = rendezvous_facts(head, rdzv_port, listeners[head.name]) if head.name in listeners else None
+        rdzv_target = (head.address, rdzv_port) if rdzv is not None else None
+        mtus = {f.name: f.mtu for f in facts}
+        links: list[LinkResult] = []
+        for name, error in started.items():  # a host whose listener failed: nobody can reach it
+            if isinstance(error, MeshrunError):
+                target = [{"name": name, "address": next(h.address for h in able if h.name == name), "port": 0}]
+                for source in ports:
+                    links += errored_links(source, target, str(error))
+
+        def probe(host: Host) -> tuple[LinkResult, ...]:
+            targets = link_targets(host.name, ports, head.name, rdzv_target)
+            mtu = mtus.get(host.name)
+            return probe_links(sessions[host.name], host, targets, mtu - 28 if mtu else None, bandwidth_s, local_python)
+
+        results = on_each([h for h in able if h.name in listeners], probe, timeout=FACTS_TIMEOUT_S + bandwidth_s * 10)
+        for name, result in results.items():
+            if isinstance(result, MeshrunError):
+                links += errored_links(name, link_targets(name, ports, head.name, rdzv_target), str(result))
+            else:
+                links += result
+        return rdzv, tuple(links)
+    finally:
+        for listener in listeners.values():
+            listener.close()

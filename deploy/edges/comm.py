@@ -1,0 +1,139 @@
+"""`fab train --comm HOOK|auto`: measure the links, size the gradients, compute the floors,
+pick the hook (auto) and record the plan; afterwards, the measured all-reduce beside the floor.
+
+Edges: the trainer's `python -m train --describe` runs locally (argv, no shell); the bandwidth
+comes from check-network's link probe over the open sessions. The math is deploy/commplan.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from common.layout import COMM_PLAN, run_dir
+from deploy.run import commplan
+from deploy.run.commplan import CommPlan, Hook, HookSettings
+from deploy.edges.sessions import reachable_results
+from deploy.errors import InputError, MeshrunError
+from deploy.edges.check_probes import gather_facts, probe_pairs
+from deploy.inventory.selection import Selection
+from deploy.run.plan import LaunchPlan, Workload
+from deploy.render.console import Renderer
+from deploy.edges.transport import Session, last_json_line
+
+AUTO = "auto"
+BANDWIDTH_S = 1.0  # per link, as `fab check-network --bandwidth`
+
+
+@dataclasses.dataclass(frozen=True)
+class Gradients:
+    shapes: tuple[tuple[int, ...], ...]
+    settings: HookSettings
+
+
+def parse_comm(value: str, workload: Workload) -> str:
+    """`--comm` must name a hook or `auto`, and only the built-in trainer has hooks."""
+    choices = [AUTO, *(h.value for h in Hook)]
+    if value not in choices:
+        raise InputError(f"--comm '{value}': expected one of {', '.join(choices)}")
+    if workload.script:
+        raise InputError("--comm applies to the built-in trainer, not to --script; set the hook in your script")
+    return value
+
+
+def describe(workload: Workload, root: Path) -> Gradients:
+    """Gradient shapes and hook settings of the configured model: `python -m train --describe`
+    here on the controller (no training, no process group)."""
+    argv = [sys.executable, "-m", "train", "--describe"]
+    argv += ["--config", workload.config] if workload.config else []
+    done = subprocess.run([*argv, *workload.args], cwd=root, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise MeshrunError(f"--comm: could not size the model's gradients with `python -m train --describe`: "
+                           f"{reason}; try it locally: {' '.join(argv)}")
+    info = last_json_line(done.stdout)
+    comm = info.get("comm", {})
+    return Gradients(tuple(tuple(s) for s in info["shapes"]),
+                     HookSettings(int(comm.get("powersgd_rank", 4)), int(comm.get("localsgd_period", 4))))
+
+
+def measure_bandwidth(selection: Selection, sessions: Mapping[str, Session]) -> float | None:
+    """Bytes/s per node from the check-network link probe (None: nothing to measure, e.g. one host)."""
+    hosts, head = selection.hosts, selection.head
+    facts = gather_facts(hosts, head, sessions, {}, sys.executable)
+    _, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, BANDWIDTH_S, sys.executable)
+    return commplan.node_bandwidth((link.source, link.mbit_s) for link in links if not link.rendezvous)
+
+
+def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
+           workload: Workload, root: Path, renderer: Renderer) -> tuple[Workload, CommPlan | None]:
+    """The workload with `comm.hook=...` first among its overrides (the user's own overrides
+    after it still win), and the plan behind it (None when no link could be measured)."""
+    gradients = describe(workload, root)
+    bandwidth = measure_bandwidth(selection, sessions)
+    plan = commplan.plan(bandwidth, len(selection.hosts), gradients.shapes, gradients.settings) if bandwidth else None
+    if comm == AUTO:
+        if plan is None:
+            hook = Hook.NONE
+            renderer.info("comm: auto: no link between hosts to measure (one host, or local): comm.hook=none")
+        else:
+            hook = plan.recommended
+            renderer.info(f"comm: auto: {plan.reason}: comm.hook={hook.value}")
+    else:
+        hook = Hook(comm)
+        if plan is not None:
+            renderer.info(f"comm: comm.hook={hook.value}, floor {plan.floor_of(hook).floor_s * 1e3:.1f} ms per step "
+                          f"(recommended: {plan.recommended.value}; {plan.reason})")
+    return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *workload.args)), plan
+
+
+def save_plan(root: Path, run_id: str, plan: CommPlan, hook: str) -> Path:
+    """`runs/<run_id>/commplan.json`: the floors the run is judged against (fab report reads it)."""
+    path = root / run_dir(run_id) / COMM_PLAN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"hook": hook, **plan_json(plan)}, indent=2) + "\n")
+    return path
+
+
+def plan_json(plan: CommPlan) -> dict[str, Any]:
+    out = dataclasses.asdict(plan)
+    out["recommended"] = plan.recommended.value
+    out["floors"] = [{**dataclasses.asdict(f), "hook": f.hook.value} for f in plan.floors]
+    return out
+
+
+def applied_hook(workload: Workload) -> str:
+    """The `comm.hook=` override that takes effect (the last one)."""
+    found = [a.split("=", 1)[1] for a in workload.args if a.startswith("comm.hook=")]
+    return found[-1] if found else Hook.NONE.value
+
+
+def read_comm_record(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
+    """Rank 0's `comm` record (the trainer's all-reduce probe), from whichever host ran rank 0."""
+    names = [h.host.name for h in plan.hosts]
+    for _, result in reachable_results(sessions, names, ["cat", f"{run_dir(plan.run_id)}/metrics.rank0.jsonl"], 20):
+        if not result.ok:
+            continue
+        rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip().startswith("{")]
+        comm = [r for r in rows if r.get("kind") == "comm"]
+        if comm:
+            return comm[-1]
+    return None
+
+
+def beside_floor(saved: Mapping[str, Any], measured_s: float | None) -> dict[str, Any]:
+    """The summary's `comm` entry: the hook, its floor, the measured time and their ratio."""
+    floor = next(f["floor_s"] for f in saved["floors"] if f["hook"] == saved["hook"])
+    return {"hook": saved["hook"], "recommended": saved["recommended"], "reason": saved["reason"],
+            "bandwidth_mbit_s": round(saved["bandwidth_bytes_s"] * 8 / 1e6, 1), "nodes": saved["nodes"],
+            "floor_s": floor, "measured_s": measured_s,
+            "ratio": round(measured_s / floor, 2) if measured_s is not None and floor > 0 else None}
+
+
+def load_plan(root: Path, run_id: str) -> dict[str, Any] | None:
+    path = root / run_dir(run_id) / COMM_PLAN
+    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,145 @@
+"""`fab sync --data SRC:DEST`: a dataset directory to every host, with a sha256 manifest.
+
+rsync's quick check (size + mtime) skips unchanged files and its delta transfer sends only what
+changed. The manifest (`MANIFEST.sha256`, sha256sum format, written next to the data) then lets
+each host verify what it holds: a file whose bytes differ while size and mtime match (bit rot,
+a half-written copy) is caught, sent again with rsync's checksum comparison, and verified once
+more. Local hashes are cached by (size, mtime) so an unchanged dataset is not re-read.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.errors import InputError, MeshrunError
+from deploy.inventory.model import Host
+from deploy.run.shell import local_workdir
+from deploy.edges.sync import remote_path, ssh_argv
+from deploy.edges.transport import Session
+from common.fsutil import sha256_file
+
+MANIFEST = "MANIFEST.sha256"
+CACHE = ".meshrun-hash-cache.json"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    source: Path
+    dest: str  # on each host: relative to its workdir, or absolute
+
+
+@dataclass(frozen=True)
+class DataResult:
+    host: str
+    files: int
+    transferred: tuple[str, ...]
+    repaired: tuple[str, ...]  # failed verification once, then sent again and verified
+
+
+def parse_data_flag(value: str) -> DataSpec:
+    source, colon, dest = value.partition(":")
+    if not colon or not source or not dest:
+        raise InputError(f"--data '{value}': expected SRC:DEST, e.g. --data ~/datasets/cifar10:data/cifar10")
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        raise InputError(f"--data: {path} is not a directory; point SRC at the local dataset directory")
+    if dest.startswith("~"):
+        raise InputError(f"--data: DEST '{dest}' is relative to each host's workdir, or absolute; drop the ~")
+    return DataSpec(path, dest)
+
+
+def build_manifest(source: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under `source`, reusing cached hashes of unchanged files."""
+    cache_path = source / CACHE
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    manifest, fresh = {}, {}
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and p.name not in (MANIFEST, CACHE)):
+        rel = path.relative_to(source).as_posix()
+        stat = path.stat()
+        key = f"{stat.st_size}:{stat.st_mtime_ns}"
+        digest = cache.get(rel, {}).get(key) or sha256_file(path)
+        manifest[rel], fresh[rel] = digest, {key: digest}
+    cache_path.write_text(json.dumps(fresh))
+    (source / MANIFEST).write_text("".join(f"{d}  {r}\n" for r, d in manifest.items()))
+    return manifest
+
+
+def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | None, checksum: bool,
+                    files: list[str] | None = None) -> list[str]:
+    argv = ["rsync", "--archive", "--mkpath", "--itemize-changes", "--exclude", CACHE]
+    if checksum:
+        argv.append("--checksum")
+    if files is not None:
+        argv += ["--files-from=-", "--from0"]
+    if host.is_local:
+        target = str(local_workdir(host.workdir, root) / spec.dest) if not spec.dest.startswith("/") else spec.dest
+        return argv + [f"{spec.source}/", f"{target}/"]
+    dest = spec.dest if spec.dest.startswith("/") else f"{remote_path(host.workdir)}/{spec.dest}"
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{spec.source}/", f"{host.ssh_host}:{dest}/"]
+
+
+def changed_files(itemized: str) -> tuple[str, ...]:
+    """Files rsync sent, from its --itemize-changes lines (`<f+++++++++ name` to a remote host,
+    `>f...` for a local copy)."""
+    return tuple(line.split(" ", 1)[1] for line in itemized.splitlines() if line.startswith(("<f", ">f")))
+
+
+def _rsync(argv: list[str], host: str, stdin: bytes | None = None) -> str:
+    done = subprocess.run(argv, input=stdin, capture_output=True)
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        raise MeshrunError(f"host '{host}': data sync failed (rsync exit {done.returncode}): "
+                           f"{lines[-1] if lines else 'no message'}")
+    return done.stdout.decode(errors="replace")
+
+
+# Runs on the host with its python: checks DEST against DEST/MANIFEST.sha256, prints failing names as JSON.
+VERIFY = """
+import hashlib, json, os, sys
+os.chdir(sys.argv[1])
+bad = []
+for line in open("MANIFEST.sha256", encoding="utf-8"):
+    digest, _, name = line.rstrip("\\n").partition("  ")
+    try:
+        h = hashlib.sha256()
+        with open(name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        ok = h.hexdigest() == digest
+    except OSError:
+        ok = False
+    if not ok:
+        bad.append(name)
+print(json.dumps(bad))
+"""
+
+
+def verify(session: Session, python: str, dest: str) -> tuple[str, ...]:
+    result = session.run([python, "-c", VERIFY, dest], timeout=3600)
+    try:
+        return tuple(result.last_json())
+    except (ValueError, IndexError):
+        raise MeshrunError(f"host '{session.host.name}': could not verify {dest}: {result.stderr.strip()[-200:]}") \
+            from None
+
+
+def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifest: dict[str, str], root: Path,
+              known_hosts: Path | None) -> DataResult:
+    """Send what changed, verify everything against the manifest, resend and re-verify what fails."""
+    sent = changed_files(_rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False), host.name))
+    bad = verify(session, python, spec.dest)
+    if bad:
+        files = b"\0".join(b.encode() for b in bad) + b"\0"
+        _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=True, files=list(bad)), host.name, files)
+        still = verify(session, python, spec.dest)
+        if still:
+            raise MeshrunError(f"host '{host.name}': data files still corrupt after a second transfer: "
+                               f"{', '.join(still)}; check the host's disk")
+    return DataResult(host.name, len(manifest), tuple(s for s in sent if s != MANIFEST), bad)

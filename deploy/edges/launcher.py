@@ -1,0 +1,248 @@
+"""The edge that runs a launch plan: one agent per host, started in parallel, streamed live,
+kept alive by heartbeats, and stopped everywhere on failure or Ctrl-C with proof that no run
+process is left.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Mapping
+
+from common.layout import HEARTBEAT_EVERY_S, STOP_GRACE_S
+from deploy.errors import MeshrunError
+from deploy.edges.fanout import on_each
+from deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, world_size
+from deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv
+from deploy.edges.transport import Session, Stream
+
+PING_TIMEOUT_S = 5.0
+PINGS_BEFORE_LOST = 2  # a host unreachable for ~2 probes (10-20 s) is lost
+TAIL_LINES = 20
+
+LineSink = Callable[[str, str], None]  # (host, line without newline)
+
+
+class JobStatus(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    host: str
+    rc: int | None  # None: the connection was lost before an exit status came
+    log: Path
+    tail: tuple[str, ...]  # the last lines of everything the host printed
+    remaining: tuple[int, ...] = ()  # run pids still alive after a stop (should be empty)
+    stop_error: str | None = None
+    worker_tail: tuple[str, ...] = ()  # the last lines its ranks printed (torchrun's own report excluded)
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    run_id: str
+    status: JobStatus
+    started: float
+    ended: float
+    hosts: tuple[HostOutcome, ...]
+    failed_host: str | None = None
+    reason: str | None = None
+    events: tuple[MembershipEvent, ...] = ()
+
+    @property
+    def duration_s(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass
+class _Live:
+    """Mutable per-host state while the job runs; owned by JobRunner."""
+
+    launch: HostLaunch
+    session: Session
+    log: Path
+    stream: Stream | None = None
+    rc: int | None = None
+    lost: bool = False  # unreachable, or its connection died without an exit status
+    leaving: bool = False  # being removed on purpose (`fab leave`)
+    recorded: bool = False  # its end is in the timeline
+    missed_pings: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    worker_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    @property
+    def name(self) -> str:
+        return self.launch.host.name
+
+    def view(self) -> HostView:
+        return HostView(self.name, self.launch.host.nproc_per_node, not self.done.is_set(), self.rc, self.lost,
+                        self.leaving)
+
+
+RequestPoller = Callable[["JobRunner"], None]
+
+
+class JobRunner:
+    """Runs a plan: starts every host, streams, watches membership, stops everything when it must."""
+
+    def __init__(self, plan: LaunchPlan, sessions: Mapping[str, Session], sink: LineSink, local_dir: Path,
+                 local_python: str, poll_requests: RequestPoller | None = None,
+                 notify: Callable[[MembershipEvent], None] | None = None) -> None:
+        self.plan = plan
+        self.sink = sink
+        self.local_python = local_python
+        self.local_dir = local_dir
+        self.poll_requests = poll_requests
+        self.notify = notify
+        (local_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.hosts = [_Live(h, sessions[h.host.name], local_dir / "logs" / f"{h.host.name}.log") for h in plan.hosts]
+        self.head = next(h.host.name for h in plan.hosts if h.is_rendezvous_host)
+        self.events: list[MembershipEvent] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self) -> JobOutcome:
+        started = time.time()
+        status, verdict, remaining = JobStatus.SUCCEEDED, Verdict(True), {}
+        try:
+            for live in self.hosts:
+                self._start(live, Change.STARTED)
+            threading.Thread(target=self._watch_links, daemon=True).start()
+            verdict = self._wait()
+            if verdict.failed:
+                status = JobStatus.FAILED
+                remaining = self.stop_all()
+        except KeyboardInterrupt:
+            status, verdict = JobStatus.STOPPED, Verdict(True, reason="interrupted (Ctrl-C)")
+            remaining = self.stop_all()
+        self.stopping.set()
+        return JobOutcome(self.plan.run_id, status, started, time.time(), self._outcomes(remaining),
+                          verdict.failed_host, verdict.reason, tuple(self.events))
+
+    def add_host(self, launch: HostLaunch, session: Session) -> None:
+        """A host joining the running job (`fab join`)."""
+        live = _Live(launch, session, self.local_dir / "logs" / f"{launch.host.name}.log")
+        with self.lock:
+            self.hosts.append(live)
+        self._start(live, Change.JOINED)
+
+    def remove_host(self, name: str) -> None:
+        """A host leaving on purpose (`fab leave`): stop its part; the others go on if the bounds allow."""
+        live = self._live(name)
+        live.leaving = True
+        threading.Thread(target=self._stop_host, args=(live,), daemon=True).start()
+
+    def _start(self, live: _Live, change: Change) -> None:
+        live.stream = live.session.start(live.launch.agent)
+        threading.Thread(target=self._read, args=(live,), daemon=True, name=f"log-{live.name}").start()
+        self._record(change, live.name)
+
+    def _record(self, change: Change, host: str, detail: str | None = None) -> None:
+        with self.lock:
+            size = world_size([h.view() for h in self.hosts])
+            event = MembershipEvent(time.time(), change, host, size, detail)
+            self.events.append(event)
+        if self.notify is not None and change is not Change.STARTED:
+            self.notify(event)
+
+    def _read(self, live: _Live) -> None:
+        name = live.name
+        assert live.stream is not None
+        with open(live.log, "a", encoding="utf-8") as log:
+            while line := live.stream.readline():
+                text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+                if text.startswith(f"[{name}:"):
+                    live.worker_tail.append(text)
+                else:
+                    text = f"[{name}] {text}"
+                log.write(text + "\n")
+                log.flush()
+                live.tail.append(text)
+                self.sink(name, text)
+        rc = live.stream.wait(timeout=5)
+        live.rc, live.lost = rc, live.lost or rc is None
+        live.done.set()
+
+    def _watch_links(self) -> None:
+        """Heartbeats to every agent, and a liveness probe per host: a cut link sends no reset,
+        so without a probe a lost host would look alive until TCP gives up, minutes later."""
+        while not self.stopping.wait(HEARTBEAT_EVERY_S):
+            for live in list(self.hosts):
+                if live.stream is None or live.done.is_set():
+                    continue
+                live.stream.send(b"\n")
+                threading.Thread(target=self._probe, args=(live,), daemon=True).start()
+
+    def _probe(self, live: _Live) -> None:
+        if live.session.ping(timeout=PING_TIMEOUT_S):
+            live.missed_pings = 0
+            return
+        live.missed_pings += 1
+        if live.missed_pings >= PINGS_BEFORE_LOST and not live.done.is_set():
+            live.lost = True
+            if live.stream is not None:
+                live.stream.abandon()
+            live.done.set()
+
+    def _wait(self) -> Verdict:
+        """Until the job is finished or has failed; records each host's end as it happens."""
+        while True:
+            if self.poll_requests is not None:
+                self.poll_requests(self)
+            with self.lock:
+                hosts = list(self.hosts)
+            for live in hosts:
+                if live.done.is_set() and not live.recorded:
+                    live.recorded = True
+                    change = Change.LEFT if live.leaving else Change.FINISHED if live.rc == 0 else Change.LOST
+                    self._record(change, live.name, None if live.rc == 0 else
+                                 ("unreachable" if live.rc is None else f"exit status {live.rc}"))
+            verdict = judge([h.view() for h in hosts], self.head, self.plan.elastic)
+            if verdict.done:
+                return verdict
+            time.sleep(0.2)
+
+    def stop_all(self) -> dict[str, object]:
+        """Stop the run on every host and confirm it. Returns {host: remaining pids or error}."""
+        self.stopping.set()
+        for live in self.hosts:
+            if live.stream is not None:
+                live.stream.close_stdin()  # the agent reads EOF as "controller gone" and stops too
+        by_name = {live.name: live for live in self.hosts}
+        while True:
+            try:
+                return on_each([live.launch.host for live in self.hosts],
+                               lambda h: self._stop_host(by_name[h.name]), timeout=STOP_GRACE_S + 30)
+            except KeyboardInterrupt:
+                continue  # a second Ctrl-C must not leave hosts half-stopped
+
+    def _stop_host(self, live: _Live) -> tuple[int, ...]:
+        host = live.launch.host
+        argv = agent_verb_argv(host, "stop", self.plan.run_id, self.local_python, STOP_GRACE_S)
+        result = live.session.run(argv, timeout=STOP_GRACE_S + 25)
+        try:
+            report = result.last_json()
+        except (ValueError, IndexError):
+            raise MeshrunError(f"host '{host.name}': stop gave no report (rc {result.rc}): {result.stderr.strip()[-200:]}")
+        return tuple(report.get("remaining", ()))
+
+    def _live(self, name: str) -> _Live:
+        return next(live for live in self.hosts if live.name == name)
+
+    def _outcomes(self, remaining: Mapping[str, object]) -> tuple[HostOutcome, ...]:
+        outcomes = []
+        for live in self.hosts:
+            live.done.wait(timeout=5)
+            left = remaining.get(live.name, ())
+            error = str(left) if isinstance(left, MeshrunError) else None
+            pids = tuple(left) if isinstance(left, tuple) else ()
+            outcomes.append(HostOutcome(live.name, live.rc, live.log, tuple(live.tail), pids, error,
+                                        tuple(live.worker_tail)))
+        return tuple(outcomes)

@@ -1,0 +1,62 @@
+"""Steps several tasks share: open sessions to hosts (and always close them), find their
+training interfaces."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+from deploy.errors import MeshrunError
+from deploy.edges.fanout import on_each
+from deploy.inventory.model import Host, Inventory
+from deploy.edges.host_queries import peer_address_for, route_interface
+from deploy.edges.transport import CommandResult, Session, connect
+
+
+def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], argv: list[str],
+                      timeout: float) -> Iterator[tuple[str, CommandResult]]:
+    """(host, result) of `argv` on each named host that still answers; after a run, some may not."""
+    for name in names:
+        try:
+            yield name, sessions[name].run(argv, timeout=timeout)
+        except MeshrunError:
+            continue
+
+
+def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:
+    """An open session per host, or one error naming every host that failed."""
+    results = on_each(hosts, lambda h: connect(h, inventory.known_hosts, root), timeout=30)
+    if results.failed:
+        close_all(results.ok)
+    return results.require_all()
+
+
+def close_all(sessions: Mapping[str, Session]) -> None:
+    for session in sessions.values():
+        session.close()
+
+
+@contextlib.contextmanager
+def sessions_to(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> Iterator[dict[str, Session]]:
+    """`with sessions_to(hosts, inventory, root) as sessions:` — every host connected (or one error
+    naming each that failed), and every session closed on the way out, whatever happens."""
+    sessions = connect_all(hosts, inventory, root)
+    try:
+        yield sessions
+    finally:
+        close_all(sessions)
+
+
+def training_interfaces(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Session]) -> dict[str, str]:
+    """Per host, the interface that routes to the rendezvous host (for NCCL/GLOO_SOCKET_IFNAME)."""
+    if len(hosts) == 1 and hosts[0].is_local:
+        return {}
+    addresses = {h.name: h.address for h in hosts}
+
+    def probe(host: Host) -> str:
+        peer = peer_address_for(host.name, head.name, addresses)
+        return route_interface(sessions[host.name], peer).name if peer else ""
+
+    results = on_each(hosts, probe, timeout=30).require_all()
+    return {name: iface for name, iface in results.items() if iface}

@@ -1,0 +1,115 @@
+"""Code sync: rsync the project's git-tracked and untracked-but-not-ignored files to each host.
+
+Planning (file list, rsync and ssh argv) is pure; `sync_host` runs rsync and reports progress.
+The ssh that rsync uses checks host keys exactly like the controller: the inventory's
+known_hosts plus the system one, StrictHostKeyChecking=yes, never a prompt.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from deploy.errors import MeshrunError
+from deploy.inventory.model import Host
+from deploy.run.shell import local_workdir
+
+CONNECT_TIMEOUT_S = 10
+PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    host: str
+    skipped: bool  # a local host whose workdir is the project itself
+    files: int
+    seconds: float = 0.0
+
+
+def project_files(root: Path) -> bytes:
+    """NUL-separated paths of tracked and untracked-not-ignored files (rsync --files-from --from0)."""
+    try:
+        done = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                              capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise MeshrunError(f"{root}: cannot list the project's files with git ({err}); "
+                           "meshrun syncs a git checkout: run it from the repository") from None
+    # Deleted-but-tracked files are still listed by git; rsync would fail on them.
+    names = [n for n in done.stdout.split(b"\0") if n and (root / os.fsdecode(n)).exists()]
+    return b"\0".join(names) + b"\0"
+
+
+def ssh_argv(host: Host, known_hosts: Path | None) -> list[str]:
+    """The ssh command rsync runs: same port, key and host-key policy as the controller."""
+    files = [str(known_hosts.resolve())] if known_hosts else []
+    files.append(os.path.expanduser("~/.ssh/known_hosts"))
+    argv = ["ssh", "-p", str(host.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={' '.join(files)}", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    if host.identity:
+        argv += ["-i", os.path.expanduser(host.identity), "-o", "IdentitiesOnly=yes"]
+    return argv + ["-l", host.user]
+
+
+def remote_path(workdir: str) -> str:
+    """rsync's remote paths are relative to the login home, so `~/x` becomes `x`."""
+    if workdir == "~":
+        return "."
+    return workdir[2:] if workdir.startswith("~/") else workdir
+
+
+def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None) -> list[str]:
+    """Copy the files listed on stdin from `root` to the host's workdir (or `dest` there)."""
+    target = dest if dest is not None else remote_path(host.workdir)
+    argv = ["rsync", "--archive", "--compress", "--mkpath", "--files-from=-", "--from0", "--info=progress2",
+            "--no-inc-recursive"]
+    if host.is_local:
+        return argv + [f"{root}/", f"{target}/"]
+    # rsync splits -e itself and honours quotes, so a shlex-joined argv survives.
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/", f"{host.ssh_host}:{target}/"]
+
+
+def is_project_itself(host: Host, root: Path) -> bool:
+    return host.is_local and local_workdir(host.workdir, root).resolve() == root.resolve()
+
+
+def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
+              progress: Callable[[str, int], None]) -> SyncResult:
+    """rsync the listed files to `host`; `progress(host, percent)` as rsync reports it."""
+    count = files.count(b"\0")
+    if is_project_itself(host, root):
+        return SyncResult(host.name, True, count)
+    argv = rsync_argv(host, root, known_hosts,
+                      str(local_workdir(host.workdir, root)) if host.is_local else None)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(files)
+    proc.stdin.close()
+    for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
+        for match in PROGRESS_RE.finditer(chunk):
+            progress(host.name, int(match.group(1)))
+    err = proc.stderr.read().decode(errors="replace").strip()
+    if proc.wait() != 0:
+        raise MeshrunError(f"host '{host.name}': code sync failed (rsync exit {proc.returncode}): "
+                           f"{_last_line(err)}; check `fab check-network --hosts {host.name}`")
+    progress(host.name, 100)
+    return SyncResult(host.name, False, count)
+
+
+def _last_line(text: str) -> str:
+    lines = [l for l in text.splitlines() if l.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None) -> list[str]:
+    """rsync a local directory to `dest` (relative to the host's workdir), never replacing files there."""
+    argv = ["rsync", "--archive", "--mkpath", "--ignore-existing"]
+    if host.is_local:
+        return argv + [f"{local_dir}/", f"{local_workdir(host.workdir, root) / dest}/"]
+    target = f"{remote_path(host.workdir)}/{dest}"
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{local_dir}/", f"{host.ssh_host}:{target}/"]

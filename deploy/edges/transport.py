@@ -1,0 +1,287 @@
+"""The edge that runs commands on hosts: local subprocesses for `address: local`, SSH otherwise.
+
+Both kinds take an argv. For SSH it is quoted into one string by `deploy.run.shell`; locally it
+goes to subprocess as is. Connection failures become one-line MeshrunErrors naming the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import fabric
+import invoke
+import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
+
+from deploy.edges import hostkeys
+from deploy.errors import MeshrunError
+from deploy.inventory.model import Host
+from deploy.run.shell import local_workdir, remote_command
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def last_json(self) -> Any:
+        """The JSON document on the last line of stdout (host probes print their answer last)."""
+        return last_json_line(self.stdout)
+
+
+def last_json_line(text: str) -> Any:
+    """Parse the last non-empty line as JSON; ValueError when there is none or it is not JSON."""
+    lines = text.strip().splitlines()
+    if not lines:
+        raise ValueError("no output")
+    return json.loads(lines[-1])
+
+
+class Stream(Protocol):
+    """A long-running command: merged output by line, a stdin to write heartbeats to."""
+
+    def readline(self) -> bytes: ...  # b"" at EOF
+    def send(self, data: bytes) -> bool: ...  # False once the other end is gone
+    def close_stdin(self) -> None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int | None: ...
+    def abandon(self) -> None: ...  # drop the connection without waiting
+
+
+class Session(Protocol):
+    host: Host
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult: ...
+    def start(self, argv: Sequence[str]) -> Stream: ...
+    def ping(self, timeout: float) -> bool: ...  # the host answers a trivial command in time
+    def close(self) -> None: ...
+
+
+class LocalStream:
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def readline(self) -> bytes:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def send(self, data: bytes) -> bool:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def close_stdin(self) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def abandon(self) -> None:
+        self.close_stdin()
+
+
+class LocalSession:
+    """`address: local`: the host is this machine; its workdir is resolved against the project."""
+
+    def __init__(self, host: Host, project_root: Path) -> None:
+        self.host = host
+        self.cwd = local_workdir(host.workdir, project_root)
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
+        if create_workdir:
+            self.cwd.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run(list(argv), cwd=self.cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s") from None
+        except OSError as err:
+            return CommandResult(127, "", f"{argv[0]}: {err.strerror}")
+        return CommandResult(done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
+
+    def start(self, argv: Sequence[str]) -> LocalStream:
+        proc = subprocess.Popen(list(argv), cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        return LocalStream(proc)
+
+    def ping(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class SshStream:
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self.channel = channel
+        self.out = channel.makefile("rb")
+
+    def readline(self) -> bytes:
+        try:
+            return self.out.readline()
+        except (OSError, EOFError, paramiko.SSHException):
+            return b""
+
+    def send(self, data: bytes) -> bool:
+        try:
+            self.channel.sendall(data)
+            return True
+        except (OSError, EOFError, paramiko.SSHException):
+            return False
+
+    def close_stdin(self) -> None:
+        try:
+            self.channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def poll(self) -> int | None:
+        return self.channel.recv_exit_status() if self.channel.exit_status_ready() else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self.channel.status_event.wait(timeout):
+            return None
+        return self.channel.recv_exit_status()
+
+    def abandon(self) -> None:
+        self.channel.close()
+
+
+class SshSession:
+    """An SSH connection with enforced host keys (see deploy.edges.hostkeys)."""
+
+    def __init__(self, host: Host, known_hosts: Path | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+        self.host = host
+        self.known_hosts = known_hosts
+        self.timeout = connect_timeout
+        kwargs: dict[str, object] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
+        if host.identity:
+            kwargs["key_filename"] = [os.path.expanduser(host.identity)]
+        self.conn = fabric.Connection(host.ssh_host, user=host.user, port=host.port,
+                                      connect_timeout=connect_timeout, connect_kwargs=kwargs)
+        hostkeys.load_known_hosts(self.conn.client, known_hosts)
+
+    def open(self) -> SshSession:
+        name, target = self.host.name, f"{self.host.user}@{self.host.ssh_host}:{self.host.port}"
+        try:
+            self.conn.open()
+        except hostkeys.UnknownHostKey as err:
+            raise hostkeys.unknown_key_error(name, err, self.known_hosts) from None
+        except paramiko.BadHostKeyException as err:
+            raise hostkeys.changed_key_error(name, err, self.known_hosts) from None
+        except paramiko.AuthenticationException as err:
+            raise MeshrunError(f"host '{name}': SSH login to {target} refused ({err}); check `user` and "
+                               f"`identity` in the inventory, and that the key is in the host's authorized_keys") from None
+        except (socket.timeout, TimeoutError):
+            raise MeshrunError(f"host '{name}': no SSH answer from {target} within {self.timeout:.0f} s; is the host "
+                               "up and its address right? (fab check-network)") from None
+        except (NoValidConnectionsError, OSError, EOFError, paramiko.SSHException) as err:
+            raise MeshrunError(f"host '{name}': cannot connect to {target} ({err}); is sshd running and the port "
+                               "open? (fab check-network)") from None
+        return self
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
+        command = remote_command(self.host.workdir, argv, create_workdir=create_workdir)
+        try:
+            # in_stream=False: never forward this process's own stdin to the host.
+            result = self.conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+        except invoke.CommandTimedOut:
+            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s") from None
+        except (paramiko.SSHException, OSError, EOFError, invoke.ThreadException) as err:
+            # Fabric reconnects a dropped connection on its own; a host that is gone fails here.
+            raise self._lost(err) from None
+        return CommandResult(result.exited, result.stdout, result.stderr)
+
+    def start(self, argv: Sequence[str]) -> SshStream:
+        transport = self.conn.client.get_transport()
+        assert transport is not None, "start() before open()"
+        try:
+            channel = transport.open_session(timeout=self.timeout)
+            channel.set_combine_stderr(True)
+            channel.exec_command(remote_command(self.host.workdir, argv))
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            raise self._lost(err) from None
+        return SshStream(channel)
+
+    def _lost(self, err: BaseException) -> MeshrunError:
+        return MeshrunError(f"host '{self.host.name}': SSH connection lost ({err.__class__.__name__}: {err}); "
+                            f"is it up? (fab check-network --hosts {self.host.name})")
+
+    def ping(self, timeout: float) -> bool:
+        """A fresh channel running `true` answers within `timeout`: the link and sshd are alive."""
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        try:
+            channel = transport.open_session(timeout=timeout)
+            try:
+                channel.exec_command("true")
+                return channel.status_event.wait(timeout)
+            finally:
+                channel.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            return False
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def connect(host: Host, known_hosts: Path | None, project_root: Path,
+            timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> LocalSession | SshSession:
+    """An open session to `host`, or a MeshrunError that says what is wrong."""
+    if host.is_local:
+        return LocalSession(host, project_root)
+    return SshSession(host, known_hosts, timeout).open()
+
+
+def scan_host_key(host: Host, timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+                  preferred: Sequence[str] = ()) -> paramiko.PKey:
+    """The host key `host`'s sshd offers, fetched without logging in (for `fab trust`).
+    `preferred`: key types to ask for first (those already known for the host)."""
+    target = f"{host.ssh_host}:{host.port}"
+    try:
+        sock = socket.create_connection((host.ssh_host, host.port), timeout=timeout)
+    except (socket.timeout, TimeoutError):
+        raise MeshrunError(f"host '{host.name}': no answer from {target} within {timeout:.0f} s; is the host up "
+                           "and its address right?") from None
+    except OSError as err:
+        raise MeshrunError(f"host '{host.name}': cannot connect to {target} ({err.strerror or err}); is sshd "
+                           "running and the port open?") from None
+    transport = paramiko.Transport(sock)
+    try:
+        options = transport.get_security_options()
+        wanted = [k for k in preferred if k in options.key_types]
+        options.key_types = [*wanted, *(k for k in options.key_types if k not in wanted)]
+        transport.start_client(timeout=timeout)
+        return transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as err:
+        raise MeshrunError(f"host '{host.name}': SSH handshake with {target} failed ({err})") from None
+    finally:
+        transport.close()

@@ -1,0 +1,1 @@
+"""Code that runs on the hosts: standard library only (started by the controller over SSH)."""

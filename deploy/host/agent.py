@@ -1,0 +1,290 @@
+"""Host-side supervisor of one run on one host. Standard library only: it runs with the host's
+python before anything else there is known to work.
+
+`run`    starts the command (torchrun) in its own session, records `agent.json` (the pidfile),
+         tees output to `train.log` and to the controller, and watches the controller: every
+         line on stdin is a heartbeat; EOF or silence past `--heartbeat-timeout` means the
+         controller is gone (killed, laptop closed, link cut), so the run is stopped. SIGTERM,
+         SIGHUP and SIGINT stop it too. Exits with the command's status.
+`stop`   stops a run found through its pidfile and run id: TERM the process group, a grace
+         period, KILL; then every process tagged with the run's MESHRUN_RUN_ID and
+         MESHRUN_HOST (torchrun starts each worker in a session of its own, out of reach of
+         the group). Never by name. Prints JSON.
+`status` prints JSON: state, exit status, progress, uptime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common.layout import (AGENT_MODULE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
+                           PROGRESS, RUNS_DIR, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
+
+POLL_S = 0.2
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomic: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """True for a live, non-zombie process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def tagged_pids(run_id: str, host: str) -> list[int]:
+    """Processes whose environment carries this run's id and this host's name."""
+    want = {f"{ENV_RUN_ID}={run_id}".encode(), f"{ENV_HOST}={host}".encode()}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if want <= env and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
+    if pgid is not None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def terminate_run(run_id: str, host: str, pgid: int | None, grace_s: float) -> list[int]:
+    """TERM the group and tagged processes, wait `grace_s`, KILL what is left. Returns survivors."""
+    if pgid is not None and not _group_is_ours(pgid, run_id, host):
+        pgid = None  # the pid was reused by something else: never signal it
+    signal_all(pgid, tagged_pids(run_id, host), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and (tagged_pids(run_id, host) or (pgid and alive(pgid))):
+        time.sleep(POLL_S)
+    for _ in range(25):
+        left = tagged_pids(run_id, host)
+        if not left:
+            return []
+        signal_all(pgid, left, signal.SIGKILL)
+        time.sleep(POLL_S)
+    return tagged_pids(run_id, host)
+
+
+def _group_is_ours(pgid: int, run_id: str, host: str) -> bool:
+    return not alive(pgid) or pgid in tagged_pids(run_id, host)
+
+
+class Supervisor:
+    """Runs one command for `run`; see the module docstring."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dir = Path(host_dir(args.run_id, args.host))
+        self.last_beat = time.monotonic()
+        self.stop_reason: str | None = None
+        self.to_controller = not args.quiet
+
+    def run(self) -> int:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / EXIT_RECORD).unlink(missing_ok=True)  # a resumed run reuses this directory
+        env = dict(os.environ)
+        env.update(kv.split("=", 1) for kv in self.args.env)
+        # Our own tags are set last: the sweep in `stop` relies on them.
+        env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host})
+        self.log = open(self.dir / TRAIN_LOG, "ab")
+        try:
+            child = subprocess.Popen(self.args.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as err:
+            self.emit(f"meshrun-agent: cannot start {self.args.command[0]}: {err}\n".encode())
+            write_json(self.dir / EXIT_RECORD, {"rc": 127, "reason": "start failed", "ended": time.time()})
+            return 127
+        write_json(self.dir / AGENT_PIDFILE, {
+            "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
+            "started": time.time(), "command": self.args.command, "env": self.args.env, "detached": self.args.heartbeat_timeout == 0})
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda signum, _f: self.request_stop(f"signal {signal.Signals(signum).name}"))
+        tee = threading.Thread(target=self.tee, args=(child,), daemon=True)
+        tee.start()
+        if self.args.heartbeat_timeout > 0:
+            threading.Thread(target=self.read_heartbeats, daemon=True).start()
+        rc = self.watch(child)
+        tee.join(timeout=5)
+        write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time()})
+        return rc
+
+    def watch(self, child: subprocess.Popen) -> int:
+        while child.poll() is None:
+            silent = time.monotonic() - self.last_beat
+            if self.args.heartbeat_timeout > 0 and silent > self.args.heartbeat_timeout:
+                self.request_stop(f"no heartbeat from the controller for {silent:.0f} s")
+            if self.stop_reason is not None:
+                self.emit(f"meshrun-agent: stopping run ({self.stop_reason})\n".encode())
+                left = terminate_run(self.args.run_id, self.args.host, child.pid, self.args.grace)
+                child.wait()
+                self.emit(f"meshrun-agent: stopped; {len(left)} processes left\n".encode())
+                return 128 + signal.SIGTERM
+            time.sleep(POLL_S)
+        # The command is done; workers it left behind (own sessions) must not outlive it.
+        terminate_run(self.args.run_id, self.args.host, child.pid, grace_s=2)
+        return child.returncode
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def read_heartbeats(self) -> None:
+        stdin = sys.stdin.buffer
+        while stdin.readline():
+            self.last_beat = time.monotonic()
+        self.request_stop("the controller's connection closed")
+
+    def tee(self, child: subprocess.Popen) -> None:
+        assert child.stdout is not None
+        for line in iter(child.stdout.readline, b""):
+            self.emit(line)
+
+    def emit(self, data: bytes) -> None:
+        self.log.write(data)
+        self.log.flush()
+        if self.to_controller:
+            try:
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+            except (BrokenPipeError, OSError):
+                self.to_controller = False  # controller gone; the log file still gets everything
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not args.detach:
+        return Supervisor(args).run()
+    # Detached: re-run ourselves in a new session with no controller, wait for the pidfile.
+    argv = [sys.executable, "-m", AGENT_MODULE, "run", "--run-id", args.run_id, "--host", args.host,
+            "--heartbeat-timeout", "0", "--grace", str(args.grace), "--quiet"]
+    for kv in args.env:
+        argv += ["--env", kv]
+    pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
+    subprocess.Popen(argv + ["--", *args.command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+    for _ in range(100):
+        record = read_json(pidfile)
+        if record and record.get("run_id") == args.run_id:
+            print(json.dumps(record, sort_keys=True))
+            return 0
+        time.sleep(0.1)
+    print(json.dumps({"error": f"agent did not start; see {pidfile.parent / TRAIN_LOG}"}))
+    return 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    run_id = args.run_id
+    record = read_json(Path(host_dir(run_id, args.host)) / AGENT_PIDFILE) or {}
+    agent_pid = record.get("agent_pid")
+    was_running = bool(tagged_pids(run_id, args.host))
+    if agent_pid and alive(agent_pid) and _is_agent(agent_pid, run_id):
+        os.kill(agent_pid, signal.SIGTERM)  # it stops its own run gracefully
+        deadline = time.monotonic() + args.grace + 5
+        while alive(agent_pid) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+    left = terminate_run(run_id, args.host, record.get("pgid"), args.grace)
+    print(json.dumps({"host": args.host, "run_id": run_id, "was_running": was_running, "remaining": left}))
+    return 0 if not left else 1
+
+
+def _is_agent(pid: int, run_id: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return AGENT_MODULE.encode() in cmdline and run_id.encode() in cmdline
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    run_ids = [args.run_id] if args.run_id else sorted(p.name for p in Path(RUNS_DIR).glob("*"))
+    reports = [report for run_id in run_ids if (report := run_status(run_id, args.host)) is not None]
+    print(json.dumps(reports, sort_keys=True))
+    return 0
+
+
+def run_status(run_id: str, host: str) -> dict | None:
+    record = read_json(Path(host_dir(run_id, host)) / AGENT_PIDFILE)
+    if record is None:
+        return None
+    ended = read_json(Path(host_dir(run_id, host)) / EXIT_RECORD)
+    running = bool(tagged_pids(record["run_id"], host))
+    state = "running" if running else ("exited" if ended else "lost")
+    if ended and ended.get("reason") != "exited":
+        state = "stopped" if not running else state
+    return {"run_id": record["run_id"], "host": host, "state": state, "started": record.get("started"),
+            "ended": (ended or {}).get("ended"), "rc": (ended or {}).get("rc"), "reason": (ended or {}).get("reason"),
+            "progress": read_json(Path(run_dir(run_id)) / PROGRESS), "detached": record.get("detached", False), "now": time.time()}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m {AGENT_MODULE}")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("--run-id", required=True)
+    run.add_argument("--host", required=True)
+    run.add_argument("--heartbeat-timeout", type=float, default=float(HEARTBEAT_TIMEOUT_S))
+    run.add_argument("--grace", type=float, default=STOP_GRACE_S)
+    run.add_argument("--env", action="append", default=[])
+    run.add_argument("--detach", action="store_true")
+    run.add_argument("--quiet", action="store_true")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    for verb in ("stop", "status"):
+        p = sub.add_parser(verb)
+        p.add_argument("--host", required=True)
+        p.add_argument("--run-id", required=verb == "stop")
+        p.add_argument("--grace", type=float, default=STOP_GRACE_S)
+    args = parser.parse_args(argv)
+    if args.verb == "run":
+        args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not args.command:
+            parser.error("run needs a command after --")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    return {"run": cmd_run, "stop": cmd_stop, "status": cmd_status}[args.verb](args)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    # os._exit: the heartbeat thread may sit in a blocking read of stdin, and interpreter
+    # shutdown with such a daemon thread can abort ("could not acquire lock for <stdin>").
+    os._exit(code)

@@ -1,0 +1,158 @@
+"""The inventory: YAML → frozen, validated dataclasses. The only reader of inventory files.
+
+Every field is checked once, here; code downstream trusts these objects. Each error is one
+line naming the file, line, host and field, and what to do (see `deploy.inventory.yamlnodes.Where`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+import yaml
+
+from deploy.inventory import fields
+from deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
+                                     Rendezvous)
+from deploy.inventory.yamlnodes import Where, compose_file, mapping_items, scalar, unknown_key
+
+DEFAULT_INVENTORY = Path("inventory/local.yaml")
+
+
+TOP_KEYS = ("defaults", "hosts", "groups", "rendezvous", "known_hosts", "elastic")
+HOST_KEYS = ("address", "ssh_address", "user", "port", "identity", "python", "workdir", "network",
+             "gpus", "nproc", "batch_size", "env")
+DEFAULT_KEYS = tuple(k for k in HOST_KEYS if k not in ("address", "ssh_address"))
+BUILTIN_DEFAULTS: Mapping[str, object] = MappingProxyType(
+    {"user": "root", "port": 22, "identity": None, "python": None, "workdir": "~/meshrun",
+     "network": Network.LAN, "gpus": None, "nproc": None, "batch_size": None, "env": ()}
+)
+
+
+def inventory_path(cli_value: str | None) -> Path:
+    """--inventory wins, then MESHRUN_INVENTORY, then the bundled local default."""
+    if cli_value:
+        return Path(cli_value)
+    return Path(os.environ.get("MESHRUN_INVENTORY") or DEFAULT_INVENTORY)
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Parse and validate `path`. Raises InputError (exit 2) with a one-line message."""
+    root = compose_file(path)
+    where = Where(path, 1)
+    if root is None:
+        raise where.fail("the inventory is empty", "add a `hosts:` section (see inventory/local.yaml)")
+    sections: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for key, key_node, value_node in mapping_items(root, where, "the inventory"):
+        if key not in TOP_KEYS:
+            raise unknown_key(key, TOP_KEYS, where.at(key_node), "the inventory")
+        sections[key] = (key_node, value_node)
+    if "hosts" not in sections:
+        raise where.fail("no `hosts:` section", "list at least one host under `hosts:`")
+
+    defaults = dict(BUILTIN_DEFAULTS)
+    if "defaults" in sections:
+        defaults.update(_read_fields(sections["defaults"][1], where, None, DEFAULT_KEYS, "defaults"))
+        _check_gpus_or_nproc(defaults, where.at(sections["defaults"][1], field="nproc"))
+    hosts = _read_hosts(sections["hosts"][1], where, defaults)
+    names = tuple(h.name for h in hosts)
+    groups = _read_groups(sections["groups"][1], where, names) if "groups" in sections else {}
+    rdzv = _read_rendezvous(sections["rendezvous"][1], where, names) if "rendezvous" in sections else Rendezvous(None)
+    known_hosts = None
+    if "known_hosts" in sections:
+        known_hosts = Path(fields.path_text(sections["known_hosts"][1], where.at(sections["known_hosts"][0], field="known_hosts")))
+    elastic = _read_elastic(sections["elastic"][1], where) if "elastic" in sections else None
+    return Inventory(path, hosts, MappingProxyType(groups), rdzv, known_hosts, elastic)
+
+
+def _read_fields(node: yaml.Node, where: Where, host: str | None, allowed: tuple[str, ...], what: str) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for key, key_node, value_node in mapping_items(node, where.at(node, host=host), what):
+        at = where.at(key_node, host=host, field=key)
+        if key not in allowed:
+            raise unknown_key(key, allowed, where.at(key_node, host=host), what if host is None else "")
+        values[key] = fields.FIELD_READERS[key](value_node, at)
+    return values
+
+
+def _check_gpus_or_nproc(values: Mapping[str, object], at: Where) -> None:
+    if values.get("gpus") is not None and values.get("nproc") is not None:
+        raise at.fail("both `gpus` and `nproc` are set",
+                      "use `gpus` on a GPU host (one process per GPU) or `nproc` on a CPU host, not both")
+
+
+def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object]) -> tuple[Host, ...]:
+    hosts: list[Host] = []
+    addresses: dict[str, str] = {}
+    for name, key_node, value_node in mapping_items(node, where.at(node), "hosts"):
+        at = where.at(key_node, host=name)
+        fields.check_name(name, at, "host")
+        own = _read_fields(value_node, where, name, HOST_KEYS, f"host '{name}'") if not _is_null(value_node) else {}
+        if "address" not in own:
+            raise at.fail("no `address`", "add `address: <overlay, LAN or public IP>` (or `address: local`)")
+        _check_gpus_or_nproc(own, at)
+        merged = {**defaults, "ssh_address": None, **own}
+        if "gpus" in own:
+            merged["nproc"] = None
+        elif "nproc" in own:
+            merged["gpus"] = None
+        address = str(own["address"])
+        if address in addresses:
+            raise at.fail(f"address {address} is also host '{addresses[address]}'s",
+                          "give each host its own address, or remove the duplicate")
+        addresses[address] = name
+        hosts.append(Host(name=name, **merged))  # type: ignore[arg-type]
+    if not hosts:
+        raise where.at(node).fail("`hosts:` is empty", "list at least one host")
+    return tuple(hosts)
+
+
+def _is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and scalar(node) is None
+
+
+def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, key_node, value_node in mapping_items(node, where.at(node), "groups"):
+        at = where.at(key_node, field="groups")
+        fields.check_name(name, at, "group")
+        if name in hosts:
+            raise at.fail(f"group '{name}' has the same name as a host", "rename the group")
+        members = fields.name_list(value_node, where.at(value_node, field="groups"))
+        for member, member_node in zip(members, value_node.value):
+            if member not in hosts:
+                raise where.at(member_node, field="groups").fail(
+                    f"group '{name}' names unknown host '{member}'", f"known hosts: {', '.join(hosts)}")
+        groups[name] = members
+    return groups
+
+
+def _read_rendezvous(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> Rendezvous:
+    host, port = None, DEFAULT_RDZV_PORT
+    for key, key_node, value_node in mapping_items(node, where.at(node), "rendezvous"):
+        at = where.at(key_node, field=f"rendezvous.{key}")
+        if key == "host":
+            host = fields.text(value_node, at)
+            if host not in hosts:
+                raise at.fail(f"rendezvous host '{host}' is not in `hosts`", f"use one of: {', '.join(hosts)}")
+        elif key == "port":
+            port = fields.port(value_node, at)
+        else:
+            raise unknown_key(key, ("host", "port"), where.at(key_node), "rendezvous")
+    return Rendezvous(host, port)
+
+
+def _read_elastic(node: yaml.Node, where: Where) -> ElasticBounds:
+    values: dict[str, int] = {}
+    for key, key_node, value_node in mapping_items(node, where.at(node), "elastic"):
+        if key not in ("min", "max"):
+            raise unknown_key(key, ("min", "max"), where.at(key_node), "elastic")
+        values[key] = fields.positive_int(value_node, where.at(key_node, field=f"elastic.{key}"))
+    at = where.at(node, field="elastic")
+    if set(values) != {"min", "max"}:
+        raise at.fail("needs both `min` and `max`", "write `elastic: {min: 2, max: 3}`")
+    if values["min"] > values["max"]:
+        raise at.fail(f"min {values['min']} is greater than max {values['max']}", "make min <= max")
+    return ElasticBounds(values["min"], values["max"])

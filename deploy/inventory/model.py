@@ -1,0 +1,93 @@
+"""The inventory model: frozen dataclasses with their defaults on them. Pure, no I/O.
+
+`deploy.inventory.load` builds these from YAML and checks every field once; code downstream
+trusts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Mapping
+
+LOCAL = "local"  # `address: local` means this machine: subprocesses, no SSH
+DEFAULT_RDZV_PORT = 29400
+
+
+class Network(str, Enum):
+    """How hosts reach each other; decides interface and NCCL settings."""
+
+    ZEROTIER = "zerotier"
+    WIREGUARD = "wireguard"
+    LAN = "lan"
+    PUBLIC = "public"
+
+    @property
+    def is_overlay_or_public(self) -> bool:
+        """No InfiniBand over these: NCCL must not try it."""
+        return self is not Network.LAN
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the inventory, with defaults applied."""
+
+    name: str
+    address: str  # where training traffic goes, or "local"
+    ssh_address: str | None
+    user: str
+    port: int
+    identity: str | None
+    python: str | None  # None on a local host: the interpreter running the controller
+    workdir: str
+    network: Network
+    gpus: tuple[int, ...] | None
+    nproc: int | None
+    batch_size: int | str | None  # an int, "auto", or None (the config's batch size)
+    env: tuple[tuple[str, str], ...]
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == LOCAL
+
+    @property
+    def ssh_host(self) -> str:
+        """Where SSH connects: `ssh_address` if given, else `address`."""
+        return self.ssh_address or self.address
+
+    @property
+    def nproc_per_node(self) -> int:
+        """Processes on this host: one per selected GPU, else `nproc`, else 1."""
+        if self.gpus is not None:
+            return len(self.gpus)
+        return self.nproc if self.nproc is not None else 1
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    host: str | None  # None: the first selected host
+    port: int = DEFAULT_RDZV_PORT
+
+
+@dataclass(frozen=True)
+class ElasticBounds:
+    min: int
+    max: int
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    hosts: tuple[Host, ...]
+    groups: Mapping[str, tuple[str, ...]]
+    rendezvous: Rendezvous
+    known_hosts: Path | None
+    elastic: ElasticBounds | None
+
+    def host(self, name: str) -> Host:
+        return next(h for h in self.hosts if h.name == name)
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)

@@ -1,0 +1,187 @@
+"""The output layer: the only module that imports rich. Results in, text out."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from deploy.edges.launcher import JobOutcome, JobStatus
+from deploy.run.summary import RunSummary
+
+HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")
+
+
+class Renderer:
+    def __init__(self, console: Console | None = None, err_console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False, soft_wrap=True)
+        self.err = err_console or Console(stderr=True, highlight=False, soft_wrap=True)
+        self._styles: dict[str, str] = {}
+        self._lock = threading.Lock()  # log lines arrive from one thread per host
+
+    def log_line(self, host: str, text: str) -> None:
+        style = self._styles.setdefault(host, HOST_STYLES[len(self._styles) % len(HOST_STYLES)])
+        line = Text(text)
+        end = text.find("] ")
+        if text.startswith("[") and end > 0:
+            line.stylize(style, 0, end + 1)
+        with self._lock:
+            self.console.print(line)
+
+    def info(self, message: str) -> None:
+        with self._lock:
+            self.console.print(Text(message))
+
+    def warn(self, message: str) -> None:
+        with self._lock:
+            self.err.print(Text("warning: ", style="yellow bold") + Text(message))
+
+    def error(self, message: str) -> None:
+        with self._lock:
+            self.err.print(Text("error: ", style="red bold") + Text(message))
+
+    def json(self, data: Any) -> None:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+
+    def membership(self, event: Any) -> None:
+        """A host joined, left, finished or was lost during the run."""
+        detail = f" ({event.detail})" if event.detail else ""
+        style = {"lost": "red bold", "joined": "green", "left": "yellow"}.get(event.event.value, "")
+        with self._lock:
+            self.console.print(Text(f"meshrun: {event.host} {event.event.value}{detail}; "
+                                    f"{event.world_size} process(es) remain in the job", style=style))
+
+    def run_started(self, run_id: str, hosts: list[str], world_size: int, run_dir: str) -> None:
+        self.info(f"run {run_id}: {len(hosts)} host(s) ({', '.join(hosts)}), world size {world_size}; "
+                  f"logs and summary in {run_dir}/")
+
+    def failure_tail(self, outcome: JobOutcome, remote_log: str) -> None:
+        """The failed host's last lines and where its full log is: what its ranks printed last,
+        then torchrun's root-cause report (which alone would push the ranks' error out of view)."""
+        host = next(h for h in outcome.hosts if h.host == outcome.failed_host)
+        report = _root_cause(host.tail)
+        with self._lock:
+            if host.worker_tail:
+                self.err.print(Text(f"--- last {len(host.worker_tail)} lines from {host.host}'s ranks ---", style="red"))
+                for line in host.worker_tail:
+                    self.err.print(Text(line))
+            self.err.print(Text(f"--- last {len(report)} lines from {host.host} ---", style="red"))
+            for line in report:
+                self.err.print(Text(line))
+            self.err.print(Text(f"--- full log: {host.log} (on the host: {remote_log}) ---", style="red"))
+
+    def job_summary(self, summary: RunSummary, outcome: JobOutcome, summary_path: str) -> None:
+        table = Table(title=f"run {summary.run_id}: {summary.status}", title_justify="left")
+        for column in ("host", "exit", "log", "left running"):
+            table.add_column(column, overflow="fold")
+        for host in outcome.hosts:
+            left = "none" if not host.remaining and not host.stop_error else (host.stop_error or str(list(host.remaining)))
+            table.add_row(host.host, "lost" if host.rc is None else str(host.rc), str(host.log), left)
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary.metrics.items())) or "none"
+        style = {"succeeded": "green", "failed": "red", "stopped": "yellow"}[summary.status]
+        with self._lock:
+            self.console.print(table)
+            self.console.print(Text(
+                f"{summary.status}: {summary.epochs_completed} epoch(s), world size {summary.world_size}, "
+                f"{summary.duration_s:.1f} s; metrics: {metrics}; summary: {summary_path}", style=style))
+            if outcome.status is JobStatus.STOPPED:
+                clean = all(not h.remaining and not h.stop_error for h in outcome.hosts)
+                self.console.print(Text("every host is clean: no run process left" if clean else
+                                        "some hosts may still run processes: see 'left running'",
+                                        style="green" if clean else "red bold"))
+
+    def run_states(self, states: list) -> None:
+        """`fab status`: one row per (run, host)."""
+        table = Table(title="runs", title_justify="left")
+        for column in ("run", "host", "state", "exit", "epoch", "step", "uptime", "detail"):
+            table.add_column(column, overflow="fold")
+        colors = {"running": "green", "exited": "blue", "stopped": "yellow", "lost": "red", "unreachable": "red"}
+        for s in states:
+            uptime = f"{s.uptime_s:.0f} s" if s.uptime_s is not None else "-"
+            table.add_row(s.run_id, s.host, Text(s.state, style=colors.get(s.state, "")), _dash(s.rc), _dash(s.epoch),
+                          _dash(s.step), uptime, s.detail or "")
+        with self._lock:
+            self.console.print(table)
+
+    def fetch_reports(self, run_id: str, home: str, reports: list) -> None:
+        """Where everything landed, what was refused, and how to resume from it."""
+        table = Table(title=f"fetched run {run_id}", title_justify="left")
+        for column in ("host", "landed in", "new", "unchanged", "not overwritten", "corrupt (not kept)"):
+            table.add_column(column, overflow="fold")
+        for r in reports:
+            table.add_row(r.host, str(r.landed), str(len(r.new)), str(len(r.unchanged)),
+                          Text(", ".join(r.conflicts) or "-", style="yellow" if r.conflicts else ""),
+                          Text(", ".join(r.corrupt) or "-", style="red bold" if r.corrupt else ""))
+        with self._lock:
+            self.console.print(table)
+            for r in reports:
+                for name in r.conflicts:
+                    self.console.print(Text(f"not overwritten: {r.landed}/{name} differs from {r.host}'s copy; "
+                                            "kept yours (--force replaces it)", style="yellow"))
+            self.console.print(Text(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
+                                    f"logs and metrics: {home}/hosts/<host>/"))
+            self.console.print(Text(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
+                                    "is pushed back if the hosts lost it)"))
+
+    def run_report(self, run_id: str, report: Any, png: str, comm: dict | None = None) -> None:
+        """`fab report`: throughput and step-time breakdown per rank, then accuracy."""
+        table = Table(title=f"run {run_id}: throughput per rank (medians over steps)", title_justify="left")
+        for column in ("host", "rank", "samples/s", "step ms", "data ms", "fwd+bwd ms", "optim ms", "comm ms",
+                       "peak MiB"):
+            table.add_column(column, justify="right" if column not in ("host",) else "left")
+        for r in report.ranks:
+            rank_comm = f"{r.comm_s * 1e3:.1f}" if r.comm_s is not None else "-"
+            table.add_row(r.host, str(r.rank), f"{r.samples_per_s:.0f}", f"{r.step_s * 1e3:.1f}",
+                          f"{r.data_s * 1e3:.1f}", f"{r.fwd_bwd_s * 1e3:.1f}", f"{r.optim_s * 1e3:.1f}", rank_comm,
+                          f"{r.peak_mem_bytes / 2**20:.0f}")
+        final = f"{report.final_test_acc:.4f}" if report.final_test_acc is not None else "-"
+        best = f"{report.best_test_acc:.4f}" if report.best_test_acc is not None else "-"
+        with self._lock:
+            self.console.print(table)
+            self.console.print(Text(f"total {report.total_samples_per_s:.0f} samples/s; {len(report.epochs)} epoch(s); "
+                                    f"final test acc {final}, best {best}; resumes {report.resumes}; plot: {png}"))
+            if comm is not None:
+                measured = f"{comm['measured_s'] * 1e3:.1f} ms" if comm["measured_s"] is not None else "not measured"
+                self.console.print(Text(f"comm {comm['hook']}: all-reduce {measured} per step, ring floor "
+                                        f"{comm['floor_s'] * 1e3:.1f} ms at {comm['bandwidth_mbit_s']} Mbit/s x "
+                                        f"{comm['nodes']} nodes (ratio {comm['ratio']}); recommended "
+                                        f"{comm['recommended']}: {comm['reason']}"))
+
+
+def _root_cause(tail: tuple[str, ...]) -> tuple[str, ...]:
+    """From torchrun's failure report, the part from "Root Cause" on; else the whole tail."""
+    for i, line in enumerate(tail):
+        if "Root Cause" in line:
+            return tail[max(0, i - 2):]
+    return tail
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+class HostProgress:
+    """One progress bar per host, for transfers (sync, fetch). Thread-safe updates by percent."""
+
+    def __init__(self, renderer: Renderer, title: str, hosts: list[str]) -> None:
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+        self.progress = Progress(TextColumn(f"{title} [bold]{{task.fields[host]}}"), BarColumn(), TaskProgressColumn(),
+                                 console=renderer.console, transient=False)
+        self.tasks = {h: self.progress.add_task("", total=100, host=h) for h in hosts}
+
+    def __enter__(self) -> HostProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, host: str, percent: int) -> None:
+        self.progress.update(self.tasks[host], completed=percent)

@@ -1,0 +1,184 @@
+"""Launch planning, pure: selected hosts + options → the exact argv and environment per host.
+
+Nothing here touches the network or the filesystem, so tests compare plans by equality.
+The plan encodes what `docs/architecture.md` and the field notes require: addresses (never
+hostnames) in the rendezvous endpoint, `is_host=1` on the rendezvous host and `--local-addr`
+everywhere (overlay rendezvous fails without them), one unique rdzv id per run, and the
+interface that routes to the rendezvous host for NCCL and gloo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from common.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID,
+                           HEARTBEAT_TIMEOUT_S, STOP_GRACE_S, TORCHRUN_LOGS, host_dir)
+from deploy.errors import InputError
+from deploy.inventory.model import ElasticBounds, Host
+from deploy.inventory.selection import Selection
+
+ELASTIC_MAX_RESTARTS = 10  # headroom for spurious membership restarts (lab NOTES §7)
+ELASTIC_RDZV_CONF = ("join_timeout=120", "last_call_timeout=5", "close_timeout=10")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What each rank runs: the built-in trainer, or a user's torchrun-compatible script."""
+
+    script: str | None = None  # path inside the synced project; None runs `python -m train`
+    config: str | None = None  # trainer config file (built-in trainer only)
+    args: tuple[str, ...] = ()  # trainer `key=value` overrides, or the script's own arguments
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    run_id: str
+    workload: Workload = Workload()
+    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S
+    elastic: ElasticBounds | None = None
+    max_restarts: int | None = None  # None: 0, or ELASTIC_MAX_RESTARTS when elastic
+    heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
+    detach: bool = False
+    rdzv_id: str | None = None  # None: the run id; a resumed run needs a fresh one
+
+    @property
+    def rendezvous_id(self) -> str:
+        return self.rdzv_id or self.run_id
+
+
+@dataclass(frozen=True)
+class HostLaunch:
+    """What runs on one host: the agent argv, which starts torchrun with `env` set."""
+
+    host: Host
+    is_rendezvous_host: bool
+    env: tuple[tuple[str, str], ...]
+    torchrun: tuple[str, ...]
+    agent: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    rdzv_endpoint: str  # "address:port", or "standalone" for one local host
+    hosts: tuple[HostLaunch, ...]
+    elastic: ElasticBounds | None = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(h.host.nproc_per_node for h in self.hosts)
+
+
+def python_of(host: Host, local_python: str) -> str:
+    return host.python or local_python
+
+
+def plan_launch(
+    selection: Selection,
+    options: LaunchOptions,
+    interfaces: Mapping[str, str],
+    local_python: str,
+) -> LaunchPlan:
+    """The launch plan. `interfaces` maps host name → the interface routing to the rendezvous host."""
+    hosts, head = selection.hosts, selection.head
+    standalone = len(hosts) == 1 and head.is_local and options.elastic is None
+    if not standalone:
+        for host in hosts:
+            if host.is_local:
+                raise InputError(
+                    f"host '{host.name}' has `address: local`, which other hosts cannot reach; "
+                    "give it its LAN or overlay address to use it in a multi-host run"
+                )
+    endpoint = "standalone" if standalone else f"{head.address}:{selection.rendezvous.port}"
+    launches = []
+    for host in hosts:
+        env = host_env(host, options, interfaces.get(host.name))
+        torchrun = torchrun_argv(host, head, endpoint, len(hosts), options, local_python)
+        agent = agent_argv(host, options, env, torchrun, local_python)
+        launches.append(HostLaunch(host, host.name == head.name, env, torchrun, agent))
+    return LaunchPlan(options.run_id, endpoint, tuple(launches), options.elastic)
+
+
+def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple[tuple[str, str], ...]:
+    """Environment for torchrun on `host`; the inventory's `env` comes last and wins."""
+    env: list[tuple[str, str]] = [
+        (ENV_RUN_ID, options.run_id),
+        (ENV_HOST, host.name),
+        ("PYTHONUNBUFFERED", "1"),  # logs must stream live, not in 8 KiB blocks
+    ]
+    if host.gpus is not None:
+        env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in host.gpus)))
+    if interface:
+        env += [("NCCL_SOCKET_IFNAME", f"={interface}"), ("GLOO_SOCKET_IFNAME", interface)]
+    if host.network.is_overlay_or_public:
+        env.append(("NCCL_IB_DISABLE", "1"))
+    if options.elastic is not None:
+        # torch 2.14.1: scale-up hangs then crashes with the shared rendezvous store (lab NOTES §7b).
+        env.append(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
+    if isinstance(host.batch_size, int):
+        env.append((ENV_BATCH_SIZE, str(host.batch_size)))
+    elif host.batch_size == "auto":
+        env.append((ENV_BATCH_SIZE, "auto"))
+    overridden = {k for k, _ in host.env}
+    return tuple((k, v) for k, v in env if k not in overridden) + host.env
+
+
+def torchrun_argv(host: Host, head: Host, endpoint: str, node_count: int, options: LaunchOptions,
+                  local_python: str) -> tuple[str, ...]:
+    argv = [python_of(host, local_python), "-m", "torch.distributed.run"]
+    if endpoint == "standalone":
+        argv += ["--standalone", "--nnodes", "1"]
+    else:
+        nnodes = f"{options.elastic.min}:{options.elastic.max}" if options.elastic else str(node_count)
+        argv += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                 "--rdzv-id", options.rendezvous_id]
+        conf = (["is_host=1"] if host.name == head.name else []) + (list(ELASTIC_RDZV_CONF) if options.elastic else [])
+        if conf:
+            argv += ["--rdzv-conf", ",".join(conf)]
+        argv += ["--local-addr", host.address]
+    restarts = options.max_restarts
+    if restarts is None:
+        restarts = ELASTIC_MAX_RESTARTS if options.elastic else 0
+    argv += [
+        "--nproc-per-node", str(host.nproc_per_node),
+        "--max-restarts", str(restarts),
+        "--log-dir", f"{host_dir(options.run_id, host.name)}/{TORCHRUN_LOGS}",
+        "--tee", "3",
+        "--log-line-prefix-template", f"[{host.name}:${{rank}}] ",
+    ]
+    return tuple(argv + _workload_argv(options))
+
+
+def _workload_argv(options: LaunchOptions) -> list[str]:
+    work = options.workload
+    if work.script is not None:
+        return [work.script, *work.args]
+    argv = ["-m", "train"]  # it finds its run directory from MESHRUN_RUN_ID
+    if work.config is not None:
+        argv += ["--config", work.config]
+    return argv + [f"dist.timeout={options.pg_timeout_s}", *work.args]
+
+
+def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], ...],
+               torchrun: tuple[str, ...], local_python: str) -> tuple[str, ...]:
+    """The host-side supervisor: own process group, pidfile, log tee, controller watchdog."""
+    argv = [python_of(host, local_python), "-m", AGENT_MODULE, "run",
+            "--run-id", options.run_id, "--host", host.name,
+            "--heartbeat-timeout", "0" if options.detach else str(options.heartbeat_timeout_s)]
+    if options.detach:
+        argv.append("--detach")
+    for key, value in env:
+        argv += ["--env", f"{key}={value}"]
+    return tuple(argv + ["--", *torchrun])
+
+
+def agent_verb_argv(host: Host, verb: str, run_id: str | None, local_python: str,
+                    grace_s: float = STOP_GRACE_S) -> list[str]:
+    """`python -m deploy.host.agent stop|status` for one host (status of all its runs when run_id is None)."""
+    argv = [python_of(host, local_python), "-m", AGENT_MODULE, verb, "--host", host.name]
+    if run_id is not None:
+        argv += ["--run-id", run_id]
+    if verb == "stop":
+        argv += ["--grace", str(grace_s)]
+    return argv

@@ -1,0 +1,74 @@
+"""`runs/<run_id>/summary.json`: the user contract scripts read. Keys are only ever added."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from deploy.edges.launcher import JobOutcome
+from deploy.run.membership import Change
+from deploy.run.plan import LaunchPlan
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    status: str  # succeeded | failed | stopped
+    hosts: list[str]
+    world_size: int
+    restarts: int
+    epochs_completed: int
+    metrics: dict[str, float]
+    duration_s: float
+    started: float
+    ended: float
+    reason: str | None = None
+    failed_host: str | None = None
+    best_test_acc: float | None = None
+    host_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # membership changes, in order
+    lost_hosts: list[str] = field(default_factory=list)
+    comm: dict[str, Any] | None = None  # with --comm: hook, floor_s, measured_s, ratio (deploy/commands/comm.py)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,
+                  comm: dict[str, Any] | None = None) -> RunSummary:
+    """Combine what the controller saw with what the trainer reported (result.json), if any."""
+    result = result or {}
+    return RunSummary(
+        run_id=plan.run_id,
+        status=outcome.status.value,
+        hosts=[h.host.name for h in plan.hosts],
+        world_size=int(result.get("world_size", plan.world_size)),
+        restarts=int(result.get("restarts", 0)),
+        epochs_completed=int(result.get("epochs_completed", 0)),
+        metrics={k: float(v) for k, v in dict(result.get("metrics", {})).items()},
+        duration_s=round(outcome.duration_s, 2),
+        started=outcome.started,
+        ended=outcome.ended,
+        reason=outcome.reason,
+        failed_host=outcome.failed_host,
+        best_test_acc=result.get("best_test_acc"),
+        host_results={h.host: {"rc": h.rc, "log": str(h.log), "remaining_pids": list(h.remaining),
+                               "stop_error": h.stop_error} for h in outcome.hosts},
+        timeline=[{"time": round(e.time, 3), "event": e.event.value, "host": e.host, "world_size": e.world_size,
+                   "detail": e.detail} for e in outcome.events],
+        lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST}),
+        comm=comm,
+    )
+
+
+def write_summary(run_dir: Path, summary: RunSummary) -> Path:
+    """Atomic write: scripts polling for the file never read half of it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "summary.json"
+    tmp = path.with_name(".summary.json.tmp")
+    tmp.write_text(summary.to_json() + "\n")
+    os.replace(tmp, path)
+    return path
