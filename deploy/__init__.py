@@ -1,1 +1,1 @@
-"""meshrun's controller side: inventory → plan → execute → render (see docs/architecture.md)."""
+"""meshrun's controller: the fab tasks and everything they drive (see docs/architecture.md)."""

@@ -1,18 +1,44 @@
-"""Helpers for tests that drive `fab` as a user would: a real subprocess in the project root."""
+"""Helpers for tests that drive `fab` as a user would: a real subprocess in a project directory.
+
+Tests never write into this repository's `runs/`: `ROOT` is a throw-away copy of the working tree
+(its git-listed files, in a fresh git repository, as `fab sync` would see them) under the system's
+temporary directory, made once per test session and removed at exit. `fab` run there imports the
+copy's fabfile and records every run under the copy's `runs/`.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
-import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 FAB = [sys.executable, "-m", "fabric"]
+
+
+def _project_copy() -> Path:
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout
+    root = Path(tempfile.mkdtemp(prefix="meshrun-test-project-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    for name in filter(None, listed.split(b"\0")):
+        source = REPO / os.fsdecode(name)
+        if source.is_file():
+            target = root / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    return root
+
+
+ROOT = _project_copy()
 RUN_ID_RE = re.compile(r"^run (\d{8}-\d{6}-[0-9a-f]{4}): ", re.M)
 
 

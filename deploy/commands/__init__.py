@@ -1,1 +1,1 @@
-"""One module per fab task: each reads like a paragraph (load, plan, execute, render)."""
+"""One module per fab task, holding all of its behaviour: load, select, plan, execute, render. Flags and help live in deploy/tasks.py."""

@@ -23,13 +23,14 @@ from deploy.errors import InputError, MeshrunError
 from deploy.edges.fanout import on_each
 from deploy.inventory.load import load_inventory, inventory_path
 from deploy.inventory.model import ElasticBounds, Host, Inventory
-from deploy.edges.launcher import JobOutcome, JobRunner, JobStatus
+from deploy.edges.launcher import JobRunner
+from deploy.run.outcome import JobOutcome, JobStatus
 from deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
 from deploy.render.console import Renderer
-from deploy.edges.records import RunRecord, load_record, new_run_id
+from deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
 from deploy.edges.sync import is_project_itself, push_dir_argv
 from deploy.inventory.selection import Selection, select_hosts
-from deploy.run.summary import RunSummary, build_summary, write_summary
+from deploy.run.summary import RunSummary, build_summary
 from deploy.edges.transport import Session
 
 

@@ -9,7 +9,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -17,6 +16,7 @@ from common.layout import HEARTBEAT_EVERY_S, STOP_GRACE_S
 from deploy.errors import MeshrunError
 from deploy.edges.fanout import on_each
 from deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, world_size
+from deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv
 from deploy.edges.transport import Session, Stream
 
@@ -25,39 +25,6 @@ PINGS_BEFORE_LOST = 2  # a host unreachable for ~2 probes (10-20 s) is lost
 TAIL_LINES = 20
 
 LineSink = Callable[[str, str], None]  # (host, line without newline)
-
-
-class JobStatus(str, Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True)
-class HostOutcome:
-    host: str
-    rc: int | None  # None: the connection was lost before an exit status came
-    log: Path
-    tail: tuple[str, ...]  # the last lines of everything the host printed
-    remaining: tuple[int, ...] = ()  # run pids still alive after a stop (should be empty)
-    stop_error: str | None = None
-    worker_tail: tuple[str, ...] = ()  # the last lines its ranks printed (torchrun's own report excluded)
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    run_id: str
-    status: JobStatus
-    started: float
-    ended: float
-    hosts: tuple[HostOutcome, ...]
-    failed_host: str | None = None
-    reason: str | None = None
-    events: tuple[MembershipEvent, ...] = ()
-
-    @property
-    def duration_s(self) -> float:
-        return self.ended - self.started
 
 
 @dataclass

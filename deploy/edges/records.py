@@ -9,9 +9,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from common.fsutil import atomic_write_json
+from common.fsutil import atomic_write_bytes, atomic_write_json
 from common.layout import DEFAULT_PG_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, LAUNCH_RECORD, RUNS_DIR, SUMMARY, run_dir
 from deploy.errors import InputError
+from deploy.run.summary import RunSummary
 
 
 @dataclass(frozen=True)
@@ -101,3 +102,11 @@ def live_records(root: Path) -> list[RunRecord]:
 def new_run_id() -> str:
     """Sortable and unique: reusing an rdzv id would join a stale rendezvous."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def write_summary(run_path: Path, summary: RunSummary) -> Path:
+    """`runs/<run_id>/summary.json`, atomically: scripts polling for it never read half of it."""
+    run_path.mkdir(parents=True, exist_ok=True)
+    path = run_path / SUMMARY
+    atomic_write_bytes(path, (summary.to_json() + "\n").encode())
+    return path

@@ -1,1 +1,1 @@
-"""Code that runs on the hosts: standard library only (started by the controller over SSH)."""
+"""Code that runs on the hosts, standard library only (plus common/): the agent that supervises a run, the setup step, and the probes check-network ships as `python -c`. Started by the controller over SSH."""

@@ -1,0 +1,1 @@
+"""Console output, the only code that imports rich (and matplotlib for the report PNG)."""

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from deploy.edges.launcher import JobOutcome, JobStatus
+from deploy.run.outcome import JobOutcome, JobStatus
 from deploy.run.summary import RunSummary
 
 HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-from deploy.edges.launcher import JobOutcome
+from deploy.run.outcome import JobOutcome
 from deploy.run.membership import Change
 from deploy.run.plan import LaunchPlan
 
@@ -62,13 +60,3 @@ def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, An
         lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST}),
         comm=comm,
     )
-
-
-def write_summary(run_dir: Path, summary: RunSummary) -> Path:
-    """Atomic write: scripts polling for the file never read half of it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "summary.json"
-    tmp = path.with_name(".summary.json.tmp")
-    tmp.write_text(summary.to_json() + "\n")
-    os.replace(tmp, path)
-    return path

@@ -1,0 +1,43 @@
+"""What a launched job came to, per host and as a whole: plain records the launcher fills and
+the summary and renderer read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from deploy.run.membership import MembershipEvent
+
+
+class JobStatus(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    host: str
+    rc: int | None  # None: the connection was lost before an exit status came
+    log: Path
+    tail: tuple[str, ...]  # the last lines of everything the host printed
+    remaining: tuple[int, ...] = ()  # run pids still alive after a stop (should be empty)
+    stop_error: str | None = None
+    worker_tail: tuple[str, ...] = ()  # the last lines its ranks printed (torchrun's own report excluded)
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    run_id: str
+    status: JobStatus
+    started: float
+    ended: float
+    hosts: tuple[HostOutcome, ...]
+    failed_host: str | None = None
+    reason: str | None = None
+    events: tuple[MembershipEvent, ...] = ()
+
+    @property
+    def duration_s(self) -> float:
+        return self.ended - self.started

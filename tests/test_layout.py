@@ -1,0 +1,131 @@
+"""The architecture of docs/architecture.md, checked on the code's own imports (read with `ast`,
+nothing imported): where a module lives says where it runs and whether it is pure, and the
+imports must agree. A rule broken by a new import fails here with the module and the import."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("deploy", "common", "train")
+MAX_LINES = 400
+
+# Effectful or UI libraries that pure planning code must not import.
+EFFECTS = {"subprocess", "socket", "threading", "select", "fabric", "invoke", "paramiko", "rich", "time",
+           "signal", "shutil"}
+PURE = ("deploy.inventory", "deploy.check", "deploy.run")
+CONTROLLER_ONLY = ("deploy.edges", "deploy.commands", "deploy.render", "deploy.tasks", "deploy.cli")
+# What host-side code may import beyond the standard library: the shared contract; torch only in
+# the probe that is a gloo all-reduce and in the facts probe, which tries it to report its version.
+HOST_EXTRA = {"common"}
+HOST_TORCH = {"deploy.host.allreduce", "deploy.host.facts"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def imports_of(name: str) -> set[str]:
+    """Every module this one imports at any level (lazy imports inside functions included)."""
+    tree = ast.parse(MODULES[name].read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names
+                         if f"{node.module}.{alias.name}" in MODULES)
+    return found
+
+
+def top_level_imports(name: str) -> set[str]:
+    """Imports executed when the module loads (the ones that can form a circle)."""
+    tree = ast.parse(MODULES[name].read_text())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in MODULES}
+
+
+def under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def root_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_module_is_found() -> None:
+    assert {"deploy.host.agent", "deploy.run.plan", "deploy.inventory.load", "common.layout", "train.trainer"} \
+        <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if under(n, ("deploy.host",))))
+def test_host_code_is_standard_library_only(name: str) -> None:
+    allowed_torch = {"torch"} if name in HOST_TORCH else set()
+    foreign = {m for m in imports_of(name)
+               if root_of(m) not in sys.stdlib_module_names and not under(m, ("deploy.host",))
+               and root_of(m) not in HOST_EXTRA | allowed_torch}
+    assert not foreign, f"{name} runs on hosts with only the standard library, but imports {sorted(foreign)}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if under(n, PURE)))
+def test_planning_code_is_pure(name: str) -> None:
+    bad = {m for m in imports_of(name) if root_of(m) in EFFECTS or under(m, CONTROLLER_ONLY + ("deploy.host",))}
+    assert not bad, f"{name} is planning code (pure) but imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_only_render_imports_rich(name: str) -> None:
+    if under(name, ("deploy.render",)) or under(name, ("train",)):
+        return  # the trainer has its own console (train/render.py), it never imports deploy
+    assert "rich" not in {root_of(m) for m in imports_of(name)}, f"{name} imports rich; render/ is the only UI"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_trainer_and_controller_share_only_common(name: str) -> None:
+    roots = {root_of(m) for m in imports_of(name)}
+    other = {"train": "deploy", "deploy": "train", "common": "deploy"}[root_of(name)]
+    assert other not in roots and not (root_of(name) == "common" and "train" in roots), \
+        f"{name} imports from {other}/; the halves share only common/"
+
+
+def test_no_import_circles() -> None:
+    graph = {name: top_level_imports(name) - {name} for name in MODULES}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise AssertionError("import circle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small(name: str) -> None:
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(REPO)} has {lines} lines; split it (limit {MAX_LINES})"
