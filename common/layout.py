@@ -10,6 +10,7 @@ every directory below is derived from the id by the functions here, on each side
 from __future__ import annotations
 
 import enum
+import re
 
 RUNS_DIR = "runs"  # relative to the project on the controller and to the workdir on a host
 
@@ -28,6 +29,12 @@ RESULT = "result.json"  # trainer, rank 0: final metrics
 CHECKPOINTS = "checkpoints"  # trainer: ckpt-step<9 digits>.pt, best.pt, MANIFEST.sha256
 HOSTS = "hosts"  # per-host subdirectories
 
+# Files of the checkpoints directory: the only names the trainer writes there.
+CHECKPOINT_MANIFEST = "MANIFEST.sha256"  # "<sha256>  <name>" lines, sha256sum format
+BEST_CHECKPOINT = "best.pt"
+# ASCII digits only: `\d` would also accept other scripts' digits, which int() reads as a step.
+_PERIODIC_CHECKPOINT = re.compile(r"ckpt-step([0-9]{9})\.pt", re.ASCII)
+
 # Files of a host directory (`runs/<run_id>/hosts/<host>/`), written by the agent.
 AGENT_PIDFILE = "agent.json"
 TRAIN_LOG = "train.log"
@@ -39,7 +46,7 @@ AGENT_MODULE = "deploy.host.agent"
 # Timing both sides rely on.
 HEARTBEAT_EVERY_S = 5.0  # the controller writes a heartbeat line to each agent this often
 HEARTBEAT_TIMEOUT_S = 30  # an agent stops its run when the controller is silent this long
-STOP_GRACE_S = 10.0  # TERM, then this long, then KILL
+STOP_GRACE_S = 5.0  # TERM, then this long, then KILL: a stopped run must be gone within seconds, under load too
 DEFAULT_PG_TIMEOUT_S = 60  # collective timeout: a cut link is noticed in bounded time
 
 
@@ -67,3 +74,19 @@ class RecordKind(str, enum.Enum):
     STEP = "step"
     COMM = "comm"
     BALANCE = "balance"
+
+
+def checkpoint_name(step: int) -> str:
+    """The file name of the periodic checkpoint saved at global step `step`."""
+    return f"ckpt-step{step:09d}.pt"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a periodic checkpoint's file name; None for any other name (`best.pt` too)."""
+    found = _PERIODIC_CHECKPOINT.fullmatch(name)
+    return int(found.group(1)) if found else None
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """One of the names the trainer writes for a checkpoint (not the manifest)."""
+    return name == BEST_CHECKPOINT or checkpoint_step(name) is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cpuhog import cpu_hog
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes, wait_no_run_processes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -132,12 +133,13 @@ def test_no_orphans_when_the_controller_is_interrupted_or_killed(testbed, invent
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 1 ", timeout=180))
         assert len({pid for pid in run_processes(run_id)}) >= 6  # torchrun + a worker on each host
-        started = time.monotonic()
-        if sig == signal.SIGINT:
-            run.signal_group(signal.SIGINT)
-        else:
-            run.proc.kill()
-        took = wait_until_clean(testbed, run_id, limit) - started
+        with cpu_hog():  # the bound must hold on a loaded machine
+            started = time.monotonic()
+            if sig == signal.SIGINT:
+                run.signal_group(signal.SIGINT)
+            else:
+                run.proc.kill()
+            took = wait_until_clean(testbed, run_id, limit) - started
         if sig == signal.SIGINT:
             assert run.finish(timeout=60) == 1
             assert summary_of(run_id)["status"] == "stopped"

@@ -5,12 +5,13 @@ process is left.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from common.layout import HEARTBEAT_EVERY_S, STOP_GRACE_S
 from deploy.errors import MeshrunError
@@ -74,24 +75,48 @@ class JobRunner:
         self.events: list[MembershipEvent] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.interrupted = False
 
     def run(self) -> JobOutcome:
+        """Start, watch and conclude the job. A Ctrl-C at any moment of it makes the outcome
+        STOPPED, whichever the hosts noticed first: the terminal sends SIGINT to the agents of a
+        local run too, so their exit may reach us before our own KeyboardInterrupt does."""
         started = time.time()
         status, verdict, remaining = JobStatus.SUCCEEDED, Verdict(True), {}
+        previous = self._catch_interrupts()
         try:
-            for live in self.hosts:
-                self._start(live, Change.STARTED)
-            threading.Thread(target=self._watch_links, daemon=True).start()
-            verdict = self._wait()
-            if verdict.failed:
-                status = JobStatus.FAILED
+            try:
+                for live in self.hosts:
+                    self._start(live, Change.STARTED)
+                threading.Thread(target=self._watch_links, daemon=True).start()
+                verdict = self._wait()
+                if verdict.failed:
+                    status = JobStatus.FAILED
+                    remaining = self.stop_all()
+            except KeyboardInterrupt:
+                self.interrupted = True
                 remaining = self.stop_all()
-        except KeyboardInterrupt:
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if self.interrupted:
             status, verdict = JobStatus.STOPPED, Verdict(True, reason="interrupted (Ctrl-C)")
-            remaining = self.stop_all()
         self.stopping.set()
         return JobOutcome(self.plan.run_id, status, started, time.time(), self._outcomes(remaining),
                           verdict.failed_host, verdict.reason, tuple(self.events))
+
+    def _catch_interrupts(self) -> Any:
+        """SIGINT sets `interrupted`; it raises KeyboardInterrupt only while the job is watched, so
+        that a Ctrl-C during the stop itself cannot leave hosts half-stopped."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_sigint(_signum: int, _frame: object) -> None:
+            self.interrupted = True
+            if not self.stopping.is_set():
+                raise KeyboardInterrupt
+
+        return signal.signal(signal.SIGINT, on_sigint)
 
     def add_host(self, launch: HostLaunch, session: Session) -> None:
         """A host joining the running job (`fab join`)."""
@@ -187,7 +212,8 @@ class JobRunner:
             try:
                 return on_each([live.launch.host for live in self.hosts],
                                lambda h: self._stop_host(by_name[h.name]), timeout=STOP_GRACE_S + 30)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # only where no SIGINT handler of ours is installed
+                self.interrupted = True
                 continue  # a second Ctrl-C must not leave hosts half-stopped
 
     def _stop_host(self, live: _Live) -> tuple[int, ...]:
