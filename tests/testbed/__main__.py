@@ -5,8 +5,12 @@
     python -m tests.testbed exec 1 ip -br addr     python -m tests.testbed inventory inv.yaml
     python -m tests.testbed shape 20mbit | unshape python -m tests.testbed cut 2 | heal 2
     python -m tests.testbed kill 2 | ps 2          python -m tests.testbed wg-up | wg-down
+    python -m tests.testbed profile far [--loss 0.01] | profile lan (or unprofile)
 
-`ssh` passes its words to the remote shell, as ssh itself does.
+`ssh` passes its words to the remote shell, as ssh itself does. Profiles (rate,
+RTT, loss on every host): lan, home (20 Mbit/s, 40 ms), far (50 Mbit/s, 150 ms);
+see tests/testbed/latency.py. A profile set here stays until `unprofile`, `down`,
+or its delayers' --max-seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import os
 import sys
 
+from . import latency
 from .cluster import SimCluster
 from .layout import DEFAULT_STATE_DIR
 from .lock import BusyError, exclusive
@@ -29,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="bring up N hosts (cleans leftovers first)")
     up.add_argument("n", type=int)
     up.add_argument("--wireguard", action="store_true", help="add the wireguard-go overlay")
-    for name in ("down", "status", "unshape", "wg-up", "wg-down"):
+    for name in ("down", "status", "unshape", "wg-up", "wg-down", "unprofile"):
         sub.add_parser(name)
     for name in ("cut", "heal", "kill", "ps"):
         sub.add_parser(name).add_argument("host", type=int)
@@ -38,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("host", type=int)
         p.add_argument("argv", nargs=argparse.REMAINDER)
     sub.add_parser("shape").add_argument("rate", help="tc rate, e.g. 20mbit")
+    prof = sub.add_parser("profile", help="apply a named network profile to every host")
+    prof.add_argument("name", choices=[p.name for p in latency.PROFILES])
+    prof.add_argument("--loss", type=float, default=None, help="ingress drop probability")
+    prof.add_argument("--max-seconds", type=float, default=latency.DEFAULT_MAX_SECONDS,
+                      help="the delayers exit after this (then packets pass undelayed)")
     inv = sub.add_parser("inventory", help="write a meshrun inventory (+ known_hosts)")
     inv.add_argument("path")
     inv.add_argument("--no-known-hosts", action="store_true")
@@ -50,6 +60,10 @@ def _status(cluster: SimCluster) -> None:
         return
     print(f"{len(cluster.hosts)} hosts, overlay {'on' if cluster.wireguard else 'off'}, "
           f"state {cluster.paths.root}")
+    applied = latency.current(cluster.paths)
+    if applied is not None:
+        print(f"profile {applied.name}: rate {applied.tc_rate or 'unshaped'}, "
+              f"RTT {applied.rtt_ms:g} ms, loss {applied.loss:g}")
     for h in cluster.hosts:
         pid = read_pidfile(cluster.paths.sshd_pid(h))
         overlay = f" {h.overlay_address}" if cluster.wireguard else ""
@@ -99,6 +113,12 @@ def _run(cluster: SimCluster, args: argparse.Namespace) -> int:
         cluster.shape(args.rate)
     elif cmd == "unshape":
         cluster.unshape()
+    elif cmd == "profile":
+        chosen = latency.apply(cluster.hosts, cluster.paths, latency.lookup(args.name, args.loss),
+                               python=cluster.python, max_seconds=args.max_seconds)
+        print(f"profile {chosen.name} on {len(cluster.hosts)} hosts")
+    elif cmd == "unprofile":
+        cluster.clear_profile()
     elif cmd == "cut":
         cluster.cut(args.host)
     elif cmd == "heal":

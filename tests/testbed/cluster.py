@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import homes, inventory, network, sshd, wireguard
+from . import homes, inventory, latency, network, sshd, wireguard
 from .layout import DEFAULT_STATE_DIR, NETNS_RE, Host, StatePaths, hosts
 from .proc import alive, argv_of, kill_pids, pids_in_netns, read_pidfile, run, stop, wait_dead
 from .requirements import missing_requirements
@@ -171,6 +171,7 @@ class SimCluster:
         # inside one of our namespaces.
         owned = {pid for ns in namespaces for pid in pids_in_netns(ns)}
         wireguard.down(known, self.paths, owned)
+        latency.down(known, self.paths, owned)
         for h in known:
             pid = read_pidfile(self.paths.sshd_pid(h))
             if pid is not None and pid in owned:
@@ -229,6 +230,23 @@ class SimCluster:
             self.unshape()
 
     @contextmanager
+    def profile(self, name: str, *, loss: float | None = None) -> Iterator[latency.Profile]:
+        """with cluster.profile("home"): ... rate, RTT and loss of latency.PROFILES on
+        every host; removed (rules, delayers, qdiscs) even on failure."""
+        chosen = self.apply_profile(name, loss=loss)
+        try:
+            yield chosen
+        finally:
+            self.clear_profile()
+
+    def apply_profile(self, name: str, *, loss: float | None = None) -> latency.Profile:
+        """Replace any applied profile (and shaping) by `name`; `loss` overrides its loss."""
+        return latency.apply(self.hosts, self.paths, latency.lookup(name, loss), python=self.python)
+
+    def clear_profile(self) -> None:
+        latency.clear(self.hosts, self.paths)
+
+    @contextmanager
     def link_cut(self, i: int) -> Iterator[None]:
         """with cluster.link_cut(2): ... (heals even on failure)"""
         self.cut(i)
@@ -245,12 +263,13 @@ class SimCluster:
 
     # --------------------------------------------------------- processes ----
     def _infrastructure(self, h: Host) -> set[int]:
-        pids = {read_pidfile(self.paths.sshd_pid(h)), wireguard.pid_of(h, self.paths)}
+        pids = {read_pidfile(self.paths.sshd_pid(h)), wireguard.pid_of(h, self.paths),
+                latency.delayer_pid(h, self.paths)}
         return {pid for pid in pids if pid is not None}
 
     def processes(self, i: int, *, sessions: bool = True) -> list[Process]:
         """(pid, argv) of every live process in host i's namespace except the
-        sshd listener and wireguard-go. sessions=False also leaves out sshd's
+        sshd listener, wireguard-go and the delayer. sessions=False also leaves out sshd's
         per-connection processes (open Fabric/ssh connections)."""
         h = self.host(i)
         infra = self._infrastructure(h)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 APT_PACKAGES = (
     "openssh-server", "rsync", "iproute2", "wireguard-go", "wireguard-tools",
     "iputils-ping", "iperf3", "iptables",
+    "libnetfilter-queue-dev",  # for `pip install netfilterqueue` (network profiles' delayer)
 )
 
 # tool -> Debian package providing it
@@ -21,7 +24,20 @@ _WG_TOOLS = {"wireguard-go": "wireguard-go", "wg": "wireguard-tools"}
 SSHD = Path("/usr/sbin/sshd")
 
 
-def missing_requirements(*, wireguard: bool = True) -> list[str]:
+def missing_latency_requirements(python: str = sys.executable) -> list[str]:
+    """What network profiles (latency.py) need on top of the bed: iptables' NFQUEUE
+    target and the `netfilterqueue` module in the python that runs the delayers."""
+    reasons = []
+    if shutil.which("iptables") is None:
+        reasons.append("`iptables` not found (apt-get install iptables)")
+    probe = subprocess.run([python, "-c", "import netfilterqueue"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        reasons.append(f"{python} cannot import netfilterqueue (apt-get install "
+                       "libnetfilter-queue-dev; pip install -e '.[test]')")
+    return reasons
+
+
+def missing_requirements(*, wireguard: bool = True, latency: bool = False) -> list[str]:
     """Human-readable reasons the test bed cannot run here (empty: it can)."""
     reasons = []
     if os.geteuid() != 0:
@@ -34,4 +50,6 @@ def missing_requirements(*, wireguard: bool = True) -> list[str]:
         reasons.append(f"{SSHD} not found (apt-get install openssh-server)")
     if wireguard and not Path("/dev/net/tun").exists():
         reasons.append("/dev/net/tun missing (wireguard-go needs TUN)")
+    if latency:
+        reasons += missing_latency_requirements()
     return reasons

@@ -1,0 +1,197 @@
+"""Network profiles of the simulated cluster (tests/testbed/latency.py, delayer.py):
+the table, the rules and the delay line exactly; then, on real namespaces, each
+profile's round-trip time (ping -U) and TCP throughput (iperf3) within 15 %, loss,
+and that nothing is left once a profile is removed."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import _testbed_unavailable
+from tests.testbed import SimCluster, latency, measure
+from tests.testbed.delayer import DelayLine, QueueSpec, parse_queue, poll_timeout_ms
+from tests.testbed.latency import Profile
+from tests.testbed.proc import alive
+from tests.testbed.requirements import missing_latency_requirements
+
+TOLERANCE = 0.15
+H2 = "10.77.0.12"
+# iperf3 (seconds, omitted first seconds): at 150 ms RTT slow start needs ~1 s
+# to fill 50 Mbit/s; the omitted seconds keep it out of the figure.
+IPERF = {"lan": (2, 0), "home": (5, 2), "far": (8, 3)}
+
+
+# ------------------------------------------------------------ pure parts ----
+def test_profile_table() -> None:
+    assert latency.PROFILES == (
+        Profile("lan", rate_mbit=None, rtt_ms=0.0, loss=0.0),
+        Profile("home", rate_mbit=20, rtt_ms=40.0, loss=0.0),
+        Profile("far", rate_mbit=50, rtt_ms=150.0, loss=0.0),
+    )
+    far = latency.lookup("far")
+    assert (far.tc_rate, far.peer_delay_ms, far.controller_delay_ms) == ("50mbit", 75.0, 150.0)
+    lan = latency.lookup("lan")
+    assert (lan.tc_rate, lan.needs_delayer) == (None, False)
+    assert latency.lookup("lan", loss=0.01) == Profile("lan", None, 0.0, 0.01)
+    assert latency.lookup("lan", loss=0.01).needs_delayer
+
+
+def test_lookup_refuses_unknown_names_and_bad_loss() -> None:
+    with pytest.raises(ValueError, match="unknown profile 'wan'; known: lan, home, far"):
+        latency.lookup("wan")
+    for loss in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="loss must be in"):
+            latency.lookup("home", loss=loss)
+
+
+def test_rules_queue_eth0_ingress_controller_first() -> None:
+    ipt = ["iptables", "-w", "10"]
+    queue = ["-j", "NFQUEUE", "--queue-bypass", "--queue-num"]
+    assert latency.rules() == [
+        [*ipt, "-N", "MRT-DELAY"],
+        [*ipt, "-A", "MRT-DELAY", "-s", "10.77.0.1", *queue, "2"],
+        [*ipt, "-A", "MRT-DELAY", "-s", "10.77.0.0/24", *queue, "1"],
+        [*ipt, "-I", "INPUT", "-i", "eth0", "-j", "MRT-DELAY"],
+    ]
+    assert latency.removal_rules() == [
+        [*ipt, "-D", "INPUT", "-i", "eth0", "-j", "MRT-DELAY"],
+        [*ipt, "-F", "MRT-DELAY"],
+        [*ipt, "-X", "MRT-DELAY"],
+    ]
+
+
+def test_delayer_argv() -> None:
+    argv = latency.delayer_argv("/v/bin/python", latency.lookup("home", loss=0.02), seed=3,
+                                max_seconds=60)
+    assert argv == ["/v/bin/python", str(latency.DELAYER), "--queue", "1:20", "--queue", "2:40",
+                    "--loss", "0.02", "--seed", "3", "--max-seconds", "60"]
+
+
+def test_parse_queue() -> None:
+    assert parse_queue("1:20") == QueueSpec(1, 0.02)
+    assert parse_queue("2:0") == QueueSpec(2, 0.0)
+    for bad in ("1", "x:20", "1:-5", "1:20000"):
+        with pytest.raises(Exception, match="NUM:MS|delay must be"):
+            parse_queue(bad)
+
+
+def test_delay_line_releases_in_arrival_order_when_due() -> None:
+    line = DelayLine[str](0.5)
+    line.push("a", now=10.0)
+    line.push("b", now=10.1)
+    line.push("c", now=10.1)
+    assert line.next_due() == 10.5
+    assert line.pop_due(10.49) == []
+    assert line.pop_due(10.5) == ["a"]
+    assert line.pop_due(11.0) == ["b", "c"]
+    assert (len(line), line.next_due()) == (0, None)
+    line.push("d", now=12.0)
+    assert line.drain() == ["d"] and len(line) == 0
+
+
+def test_poll_timeout_is_the_earliest_due_packet_or_the_deadline() -> None:
+    slow, fast = DelayLine[int](0.075), DelayLine[int](0.150)
+    assert poll_timeout_ms([slow, fast], now=1.0, deadline=5.0) == 4000.0
+    fast.push(1, now=1.0)
+    slow.push(2, now=1.05)
+    assert poll_timeout_ms([slow, fast], now=1.1, deadline=5.0) == pytest.approx(25.0)
+    assert poll_timeout_ms([slow, fast], now=2.0, deadline=5.0) == 0.0
+
+
+# ------------------------------------------------------- real namespaces ----
+@pytest.fixture
+def profiled_bed(testbed: SimCluster) -> Iterator[SimCluster]:
+    missing = missing_latency_requirements(testbed.python)
+    if missing:
+        _testbed_unavailable("; ".join(missing))
+    yield testbed
+    testbed.clear_profile()  # also after a failed assertion inside `with profile`
+
+
+def assert_near(measured: float, expected: float, what: str) -> None:
+    assert abs(measured - expected) <= TOLERANCE * expected, \
+        f"{what}: measured {measured:.1f}, profile {expected:.1f} (tolerance {TOLERANCE:.0%})"
+
+
+def assert_nothing_left(cluster: SimCluster) -> None:
+    assert measure.ping(cluster, 1, H2).median_ms < 1.0
+    for h in cluster.hosts:
+        assert latency.delayer_pid(h, cluster.paths) is None
+        assert cluster.processes(h.index, sessions=False) == []
+        assert "MRT-DELAY" not in cluster.exec(h.index, ["iptables", "-S"]).stdout
+        assert "tbf" not in cluster.exec(h.index, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+    assert latency.current(cluster.paths) is None
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("name", ["lan", "home", "far"])
+def test_profile_rtt_and_throughput(profiled_bed: SimCluster, name: str) -> None:
+    bed = profiled_bed
+    seconds, omit = IPERF[name]
+    with bed.profile(name) as profile:
+        assert latency.current(bed.paths) == profile
+        delayers = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
+        assert all(delayers) == profile.needs_delayer
+        assert bed.processes(1, sessions=False) == []  # the delayer is infrastructure
+        peers, controller = measure.ping(bed, 1, H2), measure.ping(None, 0, H2)
+        transfer = measure.iperf(bed, 2, 1, H2, seconds=seconds, omit=omit)
+    assert (peers.lost, controller.lost) == (0, 0)
+    if profile.rate_mbit is None:
+        assert peers.median_ms < 1.0 and controller.median_ms < 1.0
+        assert transfer.received_bits_per_second > 1e9  # unshaped: far above any profile
+    else:
+        assert_near(peers.median_ms, profile.rtt_ms, "RTT h1 <-> h2 (ms)")
+        assert_near(controller.median_ms, profile.rtt_ms, "RTT controller <-> h2 (ms)")
+        assert_near(transfer.received_bits_per_second / 1e6, profile.rate_mbit,
+                    "TCP h1 -> h2 (Mbit/s)")
+    assert_nothing_left(bed)
+
+
+@pytest.mark.cluster
+def test_loss_drops_that_share_of_round_trips(profiled_bed: SimCluster) -> None:
+    loss, count = 0.1, 300
+    with profiled_bed.profile("home", loss=loss):
+        pings = measure.ping(profiled_bed, 1, H2, count=count, interval=0.01)
+    # A round trip enters two hosts: lost with probability 1 - (1 - p)^2.
+    expected = 1 - (1 - loss) ** 2
+    sigma = math.sqrt(expected * (1 - expected) / count)
+    assert abs(pings.lost / count - expected) < 4 * sigma, (pings.lost, count, expected)
+    assert_near(pings.median_ms, 40.0, "RTT under loss (ms)")
+    assert_nothing_left(profiled_bed)
+
+
+@pytest.mark.cluster
+def test_cli_applies_and_clears_a_profile(profiled_bed: SimCluster) -> None:
+    cli = [sys.executable, "-m", "tests.testbed", "--state-dir", str(profiled_bed.paths.root)]
+
+    def call(*words: str) -> str:
+        result = subprocess.run([*cli, *words], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert call("profile", "home", "--loss", "0.001") == "profile home on 3 hosts\n"
+    assert "profile home: rate 20mbit, RTT 40 ms, loss 0.001" in call("status")
+    assert_near(measure.ping(profiled_bed, 3, H2).median_ms, 40.0, "RTT h3 <-> h2 (ms)")
+    call("unprofile")
+    assert "profile" not in call("status")
+    assert_nothing_left(profiled_bed)
+
+
+@pytest.mark.cluster
+def test_down_stops_the_delayers_by_pid(profiled_bed: SimCluster) -> None:
+    profiled_bed.apply_profile("far")
+    pids = [latency.delayer_pid(h, profiled_bed.paths) for h in profiled_bed.hosts]
+    assert all(pids)
+    try:
+        report = SimCluster(profiled_bed.paths.root).down()
+        assert report.leftovers == []  # stopped as infrastructure, not SIGKILLed as strays
+        assert not any(alive(pid) for pid in pids if pid is not None)
+        assert latency.current(profiled_bed.paths) is None
+    finally:
+        profiled_bed.up(3)  # the cluster is shared: later tests need it
+    assert_nothing_left(profiled_bed)

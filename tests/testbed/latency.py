@@ -1,0 +1,238 @@
+"""Named network profiles: bandwidth, round-trip time and loss between simulated hosts.
+
+| profile | per-host link (both directions) | RTT host <-> host | ingress delay per host |
+|---------|---------------------------------|-------------------|------------------------|
+| lan     | unshaped (~10 Gbit/s veth)      | < 0.2 ms          | none                   |
+| home    | 20 Mbit/s                       | 40 ms             | 20 ms                  |
+| far     | 50 Mbit/s                       | 150 ms            | 75 ms                  |
+
+Any profile takes an optional loss rate p: each packet entering a host is
+dropped with probability p, so a round trip between two hosts is lost with
+probability 1 - (1 - p)^2.
+
+How (the lab kernel has tbf and htb but no netem; NOTES.md §5):
+
+* Bandwidth: tbf on both ends of each host's veth (network.shape), as `shaped()`.
+  tbf counts Ethernet frames, so TCP payload gets ~96 % of the rate (1448/1514).
+* Delay: every packet entering a host from the bridge (``-i eth0``: never
+  loopback) goes to NFQUEUE, where the host's delayer process (delayer.py)
+  accepts it a fixed time later, in arrival order. Delay is added on ingress
+  only: held on the sender's egress, packets would still count against TCP Small
+  Queues and throttle the sender to ~2 packets per RTT (NOTES.md §5).
+* A host-to-host round trip enters two hosts, so each host delays peers' packets
+  by RTT/2. The controller (this machine's root namespace, 10.77.0.1, where ssh,
+  Fabric and rsync start) has no delayer of its own: packets *from* it are
+  delayed by the full RTT on the host, so controller <-> host round trips see
+  the profile's RTT too, like a user whose hosts are far away. SSH and every
+  other controller command are therefore as slow as they would be over that WAN:
+  that is the point (it is what `fab` has to cope with), not a distortion.
+* Overlays (wireguard-go, ZeroTier) run over eth0: their UDP is delayed once,
+  the decrypted packets (on wg0 / zt) are not delayed again.
+* Rules live in their own chain MRT-DELAY (jumped to from INPUT), one NFQUEUE
+  per source class, with ``--queue-bypass``: if the delayer is not running,
+  packets pass undelayed instead of being dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from . import network
+from .layout import GATEWAY, NS_IFNAME, UNDERLAY, Host, StatePaths
+from .proc import alive, pids_in_netns, read_pidfile, run, stop
+from .requirements import missing_latency_requirements
+
+CHAIN = "MRT-DELAY"
+PEER_QUEUE = 1  # packets from other hosts: RTT/2
+CONTROLLER_QUEUE = 2  # packets from the controller: the full RTT
+IPTABLES = ("iptables", "-w", "10")  # -w: the xtables lock is machine-wide
+DELAYER = Path(__file__).with_name("delayer.py")
+DEFAULT_MAX_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A network every host gets: link rate, host-to-host RTT, ingress loss rate."""
+
+    name: str
+    rate_mbit: int | None  # per host link, both directions; None: unshaped
+    rtt_ms: float  # round trip between two hosts (and between controller and a host)
+    loss: float = 0.0  # probability that a packet entering a host is dropped
+
+    @property
+    def tc_rate(self) -> str | None:
+        return None if self.rate_mbit is None else f"{self.rate_mbit}mbit"
+
+    @property
+    def peer_delay_ms(self) -> float:
+        """Delay on a host's ingress for packets from other hosts (both ends add it)."""
+        return self.rtt_ms / 2
+
+    @property
+    def controller_delay_ms(self) -> float:
+        """Delay on a host's ingress for packets from the controller (it has no delayer)."""
+        return self.rtt_ms
+
+    @property
+    def needs_delayer(self) -> bool:
+        return self.rtt_ms > 0 or self.loss > 0
+
+
+PROFILES: tuple[Profile, ...] = (
+    Profile("lan", rate_mbit=None, rtt_ms=0.0),
+    Profile("home", rate_mbit=20, rtt_ms=40.0),
+    Profile("far", rate_mbit=50, rtt_ms=150.0),
+)
+
+
+def lookup(name: str, loss: float | None = None) -> Profile:
+    """The profile called `name`, with its loss rate replaced if `loss` is given."""
+    found = [p for p in PROFILES if p.name == name]
+    if not found:
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(p.name for p in PROFILES)}")
+    if loss is None:
+        return found[0]
+    if not 0 <= loss < 1:
+        raise ValueError(f"loss must be in [0, 1), got {loss}")
+    return replace(found[0], loss=loss)
+
+
+def rules() -> list[list[str]]:
+    """iptables argv lists (run inside a host) that queue its ingress for the delayer.
+    The controller's rule comes first: NFQUEUE ends the chain for a packet."""
+    queue = ["-j", "NFQUEUE", "--queue-bypass", "--queue-num"]
+    return [
+        [*IPTABLES, "-N", CHAIN],
+        [*IPTABLES, "-A", CHAIN, "-s", GATEWAY, *queue, str(CONTROLLER_QUEUE)],
+        [*IPTABLES, "-A", CHAIN, "-s", f"{UNDERLAY}.0/24", *queue, str(PEER_QUEUE)],
+        [*IPTABLES, "-I", "INPUT", "-i", NS_IFNAME, "-j", CHAIN],
+    ]
+
+
+def removal_rules() -> list[list[str]]:
+    return [
+        [*IPTABLES, "-D", "INPUT", "-i", NS_IFNAME, "-j", CHAIN],
+        [*IPTABLES, "-F", CHAIN],
+        [*IPTABLES, "-X", CHAIN],
+    ]
+
+
+def delayer_argv(python: str, profile: Profile, *, seed: int,
+                 max_seconds: float = DEFAULT_MAX_SECONDS) -> list[str]:
+    return [python, str(DELAYER),
+            "--queue", f"{PEER_QUEUE}:{profile.peer_delay_ms:g}",
+            "--queue", f"{CONTROLLER_QUEUE}:{profile.controller_delay_ms:g}",
+            "--loss", f"{profile.loss:g}", "--seed", str(seed),
+            "--max-seconds", f"{max_seconds:g}"]
+
+
+def pid_file(host: Host, paths: StatePaths) -> Path:
+    return paths.host_dir(host) / "delayer.pid"
+
+
+def log_file(host: Host, paths: StatePaths) -> Path:
+    return paths.host_dir(host) / "delayer.log"
+
+
+def profile_file(paths: StatePaths) -> Path:
+    return paths.root / "profile.json"
+
+
+def delayer_pid(host: Host, paths: StatePaths) -> int | None:
+    """The host's running delayer, if any."""
+    pid = read_pidfile(pid_file(host, paths))
+    return pid if pid is not None and alive(pid) else None
+
+
+def current(paths: StatePaths) -> Profile | None:
+    """The profile applied now (None: none, i.e. like lan)."""
+    try:
+        return Profile(**json.loads(profile_file(paths).read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def _in(host: Host, argv: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", host.netns, *argv]
+
+
+def _start_delayer(host: Host, paths: StatePaths, argv: list[str]) -> int:
+    with open(log_file(host, paths), "wb") as log:
+        # `ip netns exec` execs: the child's pid is the delayer's.
+        child = subprocess.Popen(_in(host, argv), stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    pid_file(host, paths).write_text(f"{child.pid}\n")
+    return child.pid
+
+
+def _wait_ready(host: Host, paths: StatePaths, pid: int, timeout: float = 30.0) -> None:
+    """Until the delayer has bound its queues (it prints "ready"); python's start
+    can take seconds on a loaded 2-core machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive(pid):
+        if "ready" in log_file(host, paths).read_text(errors="replace").split():
+            return
+        time.sleep(0.05)
+    log = log_file(host, paths).read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"delayer on {host.name} did not start (pid {pid}):\n{log}")
+
+
+def apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, *,
+          python: str = sys.executable, max_seconds: float = DEFAULT_MAX_SECONDS) -> Profile:
+    """Shape and delay every host as `profile`, replacing any profile applied
+    before; on failure nothing is left applied. Returns `profile`."""
+    missing = missing_latency_requirements(python) if profile.needs_delayer else []
+    if missing:
+        raise RuntimeError(f"cannot apply network profile {profile.name}: " + "; ".join(missing))
+    clear(all_hosts, paths)
+    try:
+        _apply(all_hosts, paths, profile, python, max_seconds)
+    except BaseException:
+        clear(all_hosts, paths)
+        raise
+    return profile
+
+
+def _apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, python: str,
+           max_seconds: float) -> None:
+    profile_file(paths).write_text(json.dumps(asdict(profile)) + "\n")
+    for h in all_hosts:
+        if profile.tc_rate is not None:
+            network.shape(h, profile.tc_rate)
+    if not profile.needs_delayer:
+        return
+    pids = {h.index: _start_delayer(h, paths, delayer_argv(python, profile, seed=h.index,
+                                                           max_seconds=max_seconds))
+            for h in all_hosts}
+    for h in all_hosts:
+        _wait_ready(h, paths, pids[h.index])
+        for argv in rules():
+            run(_in(h, argv))
+
+
+def down(all_hosts: list[Host], paths: StatePaths, owned: set[int]) -> None:
+    """Stop each host's delayer by pid, only if `owned` (inside one of our
+    namespaces), and forget the profile; SimCluster.down() removes the rest with
+    the namespaces. SIGTERM: a delayer accepts every packet it holds, then exits."""
+    for h in all_hosts:
+        pid = delayer_pid(h, paths)
+        if pid is not None and pid in owned:
+            stop(pid)
+        pid_file(h, paths).unlink(missing_ok=True)
+    profile_file(paths).unlink(missing_ok=True)
+
+
+def clear(all_hosts: list[Host], paths: StatePaths) -> None:
+    """Remove any profile: rules first (no new packet is queued), then the
+    delayers (they release what they hold), then the shaping. Safe to repeat."""
+    for h in all_hosts:
+        for argv in removal_rules():
+            run(_in(h, argv), check=False)
+    down(all_hosts, paths, {pid for h in all_hosts for pid in pids_in_netns(h.netns)})
+    for h in all_hosts:
+        network.unshape(h)
