@@ -1,0 +1,408 @@
+"""deploy/host/runscript.py: a user script runs as under `python SCRIPT`, and a finished run exits 0
+even when the process would abort in interpreter finalization.
+
+Every test runs real interpreters in subprocesses, and most compare the runner with plain
+`python SCRIPT` on the same script: same output, same status, same traceback text. The runner is
+started as torchrun starts it on a host, `python -m deploy.host.runscript SCRIPT ARGS...`, from the
+project directory (torchrun's working directory under the agent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = ("-m", "deploy.host.runscript")
+HOSTILE_ARGS = ("--help", "a b", "it's", '"q"', "$HOME", "x;y", "line\nbreak")
+SEED_SCRIPT = REPO / "docs" / "examples" / "seed000_main.py"
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def env() -> dict[str, str]:
+    """The test's environment minus PYTHONUNBUFFERED: block-buffered stdout is the harder case."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {"OMP_NUM_THREADS": "1"}
+
+
+def argv(script: Path | str, *args: str, runner: bool) -> list[str]:
+    """`python -m deploy.host.runscript SCRIPT ARGS` (runner) or `python SCRIPT ARGS`."""
+    return [sys.executable, *(RUNNER if runner else ()), str(script), *args]
+
+
+def run(script: Path | str, *args: str, runner: bool, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv(script, *args, runner=runner), cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start(script: Path, *args: str, runner: bool) -> subprocess.Popen[str]:
+    """The script running in the background, stdout and stderr piped, from the project."""
+    return subprocess.Popen(argv(script, *args, runner=runner), cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def both(script: Path | str, *args: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    return run(script, *args, runner=False), run(script, *args, runner=True)
+
+
+ABORT_AT_EXIT = """\
+    import atexit
+    import ctypes
+
+    # Stand-in for the gloo teardown abort (a C++ std::thread destroyed while joinable at exit):
+    # a function registered like a C++ static destructor, run by exit(3) after Python's
+    # finalization, that calls abort(). Deterministic, where the real abort is 1 run in several.
+    libc = ctypes.CDLL(None)
+    libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
+    atexit.register(print, "atexit handler ran")
+    print("work done")
+"""
+
+
+def test_an_abort_in_finalization_fails_plain_python_but_not_the_runner(tmp_path: Path) -> None:
+    """The contrast the runner exists for. The script's work and atexit handler complete under
+    both; plain `python` then dies of SIGABRT in the C-level exit (as torch 2.14.1 + gloo workers
+    do after `destroy_process_group()`, see test_seed_style_ddp_script_under_torchrun_...), while
+    the runner leaves with `os._exit(0)` before it."""
+    script = write(tmp_path / "abort_at_exit.py", ABORT_AT_EXIT)
+    plain, runner = both(script)
+    assert plain.returncode == -signal.SIGABRT, plain
+    assert runner.returncode == 0, runner
+    assert plain.stdout == runner.stdout == "work done\natexit handler ran\n"
+
+
+def test_seed_style_ddp_script_under_torchrun_finishes_every_time() -> None:
+    """docs/examples/seed000_main.py (seed 000's DDP script for gloo: init_process_group from
+    torchrun's environment, DistributedSampler, DDP, destroy_process_group) under
+    `torchrun --standalone --nproc-per-node 2 -m deploy.host.runscript SCRIPT`, three times in a row.
+
+    Plain torchrun contrast, measured by hand on this 2-core machine (not in this test, it is a
+    matter of chance): the issue reports 1 run in 3, then 1 in 8 on a loaded machine, aborting with
+    "terminate called without an active exception". My own 8 plain runs of this script
+    (`torchrun --standalone --nproc-per-node 2 docs/examples/seed000_main.py --epochs 2`) had
+    0 aborts, and 8 more with an fp16 compress comm hook had 0 too: the abort is rare enough here
+    that a test cannot count on it, which is why the deterministic stand-in above exists. This
+    test proves the runner carries a real gloo DDP script to status 0 on every rank and passes its
+    arguments through torchrun unchanged.
+    """
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    for attempt in range(3):
+        proc = subprocess.run([*torchrun, *RUNNER, str(SEED_SCRIPT), "--epochs", "1", "--", *HOSTILE_ARGS],
+                              cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"attempt {attempt}: {proc.stdout}\n{proc.stderr}"
+        assert "terminate called" not in proc.stderr
+        assert f"ARGS {json.dumps({'argv': list(HOSTILE_ARGS), 'epochs': 1})}" in proc.stdout
+        for rank in (0, 1):
+            assert f"rank {rank} local_rank {rank} epoch 0 loss " in proc.stdout
+
+
+MAIN_FACTS = """\
+    import json
+    import sys
+
+    import models  # the sibling module next to the script
+
+
+    def annotated(x: int) -> str:  # the runner's own `from __future__` imports must not reach here
+        return str(x)
+
+
+    print(json.dumps({
+        "argv": sys.argv, "path": sys.path, "name": __name__, "file": __file__, "spec": repr(__spec__),
+        "package": __package__, "cached": __cached__, "loader": type(__loader__).__name__,
+        "loader_path": __loader__.path, "builtins": __builtins__.__name__,
+        "main_is_script": sys.modules["__main__"].__dict__ is globals(),
+        "sibling": models.__file__, "sibling_answer": models.ANSWER,
+        "annotations": repr(annotated.__annotations__),
+    }))
+"""
+
+
+@pytest.mark.parametrize("form", ["absolute", "relative", "symlink"])
+def test_main_module_argv_and_sys_path_match_plain_python(tmp_path: Path, form: str) -> None:
+    """argv, the whole sys.path (the script's real directory first, the working directory not on
+    it), the `__main__` attributes and a sibling `import models` are what `python SCRIPT` gives."""
+    script = write(tmp_path / "job" / "main.py", MAIN_FACTS)
+    write(tmp_path / "job" / "models.py", "ANSWER = 42\n")
+    (tmp_path / "link.py").symlink_to(script)
+    # like the interpreter, the runner joins a relative path to the cwd without normalizing it
+    target = {"absolute": str(script), "relative": os.path.relpath(script, REPO),
+              "symlink": str(tmp_path / "link.py")}[form]
+    plain, runner = both(target, *HOSTILE_ARGS)
+    assert plain.returncode == runner.returncode == 0, (plain.stderr, runner.stderr)
+    facts = json.loads(runner.stdout)
+    assert facts == json.loads(plain.stdout)
+    assert facts["argv"] == [target, *HOSTILE_ARGS]
+    assert facts["path"][0] == str(tmp_path / "job") and str(REPO) not in facts["path"]
+    assert (facts["name"], facts["file"], facts["spec"], facts["main_is_script"]) == (
+        "__main__", os.path.join(REPO, target), "None", True)
+    assert (facts["sibling"], facts["sibling_answer"]) == (str(tmp_path / "job" / "models.py"), 42)
+    assert facts["annotations"] == "{'x': <class 'int'>, 'return': <class 'str'>}"
+
+
+def test_uncaught_exception_prints_pythons_traceback_and_exits_1(tmp_path: Path) -> None:
+    """The traceback text is byte for byte plain Python's: chained exceptions, a frame in a sibling
+    module, and none of the runner's own frames."""
+    write(tmp_path / "models.py", """\
+        def build(width):
+            return {"width": width}["depth"]
+    """)
+    script = write(tmp_path / "fail.py", """\
+        import atexit
+        import models
+
+        atexit.register(print, "atexit still runs")
+
+        def main():
+            try:
+                models.build(3)
+            except KeyError as exc:
+                raise RuntimeError("model config incomplete") from exc
+
+        main()
+    """)
+    plain, runner = both(script)
+    assert plain.returncode == runner.returncode == 1
+    assert runner.stderr == plain.stderr
+    assert runner.stdout == plain.stdout == "atexit still runs\n"
+    assert runner.stderr.startswith("Traceback (most recent call last):\n")
+    assert runner.stderr.endswith("RuntimeError: model config incomplete\n")
+    assert "runscript" not in runner.stderr and f'File "{tmp_path / "models.py"}", line 2, in build' in runner.stderr
+
+
+EXCEPTHOOK = """\
+    import sys
+
+    def hook(kind, value, tb):
+        print("hooked", kind.__name__, value, tb.tb_frame.f_code.co_filename == __file__, file=sys.stderr)
+
+    sys.excepthook = hook
+    raise ValueError("bad input")
+"""
+
+
+@pytest.mark.parametrize(("source", "stderr_start"), [
+    ("x = 1\ndef f(:\n    pass\n", '  File "{script}", line 2\n'),  # no "Traceback" line, as python's
+    (EXCEPTHOOK, "hooked ValueError bad input True\n"),  # the script's own hook gets the script's frames
+], ids=["syntax-error", "excepthook"])
+def test_syntax_error_and_excepthook_as_under_python(tmp_path: Path, source: str, stderr_start: str) -> None:
+    script = write(tmp_path / "script.py", source)
+    plain, runner = both(script)
+    assert plain.returncode == runner.returncode == 1
+    assert runner.stderr == plain.stderr
+    assert runner.stderr.startswith(stderr_start.format(script=script))
+
+
+EXIT_WITH = """\
+    import atexit
+    import sys
+
+    atexit.register(print, "atexit ran")
+    code = sys.argv[1]
+    sys.exit(None if code == "none" else int(code) if code.lstrip("-").isdigit() else code)
+"""
+
+
+@pytest.mark.parametrize(("code", "status", "stderr"), [
+    ("none", 0, ""), ("0", 0, ""), ("3", 3, ""), ("-1", 255, ""), ("256", 0, ""),
+    ("checkpoint dir missing", 1, "checkpoint dir missing\n"),
+])
+def test_sys_exit_status_as_under_python(tmp_path: Path, code: str, status: int, stderr: str) -> None:
+    script = write(tmp_path / "exit_with.py", EXIT_WITH)
+    plain, runner = both(script, code)
+    assert (runner.returncode, runner.stderr, runner.stdout) == (status, stderr, "atexit ran\n")
+    assert (plain.returncode, plain.stderr, plain.stdout) == (status, stderr, "atexit ran\n")
+
+
+def test_output_without_newline_and_atexit_order_survive_os_exit(tmp_path: Path) -> None:
+    """Block-buffered stdout (a pipe, no PYTHONUNBUFFERED) with a partial line, a print to stderr,
+    and three atexit handlers that must run last-registered first, with their arguments."""
+    script = write(tmp_path / "tail.py", """\
+        import atexit
+        import sys
+
+        for name in ("first", "second", "third"):
+            atexit.register(print, "atexit", name)
+        atexit.register(sys.stderr.write, "to stderr, no newline")
+        sys.stdout.write("partial line, never flushed")
+    """)
+    plain, runner = both(script)
+    assert runner.returncode == 0
+    expected = "partial line, never flushedatexit third\natexit second\natexit first\n"
+    assert runner.stdout == plain.stdout == expected
+    assert runner.stderr == plain.stderr == "to stderr, no newline"
+
+
+def test_stdout_whose_reader_is_gone_exits_120_like_python(tmp_path: Path) -> None:
+    """The final flush of stdout fails (the pipe's reader closed it): CPython reports it and exits
+    120 rather than 0, so the runner does the same."""
+    script = write(tmp_path / "pipe.py", """\
+        import atexit
+        import sys
+
+        atexit.register(sys.stderr.write, "atexit ran\\n")
+        sys.stdout.write("x" * 100)
+    """)
+    results = []
+    for runner in (False, True):
+        proc = start(script, runner=runner)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        results.append((proc.wait(timeout=60), proc.communicate()[1]))
+    assert results[1] == results[0]
+    assert results[1] == (120, "atexit ran\nException ignored in: <_io.TextIOWrapper name='<stdout>' mode='w' "
+                               "encoding='utf-8'>\nBrokenPipeError: [Errno 32] Broken pipe\n")
+
+
+def test_non_daemon_thread_is_joined_before_atexit_handlers(tmp_path: Path) -> None:
+    script = write(tmp_path / "thread.py", """\
+        import atexit
+        import threading
+        import time
+
+        def late_writer():
+            time.sleep(0.5)
+            print("thread finished", flush=True)
+
+        atexit.register(print, "atexit ran")
+        threading.Thread(target=late_writer).start()
+        print("main returned", flush=True)
+    """)
+    plain, runner = both(script)
+    assert runner.returncode == 0
+    assert runner.stdout == plain.stdout == "main returned\nthread finished\natexit ran\n"
+
+
+def test_files_left_open_and_logging_are_flushed(tmp_path: Path) -> None:
+    """Interpreter finalization would flush a file the script never closed, and logging's handlers;
+    os._exit skips finalization, so the runner flushes them first."""
+    script = write(tmp_path / "leftopen.py", """\
+        import logging
+        import sys
+
+        log = open(sys.argv[1], "w")
+        log.write("epoch 1 done")
+        raw = open(sys.argv[2], "wb")
+        raw.write(b"raw bytes")
+        logging.basicConfig(filename=sys.argv[3], level=logging.INFO, format="%(message)s")
+        logging.info("logged")
+    """)
+    for runner in (False, True):
+        paths = [tmp_path / f"{name}-{runner}.txt" for name in ("text", "raw", "log")]
+        proc = run(script, *map(str, paths), runner=runner)
+        assert proc.returncode == 0, proc.stderr
+        assert [p.read_text() for p in paths] == ["epoch 1 done", "raw bytes", "logged\n"]
+
+
+@pytest.mark.parametrize("how", ["raised", "signal"])
+def test_keyboard_interrupt_dies_of_sigint_like_python(tmp_path: Path, how: str) -> None:
+    """Uncaught KeyboardInterrupt: traceback, atexit handlers, then death by SIGINT (CPython's
+    bpo-1054041 behaviour), so torchrun or a shell sees the interrupt, not an ordinary status."""
+    script = write(tmp_path / "interrupt.py", """\
+        import atexit
+        import sys
+        import time
+
+        atexit.register(print, "atexit ran")
+        print("ready", flush=True)
+        if sys.argv[1] == "raised":
+            raise KeyboardInterrupt
+        time.sleep(60)
+    """)
+    results = [_interrupt(script, how, runner) for runner in (False, True)]
+    (plain_rc, plain_out, plain_err), (rc, out, err) = results
+    assert rc == plain_rc == -signal.SIGINT
+    assert out == plain_out == "ready\natexit ran\n"
+    assert err.endswith("KeyboardInterrupt\n") and "runscript" not in err
+    if how == "raised":
+        assert err == plain_err
+
+
+def _interrupt(script: Path, how: str, runner: bool) -> tuple[int, str, str]:
+    proc = start(script, how, runner=runner)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # the script is past its imports once it says so
+    if how == "signal":
+        proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, first + out, err
+
+
+def test_sigterm_kills_the_script_as_it_kills_python(tmp_path: Path) -> None:
+    """torchrun stops workers with SIGTERM; the runner installs no handler, so the worker still
+    dies of that signal (and, as under plain python, atexit handlers do not run)."""
+    script = write(tmp_path / "sleeper.py", """\
+        import atexit
+        import time
+
+        atexit.register(print, "atexit ran")
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    for runner in (False, True):
+        proc = start(script, runner=runner)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.terminate()
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+        assert proc.communicate() == ("", "")
+
+
+def test_main_classes_pickle_in_spawned_dataloader_workers_and_at_exit(tmp_path: Path) -> None:
+    """A Dataset class defined in the script, loaded by 2 DataLoader workers started with spawn
+    (they re-run the script as `__mp_main__` and unpickle `__main__.Squares`), and an atexit handler
+    pickling a `__main__` class after the script returned."""
+    script = write(tmp_path / "loader.py", """\
+        import atexit
+        import pickle
+
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+
+        class Squares(Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, index):
+                return torch.tensor([index * index, torch.utils.data.get_worker_info().id])
+
+
+        class Point:
+            def __init__(self, x):
+                self.x = x
+
+
+        def at_exit():
+            point = pickle.loads(pickle.dumps(Point(7)))
+            print("atexit pickled", type(point).__module__, type(point).__name__, point.x)
+
+
+        if __name__ == "__main__":
+            atexit.register(at_exit)
+            loader = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
+            batches = torch.cat(list(loader))
+            print("sum", int(batches[:, 0].sum()), "workers", sorted(set(batches[:, 1].tolist())))
+    """)
+    proc = run(script, runner=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "sum 140 workers [0, 1]\natexit pickled __main__ Point 7\n"
+
+
+def test_usage_and_missing_script_exit_2(tmp_path: Path) -> None:
+    usage = subprocess.run([sys.executable, *RUNNER], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (usage.returncode, usage.stderr) == (2, "usage: python -m deploy.host.runscript SCRIPT [ARG ...]\n")
+    missing = run(tmp_path / "nope.py", runner=True)
+    assert missing.returncode == 2
+    assert missing.stderr == (f"{sys.executable}: can't open file '{tmp_path / 'nope.py'}': "
+                              "[Errno 2] No such file or directory\n")
