@@ -21,7 +21,7 @@ from tests.trainer.harness import REPO, clean_env
 WRITER = """
 import sys, time, torch
 from pathlib import Path
-from train import fsutil
+from common import fsutil
 from train.checkpoint import Checkpointer
 from train.config import CheckpointConfig
 

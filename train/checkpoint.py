@@ -1,67 +1,151 @@
-"""Checkpoint files: atomic rank-0 writes, retention, sha256 manifest, and agreed resume.
+"""Checkpoint files: one complete copy per host, retention, sha256 manifest, and agreed resume.
 
-Layout of ``<run dir>/checkpoints/``:
+Layout of ``<run dir>/checkpoints/`` on every host:
 - ``ckpt-step<global step, 9 digits>.pt``: the newest ``keep_last`` saves;
 - ``best.pt``: a copy of the save with the best test accuracy so far (seed 004's model_best);
 - ``MANIFEST.sha256``: ``"<sha256>  <filename>"`` lines (``sha256sum -c`` format) for all of them.
 
-Resume does not assume shared storage: every rank reports the newest valid checkpoint on its own
-host, all take the maximum step, and the lowest rank holding it broadcasts the bytes.
+Writers: ``open_site`` (collective, once) elects the lowest rank that sees each directory, so a
+host's ranks, or several "hosts" sharing one filesystem, get one writer per directory. Every
+writer saves the same state (per-rank state is all-gathered by ``train.state`` and
+``train.comm``), and ``save`` compares the writers' sha256 so the copies are byte-identical:
+a writer whose bytes differ from rank 0's stores rank 0's bytes instead (one broadcast).
+
+Resume does not assume shared storage and trusts no file: a rank offers only files named like
+the trainer's and listed in its manifest with a matching hash; all ranks take the newest
+offered step, the lowest rank holding it broadcasts the bytes, and every rank loads them with
+``train.safe_load`` (no code runs). If any rank fails to load them, all ranks agree to drop
+that copy and try the next newest, down to a fresh start (``restore_agreed``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
-import shutil
+import secrets
+import socket
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from train import dist
 from train.config import CheckpointConfig
-from common.fsutil import atomic_write_bytes, atomic_writer, sha256_file
+from train.safe_load import UnsafeCheckpoint, load_bytes, load_file
+from common.fsutil import atomic_write_bytes, sha256_file
 
 MANIFEST = "MANIFEST.sha256"
 BEST = "best.pt"
-_NAME = re.compile(r"^ckpt-step(\d{9})\.pt$")
+PROBE_PREFIX = ".writer-probe-"
+_NAME = re.compile(r"ckpt-step(\d{9})\.pt")
+_MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (\S+)")
+
+Warn = Callable[[str], None]
 
 
 def checkpoint_name(step: int) -> str:
     return f"ckpt-step{step:09d}.pt"
 
 
-class Checkpointer:
-    """Saves (call only on rank 0) and finds checkpoints in one local directory."""
+def warn_stderr(text: str) -> None:
+    print(f"train: warning: {text}", file=sys.stderr, flush=True)
 
-    def __init__(self, directory: Path, cfg: CheckpointConfig) -> None:
+
+@dataclass(frozen=True)
+class Site:
+    """This rank's part in the checkpoint directories of a run (see ``open_site``)."""
+
+    rank: int
+    host: str  # for messages: MESHRUN_HOST, else the hostname
+    writer: bool  # this rank writes its directory
+    writers: tuple[int, ...]  # every writer, ascending; rank 0 always writes
+    device: torch.device  # for collectives (NCCL needs CUDA tensors)
+
+
+def local_site(host: str = "") -> Site:
+    """A single process: it writes its own directory."""
+    return Site(0, host or socket.gethostname(), True, (0,), torch.device("cpu"))
+
+
+def open_site(directory: Path, rank: int, host: str, device: torch.device) -> Site:
+    """Collective: elect one writer per directory, the lowest rank that sees it. Ranks tell
+    which directories are the same by seeing each other's probe files, which also holds for a
+    filesystem shared between machines (where LOCAL_RANK would elect one writer per machine)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    token = f"{dist.all_gather_ints(secrets.randbits(62), device)[0]:016x}"  # rank 0's: per run
+    probe = directory / f"{PROBE_PREFIX}{token}-{rank}"
+    probe.touch()
+    dist.barrier()
+    pattern = re.compile(re.escape(f"{PROBE_PREFIX}{token}-") + r"(\d+)")
+    seen = [int(m.group(1)) for p in directory.iterdir() if (m := pattern.fullmatch(p.name))]
+    dist.barrier()  # every rank has listed before any probe goes
+    probe.unlink()
+    flags = dist.all_gather_ints(int(min(seen) == rank), device)
+    writers = tuple(r for r, flag in enumerate(flags) if flag)
+    return Site(rank, host or socket.gethostname(), rank in writers, writers, device)
+
+
+class Checkpointer:
+    """Saves (collectively; writers write) and finds checkpoints in one local directory."""
+
+    def __init__(self, directory: Path, cfg: CheckpointConfig, site: Site | None = None,
+                 warn: Warn = warn_stderr) -> None:
         self.directory = directory
         self.cfg = cfg
+        self.site = site or local_site()
+        self.warn = warn
         self.hashes = read_manifest(directory / MANIFEST)
+        self._verified: dict[str, bool] = {}
+        self._warned_divergence = False
 
     def due(self, global_step: int) -> bool:
         """Whether an intra-epoch save is due after this optimizer step."""
         return self.cfg.every_steps > 0 and global_step % self.cfg.every_steps == 0
 
-    def save(self, state: dict[str, Any], step: int, is_best: bool) -> Path:
-        """Write ``state`` as the checkpoint for ``step``; the previous files stay valid until the
-        new one is complete, so a crash at any point leaves a loadable newest checkpoint."""
+    def save(self, state: dict[str, Any] | None, step: int, is_best: bool) -> Path | None:
+        """Collective: every rank calls, writers pass ``state`` (others None). The previous files
+        stay valid until the new one is complete, so a crash at any point leaves a loadable
+        newest checkpoint. Returns the written path on writers."""
+        buf = io.BytesIO()
+        if self.site.writer:
+            assert state is not None, "a writer must pass the state"
+            torch.save(state, buf)
+        payload = self._identical(buf.getvalue())
+        if not self.site.writer:
+            return None
+        return self._write(payload, step, is_best)
+
+    def _identical(self, payload: bytes) -> bytes:
+        """Collective: the writers' bytes, made equal to rank 0's. The states are equal by
+        construction, so this costs one small all-gather; a difference (state that is per rank
+        but not gathered, e.g. local SGD's momentum) costs a broadcast of rank 0's bytes."""
+        site = self.site
+        if len(site.writers) < 2:
+            return payload
+        codes = dist.all_gather_ints(_short_digest(payload) if site.writer else 0, site.device)
+        differ = [r for r in site.writers if codes[r] != codes[0]]
+        if not differ:
+            return payload
+        theirs = dist.broadcast_bytes(payload if site.rank == 0 else None, 0, site.device)
+        if site.rank == 0 and not self._warned_divergence:
+            self._warned_divergence = True
+            self.warn(f"checkpoint copies of ranks {differ} differ from rank 0's (state that "
+                      "differs per rank and is not gathered); they store rank 0's bytes, "
+                      "broadcast at every save")
+        return theirs if site.rank in differ else payload
+
+    def _write(self, payload: bytes, step: int, is_best: bool) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / checkpoint_name(step)
-        with atomic_writer(path) as out:
-            torch.save(state, out)
-        self.hashes[path.name] = out.sha.hexdigest()
+        self.hashes[path.name] = atomic_write_bytes(path, payload)
         if is_best:
-            self._copy_best(path)
+            self.hashes[BEST] = atomic_write_bytes(self.directory / BEST, payload)
         self._prune()
         self._write_manifest()
         return path
-
-    def _copy_best(self, path: Path) -> None:
-        with atomic_writer(self.directory / BEST) as out, open(path, "rb") as src:
-            shutil.copyfileobj(src, out)
-        self.hashes[BEST] = out.sha.hexdigest()
 
     def _prune(self) -> None:
         steps = sorted(self.local_steps())
@@ -76,47 +160,95 @@ class Checkpointer:
         atomic_write_bytes(self.directory / MANIFEST, lines.encode())
 
     def local_steps(self) -> list[int]:
+        """Steps of the regular files named exactly like the trainer's checkpoints."""
         if not self.directory.is_dir():
             return []
-        found = (_NAME.match(p.name) for p in self.directory.iterdir())
+        found = (_NAME.fullmatch(p.name) for p in self.directory.iterdir()
+                 if not p.is_symlink() and p.is_file())
         return [int(m.group(1)) for m in found if m]
 
-    def newest_valid(self) -> int:
-        """Newest step on this host whose bytes match the manifest (a file written after the
-        last manifest update is trusted: the atomic rename guarantees it is complete); -1 if
-        none."""
-        for step in sorted(self.local_steps(), reverse=True):
-            name = checkpoint_name(step)
-            expected = self.hashes.get(name)
-            if expected is None or sha256_file(self.directory / name) == expected:
+    def candidate(self, rejected: frozenset[int] = frozenset()) -> int:
+        """Newest step not in ``rejected`` whose file is listed in the manifest with a matching
+        hash; -1 if none. An unlisted file (a save interrupted before its manifest update, or a
+        planted one) is never offered."""
+        for step in sorted(set(self.local_steps()) - rejected, reverse=True):
+            if self._listed_and_intact(checkpoint_name(step)):
                 return step
         return -1
+
+    def newest_valid(self) -> int:
+        return self.candidate()
+
+    def _listed_and_intact(self, name: str) -> bool:
+        if name not in self._verified:
+            expected = self.hashes.get(name)
+            ok = expected is not None and sha256_file(self.directory / name) == expected
+            self._verified[name] = ok
+            if not ok and self.site.writer:  # one warning per directory
+                why = "is not listed in" if expected is None else "does not match"
+                self.warn(f"checkpoint {self.label(name)} {why} {MANIFEST}; ignored")
+        return self._verified[name]
+
+    def label(self, name: str) -> str:
+        """``host:path`` of a file here, for messages."""
+        return f"{self.site.host}:{self.directory / name}"
 
     def read_bytes(self, step: int) -> bytes:
         return (self.directory / checkpoint_name(step)).read_bytes()
 
 
+def _short_digest(payload: bytes) -> int:
+    """64 bits of sha256, as an int64 a tensor collective carries (equality check only)."""
+    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "big", signed=True)
+
+
 def read_manifest(path: Path) -> dict[str, str]:
+    """{filename: sha256}; lines not in ``sha256sum`` format are ignored."""
     if not path.exists():
         return {}
-    pairs = (line.split("  ", 1) for line in path.read_text().splitlines() if line.strip())
-    return {name: digest for digest, name in pairs}
+    found = (_MANIFEST_LINE.fullmatch(line) for line in path.read_text().splitlines())
+    return {m.group(2): m.group(1) for m in found if m}
 
 
 def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[str, Any] | None:
-    """Collective over all ranks: the newest checkpoint held by any rank, loaded on every rank
-    (None when no rank has one). Every rank reaches the same decision because it is computed
-    from the same all-gathered list."""
-    steps = dist.all_gather_ints(ckpt.newest_valid(), device)
-    newest = max(steps)
-    if newest < 0:
-        return None
-    src = steps.index(newest)
-    payload = dist.broadcast_bytes(ckpt.read_bytes(newest) if rank == src else None, src, device)
-    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
-    state["restored_from_rank"] = src
-    return state
+    """Collective over all ranks: the newest checkpoint held by any rank that every rank loads
+    safely, loaded on every rank (None when there is none). Each round is decided from
+    all-gathered values, so all ranks take the same branch: a round whose bytes fail to load on
+    any rank drops that copy everywhere (its holder, and every rank holding the same bytes) and
+    the next round offers the next newest. Each round drops at least one copy, so it ends.
+    Only tensor collectives are used: object collectives would unpickle peers' data."""
+    rejected: set[int] = set()
+    while True:
+        steps = dist.all_gather_ints(ckpt.candidate(frozenset(rejected)), device)
+        newest = max(steps)
+        if newest < 0:
+            return None
+        src = steps.index(newest)
+        payload = dist.broadcast_bytes(ckpt.read_bytes(newest) if rank == src else None, src,
+                                       device)
+        state, reason = _try_load(payload)
+        loaded = dist.all_gather_ints(int(state is not None), device)
+        if all(loaded):
+            assert state is not None
+            state["restored_from_rank"] = src
+            return state
+        name = checkpoint_name(newest)
+        label = dist.broadcast_bytes(ckpt.label(name).encode() if rank == src else None, src,
+                                     device).decode(errors="replace")
+        if rank == 0:
+            failed = [r for r, ok in enumerate(loaded) if not ok]
+            ckpt.warn(f"checkpoint {label} does not load safely on ranks {failed} "
+                      f"({reason or 'see their logs'}); skipped, trying the next newest")
+        if rank == src or ckpt.hashes.get(name) == hashlib.sha256(payload).hexdigest():
+            rejected.add(newest)
 
 
-def load_file(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+def _try_load(payload: bytes) -> tuple[dict[str, Any] | None, str]:
+    try:
+        return load_bytes(payload), ""
+    except UnsafeCheckpoint as err:
+        return None, str(err)
+
+
+__all__ = ["MANIFEST", "BEST", "Site", "Checkpointer", "checkpoint_name", "local_site",
+           "open_site", "read_manifest", "restore_agreed", "load_file", "warn_stderr"]

@@ -1,7 +1,8 @@
 """Training position and the checkpoint state dictionary.
 
-Contract: ``capture`` is collective (it all-gathers every rank's RNG state) and returns the
-state only on rank 0; ``apply`` restores a state on any rank at any world size. RNG streams are
+Contract: ``capture`` is collective (it all-gathers every rank's RNG state and takes rank 0's
+module buffers) and returns the same state on every rank that writes a copy (``writer``), None
+elsewhere; ``apply`` restores a state on any rank at any world size. RNG streams are
 restored exactly when the world size is unchanged, and re-derived from the seed, rank and step
 otherwise (the old per-rank streams have no meaning on a different set of ranks).
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 from torch import nn
 
 from train import dist
@@ -48,13 +50,14 @@ class Restored:
 
 def capture(cfg: TrainConfig, module: nn.Module, optimizer: torch.optim.Optimizer,
             scaler: torch.amp.GradScaler | None, pos: Position, lr: float, world_size: int,
-            is_main: bool) -> dict[str, Any] | None:
+            writer: bool) -> dict[str, Any] | None:
     rng = dist.all_gather_objects(_rng_state())
-    if not is_main:
+    model = _with_rank0_buffers(module)
+    if not writer:
         return None
     return {
         "format": FORMAT,
-        "model": module.state_dict(),
+        "model": model,
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
         # The LR is a pure function of the position (train.optim), so this is informational.
@@ -79,6 +82,26 @@ def apply(state: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optim
     else:
         torch.manual_seed(seed + rank + 7919 * pos.global_step)
     return Restored(pos, state["world_size"], state.get("restored_from_rank", 0))
+
+
+def _with_rank0_buffers(module: nn.Module) -> dict[str, Any]:
+    """Collective: the module's state with rank 0's buffers (e.g. BatchNorm running statistics,
+    which each rank updates from its own batch). DDP gives every rank rank 0's buffers at the
+    start of each forward, so those are the ones training continues with, and with them every
+    host's copy is the same. Parameters are already identical after the all-reduce."""
+    state = module.state_dict()
+    if not dist.active():
+        return state
+    buffers = {name for name, _ in module.named_buffers()}
+    names = [n for n in state if n in buffers]  # state_dict order: the same on every rank
+    for dtype in sorted({state[n].dtype for n in names}, key=str):  # one broadcast per dtype
+        group = [n for n in names if state[n].dtype == dtype]
+        flat = torch.cat([state[n].detach().reshape(-1) for n in group])
+        torch_dist.broadcast(flat, 0)
+        pieces = flat.split([state[n].numel() for n in group])
+        for name, piece in zip(group, pieces):
+            state[name] = piece.view_as(state[name]).clone()  # own storage: saved alone
+    return state
 
 
 def _rng_state() -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ Contract:
 - Construction also resolves the per-rank batch sizes (``train.balance``, collective; it runs
   the ``batch_size: auto`` probe when asked) and lays out each epoch with them.
 - ``fit()`` trains up to ``cfg.epochs`` epochs from the restored position, evaluates exactly
-  after each, checkpoints on rank 0 after each epoch and every ``checkpoint.every_steps``
+  after each, checkpoints (a copy per host) after each epoch and every ``checkpoint.every_steps``
   optimizer steps, and returns the final ``ResultRecord`` (also written to result.json).
 """
 
@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Subset, default_collate
 
 from train import balance, dist, perf, state
 from train import comm
-from train.checkpoint import Checkpointer, restore_agreed
+from train.checkpoint import Checkpointer, open_site, restore_agreed
 from train.config import Precision, TrainConfig, to_dict
 from train.data import build_datasets
 from train.dist import DistEnv
@@ -83,7 +83,9 @@ class Trainer:
         dtype = amp_dtype(cfg.amp, device)
         scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
         torch.manual_seed(cfg.seed + 1 + env.rank)  # per-rank stream: dropout, augmentation
-        self.ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
+        ckpt_dir = run_dir / "checkpoints"
+        self.ckpt = Checkpointer(ckpt_dir, cfg.checkpoint,
+                                 open_site(ckpt_dir, env.rank, env.host, device))
         self.sink = MetricsSink(run_dir, env.rank, env.is_main, cfg.log.progress_seconds,
                                 cfg.log.tensorboard)
         self.pos = Position()
@@ -316,13 +318,14 @@ class Trainer:
         return -(-len(self.data.train) // self.sampler.global_batch)
 
     def _save(self, is_best: bool, pos: Position | None = None) -> None:
-        """Collective (RNG gather); rank 0 writes. ``pos`` overrides the saved position."""
+        """Collective (state gathers); one rank per checkpoint directory writes its host's copy.
+        ``pos`` overrides the saved position."""
         pos = pos or self.pos
         lr = self.parts.optimizer.param_groups[0]["lr"]
         self.comm.consensus()
         comm_state = self.comm.state_dict()  # collective, like capture
         snapshot = state.capture(self.cfg, self.module, self.parts.optimizer, self.parts.scaler,
-                                 pos, lr, self.env.world_size, self.env.is_main)
+                                 pos, lr, self.env.world_size, self.ckpt.site.writer)
         if snapshot is not None:
             snapshot["comm"] = comm_state
-            self.ckpt.save(snapshot, pos.global_step, is_best)
+        self.ckpt.save(snapshot, pos.global_step, is_best)  # collective: copies compared

@@ -43,6 +43,35 @@ def train(run_dir: Path, *overrides: str, nproc: int = 2, config: Path | None = 
                           timeout=timeout)
 
 
+def train_hosts(base: Path, hosts: tuple[tuple[str, int], ...], *overrides: str,
+                timeout: float = 600) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Simulated hosts on this machine, started the way the controller starts real ones: one
+    ``torchrun --nnodes`` per host (static rendezvous on 127.0.0.1), each with its own
+    ``MESHRUN_HOST`` and run dir ``base/<host>/run``; output in ``base/<host>/out|err``."""
+    port, procs = free_port(), {}
+    try:
+        for node, (host, nproc) in enumerate(hosts):
+            home = base / host
+            home.mkdir(parents=True, exist_ok=True)
+            argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
+                    f"--node-rank={node}", f"--nproc-per-node={nproc}",
+                    "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "train",
+                    "--run-dir", str(home / "run"), *overrides]
+            # Files, not pipes: a full pipe would stall one host, and with it the collectives.
+            with open(home / "out", "w") as out, open(home / "err", "w") as err:
+                procs[host] = subprocess.Popen(argv, cwd=home, env=clean_env(MESHRUN_HOST=host),
+                                               stdout=out, stderr=err, text=True)
+        codes = {host: proc.wait(timeout=timeout) for host, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {host: subprocess.CompletedProcess(procs[host].args, code, (base / host / "out")
+                                              .read_text(), (base / host / "err").read_text())
+            for host, code in codes.items()}
+
+
 def records(run_dir: Path, name: str = "metrics.jsonl", kind: str | None = None) -> list[dict[str, Any]]:
     lines = (run_dir / name).read_text().splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
