@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as torch_dist
+from torch import nn
 
+from train import state
 from train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, open_site, read_manifest
-from train.config import CheckpointConfig
+from train.config import CheckpointConfig, load_config
 from train.safe_load import load_file
 from common.fsutil import sha256_file
 from tests.test_train_checkpoint_safety import plant
@@ -52,6 +54,33 @@ def test_one_writer_per_directory_and_copies_equal_rank0s(tmp_path: Path) -> Non
     assert sha256_file(tmp_path / "x" / name) == sha256_file(tmp_path / "y" / name)
     assert torch.equal(load_file(tmp_path / "y" / name)["from"], torch.tensor([0]))
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [MANIFEST, name]  # no probes
+
+
+def _capture_buffers(rank: int, world: int, port: int, base: str) -> None:
+    torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                  world_size=world)
+    try:
+        module = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+        with torch.no_grad():  # as if each rank's own batches had updated the statistics
+            module[1].running_mean.fill_(rank + 1.0)
+            module[1].num_batches_tracked.fill_(rank + 5)
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        snap = state.capture(load_config(None, ()), module, opt, None, state.Position(), 0.1,
+                             world, writer=rank == 1)
+        model = snap["model"] if snap is not None else None
+        out = {"mean": None if model is None else model["1.running_mean"].tolist(),
+               "count": None if model is None else int(model["1.num_batches_tracked"]),
+               "live": module[1].running_mean.tolist()}
+        (Path(base) / f"rank{rank}.json").write_text(json.dumps(out))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def test_saved_buffers_are_rank0s_on_every_writer(tmp_path: Path) -> None:
+    spawn(_capture_buffers, 2, str(tmp_path))
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert got == [{"mean": None, "count": None, "live": [1.0, 1.0, 1.0]},
+                   {"mean": [1.0, 1.0, 1.0], "count": 5, "live": [2.0, 2.0, 2.0]}]
 
 
 # Two simulated hosts, world size 3: hostA's two ranks share one directory. digits: 1438
