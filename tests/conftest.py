@@ -20,6 +20,7 @@ if _REPO_ROOT not in sys.path:
 
 from tests.testbed import SimCluster, missing_requirements  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
+from tests.testbed.zerotier import ZeroTier  # noqa: E402
 
 TESTBED_HOSTS = 3
 # CI sets this: a test bed that cannot come up is then a failure, not a skip.
@@ -70,6 +71,32 @@ def testbed_wg(testbed: SimCluster) -> Iterator[SimCluster]:
         testbed.wireguard_down()
 
 
+@pytest.fixture(scope="session")
+def zt_session(testbed: SimCluster) -> Iterator[ZeroTier]:
+    """The real ZeroTier One daemon on h1..h3 of the shared cluster (h1: private planet root and
+    network controller), 10.79.0.1x on ztmrt0; up from the first test that asks until the end of
+    the session, so those tests share one network. Skips (fails under MESHRUN_REQUIRE_TESTBED=1)
+    where the zerotier-one binary is missing."""
+    missing = missing_requirements(wireguard=False, zerotier=True)
+    if missing:
+        _testbed_unavailable("; ".join(missing))
+    overlay = testbed.zerotier
+    overlay.up()
+    try:
+        yield overlay
+    finally:
+        overlay.down()
+
+
+@pytest.fixture
+def zt_testbed(zt_session: ZeroTier) -> ZeroTier:
+    """The session's ZeroTier network, healthy at the start of the test: every daemon running,
+    every member authorized, ~/bin/zerotier-cli in place (a stand-in test may have replaced it),
+    every node OK and every pair pinging. A test that breaks something repairs it in a finally."""
+    zt_session.repair()
+    return zt_session
+
+
 @pytest.fixture
 def make_inventory(testbed: SimCluster, tmp_path: Path) -> Callable[..., Path]:
     """Factory: make_inventory(**write_inventory kwargs) -> a new inventory path
@@ -88,6 +115,12 @@ def make_inventory(testbed: SimCluster, tmp_path: Path) -> Callable[..., Path]:
 def inventory(make_inventory: Callable[..., Path]) -> Path:
     """A fresh default inventory for the shared cluster (lan)."""
     return make_inventory()
+
+
+@pytest.fixture
+def zt_inventory(zt_testbed: ZeroTier, make_inventory: Callable[..., Path]) -> Path:
+    """A fresh inventory on the real ZeroTier addresses (network: zerotier; SSH over the LAN)."""
+    return make_inventory(use_zerotier=True)
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import torch
 from tests.fabrun import fab
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
-from tests.zerotier_standin import install as install_zerotier, remove as remove_zerotier
 
 pytestmark = pytest.mark.cluster
 RDZV_PORT = 29400
@@ -183,27 +182,6 @@ def test_wireguard_overlay_is_the_training_interface(testbed_wg: SimCluster, wg_
         assert host["wireguard"]["error"] is None
     assert all(l["df_size"] == 1392 and l["df_ok"] for l in report["links"] if not l["rendezvous"])
     assert report["allreduce"]["status"] == "ok"
-
-
-@pytest.mark.slow
-def test_zerotier_state_through_the_stand_in(testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
-    """h2 is a ZeroTier host whose `zerotier-cli` is the recorded stand-in (the one allowed mock)."""
-    home = testbed.paths.home(testbed.host(2))
-    inventory = make_inventory(host_overrides={"h2": {"network": "zerotier"}})
-    try:
-        install_zerotier(home, "ok", testbed.host(2).address)
-        ok, ok_code, _ = check_json(inventory)
-        install_zerotier(home, "offline", testbed.host(2).address)
-        offline, offline_code, _ = check_json(inventory)
-    finally:
-        remove_zerotier(home)
-    h2 = by_name(ok)["h2"]
-    assert (ok_code, ok["level"]) == (0, "PASS"), ok["findings"]
-    assert (h2["zerotier"]["node"], h2["zerotier"]["state"], h2["zerotier"]["networks"][0]["status"]) == (
-        "a1b2c3d4e5", "ONLINE", "OK")
-    assert offline_code == 1 and failing(offline) == [("h2", (
-        "ZeroTier node a1b2c3d4e5 is OFFLINE (no contact with its roots); start it (`systemctl start zerotier-one`) "
-        "and let UDP 9993 out; see docs/zerotier.md"))]
 
 
 @pytest.mark.slow

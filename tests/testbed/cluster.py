@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import homes, inventory, latency, network, sshd, wireguard
+from . import homes, inventory, latency, network, sshd, wireguard, zerotier
 from .layout import DEFAULT_STATE_DIR, NETNS_RE, Host, StatePaths, hosts
 from .proc import alive, argv_of, kill_pids, pids_in_netns, read_pidfile, run, stop, wait_dead
 from .requirements import missing_requirements
@@ -171,6 +171,7 @@ class SimCluster:
         # inside one of our namespaces.
         owned = {pid for ns in namespaces for pid in pids_in_netns(ns)}
         wireguard.down(known, self.paths, owned)
+        zerotier.down(known, self.paths, owned)
         latency.down(known, self.paths, owned)
         for h in known:
             pid = read_pidfile(self.paths.sshd_pid(h))
@@ -209,6 +210,12 @@ class SimCluster:
         wireguard.down(self.hosts, self.paths, owned)
         state.wireguard = False
         self._save(state)
+
+    # ---------------------------------------------------------- zerotier ----
+    @property
+    def zerotier(self) -> zerotier.ZeroTier:
+        """The real ZeroTier network over these hosts (`.up()`, `.down()`, faults)."""
+        return zerotier.ZeroTier(self.paths, self.hosts)
 
     # ---------------------------------------------------- shaping, faults ----
     def shape(self, rate: str) -> None:
@@ -264,12 +271,12 @@ class SimCluster:
     # --------------------------------------------------------- processes ----
     def _infrastructure(self, h: Host) -> set[int]:
         pids = {read_pidfile(self.paths.sshd_pid(h)), wireguard.pid_of(h, self.paths),
-                latency.delayer_pid(h, self.paths)}
+                zerotier.pid_of(h, self.paths), latency.delayer_pid(h, self.paths)}
         return {pid for pid in pids if pid is not None}
 
     def processes(self, i: int, *, sessions: bool = True) -> list[Process]:
         """(pid, argv) of every live process in host i's namespace except the
-        sshd listener, wireguard-go and the delayer. sessions=False also leaves out sshd's
+        sshd listener, wireguard-go, zerotier-one and the delayer. sessions=False also leaves out sshd's
         per-connection processes (open Fabric/ssh connections)."""
         h = self.host(i)
         infra = self._infrastructure(h)
@@ -341,10 +348,14 @@ class SimCluster:
         host_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         defaults_overrides: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
+        use_zerotier: bool = False,
     ) -> Path:
         """Write a meshrun inventory (and, if known_hosts, its known_hosts file
-        next to it: <stem>_known_hosts). Returns the inventory path."""
+        next to it: <stem>_known_hosts). Returns the inventory path.
+        use_zerotier: `network: zerotier` on the real ZeroTier addresses
+        (needs `self.zerotier.up()`), SSH over the LAN."""
         state = self._require_state()
+        overlay = "zerotier" if use_zerotier else "wireguard" if state.wireguard else None
         out = Path(path)
         selected = [h for h in self.hosts if hosts is None or h.name in hosts]
         if hosts is not None and len(selected) != len(set(hosts)):
@@ -352,8 +363,8 @@ class SimCluster:
         entries = [
             inventory.HostEntry(
                 name=h.name,
-                address=h.overlay_address if state.wireguard else h.address,
-                ssh_address=h.address if state.wireguard else None,
+                address={"zerotier": h.zt_address, "wireguard": h.overlay_address}.get(overlay or "", h.address),
+                ssh_address=h.address if overlay else None,
                 host_key=sshd.public_key(self.paths.host_key(h)),
             )
             for h in selected
@@ -363,7 +374,7 @@ class SimCluster:
             entries,
             identity=self.client_key,
             python=python or self.python,
-            network="wireguard" if state.wireguard else "lan",
+            network=overlay or "lan",
             known_hosts=kh_path,
             host_overrides=host_overrides or {},
             defaults_overrides={"port": self.ssh_port, **(defaults_overrides or {})},

@@ -19,6 +19,9 @@ GATEWAY = f"{UNDERLAY}.1"
 NS_IFNAME = "eth0"  # the host's LAN interface, as seen inside its namespace
 WG_IFNAME = "wg0"
 WG_PORT = 51820
+ZT_OVERLAY = "10.79.0"  # the real ZeroTier network (tests/testbed/zerotier.py)
+ZT_IFNAME = "ztmrt0"  # pinned with a devicemap: else derived from the network id
+ZT_PORT = 9993
 DEFAULT_STATE_DIR = Path("/tmp/meshrun-testbed")
 MAX_HOSTS = 200  # 10 + i must stay a valid last octet
 
@@ -56,6 +59,10 @@ class Host:
     @property
     def overlay_address(self) -> str:
         return f"{OVERLAY}.{10 + self.index}"
+
+    @property
+    def zt_address(self) -> str:
+        return f"{ZT_OVERLAY}.{10 + self.index}"
 
 
 def hosts(n: int) -> list[Host]:
@@ -117,6 +124,21 @@ class StatePaths:
 
     def wg_log(self, host: Host) -> Path:
         return self.host_dir(host) / "wg.log"
+
+    def zt_home(self, host: Host) -> Path:
+        """The host's zerotier-one home (identity, planet, authtoken, networks.d)."""
+        return self.host_dir(host) / "zerotier-one"
+
+    def zt_pid(self, host: Host) -> Path:
+        return self.host_dir(host) / "zerotier-one.pid"
+
+    def zt_log(self, host: Host) -> Path:
+        return self.host_dir(host) / "zerotier-one.log"
+
+    @property
+    def zt_state(self) -> Path:
+        """The ZeroTier network (id, node ids) while it is up."""
+        return self.root / "zerotier.json"
 
     def netns_hosts_file(self, host: Host) -> Path:
         # `ip netns exec` bind-mounts /etc/netns/<ns>/* over /etc/*: this becomes

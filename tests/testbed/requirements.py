@@ -22,6 +22,18 @@ _TOOLS = {
 }
 _WG_TOOLS = {"wireguard-go": "wireguard-go", "wg": "wireguard-tools"}
 SSHD = Path("/usr/sbin/sshd")
+# The real ZeroTier One daemon: a read-only copy beside the clone in CI (../shared/vendor/...),
+# or wherever this variable points.
+ZEROTIER_ENV = "MESHRUN_ZEROTIER_ONE"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def zerotier_binary(repo_root: Path = REPO_ROOT) -> Path:
+    """Where the test bed takes `zerotier-one` from: $MESHRUN_ZEROTIER_ONE, else the vendored one."""
+    override = os.environ.get(ZEROTIER_ENV)
+    if override:
+        return Path(override).absolute()
+    return repo_root.parent / "shared" / "vendor" / "zerotier" / "zerotier-one"
 
 
 def missing_latency_requirements(python: str = sys.executable) -> list[str]:
@@ -37,7 +49,8 @@ def missing_latency_requirements(python: str = sys.executable) -> list[str]:
     return reasons
 
 
-def missing_requirements(*, wireguard: bool = True, latency: bool = False) -> list[str]:
+def missing_requirements(*, wireguard: bool = True, zerotier: bool = False,
+                         latency: bool = False) -> list[str]:
     """Human-readable reasons the test bed cannot run here (empty: it can)."""
     reasons = []
     if os.geteuid() != 0:
@@ -48,8 +61,13 @@ def missing_requirements(*, wireguard: bool = True, latency: bool = False) -> li
             reasons.append(f"`{tool}` not found (apt-get install {package})")
     if not SSHD.is_file():
         reasons.append(f"{SSHD} not found (apt-get install openssh-server)")
-    if wireguard and not Path("/dev/net/tun").exists():
-        reasons.append("/dev/net/tun missing (wireguard-go needs TUN)")
+    if (wireguard or zerotier) and not Path("/dev/net/tun").exists():
+        reasons.append("/dev/net/tun missing (wireguard-go and zerotier-one need TUN)")
+    if zerotier:
+        binary = zerotier_binary()
+        if not binary.is_file():
+            reasons.append(f"no zerotier-one binary at {binary} (set {ZEROTIER_ENV} to a ZeroTier One 1.14 "
+                           "binary, see ../shared/vendor/zerotier/README.md)")
     if latency:
         reasons += missing_latency_requirements()
     return reasons
