@@ -47,9 +47,9 @@ def test_one_writer_per_directory_and_copies_equal_rank0s(tmp_path: Path) -> Non
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     assert [g["writer"] for g in got] == [True, True, False]
     assert all(g["writers"] == [0, 1] for g in got)
-    assert got[0]["warnings"] == ["checkpoint copies of ranks [1] differ from rank 0's (state "
-                                  "that differs per rank and is not gathered); they store rank "
-                                  "0's bytes, broadcast at every save"]
+    assert got[0]["warnings"] == ["checkpoint copies of ranks [1] differ from rank 0's in "
+                                  "['from'] (state that differs per rank and is not gathered); "
+                                  "they store rank 0's bytes, broadcast at every save"]
     name = checkpoint_name(3)
     assert sha256_file(tmp_path / "x" / name) == sha256_file(tmp_path / "y" / name)
     assert torch.equal(load_file(tmp_path / "y" / name)["from"], torch.tensor([0]))

@@ -113,12 +113,12 @@ class Checkpointer:
         if self.site.writer:
             assert state is not None, "a writer must pass the state"
             torch.save(state, buf)
-        payload = self._identical(buf.getvalue())
+        payload = self._identical(buf.getvalue(), state)
         if not self.site.writer:
             return None
         return self._write(payload, step, is_best)
 
-    def _identical(self, payload: bytes) -> bytes:
+    def _identical(self, payload: bytes, state: dict[str, Any] | None) -> bytes:
         """Collective: the writers' bytes, made equal to rank 0's. The states are equal by
         construction, so this costs one small all-gather; a difference (state that is per rank
         but not gathered, e.g. local SGD's momentum) costs a broadcast of rank 0's bytes."""
@@ -129,12 +129,14 @@ class Checkpointer:
         differ = [r for r in site.writers if codes[r] != codes[0]]
         if not differ:
             return payload
-        theirs = dist.broadcast_bytes(payload if site.rank == 0 else None, 0, site.device)
-        if site.rank == 0 and not self._warned_divergence:
+        if not self._warned_divergence:  # every rank knows: the same collectives follow
             self._warned_divergence = True
-            self.warn(f"checkpoint copies of ranks {differ} differ from rank 0's (state that "
-                      "differs per rank and is not gathered); they store rank 0's bytes, "
-                      "broadcast at every save")
+            keys = _differing_keys(state, site)
+            if site.rank == 0:
+                self.warn(f"checkpoint copies of ranks {differ} differ from rank 0's in {keys} "
+                          "(state that differs per rank and is not gathered); they store rank "
+                          "0's bytes, broadcast at every save")
+        theirs = dist.broadcast_bytes(payload if site.rank == 0 else None, 0, site.device)
         return theirs if site.rank in differ else payload
 
     def _write(self, payload: bytes, step: int, is_best: bool) -> Path:
@@ -195,6 +197,24 @@ class Checkpointer:
 
     def read_bytes(self, step: int) -> bytes:
         return (self.directory / checkpoint_name(step)).read_bytes()
+
+
+def _differing_keys(state: dict[str, Any] | None, site: Site) -> list[str]:
+    """Collective, for the divergence warning: the top-level entries of rank 0's state whose
+    serialization differs on some writer."""
+    listed = "\n".join(sorted(state or {})).encode() if site.rank == 0 else None
+    names = dist.broadcast_bytes(listed, 0, site.device).decode().split("\n")
+    differ = []
+    for name in names:
+        mine = 0
+        if site.writer and state is not None and name in state:
+            buf = io.BytesIO()
+            torch.save(state[name], buf)
+            mine = _short_digest(buf.getvalue())
+        codes = dist.all_gather_ints(mine, site.device)
+        if any(codes[r] != codes[0] for r in site.writers):
+            differ.append(name)
+    return differ
 
 
 def _short_digest(payload: bytes) -> int:
