@@ -249,25 +249,43 @@ def test_output_without_newline_and_atexit_order_survive_os_exit(tmp_path: Path)
     assert runner.stderr == plain.stderr == "to stderr, no newline"
 
 
-def test_stdout_whose_reader_is_gone_exits_120_like_python(tmp_path: Path) -> None:
-    """The final flush of stdout fails (the pipe's reader closed it): CPython reports it and exits
-    120 rather than 0, so the runner does the same."""
-    script = write(tmp_path / "pipe.py", """\
-        import atexit
-        import sys
+FINAL_FLUSH = """\
+    import atexit
+    import sys
 
-        atexit.register(sys.stderr.write, "atexit ran\\n")
-        sys.stdout.write("x" * 100)
-    """)
-    results = []
+    class NoFlush:
+        def write(self, text):
+            return len(text)
+
+        def __repr__(self):
+            return "NoFlush()"
+
+    atexit.register(sys.stderr.write, "atexit ran\\n")
+    sys.stdout.write("x" * 100)
+    if sys.argv[1] == "closed-by-script":
+        sys.stdout.close()
+    elif sys.argv[1] == "no-flush-method":
+        sys.stdout = NoFlush()
+"""
+
+
+@pytest.mark.parametrize(("case", "status", "report"), [
+    ("reader-gone", 120, "<_io.TextIOWrapper name='<stdout>' mode='w' encoding='utf-8'>\n"
+                         "BrokenPipeError: [Errno 32] Broken pipe\n"),
+    ("closed-by-script", 0, ""),
+    ("no-flush-method", 120, "NoFlush()\nAttributeError: 'NoFlush' object has no attribute 'flush'\n"),
+])
+def test_final_flush_of_stdout_as_under_python(tmp_path: Path, case: str, status: int, report: str) -> None:
+    """When the last flush of stdout fails, CPython reports it and exits 120 rather than 0; a
+    stream the script closed is skipped. The runner does the same."""
+    script = write(tmp_path / "final_flush.py", FINAL_FLUSH)
+    expected = (status, "atexit ran\n" + (f"Exception ignored in: {report}" if report else ""))
     for runner in (False, True):
-        proc = start(script, runner=runner)
+        proc = start(script, case, runner=runner)
         assert proc.stdout is not None
-        proc.stdout.close()
-        results.append((proc.wait(timeout=60), proc.communicate()[1]))
-    assert results[1] == results[0]
-    assert results[1] == (120, "atexit ran\nException ignored in: <_io.TextIOWrapper name='<stdout>' mode='w' "
-                               "encoding='utf-8'>\nBrokenPipeError: [Errno 32] Broken pipe\n")
+        if case == "reader-gone":
+            proc.stdout.close()
+        assert (proc.wait(timeout=60), proc.communicate()[1]) == expected, f"runner={runner}"
 
 
 def test_non_daemon_thread_is_joined_before_atexit_handlers(tmp_path: Path) -> None:
@@ -348,43 +366,11 @@ def test_signals_end_the_script_as_they_end_python(tmp_path: Path, signum: int, 
         assert "runscript" not in err
 
 
-def test_main_classes_pickle_in_spawned_dataloader_workers_and_at_exit(tmp_path: Path) -> None:
-    """A Dataset class defined in the script, loaded by 2 DataLoader workers started with spawn
-    (they re-run the script as `__mp_main__` and unpickle `__main__.Squares`), and an atexit handler
-    pickling a `__main__` class after the script returned."""
-    script = write(tmp_path / "loader.py", """\
-        import atexit
-        import pickle
-
-        import torch
-        from torch.utils.data import DataLoader, Dataset
-
-
-        class Squares(Dataset):
-            def __len__(self):
-                return 8
-
-            def __getitem__(self, index):
-                return torch.tensor([index * index, torch.utils.data.get_worker_info().id])
-
-
-        class Point:
-            def __init__(self, x):
-                self.x = x
-
-
-        def at_exit():
-            point = pickle.loads(pickle.dumps(Point(7)))
-            print("atexit pickled", type(point).__module__, type(point).__name__, point.x)
-
-
-        if __name__ == "__main__":
-            atexit.register(at_exit)
-            loader = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
-            batches = torch.cat(list(loader))
-            print("sum", int(batches[:, 0].sum()), "workers", sorted(set(batches[:, 1].tolist())))
-    """)
-    proc = run(script, runner=True, timeout=240)
+def test_main_classes_pickle_in_spawned_dataloader_workers_and_at_exit() -> None:
+    """tests/scripts/dataloader_spawn.py: 2 DataLoader workers started with spawn load a Dataset
+    class defined in the script, and an atexit handler pickles a `__main__` class after the script
+    returned (`runpy.run_path` would have put the runner back as `__main__` by then)."""
+    proc = run(REPO / "tests" / "scripts" / "dataloader_spawn.py", runner=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "sum 140 workers [0, 1]\natexit pickled __main__ Point 7\n"
 

@@ -186,7 +186,7 @@ def _flush_open_files() -> None:
                 try:
                     if not obj.closed:
                         obj.flush()
-                except (OSError, ValueError):  # detached or broken: nothing left to save
+                except Exception:  # detached, broken or odd: nothing to save, and the exit must go on
                     pass
 
 
@@ -194,11 +194,11 @@ def _flush_std() -> bool:
     """Flush sys.stdout and sys.stderr; False when one fails, as CPython counts it."""
     ok = True
     for stream in (sys.stdout, sys.stderr):
-        if stream is None:
+        if stream is None or getattr(stream, "closed", False) is True:  # CPython skips those silently
             continue
         try:
             stream.flush()
-        except (OSError, ValueError) as exc:  # e.g. the reader of a piped stdout has gone
+        except Exception as exc:  # any error, as CPython: e.g. the reader of a piped stdout has gone
             ok = False
             _report_ignored(stream, traceback.format_exception_only(exc))
     return ok
@@ -209,7 +209,7 @@ def _report_ignored(where: object, lines: list[str]) -> None:
     try:
         sys.stderr.write(f"Exception ignored in: {where!r}\n" + "".join(lines))
         sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):  # stderr is gone or broken itself
+    except Exception:  # stderr is gone or broken itself
         pass
 
 
