@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, local_site, read_manifest
+from train.checkpoint import (MANIFEST, Checkpointer, checkpoint_name, local_site, read_manifest,
+                              restore_agreed)
 from train.config import CheckpointConfig
 from train.safe_load import UnsafeCheckpoint, load_file
 from common.fsutil import sha256_file
@@ -99,3 +100,25 @@ def test_resume_skips_planted_checkpoints_on_every_rank(tmp_path: Path) -> None:
     resume = records(run, kind="resume")
     assert [(r["from_step"], r["source_rank"]) for r in resume] == [(10, 0)]
     assert records(run, kind="epoch")[-1]["global_step"] == 23
+
+
+def test_restore_falls_back_past_what_does_not_load(tmp_path: Path) -> None:
+    """The agreement loop in one process (world size 1: the collectives are local)."""
+    d, marker = tmp_path / "checkpoints", tmp_path / "marker"
+    good = {"format": 1, "model": {}, "optimizer": {}, "position": {}, "rng": [], "world_size": 1}
+    Checkpointer(d, CheckpointConfig()).save(good, 1, is_best=False)
+    Checkpointer(d, CheckpointConfig()).save({"format": 1}, 2, is_best=False)  # safe, not ours
+    plant(d / checkpoint_name(3), marker, listed=True)
+    warnings: list[str] = []
+    ckpt = Checkpointer(d, CheckpointConfig(), local_site("hostA"), warnings.append)
+    assert restore_agreed(ckpt, 0, torch.device("cpu")) == {**good, "restored_from_rank": 0}
+    assert not marker.exists()
+    assert warnings == [
+        f"checkpoint hostA:{d / checkpoint_name(3)} does not load safely on ranks [0] "
+        "(UnpicklingError: Unsupported global: GLOBAL io.open was not an allowed global by "
+        "default.); skipped, trying the next newest",
+        f"checkpoint hostA:{d / checkpoint_name(2)} does not load safely on ranks [0] (not a "
+        "trainer checkpoint: no ['model', 'optimizer', 'position', 'rng', 'world_size']); "
+        "skipped, trying the next newest"]
+    assert restore_agreed(Checkpointer(tmp_path / "empty", CheckpointConfig()), 0,
+                          torch.device("cpu")) is None

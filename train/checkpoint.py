@@ -40,6 +40,7 @@ from common.fsutil import atomic_write_bytes, sha256_file
 MANIFEST = "MANIFEST.sha256"
 BEST = "best.pt"
 PROBE_PREFIX = ".writer-probe-"
+REQUIRED = ("format", "model", "optimizer", "position", "rng", "world_size")  # see train.state
 _NAME = re.compile(r"ckpt-step(\d{9})\.pt")
 _MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (\S+)")
 
@@ -265,9 +266,11 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
 
 def _try_load(payload: bytes) -> tuple[dict[str, Any] | None, str]:
     try:
-        return load_bytes(payload), ""
+        state = load_bytes(payload)
     except UnsafeCheckpoint as err:
         return None, str(err)
+    missing = [key for key in REQUIRED if key not in state]
+    return (None, f"not a trainer checkpoint: no {missing}") if missing else (state, "")
 
 
 __all__ = ["MANIFEST", "BEST", "Site", "Checkpointer", "checkpoint_name", "local_site",
