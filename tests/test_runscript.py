@@ -1,10 +1,9 @@
 """deploy/host/runscript.py: a user script runs as under `python SCRIPT`, and a finished run exits 0
 even when the process would abort in interpreter finalization.
 
-Every test runs real interpreters in subprocesses, and most compare the runner with plain
-`python SCRIPT` on the same script: same output, same status, same traceback text. The runner is
-started as torchrun starts it on a host, `python -m deploy.host.runscript SCRIPT ARGS...`, from the
-project directory (torchrun's working directory under the agent).
+Real interpreters in subprocesses; most tests compare the runner with plain `python SCRIPT` on the
+same script (output, status, traceback text). The runner is started as torchrun starts it on a
+host, `python -m deploy.host.runscript SCRIPT ARGS...`, from the project directory.
 """
 
 from __future__ import annotations
@@ -228,6 +227,22 @@ def test_sys_exit_status_as_under_python(tmp_path: Path, code: str, status: int,
     plain, runner = both(script, code)
     assert (runner.returncode, runner.stderr, runner.stdout) == (status, stderr, "atexit ran\n")
     assert (plain.returncode, plain.stderr, plain.stdout) == (status, stderr, "atexit ran\n")
+
+
+def test_script_output_precedes_its_traceback_in_a_merged_log(tmp_path: Path) -> None:
+    """torchrun's tee and the agent's log merge stdout and stderr: the order must be python's."""
+    script = write(tmp_path / "late_error.py", """\
+        import atexit
+
+        atexit.register(print, "atexit ran")
+        print("epoch 1 done")
+        raise ValueError("epoch 2 failed")
+    """)
+    plain, runner = (subprocess.run(argv(script, runner=r), cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, timeout=60) for r in (False, True))
+    assert runner.returncode == plain.returncode == 1
+    assert runner.stdout == plain.stdout
+    assert runner.stdout.startswith("epoch 1 done\nTraceback") and runner.stdout.endswith("failed\natexit ran\n")
 
 
 def test_output_without_newline_and_atexit_order_survive_os_exit(tmp_path: Path) -> None:

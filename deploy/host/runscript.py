@@ -17,6 +17,7 @@ importable; the script's module is `sys.modules["__main__"]` (`__name__ == "__ma
 handlers, and multiprocessing's spawn (DataLoader workers) re-runs the script by path as
 `__mp_main__`. `runpy.run_path` is not used: it swaps its own module back in as `__main__` when the
 script returns, and leaves `__file__` relative. A source file only, not a directory or zip.
+Left different: the runner's few frames count towards the recursion limit.
 
 Exit status, as the interpreter gives it: 0 when the script returns or calls `sys.exit()`/`sys.exit(0)`;
 `sys.exit(n)` gives n (mod 256); `sys.exit("msg")` prints msg on stderr and gives 1; an uncaught
@@ -29,7 +30,8 @@ killed by that signal. An uncaught KeyboardInterrupt (SIGINT under Python's defa
 its traceback, ends like any other exit, then re-raises SIGINT with its default action, as CPython
 does (bpo-1054041), so the caller sees a death by SIGINT; 130 if the signal is blocked.
 
-The end, in CPython's order (Py_FinalizeEx): non-daemon threads are joined (`threading._shutdown`),
+The end, in CPython's order (pythonrun.c, then Py_FinalizeEx): stderr and stdout are flushed as the
+script ends (before a traceback), non-daemon threads are joined (`threading._shutdown`),
 atexit handlers run (they include `logging.shutdown` and `weakref.finalize` objects), logging is
 shut down, Python files still open for writing are flushed, stdout and stderr are flushed (120 if
 that fails, as CPython), then `os._exit(status)`. Skipped, which is the point: the rest of
@@ -112,11 +114,24 @@ def _execute(source: bytes, path: str, module: ModuleType) -> Outcome:
         code: CodeType = compile(source, path, "exec", dont_inherit=True)
         exec(code, module.__dict__)
     except SystemExit as exc:
+        _flush_io()
         return Outcome(_system_exit_status(exc.code))
     except BaseException as exc:  # the interpreter's own top-level boundary, reproduced
+        _flush_io()
         _report(exc)
         return Outcome(1, interrupted=isinstance(exc, KeyboardInterrupt))
+    _flush_io()
     return Outcome(0)
+
+
+def _flush_io() -> None:
+    """CPython flushes stderr then stdout as soon as the script ends, errors ignored: what the
+    script printed precedes its traceback, and the atexit handlers' output, in a merged log."""
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except Exception:  # the final flush reports failures; this one never does
+            pass
 
 
 def _system_exit_status(code: object) -> int:
