@@ -43,11 +43,27 @@ TORCHRUN_LOGS = "torchrun"
 
 AGENT_MODULE = "deploy.host.agent"
 
+# The controller's lines to an agent's stdin: any line is a heartbeat; this one also asks the agent
+# to restart its worker group (a peer was cut off, see deploy/edges/launcher.py).
+AGENT_RESTART_LINE = b"restart\n"
+
 # Timing both sides rely on.
-HEARTBEAT_EVERY_S = 5.0  # the controller writes a heartbeat line to each agent this often
+HEARTBEAT_EVERY_S = 2.0  # the controller writes a heartbeat line to each agent (and probes each host) this often
 HEARTBEAT_TIMEOUT_S = 30  # an agent stops its run when the controller is silent this long
 STOP_GRACE_S = 5.0  # TERM, then this long, then KILL: a stopped run must be gone within seconds, under load too
 DEFAULT_PG_TIMEOUT_S = 60  # collective timeout: a cut link is noticed in bounded time
+
+
+def generation_rdzv_id(launch_rdzv_id: str, generation: int) -> str:
+    """The rendezvous id of succession generation `generation` (0: the launch's own id). Each
+    rendezvous host in turn gets a fresh id: reusing one would join the dead host's stale state."""
+    return launch_rdzv_id if generation == 0 else f"{launch_rdzv_id}-g{generation}"
+
+
+def launch_rdzv_id(rdzv_id: str) -> str:
+    """The launch's own rendezvous id, from any generation's (the inverse of generation_rdzv_id)."""
+    base, sep, gen = rdzv_id.rpartition("-g")
+    return base if sep and gen.isdigit() and gen.isascii() else rdzv_id
 
 
 def run_dir(run_id: str) -> str:

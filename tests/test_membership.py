@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deploy.inventory.model import ElasticBounds
-from deploy.run.membership import HostView, Verdict, judge, world_size
+from deploy.run.membership import HostView, Verdict, judge, next_head, split_brain_risk, world_size
 
 E23 = ElasticBounds(2, 3)
 
@@ -17,29 +17,41 @@ def ended(name: str, rc: int | None, lost: bool = False, leaving: bool = False) 
 
 
 def test_fixed_run_fails_on_any_lost_or_failed_host() -> None:
-    assert judge([up("a"), up("b")], "a", None) == Verdict(False)
-    assert judge([up("a"), ended("b", 7)], "a", None) == Verdict(True, True, "b", "host 'b' exited with status 7")
-    assert judge([up("a"), ended("b", None)], "a", None) == Verdict(True, True, "b", "host 'b' was lost")
-    assert judge([ended("a", 0), ended("b", 0)], "a", None) == Verdict(True)
+    assert judge([up("a"), up("b")], None) == Verdict(False)
+    assert judge([up("a"), ended("b", 7)], None) == Verdict(True, True, "b", "host 'b' exited with status 7")
+    assert judge([up("a"), ended("b", None)], None) == Verdict(True, True, "b", "host 'b' was lost")
+    assert judge([ended("a", 0), ended("b", 0)], None) == Verdict(True)
 
 
 def test_elastic_run_survives_losing_a_non_rendezvous_host_while_min_holds() -> None:
-    assert judge([up("a"), up("b"), ended("c", None)], "a", E23) == Verdict(False)
-    assert judge([up("a"), ended("b", 1), ended("c", None)], "a", E23) == Verdict(
+    assert judge([up("a"), up("b"), ended("c", None)], E23) == Verdict(False)
+    assert judge([up("a"), ended("b", 1), ended("c", None)], E23) == Verdict(
         True, True, "b", "lost b, c: 1 host(s) left, below the elastic minimum of 2")
-    assert judge([ended("a", 0), ended("b", 0), ended("c", None)], "a", E23) == Verdict(True)
+    assert judge([ended("a", 0), ended("b", 0), ended("c", None)], E23) == Verdict(True)
 
 
-def test_losing_the_rendezvous_host_is_fatal_even_when_elastic() -> None:
-    verdict = judge([ended("a", None), up("b"), up("c")], "a", E23)
-    assert verdict.failed and verdict.failed_host == "a"
-    assert verdict.reason == ("rendezvous host 'a' was lost; torchrun's store lives there, so the job cannot "
-                              "survive it")
+def test_losing_the_rendezvous_host_is_survived_by_succession_when_elastic() -> None:
+    hosts = [ended("a", None), up("b"), up("c")]
+    assert judge(hosts, E23) == Verdict(False)
+    assert next_head(("a", "b", "c"), "a", hosts) == "b"
+    assert next_head(("a", "b", "c"), "a", [ended("a", None), ended("b", None), up("c")]) == "c"
+    assert next_head(("a", "b", "c"), "b", [ended("a", None), ended("b", None), up("c")]) == "c"
+    assert next_head(("a", "b"), "a", [ended("a", None), ended("b", 1)]) is None
+    assert judge([ended("a", None), up("b"), up("c")], None) == Verdict(True, True, "a", "host 'a' was lost")
+
+
+def test_split_brain_is_impossible_only_when_min_is_more_than_half() -> None:
+    assert split_brain_risk(ElasticBounds(2, 3), 3) is None
+    assert split_brain_risk(ElasticBounds(3, 4), 4) is None
+    assert split_brain_risk(ElasticBounds(2, 4), 4) == (
+        "elastic minimum 2 of 4 hosts: a network split could leave two groups of 2 that both carry on as "
+        "separate jobs; use a minimum above half the hosts (3) to rule that out")
+    assert split_brain_risk(ElasticBounds(1, 3), 3) is not None
 
 
 def test_a_host_leaving_on_purpose_is_not_a_failure() -> None:
-    assert judge([up("a"), up("b"), ended("c", 143, leaving=True)], "a", E23) == Verdict(False)
-    assert judge([up("a"), ended("b", 143, leaving=True)], "a", None) == Verdict(False)
+    assert judge([up("a"), up("b"), ended("c", 143, leaving=True)], E23) == Verdict(False)
+    assert judge([up("a"), ended("b", 143, leaving=True)], None) == Verdict(False)
 
 
 def test_world_size_counts_running_processes() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.layout import generation_rdzv_id, launch_rdzv_id
 from deploy.errors import InputError
 from deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
 from deploy.inventory.selection import Selection
@@ -87,7 +88,8 @@ def test_elastic_and_script_workload() -> None:
     a, b = plan.hosts
     assert a.torchrun[3:15] == ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29500",
                                 "--rdzv-id", "r3", "--rdzv-conf",
-                                "is_host=1,join_timeout=120,last_call_timeout=5,close_timeout=10", "--local-addr",
+                                "is_host=1,join_timeout=120,last_call_timeout=5,close_timeout=10,keep_alive_interval=2,"
+                                "keep_alive_max_attempt=3", "--local-addr",
                                 "10.0.0.1")
     assert "--rdzv-conf" in b.torchrun and "is_host=1" not in " ".join(b.torchrun)
     assert a.torchrun[a.torchrun.index("--max-restarts") + 1] == "10"
@@ -153,3 +155,35 @@ def test_gpu_override_replaces_nproc() -> None:
     h = dataclasses.replace(host("a", "local", nproc=4, network=Network.LAN), gpus=(2, 3), nproc=None)
     plan = plan_launch(Selection((h,), Rendezvous(None)), LaunchOptions("r"), {}, "/p")
     assert ("CUDA_VISIBLE_DEVICES", "2,3") in plan.hosts[0].env and plan.world_size == 2
+
+
+def test_elastic_plan_carries_the_rendezvous_succession() -> None:
+    """Every host gets the same order (rendezvous host first, then selection order) and, per
+    generation, its torchrun for that host's store with a fresh rendezvous id."""
+    hosts = (host("a", "10.0.0.1", network=Network.LAN), host("b", "10.0.0.2", network=Network.LAN),
+             host("c", "10.0.0.3", network=Network.LAN))
+    options = LaunchOptions("r5", elastic=ElasticBounds(2, 3))
+    plan = plan_launch(Selection(hosts, Rendezvous("b", 29400)), options, {}, "/p")
+    c = plan.hosts[2]
+    assert [(g.head, g.endpoint) for g in c.generations] == [("b", "10.0.0.2:29400"), ("a", "10.0.0.1:29400"),
+                                                             ("c", "10.0.0.3:29400")]
+    assert c.generations[0].torchrun == c.torchrun
+    gen2 = c.generations[2].torchrun
+    assert gen2[gen2.index("--rdzv-endpoint") + 1] == "10.0.0.3:29400"
+    assert gen2[gen2.index("--rdzv-id") + 1] == "r5-g2"
+    assert gen2[gen2.index("--rdzv-conf") + 1].startswith("is_host=1,")  # c hosts generation 2
+    assert not c.generations[1].torchrun[c.generations[1].torchrun.index("--rdzv-conf") + 1].startswith("is_host")
+    succession = json.loads(c.agent[c.agent.index("--succession") + 1])
+    assert succession == [g.as_json() for g in c.generations]
+    assert c.agent[c.agent.index("--") + 1:] == c.torchrun
+    fixed = plan_launch(Selection(hosts, Rendezvous("b", 29400)), LaunchOptions("r6"), {}, "/p")
+    assert all(h.generations == () and "--succession" not in h.agent for h in fixed.hosts)
+
+
+def test_generation_rendezvous_ids_round_trip() -> None:
+    assert generation_rdzv_id("run-1", 0) == "run-1"
+    assert generation_rdzv_id("run-1", 3) == "run-1-g3"
+    assert launch_rdzv_id("run-1-g3") == "run-1"
+    assert launch_rdzv_id("run-1") == "run-1"
+    assert launch_rdzv_id("20261130-120000-ab12-gx") == "20261130-120000-ab12-gx"
+    assert launch_rdzv_id("r-g١") == "r-g١"  # a non-ASCII digit is not a generation

@@ -33,7 +33,8 @@ class DistEnv:
     world_size: int = 1
     local_world_size: int = 1
     group_rank: int = 0
-    restart_count: int = 0
+    restart_count: int = 0  # torchrun's: failure-driven restarts of this agent only (see train/starts.py)
+    rdzv_id: str = ""  # TORCHELASTIC_RUN_ID: this rendezvous (a new one per succession generation)
     master_addr: str = ""
     run_id: str = ""
     host: str = ""
@@ -58,6 +59,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1),
         group_rank=_int(env, "GROUP_RANK", 0),
         restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        rdzv_id=env.get("TORCHELASTIC_RUN_ID", ""),
         master_addr=env.get("MASTER_ADDR", ""),
         run_id=env.get(ENV_RUN_ID, ""),
         host=env.get(ENV_HOST, ""),

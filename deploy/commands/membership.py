@@ -73,8 +73,10 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, root: Pat
     finally:
         head_session.close()
     rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
-    plan = plan_launch(Selection((head, joiner), rdzv), options, interfaces, sys.executable)
-    return plan.hosts[1], session
+    # The joiner walks the same succession order as the members (theirs, then itself).
+    everyone = (*(m for m in members if m.name != joiner.name), joiner)
+    plan = plan_launch(Selection(everyone, rdzv), options, interfaces, sys.executable)
+    return next(h for h in plan.hosts if h.host.name == joiner.name), session
 
 
 def add_member(root: Path, record: RunRecord, name: str) -> RunRecord:

@@ -5,6 +5,7 @@ process is left.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -13,16 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from common.layout import HEARTBEAT_EVERY_S, STOP_GRACE_S
+from common.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STOP_GRACE_S
 from deploy.errors import MeshrunError
 from deploy.edges.fanout import on_each
-from deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, world_size
+from deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
 from deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
+from deploy.inventory.model import Host
 from deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv
 from deploy.edges.transport import Session, Stream
 
-PING_TIMEOUT_S = 5.0
-PINGS_BEFORE_LOST = 2  # a host unreachable for ~2 probes (10-20 s) is lost
+PING_TIMEOUT_S = 3.0  # an SSH channel running `true`: a few KB, in time even over a 1 Mbit link
+PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
 TAIL_LINES = 20
 
 LineSink = Callable[[str, str], None]  # (host, line without newline)
@@ -41,6 +43,12 @@ class _Live:
     leaving: bool = False  # being removed on purpose (`fab leave`)
     recorded: bool = False  # its end is in the timeline
     missed_pings: int = 0
+    probing: bool = False  # a liveness probe is in flight
+    cut: bool = False  # lost by the probe while its stream was still open: no TCP reset reached anyone
+    restarted_peers: bool = False  # the survivors were told to restart after this host was cut
+    was_head: bool = False  # it was the rendezvous host when it was lost
+    seen_down: bool = False  # a probe found it unreachable (a killed run on a live host never is)
+    replaced: bool = False  # it came back: a new _Live runs its part now
     done: threading.Event = field(default_factory=threading.Event)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     worker_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
@@ -55,6 +63,8 @@ class _Live:
 
 
 RequestPoller = Callable[["JobRunner"], None]
+Reconnect = Callable[[Host], Session]  # a fresh session to a host, or MeshrunError
+MAX_REJOINS = 3  # per host: a host that keeps vanishing is left out after this many returns
 
 
 class JobRunner:
@@ -62,16 +72,20 @@ class JobRunner:
 
     def __init__(self, plan: LaunchPlan, sessions: Mapping[str, Session], sink: LineSink, local_dir: Path,
                  local_python: str, poll_requests: RequestPoller | None = None,
-                 notify: Callable[[MembershipEvent], None] | None = None) -> None:
+                 notify: Callable[[MembershipEvent], None] | None = None, reconnect: Reconnect | None = None) -> None:
         self.plan = plan
         self.sink = sink
         self.local_python = local_python
         self.local_dir = local_dir
         self.poll_requests = poll_requests
         self.notify = notify
+        self.reconnect = reconnect
+        self.rejoins: dict[str, int] = {}
         (local_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.hosts = [_Live(h, sessions[h.host.name], local_dir / "logs" / f"{h.host.name}.log") for h in plan.hosts]
-        self.head = next(h.host.name for h in plan.hosts if h.is_rendezvous_host)
+        self.head = next(h.host.name for h in plan.hosts if h.is_rendezvous_host)  # moves on succession
+        # The succession order, the same list every agent walks (deploy/run/plan.py).
+        self.order = tuple(g.head for g in next(iter(plan.hosts)).generations) if plan.hosts else ()
         self.events: list[MembershipEvent] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -167,21 +181,86 @@ class JobRunner:
         so without a probe a lost host would look alive until TCP gives up, minutes later."""
         while not self.stopping.wait(HEARTBEAT_EVERY_S):
             for live in list(self.hosts):
+                if live.done.is_set():
+                    self._maybe_rejoin(live)
                 if live.stream is None or live.done.is_set():
                     continue
                 live.stream.send(b"\n")
-                threading.Thread(target=self._probe, args=(live,), daemon=True).start()
+                if not live.probing:
+                    live.probing = True
+                    threading.Thread(target=self._probe, args=(live,), daemon=True).start()
 
     def _probe(self, live: _Live) -> None:
-        if live.session.ping(timeout=PING_TIMEOUT_S):
+        try:
+            alive = live.session.ping(timeout=PING_TIMEOUT_S)
+        finally:
+            live.probing = False
+        if alive:
             live.missed_pings = 0
             return
         live.missed_pings += 1
         if live.missed_pings >= PINGS_BEFORE_LOST and not live.done.is_set():
-            live.lost = True
+            live.lost = live.cut = live.seen_down = True
             if live.stream is not None:
                 live.stream.abandon()
             live.done.set()
+
+    def _maybe_rejoin(self, live: _Live) -> None:
+        """A host that was unreachable and answers again is started again, at the current
+        generation, while the elastic run is below its maximum (it joins like `fab join`)."""
+        bounds = self.plan.elastic
+        if (bounds is None or self.reconnect is None or not live.lost or live.leaving or live.replaced
+                or self.stopping.is_set() or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing):
+            return
+        running = [h for h in self.hosts if not h.done.is_set()]
+        if len(running) >= bounds.max:
+            return
+        live.probing = True
+        threading.Thread(target=self._try_rejoin, args=(live,), daemon=True).start()
+
+    def _try_rejoin(self, live: _Live) -> None:
+        try:
+            session = self.reconnect(live.launch.host)
+        except MeshrunError:
+            live.seen_down = True
+            return
+        finally:
+            live.probing = False
+        if not live.seen_down or not session.ping(timeout=PING_TIMEOUT_S):
+            session.close()
+            return
+        # A healed link can leave the old agent alive for up to its heartbeat timeout: stop it first.
+        session.run(agent_verb_argv(live.launch.host, "stop", self.plan.run_id, self.local_python, STOP_GRACE_S),
+                    timeout=STOP_GRACE_S + 25)
+        generation = self.order.index(self.head) if self.head in self.order else 0
+        argv = list(live.launch.agent)
+        argv[argv.index("--"):argv.index("--")] = ["--generation", str(generation)]
+        launch = dataclasses.replace(live.launch, agent=tuple(argv))
+        fresh = _Live(launch, session, live.log)
+        live.replaced = True
+        self.rejoins[live.name] = self.rejoins.get(live.name, 0) + 1
+        with self.lock:
+            self.hosts.append(fresh)
+        fresh.stream = fresh.session.start(fresh.launch.agent)
+        threading.Thread(target=self._read, args=(fresh,), daemon=True, name=f"log-{fresh.name}").start()
+        self._record(Change.JOINED, fresh.name, f"came back after being lost (generation {generation})")
+
+    def _succeed(self, lost: _Live, hosts: list[_Live]) -> None:
+        """The rendezvous host is gone: the agents move to the next host of the order by
+        themselves (deploy/host/succession.py); record where the run goes on."""
+        lost.was_head = True
+        new = next_head(self.order, self.head, [h.view() for h in hosts]) if self.order else None
+        if new is not None:
+            self.head = new
+            self._record(Change.SUCCESSION, new, f"rendezvous moved from {lost.name} to {new}")
+
+    def _restart_survivors(self, cut: str) -> None:
+        """A cut host sends no reset: the survivors' workers would wait in a collective for the
+        whole process-group timeout. Their agents restart them now, and torchrun re-rendezvouses
+        without the cut host. (A killed host needs none of this: its reset fails them at once.)"""
+        for live in list(self.hosts):
+            if live.name != cut and live.stream is not None and not live.done.is_set():
+                live.stream.send(AGENT_RESTART_LINE)
 
     def _wait(self) -> Verdict:
         """Until the job is finished or has failed; records each host's end as it happens."""
@@ -196,9 +275,16 @@ class JobRunner:
                     change = Change.LEFT if live.leaving else Change.FINISHED if live.rc == 0 else Change.LOST
                     self._record(change, live.name, None if live.rc == 0 else
                                  ("unreachable" if live.rc is None else f"exit status {live.rc}"))
-            verdict = judge([h.view() for h in hosts], self.head, self.plan.elastic)
+                    if change is not Change.FINISHED and live.name == self.head:
+                        self._succeed(live, hosts)
+            verdict = judge([h.view() for h in hosts], self.plan.elastic)
             if verdict.done:
                 return verdict
+            for live in hosts:
+                if live.cut and not live.restarted_peers:
+                    live.restarted_peers = True
+                    if not live.was_head:  # the agents themselves move off a lost rendezvous host
+                        self._restart_survivors(live.name)
             time.sleep(0.2)
 
     def stop_all(self) -> dict[str, object]:

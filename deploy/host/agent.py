@@ -25,8 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-from common.layout import (AGENT_MODULE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
+from common.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
                            PROGRESS, RUNS_DIR, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
+from deploy.host.succession import Generation, HeadWatcher, parse_generations
 
 POLL_S = 0.2
 
@@ -114,6 +115,8 @@ class Supervisor:
         self.dir = Path(host_dir(args.run_id, args.host))
         self.last_beat = time.monotonic()
         self.stop_reason: str | None = None
+        self.torchrun_pid = -1
+        self.head_lost = False
         self.to_controller = not args.quiet
 
     def run(self) -> int:
@@ -124,28 +127,52 @@ class Supervisor:
         # Our own tags are set last: the sweep in `stop` relies on them.
         env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host})
         self.log = open(self.dir / TRAIN_LOG, "ab")
-        try:
-            child = subprocess.Popen(self.args.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as err:
-            self.emit(f"meshrun-agent: cannot start {self.args.command[0]}: {err}\n".encode())
-            write_json(self.dir / EXIT_RECORD, {"rc": 127, "reason": "start failed", "ended": time.time()})
-            return 127
-        write_json(self.dir / AGENT_PIDFILE, {
-            "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
-            "started": time.time(), "command": self.args.command, "env": self.args.env, "detached": self.args.heartbeat_timeout == 0})
+        # Before any child exists: a signal between Popen and here would kill us and orphan it.
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda signum, _f: self.request_stop(f"signal {signal.Signals(signum).name}"))
-        tee = threading.Thread(target=self.tee, args=(child,), daemon=True)
-        tee.start()
         if self.args.heartbeat_timeout > 0:
             threading.Thread(target=self.read_heartbeats, daemon=True).start()
-        rc = self.watch(child)
-        tee.join(timeout=5)
-        write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time()})
+        generations = (parse_generations(self.args.succession) if self.args.succession
+                       else (Generation("", "", tuple(self.args.command)),))
+        index = min(self.args.generation, len(generations) - 1)  # a host rejoining after a succession
+        while True:
+            rc = self.run_generation(generations[index], index, env)
+            if rc == 0 or self.stop_reason is not None or not self.head_lost or index + 1 >= len(generations):
+                break
+            index += 1
+            self.emit(f"meshrun-agent: rendezvous host '{generations[index - 1].head}' lost; the run goes on "
+                      f"under a new rendezvous on '{generations[index].head}' (generation {index})\n".encode())
+        write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
+                                             "generation": index})
         return rc
 
-    def watch(self, child: subprocess.Popen) -> int:
+    def run_generation(self, generation: Generation, index: int, env: dict[str, str]) -> int:
+        """torchrun for one rendezvous, watched until it ends, we must stop, or its host is lost."""
+        self.head_lost = False
+        try:
+            child = subprocess.Popen(generation.torchrun, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as err:
+            self.emit(f"meshrun-agent: cannot start {generation.torchrun[0]}: {err}\n".encode())
+            self.stop_reason = "start failed"
+            return 127
+        self.torchrun_pid = child.pid
+        write_json(self.dir / AGENT_PIDFILE, {
+            "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
+            "started": time.time(), "command": list(generation.torchrun), "generation": index,
+            "detached": self.args.heartbeat_timeout == 0})
+        tee = threading.Thread(target=self.tee, args=(child,), daemon=True)
+        tee.start()
+        watcher = HeadWatcher(generation.endpoint) if generation.endpoint and generation.head != self.args.host else None
+        try:
+            rc = self.watch(child, watcher)
+        finally:
+            if watcher is not None:
+                watcher.stop()
+        tee.join(timeout=5)
+        return rc
+
+    def watch(self, child: subprocess.Popen, watcher: HeadWatcher | None) -> int:
         while child.poll() is None:
             silent = time.monotonic() - self.last_beat
             if self.args.heartbeat_timeout > 0 and silent > self.args.heartbeat_timeout:
@@ -156,9 +183,16 @@ class Supervisor:
                 child.wait()
                 self.emit(f"meshrun-agent: stopped; {len(left)} processes left\n".encode())
                 return 128 + signal.SIGTERM
+            if watcher is not None and watcher.lost:
+                self.head_lost = True
+                terminate_run(self.args.run_id, self.args.host, child.pid, grace_s=1)
+                child.wait()
+                return 1
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
         terminate_run(self.args.run_id, self.args.host, child.pid, grace_s=2)
+        if child.returncode != 0 and watcher is not None:
+            self.head_lost = watcher.confirm_lost()
         return child.returncode
 
     def request_stop(self, reason: str) -> None:
@@ -166,10 +200,23 @@ class Supervisor:
             self.stop_reason = reason
 
     def read_heartbeats(self) -> None:
+        """Every line from the controller is a heartbeat; `restart` also asks for a new worker
+        group (the controller saw a peer cut off: without it, these workers would sit in a
+        collective until the process-group timeout)."""
         stdin = sys.stdin.buffer
-        while stdin.readline():
+        while line := stdin.readline():
             self.last_beat = time.monotonic()
+            if line == AGENT_RESTART_LINE:
+                self.restart_workers()
         self.request_stop("the controller's connection closed")
+
+    def restart_workers(self) -> None:
+        """SIGKILL this run's workers but not torchrun: its elastic agent sees failed workers and
+        re-rendezvouses the survivors at once."""
+        spared = {os.getpid(), self.torchrun_pid}
+        workers = [pid for pid in tagged_pids(self.args.run_id, self.args.host) if pid not in spared]
+        self.emit(f"meshrun-agent: a peer was lost; restarting {len(workers)} worker(s)\n".encode())
+        signal_all(None, workers, signal.SIGKILL)
 
     def tee(self, child: subprocess.Popen) -> None:
         assert child.stdout is not None
@@ -195,6 +242,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             "--heartbeat-timeout", "0", "--grace", str(args.grace), "--quiet"]
     for kv in args.env:
         argv += ["--env", kv]
+    if args.succession:
+        argv += ["--succession", args.succession, "--generation", str(args.generation)]
     pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
     subprocess.Popen(argv + ["--", *args.command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
@@ -262,6 +311,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--grace", type=float, default=STOP_GRACE_S)
     run.add_argument("--env", action="append", default=[])
     run.add_argument("--detach", action="store_true")
+    run.add_argument("--succession", default="", help="JSON: the rendezvous generations (elastic runs)")
+    run.add_argument("--generation", type=int, default=0, help="start at this generation of the succession")
     run.add_argument("--quiet", action="store_true")
     run.add_argument("command", nargs=argparse.REMAINDER)
     for verb in ("stop", "status"):

@@ -1,9 +1,13 @@
 """Who is in the job, and what a change means: pure rules for fixed and elastic runs.
 
 A fixed run fails as soon as any host fails or is lost. An elastic run (`--nnodes MIN:MAX`)
-survives losing hosts other than the rendezvous host while at least MIN hosts remain; torchrun
-re-rendezvouses the survivors and the trainer resumes from the newest checkpoint. The
-rendezvous host holds torchrun's c10d store, so losing it ends the job whatever the bounds.
+survives losing any host, the rendezvous host included, while at least MIN hosts remain: torchrun
+re-rendezvouses the survivors (under a new rendezvous on the next host of the succession order
+when the rendezvous host was the one lost) and the trainer resumes from the newest checkpoint.
+
+Split brain: a cut can leave two groups that each believe the other is dead. torchrun completes a
+rendezvous only with at least MIN nodes, so two groups can both go on only if each has MIN hosts,
+which is impossible when MIN is more than half of the hosts (`split_brain_risk`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ class Change(str, Enum):
     JOINED = "joined"
     LEFT = "left"  # removed on purpose (`fab leave`)
     LOST = "lost"  # died, exited non-zero, or became unreachable
+    SUCCESSION = "succession"  # the rendezvous moved to the next host of the order (`host`)
     FINISHED = "finished"  # exited 0
 
 
@@ -59,17 +64,13 @@ def _failed(h: HostView) -> bool:
     return not h.running and not h.leaving and (h.lost or h.rc != 0)
 
 
-def judge(hosts: list[HostView], head: str, elastic: ElasticBounds | None) -> Verdict:
+def judge(hosts: list[HostView], elastic: ElasticBounds | None) -> Verdict:
     """Whether the job goes on, is finished, or has failed, given every host's state."""
     broken = [h for h in hosts if _failed(h)]
     if elastic is None and broken:
         first = broken[0]
         what = "was lost" if first.lost else f"exited with status {first.rc}"
         return Verdict(True, True, first.name, f"host '{first.name}' {what}")
-    for h in broken:
-        if h.name == head:
-            return Verdict(True, True, h.name, f"rendezvous host '{h.name}' was lost; torchrun's store lives there, so "
-                                               "the job cannot survive it")
     running = [h for h in hosts if h.running]
     finished_ok = [h for h in hosts if not h.running and h.rc == 0]
     if elastic is not None and broken and not finished_ok and len(running) < elastic.min:
@@ -79,3 +80,20 @@ def judge(hosts: list[HostView], head: str, elastic: ElasticBounds | None) -> Ve
     if running:
         return Verdict(False)
     return Verdict(True)
+
+
+def next_head(order: tuple[str, ...], current: str, hosts: list[HostView]) -> str | None:
+    """The rendezvous host after `current` is lost: the next host of the launch's order that is
+    still running (the agents pick the same one: they walk the same order)."""
+    running = {h.name for h in hosts if h.running}
+    later = order[order.index(current) + 1:] if current in order else order
+    return next((name for name in later if name in running), None)
+
+
+def split_brain_risk(bounds: ElasticBounds, host_count: int) -> str | None:
+    """A warning when a cut could leave two groups that both reach MIN hosts and both go on."""
+    if 2 * bounds.min > host_count:
+        return None
+    return (f"elastic minimum {bounds.min} of {host_count} hosts: a network split could leave two groups of "
+            f"{bounds.min} that both carry on as separate jobs; use a minimum above half the hosts "
+            f"({host_count // 2 + 1}) to rule that out")

@@ -9,17 +9,21 @@ interface that routes to the rendezvous host for NCCL and gloo.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from common.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID,
-                           HEARTBEAT_TIMEOUT_S, STOP_GRACE_S, TORCHRUN_LOGS, host_dir)
+                           HEARTBEAT_TIMEOUT_S, STOP_GRACE_S, TORCHRUN_LOGS, generation_rdzv_id, host_dir)
 from deploy.errors import InputError
 from deploy.inventory.model import ElasticBounds, Host
 from deploy.inventory.selection import Selection
 
 ELASTIC_MAX_RESTARTS = 10  # headroom for spurious membership restarts (lab NOTES §7)
-ELASTIC_RDZV_CONF = ("join_timeout=120", "last_call_timeout=5", "close_timeout=10")
+# keep_alive 2 s x 3: a dead node leaves the rendezvous state after 6 s instead of torch's 15 s,
+# which every re-rendezvous after a loss waits for.
+ELASTIC_RDZV_CONF = ("join_timeout=120", "last_call_timeout=5", "close_timeout=10", "keep_alive_interval=2",
+                     "keep_alive_max_attempt=3")
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,19 @@ class LaunchOptions:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """One rendezvous of an elastic run's succession: generation 0 on the rendezvous host, then,
+    each time the current one is lost, the next host of the order fixed at launch."""
+
+    head: str
+    endpoint: str  # "address:port" of that host's c10d store
+    torchrun: tuple[str, ...]  # this host's torchrun argv for it
+
+    def as_json(self) -> dict[str, object]:
+        return {"head": self.head, "endpoint": self.endpoint, "torchrun": list(self.torchrun)}
+
+
+@dataclass(frozen=True)
 class HostLaunch:
     """What runs on one host: the agent argv, which starts torchrun with `env` set."""
 
@@ -56,6 +73,7 @@ class HostLaunch:
     env: tuple[tuple[str, str], ...]
     torchrun: tuple[str, ...]
     agent: tuple[str, ...] = field(default=())
+    generations: tuple[Generation, ...] = ()  # elastic multi-host runs: the succession, from generation 0
 
 
 @dataclass(frozen=True)
@@ -91,13 +109,25 @@ def plan_launch(
                     "give it its LAN or overlay address to use it in a multi-host run"
                 )
     endpoint = "standalone" if standalone else f"{head.address}:{selection.rendezvous.port}"
+    order = succession_order(selection)
     launches = []
     for host in hosts:
         env = host_env(host, options, interfaces.get(host.name))
         torchrun = torchrun_argv(host, head, endpoint, len(hosts), options, local_python)
-        agent = agent_argv(host, options, env, torchrun, local_python)
-        launches.append(HostLaunch(host, host.name == head.name, env, torchrun, agent))
+        generations = () if standalone or options.elastic is None else tuple(
+            Generation(h.name, f"{h.address}:{selection.rendezvous.port}",
+                       torchrun_argv(host, h, f"{h.address}:{selection.rendezvous.port}", len(hosts), options,
+                                     local_python, generation_rdzv_id(options.rendezvous_id, g)))
+            for g, h in enumerate(order))
+        agent = agent_argv(host, options, env, torchrun, local_python, generations)
+        launches.append(HostLaunch(host, host.name == head.name, env, torchrun, agent, generations))
     return LaunchPlan(options.run_id, endpoint, tuple(launches), options.elastic)
+
+
+def succession_order(selection: Selection) -> tuple[Host, ...]:
+    """Who hosts the rendezvous, in turn: the rendezvous host, then the others in selection order.
+    Fixed at launch, so every survivor agrees on the next one without talking to the others."""
+    return (selection.head, *(h for h in selection.hosts if h.name != selection.head.name))
 
 
 def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple[tuple[str, str], ...]:
@@ -125,14 +155,14 @@ def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple
 
 
 def torchrun_argv(host: Host, head: Host, endpoint: str, node_count: int, options: LaunchOptions,
-                  local_python: str) -> tuple[str, ...]:
+                  local_python: str, rdzv_id: str | None = None) -> tuple[str, ...]:
     argv = [python_of(host, local_python), "-m", "torch.distributed.run"]
     if endpoint == "standalone":
         argv += ["--standalone", "--nnodes", "1"]
     else:
         nnodes = f"{options.elastic.min}:{options.elastic.max}" if options.elastic else str(node_count)
         argv += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                 "--rdzv-id", options.rendezvous_id]
+                 "--rdzv-id", rdzv_id or options.rendezvous_id]
         conf = (["is_host=1"] if host.name == head.name else []) + (list(ELASTIC_RDZV_CONF) if options.elastic else [])
         if conf:
             argv += ["--rdzv-conf", ",".join(conf)]
@@ -161,7 +191,7 @@ def _workload_argv(options: LaunchOptions) -> list[str]:
 
 
 def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], ...],
-               torchrun: tuple[str, ...], local_python: str) -> tuple[str, ...]:
+               torchrun: tuple[str, ...], local_python: str, generations: tuple[Generation, ...] = ()) -> tuple[str, ...]:
     """The host-side supervisor: own process group, pidfile, log tee, controller watchdog."""
     argv = [python_of(host, local_python), "-m", AGENT_MODULE, "run",
             "--run-id", options.run_id, "--host", host.name,
@@ -170,6 +200,8 @@ def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], .
         argv.append("--detach")
     for key, value in env:
         argv += ["--env", f"{key}={value}"]
+    if generations:
+        argv += ["--succession", json.dumps([g.as_json() for g in generations], separators=(",", ":"))]
     return tuple(argv + ["--", *torchrun])
 
 
