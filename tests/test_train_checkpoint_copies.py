@@ -148,11 +148,21 @@ def test_a_hostile_copy_on_one_host_is_skipped_by_all_ranks(stopped: Path,
     shutil.copytree(stopped, base)
     planted = ckpts(base, "hostB") / checkpoint_name(25)
     plant(planted, marker, listed=True)  # hostB is the only holder of the newest step
+    # hostB's step 20 is also rewritten: safe to load, but not the bytes hostA holds.
+    tampered = ckpts(base, "hostB") / checkpoint_name(20)
+    state = load_file(tampered)
+    state["position"]["best_acc"] = 0.99
+    torch.save(state, tampered)
+    entries = {**read_manifest(tampered.parent / MANIFEST), tampered.name: sha256_file(tampered)}
+    (tampered.parent / MANIFEST).write_text("".join(f"{h}  {n}\n" for n, h in entries.items()))
+
     done = train_hosts(base, HOSTS, *POWERSGD)
     assert all(d.returncode == 0 for d in done.values()), done["hostA"].stderr[-3000:]
     assert not marker.exists()
     assert (f"checkpoint hostB:{planted} does not load safely on ranks [0, 1, 2]"
             in done["hostA"].stderr)
+    assert (f"copies of {checkpoint_name(20)} differ between ranks [[0, 1], [2]] (tampered or "
+            "foreign); trying rank 0's") in done["hostA"].stderr
     resumed = records(base / "hostA" / "run", kind="resume")
     assert [(r["from_step"], r["source_rank"]) for r in resumed] == [(20, 0)]
     assert records(base / "hostA" / "run", kind="epoch")[-1]["global_step"] == 30

@@ -245,6 +245,7 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
         if newest < 0:
             return None
         src = steps.index(newest)
+        _compare_copies(ckpt, steps, rank, device)
         payload = dist.broadcast_bytes(ckpt.read_bytes(newest) if rank == src else None, src,
                                        device)
         state, reason = _try_load(payload)
@@ -262,6 +263,23 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
                       f"({reason or 'see their logs'}); skipped, trying the next newest")
         if rank == src or ckpt.hashes.get(name) == hashlib.sha256(payload).hexdigest():
             rejected.add(newest)
+
+
+def _compare_copies(ckpt: Checkpointer, steps: list[int], rank: int,
+                    device: torch.device) -> None:
+    """Collective: warn when the holders of the newest step disagree on its hash. Hosts write
+    byte-identical copies, so a difference means a tampered or foreign copy; the lowest
+    holder's is the one tried (and, like any, loaded safely)."""
+    newest = max(steps)
+    name = checkpoint_name(newest)
+    mine = int(ckpt.hashes[name][:15], 16) if steps[rank] == newest else 0
+    codes = dist.all_gather_ints(mine, device)
+    groups: dict[int, list[int]] = {}
+    for r in (r for r, step in enumerate(steps) if step == newest):
+        groups.setdefault(codes[r], []).append(r)
+    if len(groups) > 1 and rank == 0:
+        ckpt.warn(f"copies of {name} differ between ranks {sorted(groups.values())} (tampered "
+                  f"or foreign); trying rank {steps.index(newest)}'s")
 
 
 def _try_load(payload: bytes) -> tuple[dict[str, Any] | None, str]:
