@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,8 +36,7 @@ def env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {"OMP_NUM_THREADS": "1"}
 
 
-def argv(script: Path | str, *args: str, runner: bool) -> list[str]:
-    """`python -m deploy.host.runscript SCRIPT ARGS` (runner) or `python SCRIPT ARGS`."""
+def argv(script: Path | str, *args: str, runner: bool) -> list[str]:  # python [-m deploy.host.runscript] SCRIPT
     return [sys.executable, *(RUNNER if runner else ()), str(script), *args]
 
 
@@ -46,7 +46,6 @@ def run(script: Path | str, *args: str, runner: bool, timeout: float = 120) -> s
 
 
 def start(script: Path, *args: str, runner: bool) -> subprocess.Popen[str]:
-    """The script running in the background, stdout and stderr piped, from the project."""
     return subprocess.Popen(argv(script, *args, runner=runner), cwd=REPO, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -87,13 +86,11 @@ def test_seed_style_ddp_script_under_torchrun_finishes_every_time(tmp_path: Path
     torchrun with the flags `fab train` plans for one local host (per-rank log files, tee,
     `[host:rank]` prefixes) and `-m deploy.host.runscript SCRIPT ARGS` as the worker.
 
-    Plain torchrun contrast, measured by hand (not in this test: it is a matter of chance): the
-    issue saw 1 run in 3 abort ("terminate called without an active exception"), then 1 in 8 on a
-    loaded machine. My runs of `torchrun --standalone --nproc-per-node 2 docs/examples/seed000_main.py`
-    on this 2-core machine (load 5-7) aborted 0 times in 16 with OMP_NUM_THREADS=1, 0 in 8 without
-    it, and 0 in 8 with an fp16 compress comm hook: too rare here for a test to count on, hence the
-    deterministic stand-in above. This test proves a real gloo DDP script ends 0 on every rank
-    through the runner, with its output in torchrun's per-rank files and its argv unchanged.
+    Plain torchrun contrast, measured by hand (chance, so not in this test): the issue saw 1 run in
+    3 abort ("terminate called without an active exception"), then 1 in 8 on a loaded machine. My
+    runs of `torchrun --standalone --nproc-per-node 2 docs/examples/seed000_main.py` on this 2-core
+    machine (load 5-7) aborted 0 times in 16 with OMP_NUM_THREADS=1, 0 in 8 without it, 0 in 8 with
+    an fp16 compress comm hook: too rare here to count on, hence the deterministic stand-in above.
     """
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", "2", "--max-restarts", "0", "--tee", "3",
@@ -133,17 +130,22 @@ MAIN_FACTS = """\
 """
 
 
-@pytest.mark.parametrize("form", ["absolute", "relative", "symlink"])
+@pytest.mark.parametrize("form", ["absolute", "relative", "symlink", "runner-as-file"])
 def test_main_module_argv_and_sys_path_match_plain_python(tmp_path: Path, form: str) -> None:
     """argv, the whole sys.path (the script's real directory first, the working directory not on
-    it), the `__main__` attributes and a sibling `import models` are what `python SCRIPT` gives."""
+    it), the `__main__` attributes and a sibling `import models` are what `python SCRIPT` gives.
+    runner-as-file: the runner copied elsewhere and started by path, as a host without the project
+    (check-network's all-reduce probe) would run it."""
     script = write(tmp_path / "job" / "main.py", MAIN_FACTS)
     write(tmp_path / "job" / "models.py", "ANSWER = 42\n")
     (tmp_path / "link.py").symlink_to(script)
     # like the interpreter, the runner joins a relative path to the cwd without normalizing it
-    target = {"absolute": str(script), "relative": os.path.relpath(script, REPO),
-              "symlink": str(tmp_path / "link.py")}[form]
+    target = {"relative": os.path.relpath(script, REPO), "symlink": str(tmp_path / "link.py")}.get(form, str(script))
     plain, runner = both(target, *HOSTILE_ARGS)
+    if form == "runner-as-file":
+        shutil.copy(REPO / "deploy" / "host" / "runscript.py", tmp_path / "runscript.py")
+        runner = subprocess.run([sys.executable, str(tmp_path / "runscript.py"), target, *HOSTILE_ARGS], cwd=tmp_path,
+                                env=env(), capture_output=True, text=True, timeout=60)
     assert plain.returncode == runner.returncode == 0, (plain.stderr, runner.stderr)
     facts = json.loads(runner.stdout)
     assert facts == json.loads(plain.stdout)
@@ -368,9 +370,8 @@ def test_uncaught_keyboard_interrupt_dies_of_sigint_like_python(tmp_path: Path) 
 @pytest.mark.parametrize(("signum", "stdout"), [(signal.SIGINT, "ready\natexit ran\n"), (signal.SIGTERM, "ready\n")],
                          ids=["SIGINT", "SIGTERM"])
 def test_signals_end_the_script_as_they_end_python(tmp_path: Path, signum: int, stdout: str) -> None:
-    """The runner installs no handler: Ctrl-C becomes a KeyboardInterrupt in the script, and SIGTERM
-    (how torchrun stops workers) kills it outright, atexit handlers unrun, as under plain python;
-    either way the process dies of that signal, which torchrun reports as such."""
+    """No handler of the runner's: SIGINT becomes a KeyboardInterrupt, SIGTERM (torchrun's stop) kills
+    outright, atexit handlers unrun, as under python; either way the worker dies of that signal."""
     script = write(tmp_path / "sleeper.py", SLEEPER)
     for runner in (False, True):
         proc = start(script, "sleep", runner=runner)
@@ -394,6 +395,5 @@ def test_usage_and_missing_script_exit_2(tmp_path: Path) -> None:
     usage = subprocess.run([sys.executable, *RUNNER], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (usage.returncode, usage.stderr) == (2, "usage: python -m deploy.host.runscript SCRIPT [ARG ...]\n")
     missing = run(tmp_path / "nope.py", runner=True)
-    assert missing.returncode == 2
-    assert missing.stderr == (f"{sys.executable}: can't open file '{tmp_path / 'nope.py'}': "
-                              "[Errno 2] No such file or directory\n")
+    assert (missing.returncode, missing.stderr) == (2, f"{sys.executable}: can't open file '{tmp_path / 'nope.py'}': "
+                                                       "[Errno 2] No such file or directory\n")
