@@ -67,13 +67,26 @@ def test_only_listed_intact_trainer_files_are_offered(tmp_path: Path) -> None:
     (d / MANIFEST).write_text("".join(f"{h}  {n}\n" for n, h in entries.items()) + "junk\n")
 
     warnings: list[str] = []
-    found = Checkpointer(d, CheckpointConfig(), local_site("hostA"), warnings.append)
+    found = Checkpointer(d, CheckpointConfig(keep_last=9), local_site("hostA"), warnings.append)
     assert [found.candidate(), found.candidate(frozenset({2})),
             found.candidate(frozenset({1, 2}))] == [2, 1, -1]
     assert warnings == [f"checkpoint hostA:{d / checkpoint_name(6)} does not match {MANIFEST}; "
                         "ignored",
                         f"checkpoint hostA:{d / checkpoint_name(3)} is not listed in {MANIFEST}; "
                         "ignored"]
+    found.save({"step": 7}, 7, is_best=False)  # the next save's manifest: the trainer's files
+    assert sorted(read_manifest(d / MANIFEST)) == [checkpoint_name(s) for s in (1, 2, 6, 7)]
+
+
+def test_retention_counts_and_deletes_listed_checkpoints_only(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep_last=2))
+    ckpt.save({"step": 1}, 1, is_best=False)
+    ckpt.save({"step": 2}, 2, is_best=False)
+    for step in (3, 4):  # unlisted: a planted file, or a save killed before the manifest
+        shutil.copy(tmp_path / checkpoint_name(2), tmp_path / checkpoint_name(step))
+    ckpt.save({"step": 5}, 5, is_best=False)
+    assert sorted(ckpt.local_steps()) == [2, 3, 4, 5]
+    assert sorted(read_manifest(tmp_path / MANIFEST)) == [checkpoint_name(2), checkpoint_name(5)]
 
 
 # digits: 1438 training samples, 2 ranks x 32 = 23 steps per epoch.

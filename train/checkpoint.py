@@ -151,24 +151,32 @@ class Checkpointer:
         return path
 
     def _prune(self) -> None:
-        steps = sorted(self.local_steps())
+        """Retention counts the listed checkpoints only: an unlisted file (planted, or left by a
+        save killed before its manifest update) neither counts nor is deleted."""
+        steps = sorted(int(m.group(1)) for n in self.hashes if (m := _NAME.fullmatch(n)))
         for step in steps[:-self.cfg.keep_last] if self.cfg.keep_last > 0 else []:
             name = checkpoint_name(step)
             (self.directory / name).unlink(missing_ok=True)
             self.hashes.pop(name, None)
 
     def _write_manifest(self) -> None:
-        present = {n: h for n, h in self.hashes.items() if (self.directory / n).exists()}
+        """Only the trainer's own files: a foreign line in the manifest read at start (a planted
+        one) is not carried forward."""
+        present = {n: h for n, h in self.hashes.items()
+                   if (n == BEST or _NAME.fullmatch(n)) and self._regular(n)}
         lines = "".join(f"{h}  {n}\n" for n, h in sorted(present.items()))
         atomic_write_bytes(self.directory / MANIFEST, lines.encode())
+
+    def _regular(self, name: str) -> bool:
+        path = self.directory / name
+        return not path.is_symlink() and path.is_file()
 
     def local_steps(self) -> list[int]:
         """Steps of the regular files named exactly like the trainer's checkpoints."""
         if not self.directory.is_dir():
             return []
-        found = (_NAME.fullmatch(p.name) for p in self.directory.iterdir()
-                 if not p.is_symlink() and p.is_file())
-        return [int(m.group(1)) for m in found if m]
+        found = (_NAME.fullmatch(p.name) for p in self.directory.iterdir())
+        return [int(m.group(1)) for m in found if m and self._regular(m.group(0))]
 
     def candidate(self, rejected: frozenset[int] = frozenset()) -> int:
         """Newest step not in ``rejected`` whose file is listed in the manifest with a matching
