@@ -27,9 +27,9 @@ from pathlib import Path
 
 from common.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
                            PROGRESS, RUNS_DIR, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
+from deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from deploy.host.succession import Generation, HeadWatcher, parse_generations
 
-POLL_S = 0.2
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -46,67 +46,6 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def alive(pid: int) -> bool:
-    """True for a live, non-zombie process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-def tagged_pids(run_id: str, host: str) -> list[int]:
-    """Processes whose environment carries this run's id and this host's name."""
-    want = {f"{ENV_RUN_ID}={run_id}".encode(), f"{ENV_HOST}={host}".encode()}
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if want <= env and alive(int(entry)):
-            found.append(int(entry))
-    return found
-
-
-def signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
-    if pgid is not None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def terminate_run(run_id: str, host: str, pgid: int | None, grace_s: float) -> list[int]:
-    """TERM the group and tagged processes, wait `grace_s`, KILL what is left. Returns survivors."""
-    if pgid is not None and not _group_is_ours(pgid, run_id, host):
-        pgid = None  # the pid was reused by something else: never signal it
-    signal_all(pgid, tagged_pids(run_id, host), signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (tagged_pids(run_id, host) or (pgid and alive(pgid))):
-        time.sleep(POLL_S)
-    for _ in range(25):
-        left = tagged_pids(run_id, host)
-        if not left:
-            return []
-        signal_all(pgid, left, signal.SIGKILL)
-        time.sleep(POLL_S)
-    return tagged_pids(run_id, host)
-
-
-def _group_is_ours(pgid: int, run_id: str, host: str) -> bool:
-    return not alive(pgid) or pgid in tagged_pids(run_id, host)
-
-
 class Supervisor:
     """Runs one command for `run`; see the module docstring."""
 
@@ -116,6 +55,7 @@ class Supervisor:
         self.last_beat = time.monotonic()
         self.stop_reason: str | None = None
         self.torchrun_pid = -1
+        self.torchrun_start: int | None = None
         self.head_lost = False
         self.to_controller = not args.quiet
 
@@ -151,14 +91,17 @@ class Supervisor:
         self.head_lost = False
         try:
             child = subprocess.Popen(generation.torchrun, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=die_with_parent(os.getpid()))
         except OSError as err:
             self.emit(f"meshrun-agent: cannot start {generation.torchrun[0]}: {err}\n".encode())
             self.stop_reason = "start failed"
             return 127
         self.torchrun_pid = child.pid
+        self.torchrun_start = start_time(child.pid)
         write_json(self.dir / AGENT_PIDFILE, {
             "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
+            "pgid_start": self.torchrun_start,
             "started": time.time(), "command": list(generation.torchrun), "generation": index,
             "detached": self.args.heartbeat_timeout == 0})
         tee = threading.Thread(target=self.tee, args=(child,), daemon=True)
@@ -179,18 +122,18 @@ class Supervisor:
                 self.request_stop(f"no heartbeat from the controller for {silent:.0f} s")
             if self.stop_reason is not None:
                 self.emit(f"meshrun-agent: stopping run ({self.stop_reason})\n".encode())
-                left = terminate_run(self.args.run_id, self.args.host, child.pid, self.args.grace)
+                left = terminate_run(self.args.run_id, self.args.host, child.pid, self.args.grace, self.torchrun_start)
                 child.wait()
                 self.emit(f"meshrun-agent: stopped; {len(left)} processes left\n".encode())
                 return 128 + signal.SIGTERM
             if watcher is not None and watcher.lost:
                 self.head_lost = True
-                terminate_run(self.args.run_id, self.args.host, child.pid, grace_s=1)
+                terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start)
                 child.wait()
                 return 1
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
-        terminate_run(self.args.run_id, self.args.host, child.pid, grace_s=2)
+        terminate_run(self.args.run_id, self.args.host, child.pid, 2, self.torchrun_start)
         if child.returncode != 0 and watcher is not None:
             self.head_lost = watcher.confirm_lost()
         return child.returncode
@@ -267,7 +210,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.grace + 5
         while alive(agent_pid) and time.monotonic() < deadline:
             time.sleep(POLL_S)
-    left = terminate_run(run_id, args.host, record.get("pgid"), args.grace)
+    left = terminate_run(run_id, args.host, record.get("pgid"), args.grace, record.get("pgid_start"))
     print(json.dumps({"host": args.host, "run_id": run_id, "was_running": was_running, "remaining": left}))
     return 0 if not left else 1
 

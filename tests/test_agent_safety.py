@@ -1,0 +1,110 @@
+"""The host agent never signals a stranger, and never leaves workers behind when it dies (issue 12,
+hole 8). Real processes on this machine: the agent, real torchrun, real process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.host.procs import alive, start_time, terminate_run
+
+REPO = Path(__file__).resolve().parents[1]
+
+SLEEPER = """import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+# The leader forks a member into its group and exits; nobody reaps it, so it stays a zombie that
+# still leads a group with a live member: a stranger's group whose leader looks dead.
+ZOMBIE_LEADER = """import os, sys, time
+if os.fork() == 0:
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    time.sleep(600)
+os._exit(0)
+"""
+
+
+def tagged(run_id: str) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"MESHRUN_RUN_ID={run_id}".encode() in env and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def wait_for_file(path: Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_a_group_whose_leader_is_a_strangers_zombie_is_not_signalled(tmp_path: Path) -> None:
+    """Recorded pgid and start time name our torchrun; the number now leads a stranger's group
+    (its leader a zombie, a member alive). The old check took a non-live leader for ours."""
+    marker = tmp_path / "member"
+    leader = subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER, str(marker)], start_new_session=True)
+    member = wait_for_file(marker, 30)
+    try:
+        deadline = time.monotonic() + 10
+        while alive(leader.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(leader.pid) and start_time(leader.pid) is not None  # a zombie leader
+        ours_was = start_time(leader.pid) + 1  # what our own torchrun's start time would have been
+        terminate_run("not-this-run", "h1", leader.pid, 0.5, ours_was)
+        time.sleep(0.5)
+        assert alive(member), "the stranger's group was signalled"
+        # With the right start time it is ours, and the whole group goes.
+        terminate_run("not-this-run", "h1", leader.pid, 0.5, start_time(leader.pid))
+        deadline = time.monotonic() + 10
+        while alive(member) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(member)
+    finally:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        leader.wait()
+
+
+@pytest.mark.slow
+def test_torchrun_and_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
+    """SIGKILL of the agent (no chance to clean up): torchrun gets SIGTERM from the kernel
+    (PR_SET_PDEATHSIG) and takes its worker with it."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    marker = tmp_path / "worker.pid"
+    run_id = "pdeathsig-" + os.urandom(3).hex()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                str(script), str(marker)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    agent = subprocess.Popen([sys.executable, "-m", "deploy.host.agent", "run", "--run-id", run_id, "--host", "local",
+                              "--heartbeat-timeout", "0", "--quiet", "--", *torchrun],
+                             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        worker = wait_for_file(marker, 120)
+        assert alive(worker) and len(tagged(run_id)) >= 2  # torchrun and its worker
+        agent.kill()
+        agent.wait()
+        deadline = time.monotonic() + 60
+        while tagged(run_id) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert not tagged(run_id), f"left behind by the killed agent: {tagged(run_id)}"
+    finally:
+        for pid in tagged(run_id):
+            os.kill(pid, signal.SIGKILL)
