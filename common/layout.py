@@ -19,6 +19,9 @@ ENV_RUN_ID = "MESHRUN_RUN_ID"
 ENV_HOST = "MESHRUN_HOST"
 ENV_BATCH_SIZE = "MESHRUN_BATCH_SIZE"  # this host's per-process batch size, or "auto"
 
+# The controller's ssh_config (HostName, User, Port, IdentityFile, ProxyJump); default ~/.ssh/config.
+ENV_SSH_CONFIG = "MESHRUN_SSH_CONFIG"
+
 # Files of a run directory (`runs/<run_id>/`).
 LAUNCH_RECORD = "launch.json"  # controller: what was started where
 SUMMARY = "summary.json"  # controller: the outcome, a user contract
@@ -42,6 +45,7 @@ EXIT_RECORD = "exit.json"
 TORCHRUN_LOGS = "torchrun"
 
 AGENT_MODULE = "deploy.host.agent"
+SCRIPT_RUNNER_MODULE = "deploy.host.runscript"  # runs a user's --script, then leaves with os._exit
 
 # The controller's lines to an agent's stdin: any line is a heartbeat; this one also asks the agent
 # to restart its worker group (a peer was cut off, see deploy/edges/launcher.py).

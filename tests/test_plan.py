@@ -93,7 +93,7 @@ def test_elastic_and_script_workload() -> None:
                                 "10.0.0.1")
     assert "--rdzv-conf" in b.torchrun and "is_host=1" not in " ".join(b.torchrun)
     assert a.torchrun[a.torchrun.index("--max-restarts") + 1] == "10"
-    assert a.torchrun[-3:] == ("examples/seed_main.py", "--epochs", "2")
+    assert a.torchrun[-5:] == ("-m", "deploy.host.runscript", "examples/seed_main.py", "--epochs", "2")
     assert ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1") in a.env
     assert not any(k == "MESHRUN_PG_TIMEOUT" for k, _ in a.env)  # the timeout reaches the trainer in argv only
     assert ("NCCL_IB_DISABLE", "1") not in a.env  # a LAN may have InfiniBand

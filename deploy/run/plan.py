@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from common.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID,
-                           HEARTBEAT_TIMEOUT_S, STOP_GRACE_S, TORCHRUN_LOGS, generation_rdzv_id, host_dir)
+                           HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_LOGS, generation_rdzv_id,
+                           host_dir)
 from deploy.errors import InputError
 from deploy.inventory.model import ElasticBounds, Host
 from deploy.inventory.selection import Selection
@@ -183,7 +184,9 @@ def torchrun_argv(host: Host, head: Host, endpoint: str, node_count: int, option
 def _workload_argv(options: LaunchOptions) -> list[str]:
     work = options.workload
     if work.script is not None:
-        return [work.script, *work.args]
+        # The runner ends a finished script with os._exit: torch 2.14.1's gloo teardown abort
+        # would otherwise fail a run that did all its work (docs/scripts.md).
+        return ["-m", SCRIPT_RUNNER_MODULE, work.script, *work.args]
     argv = ["-m", "train"]  # it finds its run directory from MESHRUN_RUN_ID
     if work.config is not None:
         argv += ["--config", work.config]
