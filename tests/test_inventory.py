@@ -41,6 +41,18 @@ elastic: {min: 2, max: 3}
 """
 
 
+@pytest.fixture(autouse=True)
+def keys_at_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home whose ~/.ssh holds the key files the inventories here and in inventory/ name: `identity`
+    must name a file that exists (deploy.inventory.fields.identity)."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ssh").mkdir()
+    for name in ("id_ed25519", "rented_boxes"):
+        (home / ".ssh" / name).write_text("a private key\n")
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "inv.yaml"
     path.write_text(textwrap.dedent(text))

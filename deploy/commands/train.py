@@ -19,17 +19,17 @@ from deploy.commands.membership import RequestPoller
 from deploy.commands.check import preflight
 from deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
 from deploy.commands.sync import sync_code
-from deploy.errors import InputError, MeshrunError
+from deploy.errors import MeshrunError
 from deploy.edges.fanout import on_each
 from deploy.inventory.load import load_inventory, inventory_path
-from deploy.inventory.model import ElasticBounds, Host, Inventory
+from deploy.inventory.model import Host, Inventory
 from deploy.edges.launcher import JobRunner
 from deploy.run.outcome import JobOutcome, JobStatus
 from deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
 from deploy.render.console import Renderer
 from deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
 from deploy.edges.sync import is_project_itself, push_dir_argv
-from deploy.inventory.selection import Selection, select_hosts
+from deploy.inventory.selection import Selection, parse_nnodes, select_hosts
 from deploy.run.summary import RunSummary, build_summary
 from deploy.edges.transport import Session
 
@@ -46,21 +46,6 @@ class TrainRequest:
     no_sync: bool = False
     resume: str | None = None  # an earlier run id: same run directory, fresh rendezvous
     comm: str | None = None  # a comm hook, or "auto" (deploy/commands/comm.py)
-
-
-def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> ElasticBounds | None:
-    """`--nnodes MIN:MAX` wins over the inventory's `elastic:`; a plain count means no elasticity."""
-    if not value:
-        return inventory.elastic
-    low, colon, high = value.partition(":")
-    if not (low.isdigit() and (not colon or high.isdigit())):
-        raise InputError(f"--nnodes '{value}': expected MIN:MAX, e.g. --nnodes 2:3")
-    bounds = ElasticBounds(int(low), int(high) if colon else int(low))
-    if not 1 <= bounds.min <= bounds.max:
-        raise InputError(f"--nnodes '{value}': need 1 <= MIN <= MAX")
-    if bounds.min > host_count:
-        raise InputError(f"--nnodes '{value}': MIN {bounds.min} is more than the {host_count} selected host(s)")
-    return bounds if colon else None
 
 
 def _with_resumed_defaults(request: TrainRequest, root: Path) -> TrainRequest:

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Callable, Mapping
 
 import yaml
 
 from deploy.inventory.model import Network
-from deploy.inventory.yamlnodes import Where, mapping_items, scalar
+from deploy.inventory.shown import shown
+from deploy.inventory.yamlnodes import Where, kind, mapping_items, scalar
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Patterns are used with fullmatch: `$` would also match before a trailing newline ("gpu1\n").
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAME = 64  # a host or group name; a DNS label is 63
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Host names, IPv4, IPv6 (with a %zone): what `ssh` and torch's store take as a host, nothing a shell reads.
+ADDRESS_RE = re.compile(r"[A-Za-z0-9._:%-]+")
+# `host:2222` or `[::1]:2222`; an IPv6 address has two colons or more, so it never matches.
+HOST_PORT_RE = re.compile(r"\[[^\]]*\]:.*|[^:]*:[^:]*")
+MAX_GPU_INDEX = 1023  # larger is a typo: CUDA counts the GPUs of one machine
 
 
 def _type_name(value: object) -> str:
@@ -21,60 +30,84 @@ def _type_name(value: object) -> str:
 
 def _scalar_value(node: yaml.Node, at: Where, expected: str) -> object:
     if not isinstance(node, yaml.ScalarNode):
-        kind = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
-        raise at.fail(f"expected {expected}, got {kind}", f"write {expected}")
+        raise at.fail(f"expected {expected}, got {kind(node)}", f"write {expected}")
     return scalar(node)
 
 
 def text(node: yaml.Node, at: Where) -> str:
     value = _scalar_value(node, at, "text")
     if not isinstance(value, str) or not value.strip():
-        raise at.fail(f"expected non-empty text, got {_type_name(value)} {value!r}", "write a non-empty string")
-    if any(c in value for c in "\n\r\0"):
-        raise at.fail("contains a newline or NUL", "write it on one line")
+        raise at.fail(f"expected non-empty text, got {_type_name(value)} {shown(value)}", "write a non-empty string")
+    unprintable(value, at)
     return value
+
+
+def unprintable(value: str, at: Where) -> None:
+    """Refuse control and other unprintable characters (NUL, newline, ESC, BEL, U+202E, ...): they end
+    argv strings, split log lines or rewrite the terminal."""
+    bad = next((c for c in value if not c.isprintable()), None)
+    if bad is not None:
+        raise at.fail(f"{shown(value)} contains the unprintable character U+{ord(bad):04X}",
+                      "write it on one line, in printable characters")
 
 
 def address(node: yaml.Node, at: Where) -> str:
     value = text(node, at)
-    if any(c.isspace() for c in value) or value.startswith("-"):
-        raise at.fail(f"'{value}' is not an address", "write an IP address, a host name or `local`")
+    field = at.field or "address"
+    if "@" in value:
+        raise at.fail(f"{shown(value)} holds a login name",
+                      f"put the login name in `user:` and only the host in `{field}:`")
+    if HOST_PORT_RE.fullmatch(value):
+        raise at.fail(f"{shown(value)} holds a port", f"put the port in `port:` and only the host in `{field}:`")
+    if not ADDRESS_RE.fullmatch(value) or value.startswith("-"):
+        raise at.fail(f"{shown(value)} is not an address", "write an IP address, a host name or `local`")
     return value
 
 
 def path_text(node: yaml.Node, at: Where) -> str:
     value = text(node, at)
     if value.startswith("~") and not (value == "~" or value.startswith("~/")):
-        raise at.fail(f"'{value}': only `~` or `~/...` (the login user's home) is supported",
+        raise at.fail(f"{shown(value)}: only `~` or `~/...` (the login user's home) is supported",
                       "write an absolute path or one starting with ~/")
     return value
 
 
-USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+def identity(node: yaml.Node, at: Where) -> str:
+    """A private key file on this machine (relative paths from where fab runs, as ssh and rsync read them)."""
+    value = path_text(node, at)
+    found = os.path.expanduser(value)
+    if not os.path.isfile(found):
+        problem = "is not a file" if os.path.exists(found) else "does not exist"
+        raise at.fail(f"key file {shown(value)} {problem}", "create the key (ssh-keygen) or correct the path")
+    return value
+
+
+USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 def user(node: yaml.Node, at: Where) -> str:
     value = text(node, at)
-    if not USER_RE.match(value):
-        raise at.fail(f"'{value}' is not a login name", "use letters, digits, '.', '_' and '-'")
+    if not USER_RE.fullmatch(value):
+        raise at.fail(f"{shown(value)} is not a login name", "use letters, digits, '.', '_' and '-'")
     return value
 
 
 def port(node: yaml.Node, at: Where) -> int:
     value = _scalar_value(node, at, "a port number")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise at.fail(f"expected a port number, got {_type_name(value)} {value!r}", "write a number from 1 to 65535")
+        raise at.fail(f"expected a port number, got {_type_name(value)} {shown(value)}",
+                      "write a number from 1 to 65535")
     if not 1 <= value <= 65535:
-        raise at.fail(f"port {value} is out of range", "write a number from 1 to 65535")
+        raise at.fail(f"port {shown(value)} is out of range", "write a number from 1 to 65535")
     return value
 
 
 def positive_int(node: yaml.Node, at: Where) -> int:
     value = _scalar_value(node, at, "a whole number")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise at.fail(f"expected a whole number, got {_type_name(value)} {value!r}", "write a number >= 1")
+        raise at.fail(f"expected a whole number, got {_type_name(value)} {shown(value)}", "write a number >= 1")
     if value < 1:
-        raise at.fail(f"{value} is not >= 1", "write a number >= 1")
+        raise at.fail(f"{shown(value)} is not >= 1", "write a number >= 1")
     return value
 
 
@@ -83,15 +116,18 @@ def batch_size(node: yaml.Node, at: Where) -> int | str:
     if value == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise at.fail(f"expected a number >= 1 or `auto`, got {value!r}", "write e.g. `batch_size: 32` or `batch_size: auto`")
+        raise at.fail(f"expected a number >= 1 or `auto`, got {shown(value)}",
+                      "write e.g. `batch_size: 32` or `batch_size: auto`")
     return value
 
 
 def gpus(node: yaml.Node, at: Where) -> tuple[int, ...]:
     if not isinstance(node, yaml.SequenceNode):
-        raise at.fail(f"expected a list of GPU indices, got {_scalar_value(node, at, 'a list')!r}",
-                      "write e.g. `gpus: [0, 1]`")
-    values = [scalar(item) if isinstance(item, yaml.ScalarNode) else item for item in node.value]
+        raise at.fail(f"expected a list of GPU indices, got {kind(node)}", "write e.g. `gpus: [0, 1]`")
+    for item in node.value:
+        if not isinstance(item, yaml.ScalarNode):
+            raise at.fail(f"GPU index {kind(item)} is not a whole number", "write e.g. `gpus: [0, 1]`")
+    values = [scalar(item) for item in node.value]
     problem = gpu_index_problem(values)
     if problem is not None:
         raise at.fail(*problem)
@@ -106,11 +142,14 @@ def gpu_index_problem(values: list[object]) -> tuple[str, str] | None:
     if not values:
         return "the GPU list is empty", "list at least one index, or use `nproc` on a CPU host"
     seen: set[object] = set()
+    as_shown = "write indices as nvidia-smi shows them:"
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"GPU index {value!r} is not a whole number", "write indices as nvidia-smi shows them: 0, 1, ..."
+            return f"GPU index {shown(value)} is not a whole number", f"{as_shown} 0, 1, ..."
         if value < 0:
-            return f"GPU index {value} is negative", "write indices as nvidia-smi shows them: 0, 1, ..."
+            return f"GPU index {shown(value)} is negative", f"{as_shown} 0, 1, ..."
+        if value > MAX_GPU_INDEX:
+            return f"GPU index {shown(value)} is too large", f"{as_shown} 0 to {MAX_GPU_INDEX}"
         if value in seen:
             return f"GPU index {value} is repeated", "list each GPU once"
         seen.add(value)
@@ -121,7 +160,7 @@ def network(node: yaml.Node, at: Where) -> Network:
     value = _scalar_value(node, at, "a network kind")
     allowed = [n.value for n in Network]
     if value not in allowed:
-        raise at.fail(f"unknown network {value!r}", f"use one of: {', '.join(allowed)}")
+        raise at.fail(f"unknown network {shown(value)}", f"use one of: {', '.join(allowed)}")
     return Network(value)
 
 
@@ -129,11 +168,13 @@ def env(node: yaml.Node, at: Where) -> tuple[tuple[str, str], ...]:
     pairs = []
     for key, key_node, value_node in mapping_items(node, at, "env"):
         key_at = Where(at.path, key_node.start_mark.line + 1, at.host, f"env.{key}")
-        if not ENV_NAME_RE.match(key):
-            raise key_at.fail(f"'{key}' is not a valid environment variable name", "use letters, digits and _")
+        if not ENV_NAME_RE.fullmatch(key):
+            raise key_at.fail(f"{shown(key)} is not a valid environment variable name", "use letters, digits and _")
         value = _scalar_value(value_node, key_at, "a value")
-        if value is None or isinstance(value, (list, dict)):
+        if value is None:
             raise key_at.fail(f"expected a value, got {_type_name(value)}", 'write it as text, e.g. OMP_NUM_THREADS: "1"')
+        if isinstance(value, str):
+            unprintable(value, key_at)
         pairs.append((key, str(value).lower() if isinstance(value, bool) else str(value)))
     return tuple(pairs)
 
@@ -144,10 +185,12 @@ def name_list(node: yaml.Node, at: Where) -> tuple[str, ...]:
     return tuple(text(item, Where(at.path, item.start_mark.line + 1, at.host, at.field)) for item in node.value)
 
 
-def check_name(name: str, at: Where, kind: str) -> None:
-    if not NAME_RE.match(name):
-        raise at.fail(f"{kind} name '{name}' has characters other than letters, digits, '.', '_' and '-'",
-                      f"rename the {kind}")
+def check_name(name: str, at: Where, noun: str) -> None:
+    if not NAME_RE.fullmatch(name):
+        raise at.fail(f"{noun} name {shown(name)} has characters other than letters, digits, '.', '_' and '-'",
+                      f"rename the {noun}")
+    if len(name) > MAX_NAME:
+        raise at.fail(f"{noun} name {shown(name)} is longer than {MAX_NAME} characters", f"rename the {noun}")
 
 
 FIELD_READERS: Mapping[str, Callable[[yaml.Node, Where], object]] = {
@@ -155,7 +198,7 @@ FIELD_READERS: Mapping[str, Callable[[yaml.Node, Where], object]] = {
     "ssh_address": address,
     "user": user,
     "port": port,
-    "identity": path_text,
+    "identity": identity,
     "python": path_text,
     "workdir": path_text,
     "network": network,

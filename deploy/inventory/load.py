@@ -16,6 +16,7 @@ import yaml
 from deploy.inventory import fields
 from deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
                                      Rendezvous)
+from deploy.inventory.shown import clip, listing, shown
 from deploy.inventory.yamlnodes import Where, compose_file, mapping_items, scalar, unknown_key
 
 DEFAULT_INVENTORY = Path("inventory/local.yaml")
@@ -100,7 +101,7 @@ def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object]) -
             merged["gpus"] = None
         address = str(own["address"])
         if address in addresses:
-            raise at.fail(f"address {address} is also host '{addresses[address]}'s",
+            raise at.fail(f"address {clip(address)} is also host '{addresses[address]}'s",
                           "give each host its own address, or remove the duplicate")
         addresses[address] = name
         hosts.append(Host(name=name, **merged))  # type: ignore[arg-type]
@@ -119,12 +120,12 @@ def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> dict[
         at = where.at(key_node, field="groups")
         fields.check_name(name, at, "group")
         if name in hosts:
-            raise at.fail(f"group '{name}' has the same name as a host", "rename the group")
+            raise at.fail(f"group {shown(name)} has the same name as a host", "rename the group")
         members = fields.name_list(value_node, where.at(value_node, field="groups"))
         for member, member_node in zip(members, value_node.value):
             if member not in hosts:
                 raise where.at(member_node, field="groups").fail(
-                    f"group '{name}' names unknown host '{member}'", f"known hosts: {', '.join(hosts)}")
+                    f"group {shown(name)} names unknown host {shown(member)}", f"known hosts: {listing(hosts)}")
         groups[name] = members
     return groups
 
@@ -136,7 +137,7 @@ def _read_rendezvous(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> R
         if key == "host":
             host = fields.text(value_node, at)
             if host not in hosts:
-                raise at.fail(f"rendezvous host '{host}' is not in `hosts`", f"use one of: {', '.join(hosts)}")
+                raise at.fail(f"rendezvous host {shown(host)} is not in `hosts`", f"use one of: {listing(hosts)}")
         elif key == "port":
             port = fields.port(value_node, at)
         else:
@@ -154,5 +155,5 @@ def _read_elastic(node: yaml.Node, where: Where) -> ElasticBounds:
     if set(values) != {"min", "max"}:
         raise at.fail("needs both `min` and `max`", "write `elastic: {min: 2, max: 3}`")
     if values["min"] > values["max"]:
-        raise at.fail(f"min {values['min']} is greater than max {values['max']}", "make min <= max")
+        raise at.fail(f"min {shown(values['min'])} is greater than max {shown(values['max'])}", "make min <= max")
     return ElasticBounds(values["min"], values["max"])

@@ -1,13 +1,23 @@
-"""`--hosts`: host names, group names, or `host:0,1` (that host's GPUs for this run only)."""
+"""`--hosts`: host names, group names, or `host:0,1` (that host's GPUs for this run only); `--nnodes MIN:MAX`."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from deploy.errors import InputError
 from deploy.inventory.fields import gpu_index_problem
-from deploy.inventory.model import Host, Inventory, Rendezvous
+from deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
+from deploy.inventory.shown import listing, shown, shown_path
+
+# ASCII digits only: str.isdigit() takes '²', which int() refuses; at most 4000 digits, as int() refuses 4300.
+WHOLE_RE = re.compile(r"-?[0-9]{1,4000}")
+
+
+def whole_number(text: str) -> int | None:
+    """The int `text` spells in ASCII digits (with an optional minus), else None."""
+    return int(text) if WHOLE_RE.fullmatch(text) else None
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ def parse_hosts_flag(value: str) -> tuple[HostSpec, ...]:
     for token in (t.strip() for t in value.split(",")):
         if not token:
             continue
-        if pending_gpus is not None and token.lstrip("-").isdigit():
+        if pending_gpus is not None and whole_number(token) is not None:
             pending_gpus.append(token)
             continue
         if pending_gpus is not None:
@@ -63,15 +73,16 @@ def parse_hosts_flag(value: str) -> tuple[HostSpec, ...]:
     if pending_gpus is not None:
         specs.append(_spec(pending_name, pending_gpus))
     if not specs:
-        raise InputError(f"--hosts '{value}': no host named; pass e.g. --hosts gpu1,gpu2")
+        raise InputError(f"--hosts {shown(value)}: no host named; pass e.g. --hosts gpu1,gpu2")
     return tuple(specs)
 
 
 def _spec(name: str, raw: list[str]) -> HostSpec:
-    values: list[object] = [int(item) if item.lstrip("-").isdigit() else item for item in raw]
+    numbers = [whole_number(item) for item in raw]
+    values: list[object] = [item if number is None else number for item, number in zip(raw, numbers)]
     problem = gpu_index_problem(values)
     if problem is not None:
-        raise InputError(f"--hosts: host '{name}': {problem[0]}; {problem[1]}")
+        raise InputError(f"--hosts: host {shown(name)}: {problem[0]}; {problem[1]}")
     return HostSpec(name, tuple(values))  # type: ignore[arg-type]
 
 
@@ -94,7 +105,25 @@ def _expand(inventory: Inventory, name: str) -> tuple[str, ...]:
         return (name,)
     if name in inventory.groups:
         return inventory.groups[name]
-    groups = f"; groups: {', '.join(inventory.groups)}" if inventory.groups else ""
+    groups = f"; groups: {listing(inventory.groups)}" if inventory.groups else ""
     raise InputError(
-        f"--hosts: unknown host '{name}' in {inventory.path}; known hosts: {', '.join(inventory.host_names)}{groups}"
+        f"--hosts: unknown host {shown(name)} in {shown_path(inventory.path)}; "
+        f"known hosts: {listing(inventory.host_names)}{groups}"
     )
+
+
+def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> ElasticBounds | None:
+    """`--nnodes MIN:MAX` wins over the inventory's `elastic:`; a plain count means no elasticity."""
+    if not value:
+        return inventory.elastic
+    low, colon, high = value.partition(":")
+    low_n, high_n = whole_number(low), whole_number(high) if colon else whole_number(low)
+    if low_n is None or high_n is None or low.startswith("-") or high.startswith("-"):
+        raise InputError(f"--nnodes {shown(value)}: expected MIN:MAX, e.g. --nnodes 2:3")
+    bounds = ElasticBounds(low_n, high_n)
+    if not 1 <= bounds.min <= bounds.max:
+        raise InputError(f"--nnodes {shown(value)}: need 1 <= MIN <= MAX")
+    if bounds.min > host_count:
+        raise InputError(f"--nnodes {shown(value)}: MIN {shown(bounds.min)} is more than the {host_count} "
+                         "selected host(s)")
+    return bounds if colon else None
