@@ -67,7 +67,8 @@ def describe(cfg: TrainConfig) -> dict:
     count = sum(math.prod(s) for s in shapes)
     return {"parameters": count, "gradient_bytes": 4 * count, "shapes": shapes,
             "comm": {"hook": cfg.comm.hook.value, "powersgd_rank": cfg.comm.powersgd_rank,
-                     "localsgd_period": cfg.comm.localsgd_period}}
+                     "localsgd_period": cfg.comm.localsgd_period,
+                     "diloco_inner_steps": cfg.comm.diloco_inner_steps}}
 
 
 def main(argv: list[str] | None = None) -> int:

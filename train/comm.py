@@ -5,7 +5,8 @@ Contract:
   (nothing else for ``none`` or without a process group) and returns a ``Communicator``. Only
   torch's implementations are used: ``default_hooks.fp16_compress_hook``/``bf16_compress_hook``,
   ``powerSGD_hook`` with ``PowerSGDState``, ``post_localSGD_hook`` with ``PostLocalSGDState``
-  and ``PeriodicModelAverager``.
+  and ``PeriodicModelAverager``; DiLoCo (``train.diloco``) with ``debugging_hooks.noop_hook``
+  (inner steps communicate nothing), ``torch.optim.SGD`` and ``torch.distributed.all_reduce``.
 - ``Communicator.state_dict()`` is collective (it all-gathers every rank's hook state: PowerSGD's
   error feedback is per rank) and is stored in checkpoints under ``"comm"``.
 - A saved state is restored only for the same hook at the same world size; otherwise the hook
@@ -15,6 +16,11 @@ Contract:
   ``consensus()`` makes every rank hold the same parameters (local SGD, before evaluation and
   checkpoints); ``preserved()`` runs a timing probe past the warm-up (steady-state traffic)
   and then undoes what it did to the hook state.
+- DiLoCo: ``stepped(samples)`` after every optimizer step ends a round every H steps;
+  ``consensus()`` flushes (the partial round becomes an outer step); ``before_save()`` changes
+  nothing, since its checkpoint state holds every rank's replica and inner optimizer plus the
+  shared outer state (``"diloco"``). At a new world size the interrupted round is completed
+  from the saved replicas instead of being dropped (``DiLoCo.restore_other_world``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
                                                                             post_localSGD_hook)
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
@@ -35,8 +41,11 @@ from torch.distributed.algorithms.model_averaging.utils import average_parameter
 
 from train import dist
 from train.config import CommConfig, CommHook
+from train.diloco import DiLoCo, DiLoCoSettings, local_mean
+from train.loop import MicroStep
 
 FORMAT = 1
+DILOCO_HOOKS = (CommHook.DILOCO, CommHook.DILOCO_OVERLAP)
 
 
 @dataclass(frozen=True)
@@ -53,11 +62,17 @@ class Communicator:
     def __init__(self, hook: CommHook, world_size: int, model: nn.Module | None = None,
                  powersgd: powerSGD_hook.PowerSGDState | None = None,
                  localsgd: PostLocalSGDState | None = None,
-                 averager: PeriodicModelAverager | None = None) -> None:
+                 averager: PeriodicModelAverager | None = None,
+                 diloco: DiLoCo | None = None,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         self.hook, self.world_size, self.model = hook, world_size, model
         self.powersgd, self.localsgd, self.averager = powersgd, localsgd, averager
+        self.diloco, self.optimizer = diloco, optimizer  # optimizer: DiLoCo's inner one
 
     def _local_state(self) -> dict[str, Any]:
+        if self.diloco is not None and self.optimizer is not None:
+            # Replicas and inner optimizers differ between syncs: each rank's goes in.
+            return {**self.diloco.rank_state(), "optimizer": self.optimizer.state_dict()}
         if self.powersgd is not None:
             # torch's own picklable form: every slot except the process group.
             with _quiet():
@@ -69,8 +84,11 @@ class Communicator:
     def state_dict(self) -> dict[str, Any]:
         """Collective: ``{"format", "hook", "world_size", "ranks": [state of rank r, ...]}``."""
         ranks = dist.all_gather_objects(self._local_state()) if self.model is not None else [{}]
-        return {"format": FORMAT, "hook": self.hook.value, "world_size": self.world_size,
-                "ranks": ranks}
+        out = {"format": FORMAT, "hook": self.hook.value, "world_size": self.world_size,
+               "ranks": ranks}
+        if self.diloco is not None:
+            out["diloco"] = self.diloco.shared_state()  # the same on every rank: saved once
+        return out
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         if self.powersgd is not None and "powersgd" in state:
@@ -81,6 +99,9 @@ class Communicator:
         if self.localsgd is not None and self.averager is not None and "localsgd_iter" in state:
             self.localsgd.iter = state["localsgd_iter"]
             self.averager.step = state["averager_step"]
+        if self.diloco is not None and self.optimizer is not None and "samples" in state:
+            self.diloco.load_rank(state)
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def _average_after_step(self, *_: Any) -> None:
         """Optimizer step post-hook: runs after ``step()`` and before ``zero_grad``, as torch's
@@ -89,9 +110,27 @@ class Communicator:
             self.averager.average_parameters(self.model.parameters())
 
     def consensus(self) -> None:
-        """Local SGD lets parameters drift apart between averages: average them now (collective)."""
+        """Local SGD and DiLoCo let parameters drift apart between syncs: average them now
+        (local SGD) or end the round with an outer step (DiLoCo). Collective."""
         if self.averager is not None and self.model is not None:
             average_parameters(self.model.parameters(), self.averager.process_group)
+        if self.diloco is not None:
+            self.diloco.flush()
+
+    def before_save(self) -> None:
+        """Local SGD saves the averaged model; DiLoCo saves every replica as it is, so a
+        checkpoint does not change its rounds (collective)."""
+        if self.averager is not None and self.model is not None:
+            self.consensus()
+
+    def stepped(self, samples: int) -> None:
+        """After each optimizer step, with this rank's real samples in it (DiLoCo's weight)."""
+        if self.diloco is not None:
+            self.diloco.stepped(samples)
+
+    def scaled(self, plan: list[MicroStep]) -> list[MicroStep]:
+        """DiLoCo's inner steps use each rank's own mean loss; the others the global one."""
+        return local_mean(plan) if self.diloco is not None else plan
 
     def _steady(self) -> None:
         """Past the warm-up, so a probe times what the hook sends in steady state."""
@@ -104,6 +143,9 @@ class Communicator:
     def preserved(self) -> Iterator[None]:
         """Run the body (e.g. the comm timing probe) and put the hook state back afterwards, so
         probe steps neither count towards ``start_iter`` nor leave error feedback behind."""
+        if self.diloco is not None:  # the probe takes no optimizer step: DiLoCo's state stays
+            yield
+            return
         saved = copy.deepcopy(self._local_state())
         self._steady()
         try:
@@ -142,6 +184,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
             start_powerSGD_iter=cfg.start_iter, use_error_feedback=True, warm_start=True)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         comm = Communicator(cfg.hook, world_size, model, powersgd=state)
+    elif cfg.hook in DILOCO_HOOKS:
+        comm = _attach_diloco(model, optimizer, cfg, world_size)
     else:
         # Between averages each rank steps on its own gradients (no intra-host all-reduce:
         # torch's default subgroup is per CUDA device count, meaningless on CPU hosts).
@@ -156,6 +200,18 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
     return comm
 
 
+def _attach_diloco(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig,
+                   world_size: int) -> Communicator:
+    """torch's no-communication hook for the inner steps; the outer model starts from the
+    (restored, broadcast) parameters DDP holds now."""
+    model.register_comm_hook(None, debugging_hooks.noop_hook)
+    settings = DiLoCoSettings(cfg.diloco_inner_steps, cfg.diloco_outer_lr,
+                              cfg.diloco_outer_momentum, cfg.diloco_nesterov,
+                              overlap=cfg.hook is CommHook.DILOCO_OVERLAP)
+    diloco = DiLoCo(model.module, settings)
+    return Communicator(cfg.hook, world_size, model, diloco=diloco, optimizer=optimizer)
+
+
 def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
              log: Callable[[str], None]) -> None:
     if saved is None or saved.state is None:
@@ -164,12 +220,19 @@ def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
     if before != comm.hook.value:
         log(f"comm: checkpoint was saved with comm.hook={before}, now {comm.hook.value}: "
             "the hook starts with a fresh state")
+    elif saved.world_size != comm.world_size and comm.diloco is not None:
+        comm.diloco.restore_other_world(saved.state["diloco"], saved.state["ranks"])
+        log(f"comm: world size changed ({saved.world_size} -> {comm.world_size}): {comm.hook.value} "
+            f"outer state restored; the interrupted round was completed from the "
+            f"{saved.world_size} saved replicas and a new round starts from the outer model")
     elif saved.world_size != comm.world_size:
         log(f"comm: world size changed ({saved.world_size} -> {comm.world_size}): "
             f"{comm.hook.value} hook state reset (per-rank error feedback and warm-up start over)")
     else:
         comm.load_rank_state(saved.state["ranks"][rank])
-        if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD):
+        if comm.diloco is not None:
+            comm.diloco.load_shared(saved.state["diloco"])
+        if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD, *DILOCO_HOOKS):
             log(f"comm: {comm.hook.value} hook state restored from the checkpoint")
 
 
@@ -178,4 +241,4 @@ def gradient_shapes(module: nn.Module) -> list[list[int]]:
     return [list(p.shape) for p in module.parameters() if p.requires_grad]
 
 
-__all__ = ["SavedComm", "Communicator", "attach", "gradient_shapes"]
+__all__ = ["DILOCO_HOOKS", "SavedComm", "Communicator", "attach", "gradient_shapes"]

@@ -73,6 +73,8 @@ class CommHook(str, enum.Enum):
     BF16 = "bf16"
     POWERSGD = "powersgd"
     LOCALSGD = "localsgd"
+    DILOCO = "diloco"  # H local steps, then an outer Nesterov step (train.diloco)
+    DILOCO_OVERLAP = "diloco-overlap"  # the same, outer all-reduce hidden behind the next round
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,10 @@ class CommConfig:
     start_iter: int = 10  # powersgd/localsgd: plain all-reduce for the first iterations (> 1)
     localsgd_period: int = 4  # localsgd: average parameters every this many optimizer steps
     bucket_cap_mb: float = 25.0  # DDP bucket size; bigger buckets pay link latency fewer times
+    diloco_inner_steps: int = 8  # diloco: H, inner optimizer steps per round (docs/performance.md)
+    diloco_outer_lr: float = 0.7  # Douillard et al. 2023
+    diloco_outer_momentum: float = 0.9
+    diloco_nesterov: bool = True
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,9 @@ _RANGES: tuple[tuple[str, Any, str], ...] = (
     ("comm.start_iter", lambda v: v > 1, "> 1 (torch's PowerSGD needs start_powerSGD_iter > 1)"),
     ("comm.localsgd_period", lambda v: v >= 1, ">= 1"),
     ("comm.bucket_cap_mb", lambda v: v > 0, "> 0"),
+    ("comm.diloco_inner_steps", lambda v: v >= 1, ">= 1"),
+    ("comm.diloco_outer_lr", lambda v: v > 0, "> 0"),
+    ("comm.diloco_outer_momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
 )
 
 

@@ -96,8 +96,11 @@ class Trainer:
         model = self.module
         if dist.active():
             ids = [device.index] if device.type == "cuda" else None
-            model = DistributedDataParallel(self.module, device_ids=ids,
-                                            bucket_cap_mb=cfg.comm.bucket_cap_mb)
+            # DiLoCo replicas keep their own buffers between syncs (no broadcast per forward;
+            # still one at construction, so all start equal).
+            model = DistributedDataParallel(
+                self.module, device_ids=ids, bucket_cap_mb=cfg.comm.bucket_cap_mb,
+                forward_sync_buffers=cfg.comm.hook not in comm.DILOCO_HOOKS)
         self.comm = comm.attach(model, optimizer, cfg.comm, env.rank, env.world_size,
                                 self._comm_saved, console.line)
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
@@ -212,7 +215,7 @@ class Trainer:
         self.sampler.set_epoch(epoch, self.pos.consumed)
         self.loader_seed.manual_seed(hash((self.cfg.seed, epoch, self.pos.consumed, self.env.rank)))
         steps, n = self.sampler.steps, len(self.data.train)
-        plan = micro_steps(steps, self.env.rank, self.cfg.optim.accum_steps)
+        plan = self.comm.scaled(micro_steps(steps, self.env.rank, self.cfg.optim.accum_steps))
         offset = -(-self.pos.consumed // self.sampler.global_batch)
         self.console.start_epoch(epoch, len(steps), offset)
         tally = EpochTally(self.device, n, self.sampler.order[:self.pos.consumed], self.env.is_main)
@@ -234,6 +237,7 @@ class Trainer:
             set_lr(self.parts.optimizer, lr_at(self.cfg.schedule, self.cfg.optim.lr,
                                                epoch + cur.consumed / n, self.cfg.epochs))
             optimizer_step(self.parts)
+            self.comm.stepped(cur.mine)
             cur.global_step += 1
             if window.stepped(cur.mine, m.window_real):
                 self._perf_record(window, epoch, cur.global_step)
@@ -322,7 +326,7 @@ class Trainer:
         ``pos`` overrides the saved position."""
         pos = pos or self.pos
         lr = self.parts.optimizer.param_groups[0]["lr"]
-        self.comm.consensus()
+        self.comm.before_save()
         comm_state = self.comm.state_dict()  # collective, like capture
         snapshot = state.capture(self.cfg, self.module, self.parts.optimizer, self.parts.scaler,
                                  pos, lr, self.env.world_size, self.ckpt.site.writer)

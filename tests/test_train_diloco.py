@@ -1,0 +1,119 @@
+"""DiLoCo in the trainer (local torchrun, gloo on CPU): replicas drift within a round and agree
+after it, checkpoints carry the round, resume mid-round is exact, an elastic restart at a new
+world size finishes the interrupted round, and the config names the hooks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from train.checkpoint import checkpoint_name
+from train.config import CommHook, load_config
+from train.errors import UsageError
+from tests.trainer.harness import REPO, clean_env, records, train
+
+# digits: 1438 training samples, 2 ranks x 32 = 23 steps per epoch. With H = 4 the rounds of
+# epoch 2 end at steps 27, 31, ...; step 30 is 3 inner steps into a round. The paper's outer
+# Nesterov step (not digits.yaml's plain averaging), so the outer optimizer has state to resume.
+RUN = ("epochs=2", "checkpoint.every_steps=5", "log.tensorboard=false",
+       "comm.diloco_inner_steps=4", "comm.diloco_outer_lr=0.7", "comm.diloco_outer_momentum=0.9")
+FINAL_STEP = 46
+
+
+def load(path: Path) -> dict:
+    """Checkpoints must load without unpickling code (plain tensors, dicts, lists, ints)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def test_config_takes_the_diloco_keys_and_rejects_bad_values() -> None:
+    cfg = load_config(None, ("comm.hook=diloco-overlap", "comm.diloco_inner_steps=16",
+                             "comm.diloco_nesterov=false")).comm
+    assert (cfg.hook, cfg.diloco_inner_steps, cfg.diloco_nesterov) == \
+        (CommHook.DILOCO_OVERLAP, 16, False)
+    with pytest.raises(UsageError, match=r"'comm.diloco_outer_momentum' must be in \[0, 1\); got 1.0"):
+        load_config(None, ("comm.diloco_outer_momentum=1",))
+    with pytest.raises(UsageError, match=r"'comm.diloco_inner_steps' must be >= 1; got 0"):
+        load_config(None, ("comm.diloco_inner_steps=0",))
+
+
+def test_describe_names_the_hook_and_its_round_length() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "train", "--describe", "comm.hook=diloco",
+                           "comm.diloco_inner_steps=12"], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    comm = json.loads(done.stdout.splitlines()[-1])["comm"]
+    assert comm["hook"] == "diloco" and comm["diloco_inner_steps"] == 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["diloco", "diloco-overlap"])
+def test_rounds_checkpoints_and_exact_resume_mid_round(tmp_path: Path, hook: str) -> None:
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    done = train(straight, *RUN, f"comm.hook={hook}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    stopped = train(broken, *RUN, f"comm.hook={hook}", "debug.stop_after_step=30")
+    assert stopped.returncode != 0 and "debug.stop_after_step=30" in stopped.stderr
+
+    mid = load(broken / "checkpoints" / checkpoint_name(30))["comm"]
+    assert (mid["hook"], mid["world_size"], mid["diloco"]["inner_step"]) == (hook, 2, 3)
+    # No gradient all-reduce inside a round: the two replicas differ three steps in.
+    assert max_diff(mid["ranks"][0]["params"], mid["ranks"][1]["params"]) > 1e-4
+    assert [r["samples"] for r in mid["ranks"]] == [96, 96]
+    assert (mid["diloco"]["pending"] is not None) == (hook == "diloco-overlap")
+    # The epoch end flushed the round: both replicas are the outer model, the one evaluated.
+    end = load(broken / "checkpoints" / checkpoint_name(23))
+    ranks = end["comm"]["ranks"]
+    assert end["comm"]["diloco"]["inner_step"] == 0 and end["comm"]["diloco"]["pending"] is None
+    assert max_diff(ranks[0]["params"], ranks[1]["params"]) == 0.0
+    assert max_diff(ranks[0]["params"], end["comm"]["diloco"]["anchor"]) == 0.0
+    assert max_diff(ranks[0]["params"], list(end["model"].values())) == 0.0
+
+    resumed = train(broken, *RUN, f"comm.hook={hook}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"comm: {hook} hook state restored from the checkpoint" in resumed.stdout
+    a = load(straight / "checkpoints" / checkpoint_name(FINAL_STEP))
+    b = load(broken / "checkpoints" / checkpoint_name(FINAL_STEP))
+    assert max(((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])) == 0.0
+    assert records(straight, kind="epoch")[-1]["test_acc"] == records(broken, kind="epoch")[-1]["test_acc"]
+
+
+@pytest.mark.slow
+def test_new_world_size_finishes_the_interrupted_round(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert train(run, *RUN, "comm.hook=diloco", "debug.stop_after_step=30").returncode != 0
+    saved = load(run / "checkpoints" / checkpoint_name(30))["comm"]
+    resumed = train(run, *RUN, "comm.hook=diloco", nproc=3)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ("comm: world size changed (2 -> 3): diloco outer state restored; the interrupted "
+            "round was completed from the 2 saved replicas and a new round starts from the "
+            "outer model") in resumed.stdout
+    assert saved["diloco"]["inner_step"] == 3
+    last = records(run, kind="epoch")[-1]
+    assert last["world_size"] == 3
+    comm = load(run / "checkpoints" / checkpoint_name(last["global_step"]))["comm"]
+    assert comm["world_size"] == 3 and len(comm["ranks"]) == 3
+    assert max_diff(comm["ranks"][0]["params"], comm["ranks"][2]["params"]) == 0.0
+
+
+@pytest.mark.slow
+def test_digits_accuracy_within_one_point_of_plain_ddp(tmp_path: Path) -> None:
+    """The shipped digits config (20 epochs, H = 8) on 2 ranks, each variant against none."""
+    accuracy = {}
+    for hook in ("none", "diloco", "diloco-overlap"):
+        done = train(tmp_path / hook, "log.tensorboard=false", f"comm.hook={hook}")
+        assert done.returncode == 0, hook + done.stderr[-3000:]
+        accuracy[hook] = json.loads((tmp_path / hook / "result.json").read_text())["metrics"]["test_acc"]
+    print(f"final test accuracy per hook: {accuracy}")
+    assert accuracy["none"] >= 0.95
+    for hook, acc in accuracy.items():
+        assert abs(acc - accuracy["none"]) <= 0.01, (hook, accuracy)

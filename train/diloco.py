@@ -1,0 +1,196 @@
+"""DiLoCo (Douillard et al. 2023): local inner steps, then an outer Nesterov step on the
+sample-weighted pseudo-gradient; optionally overlapped, with the outer update one round late.
+
+Contract:
+- Inner steps communicate nothing: ``train.comm`` registers torch's ``noop_hook`` on the DDP
+  model, so DDP's backward leaves each rank's own gradient (not divided by the world size), and
+  ``local_mean`` scales each rank's loss to its own mean over its real samples.
+- ``DiLoCo.stepped(samples)`` after every inner optimizer step counts this rank's real samples;
+  after ``inner_steps`` steps (one round) it syncs. The pseudo-gradient of rank i is
+  ``anchor - params_i`` (anchor: the parameters at the last sync, i.e. the outer model); one
+  ``torch.distributed.all_reduce`` of ``[w_i * delta_i, w_i]`` (``w_i``: samples since the last
+  sync) gives ``g = sum_i w_i delta_i / sum_i w_i``; ``torch.optim.SGD(nesterov=True)`` steps
+  the anchor with ``g`` as its gradient, and every rank continues from the new anchor.
+  Floating buffers (BatchNorm statistics) are averaged with the same weights in the same call.
+- Overlapped (``overlap=True``): at the end of round t the all-reduce of round t starts with
+  ``async_op=True``; the one of round t-1 is waited for and applied to the anchor, and every
+  rank continues from that anchor. Round t's local progress is thus dropped locally and reaches
+  the model one round late, through the outer step at the end of round t+1 (one-step-delay
+  DiLoCo: the reduce of round t runs while round t+1 computes).
+- ``flush()`` makes replicas identical (before evaluation, at the end of training): it applies
+  the pending round, then syncs the partial current round synchronously. Rounds restart there.
+- State for checkpoints is plain tensors, dicts and ints (``torch.load(weights_only=True)``):
+  ``shared_state()`` (anchor, outer optimizer, inner-step counter, pending reduced buffer) is
+  identical on every rank; each rank's own model, inner optimizer and sample count go
+  separately (``train.comm``). ``restore_other_world`` completes an interrupted round from
+  every saved replica when the world size changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+from train import dist
+from train.loop import MicroStep
+
+
+@dataclass(frozen=True)
+class DiLoCoSettings:
+    inner_steps: int  # H: inner optimizer steps per round
+    outer_lr: float
+    outer_momentum: float
+    nesterov: bool  # torch's Nesterov needs momentum > 0; ignored at momentum 0
+    overlap: bool  # one-round-late outer update, all-reduce in the background
+
+
+def local_mean(plan: Sequence[MicroStep]) -> list[MicroStep]:
+    """The epoch's micro-steps with each loss scaled by ``1 / this rank's real samples`` of its
+    optimizer step (own mean gradient: nothing divides by the world size, nothing averages
+    ranks); a window where this rank has only padding gets 0 (its loss is empty anyway)."""
+    out: list[MicroStep] = []
+    window: list[MicroStep] = []
+    for step in plan:
+        window.append(step)
+        if step.sync:
+            mine = sum(w.real for w in window)
+            out += [dataclasses.replace(w, scale=1.0 / mine if mine else 0.0) for w in window]
+            window = []
+    return out + window
+
+
+def weighted_sum(anchor: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
+                 buffers: Sequence[torch.Tensor], samples: int) -> torch.Tensor:
+    """One rank's all-reduce contribution: ``[w * (anchor - params), w * buffers, w]`` flat."""
+    w = float(samples)
+    device = anchor[0].device  # saved replicas arrive on the CPU
+    parts = [(a - p.detach().to(device)).reshape(-1).float() * w for a, p in zip(anchor, params)]
+    parts += [b.detach().to(device).reshape(-1).float() * w for b in buffers]
+    return torch.cat([*parts, torch.tensor([w], device=device)])
+
+
+class DiLoCo:
+    """Outer model (anchor), outer optimizer and round bookkeeping for one rank."""
+
+    def __init__(self, module: nn.Module, settings: DiLoCoSettings) -> None:
+        self.settings = settings
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.buffers = [b for b in module.buffers() if b.is_floating_point()]
+        self.anchor = [p.detach().clone() for p in self.params]
+        self.outer = torch.optim.SGD(
+            self.anchor, lr=settings.outer_lr, momentum=settings.outer_momentum,
+            nesterov=settings.nesterov and settings.outer_momentum > 0)
+        self.inner_step = 0  # inner steps in the current round (same on every rank)
+        self.samples = 0  # this rank's real samples in the current round
+        self._work: torch_dist.Work | None = None
+        self._pending: torch.Tensor | None = None  # overlap: the previous round's reduce buffer
+
+    def stepped(self, samples: int) -> None:
+        """After one inner optimizer step with ``samples`` real samples on this rank."""
+        self.inner_step += 1
+        self.samples += samples
+        if self.inner_step >= self.settings.inner_steps:
+            self.sync()
+
+    def sync(self) -> None:
+        """End the round (collective): see the module docstring for both variants."""
+        mine = weighted_sum(self.anchor, self.params, self.buffers, self.samples)
+        if self.settings.overlap:
+            work = torch_dist.all_reduce(mine, async_op=True) if dist.active() else None
+            self._apply_pending()
+            self._work, self._pending = work, mine
+        else:
+            self._apply(dist.all_reduce_sum(mine))
+        self._restart()
+
+    def flush(self) -> None:
+        """Make every replica the outer model (collective): the pending round, then the
+        partial current one."""
+        if self._pending is None and self.inner_step == 0:
+            return
+        mine = weighted_sum(self.anchor, self.params, self.buffers, self.samples)
+        self._apply_pending()
+        if self.inner_step > 0:
+            self._apply(dist.all_reduce_sum(mine))
+        self._restart()
+
+    def _apply_pending(self) -> None:
+        reduced = self.wait()
+        self._pending = None
+        if reduced is not None:
+            self._apply(reduced)
+
+    def wait(self) -> torch.Tensor | None:
+        """The previous round's reduced buffer (overlap), waiting for its all-reduce."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return self._pending
+
+    @torch.no_grad()
+    def _apply(self, reduced: torch.Tensor) -> None:
+        """Outer step with ``g = sum w delta / sum w``; buffers become the weighted mean."""
+        total = reduced[-1].item()
+        mean = reduced[:-1] / total if total > 0 else torch.zeros_like(reduced[:-1])
+        at = 0
+        for a in self.anchor:
+            a.grad = mean[at:at + a.numel()].view_as(a).to(a.dtype)
+            at += a.numel()
+        self.outer.step()
+        self.outer.zero_grad(set_to_none=True)
+        if total > 0:
+            for b in self.buffers:
+                b.copy_(mean[at:at + b.numel()].view_as(b))
+                at += b.numel()
+
+    @torch.no_grad()
+    def _restart(self) -> None:
+        for p, a in zip(self.params, self.anchor):
+            p.copy_(a)
+        self.inner_step = self.samples = 0
+
+    def shared_state(self) -> dict[str, Any]:
+        """Identical on every rank; waits for a pending all-reduce (nothing changes by it)."""
+        pending = self.wait()
+        return {"anchor": [a.clone() for a in self.anchor], "outer": self.outer.state_dict(),
+                "inner_step": self.inner_step,
+                "pending": None if pending is None else pending.clone()}
+
+    @torch.no_grad()
+    def load_shared(self, state: dict[str, Any]) -> None:
+        for a, saved in zip(self.anchor, state["anchor"]):
+            a.copy_(saved)
+        self.outer.load_state_dict(state["outer"])
+        self.inner_step = state["inner_step"]
+        self._work, self._pending = None, state["pending"]
+
+    def rank_state(self) -> dict[str, Any]:
+        """This rank's replica: its parameters and floating buffers, samples in the round."""
+        return {"params": [p.detach().clone() for p in self.params],
+                "buffers": [b.detach().clone() for b in self.buffers], "samples": self.samples}
+
+    @torch.no_grad()
+    def load_rank(self, state: dict[str, Any]) -> None:
+        for p, saved in zip([*self.params, *self.buffers], [*state["params"], *state["buffers"]]):
+            p.copy_(saved)
+        self.samples = state["samples"]
+
+    @torch.no_grad()
+    def restore_other_world(self, shared: dict[str, Any], ranks: Sequence[dict[str, Any]]) -> None:
+        """At a new world size the saved replicas have no rank to go back to: finish their
+        round here exactly as their all-reduce would have (same arithmetic on every new rank,
+        so the replicas start identical), then start a fresh round from the outer model."""
+        self.load_shared(shared)
+        parts = [weighted_sum(self.anchor, r["params"], r["buffers"], r["samples"]) for r in ranks]
+        self._apply_pending()
+        if self.inner_step > 0:
+            self._apply(torch.stack(parts).sum(0))
+        self._restart()
+
+
+__all__ = ["DiLoCoSettings", "DiLoCo", "local_mean", "weighted_sum"]
