@@ -83,7 +83,8 @@ def sync(c, hosts="", inventory="", data="", debug=False):
     "detach": "start the run and return its id", "skip_checks": "skip the pre-flight checks",
     "no_sync": "do not sync the code first", "debug": DEBUG_HELP,
     "resume": "continue an earlier run (its id) from its newest checkpoint, on its hosts by default",
-    "comm": "gradient communication: none|fp16|bf16|powersgd|localsgd, or auto (measure the links, pick by the floor)",
+    "comm": "gradient communication: none|fp16|bf16|powersgd|localsgd|diloco|diloco-overlap, or auto (measure "
+            "bandwidth and RTT, pick by the floor)",
 })
 @guarded
 def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DEFAULT_PG_TIMEOUT_S,

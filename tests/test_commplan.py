@@ -36,33 +36,76 @@ def test_hook_bytes() -> None:
 
 
 def test_slow_link_recommends_powersgd_with_its_reason() -> None:
-    s = HookSettings(powersgd_rank=4, localsgd_period=4)
+    s = HookSettings(powersgd_rank=4, localsgd_period=4, diloco_inner_steps=8)
     b = 2_500_000.0  # 20 Mbit/s
     got = plan(b, 3, WIDE, s, budget_s=0.05)
     full = 4_505_640
     psgd = 4 * ((1024 + 64) * 4 + 1024 + 2048 * 4 + 1024 + 1034 * 4 + 10)
     assert got == CommPlan(
-        nodes=3, bandwidth_bytes_s=b, gradient_bytes=full, budget_s=0.05,
+        nodes=3, bandwidth_bytes_s=b, rtt_s=0.0, gradient_bytes=full, budget_s=0.05,
         floors=(HookFloor(Hook.NONE, full, 4 / 3 * full / b),
                 HookFloor(Hook.FP16, full / 2, 4 / 3 * (full / 2) / b),
                 HookFloor(Hook.BF16, full / 2, 4 / 3 * (full / 2) / b),
                 HookFloor(Hook.POWERSGD, psgd, 4 / 3 * psgd / b),
-                HookFloor(Hook.LOCALSGD, full / 4, 4 / 3 * (full / 4) / b)),
+                HookFloor(Hook.LOCALSGD, full / 4, 4 / 3 * (full / 4) / b),
+                HookFloor(Hook.DILOCO, full / 8, 4 / 3 * (full / 8) / b),
+                HookFloor(Hook.DILOCO_OVERLAP, full / 8, 4 / 3 * (full / 8) / b)),
         recommended=Hook.POWERSGD,
-        reason="4.51 MB of gradients, 3 nodes, 20.0 Mbit/s per node: none 2403.0 ms > budget; "
+        reason="4.51 MB of gradients, 3 nodes, 20.0 Mbit/s per node, RTT 0.0 ms: none 2403.0 ms > budget; "
                "fp16 1201.5 ms > budget; powersgd 40.0 ms <= budget 50.0 ms per step")
+
+
+def test_latency_counts_per_bucket_and_twice_for_powersgd() -> None:
+    """The issue's `home` link (20 Mbit/s, 40 ms RTT) with the digits MLP: by bandwidth alone
+    PowerSGD looked cheapest per step; its two latency-bound all-reduces make it the slowest of the
+    compressing hooks, and a periodic method is what fits the budget."""
+    s = HookSettings(powersgd_rank=4, localsgd_period=4, diloco_inner_steps=8)
+    b, rtt, n = 2_500_000.0, 0.040, 3
+    got = plan(b, n, DIGITS, s, budget_s=0.05, rtt_s=rtt)
+    full = 203_304
+    psgd = 4 * ((256 + 64) * 4 + 256 + (128 + 256) * 4 + 128 + (10 + 128) * 4 + 10)
+    ring = 2 * (n - 1)  # steps of one ring all-reduce, each one one-way delay (RTT/2)
+    expect = {Hook.NONE: 4 / 3 * full / b + ring * rtt / 2,
+              Hook.FP16: 4 / 3 * full / 2 / b + ring * rtt / 2,
+              Hook.POWERSGD: 4 / 3 * psgd / b + 2 * ring * rtt / 2,
+              Hook.LOCALSGD: (4 / 3 * full / b + ring * rtt / 2) / 4,
+              Hook.DILOCO: (4 / 3 * full / b + ring * rtt / 2) / 8}
+    for hook, floor in expect.items():
+        assert abs(got.floor_of(hook).floor_s - floor) < 1e-12, hook
+    assert got.floor_of(Hook.POWERSGD).latency_s == 2 * ring * rtt / 2
+    assert got.floor_of(Hook.POWERSGD).floor_s > got.floor_of(Hook.FP16).floor_s
+    assert got.recommended is Hook.LOCALSGD
+    assert got.reason == ("0.20 MB of gradients, 3 nodes, 20.0 Mbit/s per node, RTT 40.0 ms: none 188.4 ms > "
+                          "budget; fp16 134.2 ms > budget; powersgd 168.0 ms > budget; localsgd 47.1 ms <= budget "
+                          "50.0 ms per step")
+
+
+def test_big_models_pay_the_latency_once_per_bucket() -> None:
+    shapes = [[4096, 4096]] * 4  # 256 MiB of fp32 gradients: 11 buckets of 25 MiB
+    got = plan(1e9, 2, shapes, HookSettings(), rtt_s=0.1)
+    assert got.floor_of(Hook.NONE).latency_s == 11 * 2 * 1 * 0.1 / 2
+
+
+def test_when_no_per_step_method_fits_diloco_is_recommended() -> None:
+    """`far` (50 Mbit/s, 150 ms): every per-step method and local SGD every 4 steps blow the
+    budget; DiLoCo's one all-reduce every H steps fits."""
+    s = HookSettings(powersgd_rank=4, localsgd_period=4, diloco_inner_steps=64)
+    got = plan(6_250_000.0, 3, WIDE, s, budget_s=0.05, rtt_s=0.150)
+    assert got.recommended is Hook.DILOCO
+    assert got.floor_of(Hook.DILOCO).floor_s <= 0.05 < got.floor_of(Hook.LOCALSGD).floor_s
 
 
 def test_fast_link_keeps_plain_all_reduce() -> None:
     got = plan(125_000_000.0, 3, DIGITS)
     assert got.recommended is Hook.NONE
-    assert got.reason == ("0.20 MB of gradients, 3 nodes, 1000.0 Mbit/s per node: none 2.2 ms "
+    assert got.reason == ("0.20 MB of gradients, 3 nodes, 1000.0 Mbit/s per node, RTT 0.0 ms: none 2.2 ms "
                           "<= budget 50.0 ms per step")
     assert got.floor_of(Hook.NONE).floor_s == 4 / 3 * 203_304 / 125_000_000.0
 
 
 def test_nothing_fits_picks_the_lowest_floor() -> None:
-    got = plan(1000.0, 2, WIDE, HookSettings(powersgd_rank=4, localsgd_period=1000), budget_s=0.05)
+    got = plan(1000.0, 2, WIDE, HookSettings(powersgd_rank=4, localsgd_period=1000, diloco_inner_steps=500),
+               budget_s=0.05)
     assert got.recommended is Hook.LOCALSGD
     assert got.reason.endswith("no hook fits the budget 50.0 ms per step; localsgd has the lowest "
                                "floor, 4505.6 ms")

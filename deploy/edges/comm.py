@@ -26,7 +26,7 @@ from deploy.render.console import Renderer
 from deploy.edges.transport import Session, last_json_line
 
 AUTO = "auto"
-BANDWIDTH_S = 1.0  # per link, as `fab check-network --bandwidth`
+BANDWIDTH_S = 2.0  # per link; the probe reports the steady rate of its second half (slow start excluded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +58,19 @@ def describe(workload: Workload, root: Path) -> Gradients:
     info = last_json_line(done.stdout)
     comm = info.get("comm", {})
     return Gradients(tuple(tuple(s) for s in info["shapes"]),
-                     HookSettings(int(comm.get("powersgd_rank", 4)), int(comm.get("localsgd_period", 4))))
+                     HookSettings(int(comm.get("powersgd_rank", 4)), int(comm.get("localsgd_period", 4)),
+                                  int(comm.get("diloco_inner_steps", 8))))
 
 
-def measure_bandwidth(selection: Selection, sessions: Mapping[str, Session]) -> float | None:
-    """Bytes/s per node from the check-network link probe (None: nothing to measure, e.g. one host)."""
+def measure_links(selection: Selection, sessions: Mapping[str, Session]) -> tuple[float | None, float]:
+    """(bytes/s per node, round trip in seconds) from the check-network link probe; bandwidth None
+    when there is nothing to measure (one host). The RTT is the TCP handshake of the slowest link."""
     hosts, head = selection.hosts, selection.head
     facts = gather_facts(hosts, head, sessions, {}, sys.executable)
     _, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, BANDWIDTH_S, sys.executable)
-    return commplan.node_bandwidth((link.source, link.mbit_s) for link in links if not link.rendezvous)
+    peers = [link for link in links if not link.rendezvous]
+    return (commplan.node_bandwidth((link.source, link.mbit_s) for link in peers),
+            commplan.link_rtt(link.connect_ms for link in peers))
 
 
 def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
@@ -74,8 +78,9 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
     """The workload with `comm.hook=...` first among its overrides (the user's own overrides
     after it still win), and the plan behind it (None when no link could be measured)."""
     gradients = describe(workload, root)
-    bandwidth = measure_bandwidth(selection, sessions)
-    plan = commplan.plan(bandwidth, len(selection.hosts), gradients.shapes, gradients.settings) if bandwidth else None
+    bandwidth, rtt_s = measure_links(selection, sessions)
+    plan = (commplan.plan(bandwidth, len(selection.hosts), gradients.shapes, gradients.settings, rtt_s=rtt_s)
+            if bandwidth else None)
     if comm == AUTO:
         if plan is None:
             hook = Hook.NONE
@@ -130,6 +135,7 @@ def beside_floor(saved: Mapping[str, Any], measured_s: float | None) -> dict[str
     floor = next(f["floor_s"] for f in saved["floors"] if f["hook"] == saved["hook"])
     return {"hook": saved["hook"], "recommended": saved["recommended"], "reason": saved["reason"],
             "bandwidth_mbit_s": round(saved["bandwidth_bytes_s"] * 8 / 1e6, 1), "nodes": saved["nodes"],
+            "rtt_ms": round(saved.get("rtt_s", 0.0) * 1e3, 1),
             "floor_s": floor, "measured_s": measured_s,
             "ratio": round(measured_s / floor, 2) if measured_s is not None and floor > 0 else None}
 

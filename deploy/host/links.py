@@ -26,17 +26,33 @@ CHUNK = b"\0" * 65536
 
 
 def _serve_one(conn: socket.socket) -> None:
+    """Receive a bulk transfer; answer with the steady rate in bytes/s, measured over the second
+    half of it: TCP's slow start takes several round trips, which on a 40-150 ms path is a good part
+    of a short transfer, and would read as a slower link than training will see."""
     with conn:
         conn.settimeout(10)
         try:
             if conn.recv(1) != b"b":
                 return
+            arrivals: list[tuple[float, int]] = []
             total = 0
             while data := conn.recv(1 << 20):
                 total += len(data)
-            conn.sendall(total.to_bytes(8, "big"))
+                arrivals.append((time.monotonic(), total))
+            conn.sendall(f"{_steady_rate(arrivals):.1f}\n".encode())
         except OSError:
             pass
+
+
+def _steady_rate(arrivals: list[tuple[float, int]]) -> float:
+    """Bytes/s between the middle of the transfer and its end, from (time, cumulative bytes)."""
+    if len(arrivals) < 2:
+        return 0.0
+    start, end = arrivals[0][0], arrivals[-1][0]
+    middle = start + (end - start) / 2
+    at_middle = next((t, n) for t, n in arrivals if t >= middle)
+    span = end - at_middle[0]
+    return (arrivals[-1][1] - at_middle[1]) / span if span > 0 else 0.0
 
 
 def _open_rendezvous(port: int) -> tuple[socket.socket | None, str]:
@@ -94,7 +110,7 @@ def _df_ping(address: str, size: int) -> bool | None:
 
 
 def _bulk(address: str, port: int, seconds: float) -> float | None:
-    """Mbit/s the far end received in about `seconds`."""
+    """The steady Mbit/s the far end received during a transfer of about `seconds` (its second half)."""
     try:
         with socket.create_connection((address, port), timeout=5) as sock:
             sock.sendall(b"b")
@@ -103,8 +119,8 @@ def _bulk(address: str, port: int, seconds: float) -> float | None:
                 sock.sendall(CHUNK)
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(seconds + 10)
-            received = int.from_bytes(sock.recv(8), "big")
-            return round(received * 8 / (time.monotonic() - start) / 1e6, 1)
+            rate = float(sock.makefile("rb").readline() or 0)
+            return round(rate * 8 / 1e6, 1) if rate > 0 else None
     except OSError:
         return None
 

@@ -1,7 +1,12 @@
-"""Gradient communication plan, pure: bandwidth + nodes + gradient shapes → floors → a hook.
+"""Gradient communication plan, pure: bandwidth + round-trip time + nodes + gradient shapes →
+floors → a hook.
 
-The ring all-reduce floor per optimizer step is ``2(N-1)/N · S_hook / B`` (N nodes, B bytes/s
-per node, S_hook the bytes the hook puts on the wire per step; docs/performance.md). S_hook is
+The ring all-reduce floor of one collective is ``2(N-1)/N · S / B + 2(N-1) · RTT/2`` (N nodes, B
+bytes/s per node, S the bytes each rank contributes): the bandwidth term, plus a latency term —
+a ring all-reduce is 2(N-1) steps and each waits one one-way delay. DDP all-reduces each bucket
+(``bucket_cap_mb``, 25 MB by default) on its own, so a step pays the latency term once per
+bucket; PowerSGD pays it twice per bucket (its P and Q all-reduces). The floor per optimizer step
+of a hook is its bandwidth term for S_hook plus its latency terms (docs/performance.md). S_hook is
 estimated from the parameter shapes the trainer prints (``python -m train --describe``):
 
 - ``none``: S, the fp32 gradients (4 bytes per parameter);
@@ -9,11 +14,13 @@ estimated from the parameter shapes the trainer prints (``python -m train --desc
 - ``powersgd``: torch's ``powerSGD_hook`` sends, per matrix of shape (n, m) (trailing dimensions
   flattened), P (n·r) and Q (m·r) with r = min(rank, n, m), but only when
   ``(n+m)·r·2 < n·m`` (torch's ``min_compression_rate`` 2); other tensors go uncompressed;
-- ``localsgd``: S every ``period`` steps, so S/period amortized (after the warm-up).
+- ``localsgd``: S every ``period`` steps, so S/period amortized (after the warm-up), latency too;
+- ``diloco`` / ``diloco-overlap``: one all-reduce of the pseudo-gradient (S) every H inner steps,
+  so S/H and its latency amortized; the overlapped variant can also hide it behind the next round.
 
 The recommendation is the most exact hook whose floor fits the budget per step (default
-``DEFAULT_BUDGET_S``), in the order none, fp16, powersgd, localsgd; when none fits, the hook with
-the lowest floor. Nothing here touches the network.
+``DEFAULT_BUDGET_S``), in the order none, fp16, powersgd, localsgd, diloco; when none fits, the
+hook with the lowest floor. Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from enum import Enum
 from typing import Iterable, Sequence
 
 DEFAULT_BUDGET_S = 0.05  # communication per step we accept without compressing further
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
 GRAD_BYTES = 4  # fp32 gradients: DDP reduces in the parameters' dtype
 MIN_COMPRESSION_RATE = 2  # torch's PowerSGDState default
 
@@ -36,28 +44,34 @@ class Hook(str, Enum):
     BF16 = "bf16"
     POWERSGD = "powersgd"
     LOCALSGD = "localsgd"
+    DILOCO = "diloco"
+    DILOCO_OVERLAP = "diloco-overlap"
 
 
-PREFERENCE = (Hook.NONE, Hook.FP16, Hook.POWERSGD, Hook.LOCALSGD)  # most exact first
+PREFERENCE = (Hook.NONE, Hook.FP16, Hook.POWERSGD, Hook.LOCALSGD, Hook.DILOCO)  # most exact first
 
 
 @dataclass(frozen=True)
 class HookSettings:
     powersgd_rank: int = 4
     localsgd_period: int = 4
+    diloco_inner_steps: int = 8
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
 
 @dataclass(frozen=True)
 class HookFloor:
     hook: Hook
     bytes_per_step: float  # S_hook: what each rank contributes to the all-reduce per step
-    floor_s: float  # ring all-reduce floor per step at the measured bandwidth
+    floor_s: float  # ring all-reduce floor per step at the measured bandwidth and RTT
+    latency_s: float = 0.0  # the part of floor_s that is latency (RTT-bound ring steps)
 
 
 @dataclass(frozen=True)
 class CommPlan:
     nodes: int
     bandwidth_bytes_s: float
+    rtt_s: float
     gradient_bytes: int
     budget_s: float
     floors: tuple[HookFloor, ...]
@@ -73,6 +87,24 @@ def ring_floor_s(nbytes: float, nodes: int, bandwidth_bytes_s: float) -> float:
     if nodes <= 1:
         return 0.0
     return 2 * (nodes - 1) / nodes * nbytes / bandwidth_bytes_s
+
+
+def latency_floor_s(nodes: int, rtt_s: float, collectives: float = 1.0) -> float:
+    """``2(N-1) · RTT/2`` per ring all-reduce: each of its steps waits one one-way delay."""
+    return 0.0 if nodes <= 1 else collectives * (nodes - 1) * rtt_s
+
+
+def collectives_per_step(hook: Hook, full_bytes: float, settings: HookSettings) -> float:
+    """All-reduces per optimizer step, amortized: one per DDP bucket, PowerSGD two per bucket,
+    the periodic methods one per bucket every period."""
+    buckets = max(1, math.ceil(full_bytes / settings.bucket_bytes))
+    if hook is Hook.POWERSGD:
+        return 2.0 * buckets
+    if hook is Hook.LOCALSGD:
+        return buckets / settings.localsgd_period
+    if hook in (Hook.DILOCO, Hook.DILOCO_OVERLAP):
+        return buckets / settings.diloco_inner_steps
+    return float(buckets)
 
 
 def powersgd_elements(shape: Sequence[int], rank: int) -> int:
@@ -96,14 +128,24 @@ def hook_bytes(hook: Hook, shapes: Iterable[Sequence[int]], settings: HookSettin
         return full / 2
     if hook is Hook.POWERSGD:
         return float(GRAD_BYTES * sum(powersgd_elements(s, settings.powersgd_rank) for s in shapes))
+    if hook in (Hook.DILOCO, Hook.DILOCO_OVERLAP):
+        return full / settings.diloco_inner_steps
     return full / settings.localsgd_period
 
 
+def hook_floor(hook: Hook, shapes: Sequence[Sequence[int]], settings: HookSettings, nodes: int,
+               bandwidth_bytes_s: float, rtt_s: float) -> HookFloor:
+    nbytes = hook_bytes(hook, shapes, settings)
+    full = GRAD_BYTES * sum(math.prod(s) for s in shapes)
+    latency = latency_floor_s(nodes, rtt_s, collectives_per_step(hook, full, settings))
+    return HookFloor(hook, nbytes, ring_floor_s(nbytes, nodes, bandwidth_bytes_s) + latency, latency)
+
+
 def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
-         settings: HookSettings = HookSettings(), budget_s: float = DEFAULT_BUDGET_S) -> CommPlan:
+         settings: HookSettings = HookSettings(), budget_s: float = DEFAULT_BUDGET_S,
+         rtt_s: float = 0.0) -> CommPlan:
     shapes = [tuple(s) for s in shapes]
-    floors = tuple(HookFloor(h, b, ring_floor_s(b, nodes, bandwidth_bytes_s))
-                   for h in Hook for b in [hook_bytes(h, shapes, settings)])
+    floors = tuple(hook_floor(h, shapes, settings, nodes, bandwidth_bytes_s, rtt_s) for h in Hook)
     by_hook = {f.hook: f for f in floors}
     fits = [h for h in PREFERENCE if by_hook[h].floor_s <= budget_s]
     mbit = bandwidth_bytes_s * 8 / 1e6
@@ -118,9 +160,9 @@ def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
         reason = (f"no hook fits the budget {_ms(budget_s)} per step; {chosen.value} has the "
                   f"lowest floor, {_ms(by_hook[chosen].floor_s)}")
     gradient = GRAD_BYTES * sum(math.prod(s) for s in shapes)
-    reason = (f"{gradient / 1e6:.2f} MB of gradients, {nodes} nodes, {mbit:.1f} Mbit/s per node: "
-              + reason)
-    return CommPlan(nodes, bandwidth_bytes_s, gradient, budget_s, floors, chosen, reason)
+    reason = (f"{gradient / 1e6:.2f} MB of gradients, {nodes} nodes, {mbit:.1f} Mbit/s per node, "
+              f"RTT {_ms(rtt_s)}: " + reason)
+    return CommPlan(nodes, bandwidth_bytes_s, rtt_s, gradient, budget_s, floors, chosen, reason)
 
 
 def node_bandwidth(links: Iterable[tuple[str, float | None]]) -> float | None:
@@ -134,6 +176,12 @@ def node_bandwidth(links: Iterable[tuple[str, float | None]]) -> float | None:
     if not best:
         return None
     return min(best.values()) * 1e6 / 8
+
+
+def link_rtt(rtts_ms: Iterable[float | None]) -> float:
+    """Seconds of round trip for the plan: the slowest measured link (a ring waits for it)."""
+    measured = [r for r in rtts_ms if r is not None and r >= 0]
+    return max(measured) / 1e3 if measured else 0.0
 
 
 def _ms(seconds: float) -> str:
