@@ -4,8 +4,10 @@ Each host h<i> is a network namespace mrt<i> on the bridge mrtbr0
 (10.77.0.(10+i)/24) running a real sshd with its own hostname (UTS namespace),
 /etc/hosts and private home directory; optionally a wireguard-go overlay
 (10.78.0.(10+i)/24, wg0) and the real ZeroTier One daemon (10.79.0.(10+i)/24,
-ztmrt0; `SimCluster.zerotier`, zerotier.py). Needs root. Try it by hand:
-`python -m tests.testbed`.
+ztmrt0; `SimCluster.zerotier`, zerotier.py). Network profiles (rate, RTT,
+loss: lan, home 20 Mbit/s 40 ms, far 50 Mbit/s 150 ms) with
+`with cluster.profile("far"):` (latency.py, its NFQUEUE delayer delayer.py).
+Needs root. Try it by hand: `python -m tests.testbed`.
 """
 
 from .cluster import ClusterState, DownReport, Process, SimCluster

@@ -86,6 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     return _run(cluster, args)
 
 
+def _profile(cluster: SimCluster, args: argparse.Namespace) -> None:
+    if args.command == "unprofile":
+        cluster.clear_profile()
+        return
+    chosen = latency.apply(cluster.hosts, cluster.paths, latency.lookup(args.name, args.loss),
+                           python=cluster.python, max_seconds=args.max_seconds)
+    print(f"profile {chosen.name} on {len(cluster.hosts)} hosts")
+
+
 def _run(cluster: SimCluster, args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "up":
@@ -113,12 +122,8 @@ def _run(cluster: SimCluster, args: argparse.Namespace) -> int:
         cluster.shape(args.rate)
     elif cmd == "unshape":
         cluster.unshape()
-    elif cmd == "profile":
-        chosen = latency.apply(cluster.hosts, cluster.paths, latency.lookup(args.name, args.loss),
-                               python=cluster.python, max_seconds=args.max_seconds)
-        print(f"profile {chosen.name} on {len(cluster.hosts)} hosts")
-    elif cmd == "unprofile":
-        cluster.clear_profile()
+    elif cmd in ("profile", "unprofile"):
+        _profile(cluster, args)
     elif cmd == "cut":
         cluster.cut(args.host)
     elif cmd == "heal":
