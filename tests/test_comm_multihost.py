@@ -48,7 +48,7 @@ def test_each_hook_trains_within_one_point_of_plain_ddp(testbed, inventory: Path
 
 def test_comm_flag_rejects_unknown_hooks_and_scripts(tmp_path: Path) -> None:
     bad = fab("train", "--comm", "zip", "--", "epochs=1")
-    assert bad.returncode == 2 and "--comm 'zip': expected one of auto, none, fp16, bf16, powersgd, localsgd" \
-        in bad.stderr
+    assert bad.returncode == 2 and ("--comm 'zip': expected one of auto, none, fp16, bf16, powersgd, localsgd, "
+                                    "diloco, diloco-overlap") in bad.stderr
     script = fab("train", "--comm", "fp16", "--script", "bench/barrier_probe.py")
     assert script.returncode == 2 and "--comm applies to the built-in trainer, not to --script" in script.stderr
