@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, default_collate
 
+from common.layout import launch_rdzv_id
 from train import balance, dist, perf, state
 from train import comm
 from train.checkpoint import Checkpointer, open_site, restore_agreed
@@ -38,6 +39,7 @@ from train.models import build_model
 from train.optim import build_optimizer, lr_at, set_lr
 from train.render import Console
 from train.sampler import IndexedDataset, ResumableBatchSampler, eval_shard
+from train.starts import count_start
 from train.state import Position
 from train.tally import EpochTally, EpochTotals
 
@@ -88,6 +90,8 @@ class Trainer:
                                  open_site(ckpt_dir, env.rank, env.host, device))
         self.sink = MetricsSink(run_dir, env.rank, env.is_main, cfg.log.progress_seconds,
                                 cfg.log.tensorboard)
+        # Every start of the worker group, whatever caused it (summary.json's `restarts`).
+        self.starts = count_start(run_dir, launch_rdzv_id(env.rdzv_id), env.local_rank == 0, device)
         self.pos = Position()
         self._comm_saved: comm.SavedComm | None = None  # set by _restore
         self._restored = self._restore(optimizer, scaler)
@@ -163,7 +167,7 @@ class Trainer:
             epochs_completed=self.pos.epoch,
             metrics={"test_acc": self.pos.last_test_acc, "test_loss": self.pos.last_test_loss},
             best_test_acc=self.pos.best_acc, world_size=self.env.world_size,
-            restarts=self.env.restart_count, global_step=self.pos.global_step,
+            restarts=self.starts - 1, global_step=self.pos.global_step,
             batch_sizes=list(self.batches.sizes), rank_hosts=hosts,
             global_batch_size=self.batches.global_batch,
             batch_source="+".join(sorted({s.value for s in self.batches.sources})),
