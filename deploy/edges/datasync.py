@@ -18,7 +18,7 @@ from pathlib import Path
 from deploy.errors import InputError, MeshrunError
 from deploy.inventory.model import Host
 from deploy.run.shell import local_workdir
-from deploy.edges.sync import remote_path, ssh_argv
+from deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from deploy.edges.transport import Session
 from common.fsutil import sha256_file
 
@@ -73,7 +73,7 @@ def build_manifest(source: Path) -> dict[str, str]:
 
 def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | None, checksum: bool,
                     files: list[str] | None = None) -> list[str]:
-    argv = ["rsync", "--archive", "--mkpath", "--itemize-changes", "--exclude", CACHE]
+    argv = ["rsync", PROTECT_ARGS, "--archive", "--mkpath", "--itemize-changes", "--exclude", CACHE]
     if checksum:
         argv.append("--checksum")
     if files is not None:
@@ -82,7 +82,8 @@ def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | 
         target = str(local_workdir(host.workdir, root) / spec.dest) if not spec.dest.startswith("/") else spec.dest
         return argv + [f"{spec.source}/", f"{target}/"]
     dest = spec.dest if spec.dest.startswith("/") else f"{remote_path(host.workdir)}/{spec.dest}"
-    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{spec.source}/", f"{host.ssh_host}:{dest}/"]
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{spec.source}/",
+                   remote_spec(host.ssh_host, f"{dest}/")]
 
 
 def changed_files(itemized: str) -> tuple[str, ...]:

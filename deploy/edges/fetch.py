@@ -1,31 +1,40 @@
 """Bringing a run home: each host's run directory into `runs/<id>/hosts/<host>/`, and the newest
 verified checkpoints into `runs/<id>/checkpoints/`.
 
-Transfers go to a staging directory first (`.incoming/<host>/`, rsync `--partial-dir`), so an
-interrupted fetch resumes where it stopped. Checkpoints are verified against the trainer's
-`MANIFEST.sha256` before they are kept; a file that differs from one already here is never
-overwritten unless `force`.
+A host may be compromised, so what it serves is data and never a path to follow. rsync brings
+regular files only (no links, devices or specials; no owner, group or mode bits from the host)
+into a staging tree, `.incoming/<host>/tree/`, where an interrupted transfer keeps its partial
+files (`--partial-dir`) and resumes, and a killed one leaves its temp file in `tmp/`, outside the
+tree. Checkpoints are verified against the host's `MANIFEST.sha256` under the rules of
+`deploy.run.manifest` (the trainer's own names only; other lines are reported, not acted on).
+Each staged file is then fsynced and renamed into place (`os.replace`), so a file appears under
+its final name whole or not at all; a file that differs from one already here is never
+overwritten unless `force`, and nothing is written through a link or outside the target.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from common.layout import run_dir
+from common.fsutil import fsync_dir, sha256_file
+from common.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
+from deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from deploy.errors import MeshrunError
 from deploy.inventory.model import Host
-
+from deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, manifest_text, parse_manifest, refusal_lines, shown
 from deploy.run.shell import local_workdir
-from deploy.edges.sync import PROGRESS_RE, remote_path, ssh_argv
-from common.fsutil import sha256_file
 
-MANIFEST = "MANIFEST.sha256"
-CHECKPOINTS = "checkpoints"
+PARTIAL_DIR = ".rsync-partial"  # relative, so rsync also refuses to take one from the host
+SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')
+REPORTED_SKIPS = 20
 
 
 @dataclass
@@ -37,62 +46,132 @@ class FetchReport:
     conflicts: list[str] = field(default_factory=list)  # differ from a local file; kept the local one
     corrupt: list[str] = field(default_factory=list)  # checksum mismatch; not kept
     newest_step: int = -1
+    verified: dict[str, str] = field(default_factory=dict)  # checkpoint name -> sha256, checked this fetch
+    refused: list[str] = field(default_factory=list)  # manifest lines and files not acted on, one line each
+    skipped: list[str] = field(default_factory=list)  # not regular files on the host: not brought home
 
 
-def read_manifest(path: Path) -> dict[str, str]:
-    """{filename: sha256} from `sha256sum`-format lines; unreadable lines are ignored."""
-    entries = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        digest, _, name = line.partition("  ")
-        if len(digest) == 64 and name:
-            entries[name.strip()] = digest
-    return entries
+@dataclass(frozen=True)
+class Staging:
+    """`.incoming/<host>/`: rsync's tree and, apart from it, rsync's temp files."""
+
+    root: Path
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "tree"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
 
 
-def fetch_argv(host: Host, run_id: str, staging: Path, root: Path, known_hosts: Path | None) -> list[str]:
-    """rsync the host's whole run directory into `staging`, resumable."""
-    argv = ["rsync", "--archive", "--partial-dir=.rsync-partial", "--info=progress2", "--no-inc-recursive"]
+def fetch_argv(host: Host, run_id: str, staging: Staging, root: Path, known_hosts: Path | None) -> list[str]:
+    """rsync the host's run directory into the staging tree: regular files only, resumable."""
+    argv = ["rsync", PROTECT_ARGS, "--recursive", "--times", "--no-links", "--no-devices", "--no-specials",
+            "--chmod=D755,F644", f"--partial-dir={PARTIAL_DIR}", f"--temp-dir={staging.tmp}",
+            "--info=progress2", "--no-inc-recursive"]
     if host.is_local:
         source = f"{local_workdir(host.workdir, root) / run_dir(run_id)}/"
-        return argv + [source, f"{staging}/"]
-    source = f"{host.ssh_host}:{remote_path(host.workdir)}/{run_dir(run_id)}/"
-    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), source, f"{staging}/"]
+        return argv + [source, f"{staging.tree}/"]
+    source = remote_spec(host.ssh_host, f"{remote_path(host.workdir)}/{run_dir(run_id)}/")
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), source, f"{staging.tree}/"]
 
 
-def transfer(argv: list[str], host: str, progress: Callable[[str, int], None]) -> None:
+def prepare_staging(staging: Staging) -> None:
+    """An empty temp dir and a tree of directories and regular files only (a staging tree left
+    by an older meshrun may hold links: rsync would write through them)."""
+    shutil.rmtree(staging.tmp, ignore_errors=True)
+    staging.tmp.mkdir(parents=True)
+    staging.tree.mkdir(parents=True, exist_ok=True)
+    for top, dirs, files in os.walk(staging.tree):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            path = Path(top, name)
+            if not _is_regular(path):
+                path.unlink()
+
+
+def transfer(argv: list[str], host: str, progress: Callable[[str, int], None]) -> list[str]:
+    """Run the fetch rsync; returns the names of what it skipped for not being a regular file."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
+    skipped: list[str] = []
+    pending = b""
     for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
-        for match in PROGRESS_RE.finditer(chunk):
-            progress(host, int(match.group(1)))
+        *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+        for line in lines:
+            _read_line(line, host, progress, skipped)
+    _read_line(pending, host, progress, skipped)
     err = proc.stderr.read().decode(errors="replace").strip().splitlines()
     if proc.wait() != 0:
         raise MeshrunError(f"host '{host}': fetch failed (rsync exit {proc.returncode}): "
-                           f"{err[-1] if err else 'no message'}; run the same fetch again to resume")
+                           f"{shown(err[-1]) if err else 'no message'}; run the same fetch again to resume")
     progress(host, 100)
+    return skipped
 
 
-def verify_checkpoints(staging: Path, report: FetchReport) -> None:
-    """Delete staged checkpoint files whose sha256 differs from the manifest; record them."""
-    directory = staging / CHECKPOINTS
-    manifest = read_manifest(directory / MANIFEST)
-    for name, digest in manifest.items():
-        path = directory / name
-        if path.exists() and sha256_file(path) != digest:
+def _read_line(line: bytes, host: str, progress: Callable[[str, int], None], skipped: list[str]) -> None:
+    match = PROGRESS_RE.search(line + b" ")
+    if match:
+        progress(host, int(match.group(1)))
+    found = SKIPPED_RE.match(line)
+    if found:
+        skipped.append(shown(found.group(1).decode("utf-8", "backslashreplace")))
+
+
+def skip_lines(host: str, skipped: list[str]) -> list[str]:
+    """One report line per skipped item (at most REPORTED_SKIPS, then a count)."""
+    lines = [f"host '{host}': {name} is not a regular file (a link, device or pipe); not brought home"
+             for name in skipped[:REPORTED_SKIPS]]
+    if len(skipped) > REPORTED_SKIPS:
+        lines.append(f"host '{host}': {len(skipped) - REPORTED_SKIPS} more non-regular files not brought home")
+    return lines
+
+
+def read_host_manifest(directory: Path) -> Manifest:
+    """The checkpoints directory's manifest, read as data: a regular file, at most
+    MANIFEST_MAX_BYTES (+1 to see that it is larger), else no entries."""
+    path = directory / CHECKPOINT_MANIFEST
+    if not _is_regular(path):
+        return Manifest((), ())
+    with open(path, "rb") as handle:
+        return parse_manifest(handle.read(MANIFEST_MAX_BYTES + 1))
+
+
+def verify_checkpoints(tree: Path, report: FetchReport) -> None:
+    """Check the staged checkpoints against the host's manifest: a listed file whose sha256
+    differs is deleted from staging (corrupt); refused manifest lines are reported only."""
+    directory = tree / CHECKPOINTS
+    manifest = read_host_manifest(directory)
+    report.refused += refusal_lines(report.host, manifest, f"{CHECKPOINTS}/{CHECKPOINT_MANIFEST}")
+    for name, digest in manifest.digests().items():
+        path = directory / name  # a checkpoint name has no '/': it stays in the directory
+        if not _is_regular(path):
+            continue
+        if sha256_file(path) == digest:
+            report.verified[name] = digest
+        else:
             report.corrupt.append(f"{CHECKPOINTS}/{name}")
             path.unlink()
-    steps = [int(n[len("ckpt-step"):-3]) for n in manifest if n.startswith("ckpt-step") and (directory / n).exists()]
-    report.newest_step = max(steps, default=-1)
+    steps = [checkpoint_step(name) for name in report.verified]
+    report.newest_step = max((s for s in steps if s is not None), default=-1)
 
 
-def place(staging: Path, target: Path, report: FetchReport, force: bool, prefix: str = "") -> None:
-    """Move staged files into `target`: new ones land, identical ones are dropped, a differing
-    local file is kept (a conflict) unless `force`."""
-    for src in sorted(p for p in staging.rglob("*") if p.is_file() and ".rsync-partial" not in p.parts):
-        rel = src.relative_to(staging)
+def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: str = "") -> None:
+    """Move the regular files under `source` into `target`, each atomically: new ones land,
+    identical ones are dropped, a differing local file is kept (a conflict) unless `force`."""
+    for src in _regular_files(source):
+        rel = src.relative_to(source)
         dst = target / rel
-        name = prefix + str(rel)
-        if not dst.exists():
+        name = prefix + shown(rel.as_posix(), limit=200)
+        if not _plain_dirs_to(target, dst):
+            report.refused.append(f"host '{report.host}': {name}: a folder on its way here is a link or a file; "
+                                  "not placed")
+            continue
+        if os.path.lexists(dst) and not _is_regular(dst):  # a folder or link of yours: never replaced
+            report.conflicts.append(name)
+            continue
+        if not os.path.lexists(dst):
             report.new.append(name)
         elif sha256_file(dst) == sha256_file(src):
             report.unchanged.append(name)
@@ -100,18 +179,74 @@ def place(staging: Path, target: Path, report: FetchReport, force: bool, prefix:
         elif not force:
             report.conflicts.append(name)
             continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+        _commit(src, dst)
 
 
-def remove_staging(staging: Path) -> None:
+def stage_verified(source: Path, digests: dict[str, str], out: Path) -> None:
+    """Copy into `out` the checkpoints of `source` that still match their verified sha256, and a
+    manifest listing exactly those: what `runs/<id>/checkpoints/` is assembled from."""
+    out.mkdir(parents=True, exist_ok=True)
+    kept: dict[str, str] = {}
+    for name, digest in digests.items():
+        if _is_regular(source / name) and sha256_file(source / name) == digest:
+            with open(source / name, "rb") as src, open(out / name, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            kept[name] = digest
+    (out / CHECKPOINT_MANIFEST).write_text(manifest_text(kept))
+
+
+def remove_staging(staging: Staging) -> None:
     """The staged copy goes once placed; partial transfers stay so the next fetch resumes."""
-    for path in sorted(staging.rglob("*"), reverse=True):
-        if ".rsync-partial" in path.parts:
+    shutil.rmtree(staging.tmp, ignore_errors=True)
+    for top, dirs, files in os.walk(staging.tree, topdown=False):
+        if PARTIAL_DIR in Path(top).relative_to(staging.tree).parts:
             continue
-        if path.is_file():
-            path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
+        for name in files:
+            Path(top, name).unlink()
+        for name in dirs:
+            if name != PARTIAL_DIR and not os.listdir(Path(top, name)):
+                Path(top, name).rmdir()
+    for path in (staging.tree, staging.root):
+        if path.is_dir() and not any(path.iterdir()):
             path.rmdir()
-    if staging.exists() and not any(staging.iterdir()):
-        staging.rmdir()
+
+
+def _regular_files(top: Path) -> list[Path]:
+    """Regular files under `top`, sorted; links are not followed, partial-dirs are skipped."""
+    found = []
+    for here, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d != PARTIAL_DIR]
+        found += [p for p in (Path(here, f) for f in files) if _is_regular(p)]
+    return sorted(found)
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _plain_dirs_to(target: Path, dst: Path) -> bool:
+    """Every folder from `target` down to `dst`'s parent is a real folder, or absent and made."""
+    folders = [target]
+    for part in dst.relative_to(target).parts[:-1]:
+        folders.append(folders[-1] / part)
+    for folder in folders:
+        try:
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                return False
+        except FileNotFoundError:
+            folder.mkdir(parents=folder == target)
+    return True
+
+
+def _commit(src: Path, dst: Path) -> None:
+    """Make `src`'s bytes durable, then rename it over `dst` (same filesystem: atomic)."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)

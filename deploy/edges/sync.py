@@ -2,7 +2,9 @@
 
 Planning (file list, rsync and ssh argv) is pure; `sync_host` runs rsync and reports progress.
 The ssh that rsync uses checks host keys exactly like the controller: the inventory's
-known_hosts plus the system one, StrictHostKeyChecking=yes, never a prompt.
+known_hosts plus the system one, StrictHostKeyChecking=yes, never a prompt. Every rsync here and
+in `datasync`/`fetch` sends its paths through rsync's protocol (`PROTECT_ARGS`), never through
+the remote shell's command line, and names the host with `remote_spec` (IPv6 in brackets).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from deploy.inventory.model import Host
 from deploy.run.shell import local_workdir
 
 CONNECT_TIMEOUT_S = 10
+# The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
+# (3.2.7 renamed it --secluded-args and keeps this one as its alias).
+PROTECT_ARGS = "--protect-args"
 PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
 
 
@@ -63,15 +68,22 @@ def remote_path(workdir: str) -> str:
     return workdir[2:] if workdir.startswith("~/") else workdir
 
 
+def remote_spec(address: str, path: str) -> str:
+    """rsync's `HOST:PATH`. An IPv6 address goes in brackets: bare, its colons would make rsync
+    read `fd00::1:x` as host `fd00` and a `::` daemon module."""
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"{host}:{path}"
+
+
 def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None) -> list[str]:
     """Copy the files listed on stdin from `root` to the host's workdir (or `dest` there)."""
     target = dest if dest is not None else remote_path(host.workdir)
-    argv = ["rsync", "--archive", "--compress", "--mkpath", "--files-from=-", "--from0", "--info=progress2",
-            "--no-inc-recursive"]
+    argv = ["rsync", PROTECT_ARGS, "--archive", "--compress", "--mkpath", "--files-from=-", "--from0",
+            "--info=progress2", "--no-inc-recursive"]
     if host.is_local:
         return argv + [f"{root}/", f"{target}/"]
     # rsync splits -e itself and honours quotes, so a shlex-joined argv survives.
-    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/", f"{host.ssh_host}:{target}/"]
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/", remote_spec(host.ssh_host, f"{target}/")]
 
 
 def is_project_itself(host: Host, root: Path) -> bool:
@@ -107,9 +119,12 @@ def _last_line(text: str) -> str:
 
 
 def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None) -> list[str]:
-    """rsync a local directory to `dest` (relative to the host's workdir), never replacing files there."""
-    argv = ["rsync", "--archive", "--mkpath", "--ignore-existing"]
+    """rsync a local directory to `dest` (relative to the host's workdir), never replacing files there;
+    regular files only (the folder may hold what hosts sent: links would point into this machine)."""
+    argv = ["rsync", PROTECT_ARGS, "--archive", "--no-links", "--no-devices", "--no-specials", "--mkpath",
+            "--ignore-existing"]
     if host.is_local:
         return argv + [f"{local_dir}/", f"{local_workdir(host.workdir, root) / dest}/"]
     target = f"{remote_path(host.workdir)}/{dest}"
-    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{local_dir}/", f"{host.ssh_host}:{target}/"]
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{local_dir}/",
+                   remote_spec(host.ssh_host, f"{target}/")]
