@@ -98,3 +98,12 @@ def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
         "'optim.lr'?); allowed under 'optim': accum_steps, grad_clip, lr, momentum, name, "
         "weight_decay"]
     assert not (tmp_path / "r").exists()
+
+
+def test_off_is_an_enum_value_not_yaml_false(tmp_path) -> None:
+    """YAML 1.1 reads `off` as false; `amp=off` and `amp: off` still mean Precision.OFF."""
+    from train.config import Precision
+    assert load_config(None, ("amp=off",)).amp is Precision.OFF
+    path = tmp_path / "c.yaml"
+    path.write_text("amp: off\n")
+    assert load_config(path).amp is Precision.OFF

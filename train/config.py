@@ -318,6 +318,8 @@ def _coerce(kind: Any, value: Any, key: str, source: str, text: str | None) -> A
         return _build(kind, value, key + ".", source)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         choices = [m.value for m in kind]
+        if isinstance(value, bool):  # YAML 1.1 reads `amp: off` (and `amp=off`) as false
+            value = text if text is not None else ("on" if value else "off")
         if value in choices:
             return kind(value)
         guess = difflib.get_close_matches(str(value), choices, n=1)
