@@ -72,14 +72,15 @@ def testbed_wg(testbed: SimCluster) -> Iterator[SimCluster]:
 
 
 @pytest.fixture(scope="session")
-def zt_session(testbed: SimCluster) -> Iterator[ZeroTier]:
+def zt_session(request: pytest.FixtureRequest) -> Iterator[ZeroTier]:
     """The real ZeroTier One daemon on h1..h3 of the shared cluster (h1: private planet root and
     network controller), 10.79.0.1x on ztmrt0; up from the first test that asks until the end of
     the session, so those tests share one network. Skips (fails under MESHRUN_REQUIRE_TESTBED=1)
     where the zerotier-one binary is missing."""
     missing = missing_requirements(wireguard=False, zerotier=True)
-    if missing:
+    if missing:  # before the cluster: a skip costs nothing
         _testbed_unavailable("; ".join(missing))
+    testbed: SimCluster = request.getfixturevalue("testbed")
     overlay = testbed.zerotier
     overlay.up()
     try:

@@ -5,6 +5,7 @@
     python -m tests.testbed exec 1 ip -br addr     python -m tests.testbed inventory inv.yaml
     python -m tests.testbed shape 20mbit | unshape python -m tests.testbed cut 2 | heal 2
     python -m tests.testbed kill 2 | ps 2          python -m tests.testbed wg-up | wg-down
+    python -m tests.testbed zt-up | zt-down        (the real ZeroTier One daemon, zerotier.py)
     python -m tests.testbed profile far [--loss 0.01] | profile lan (or unprofile)
 
 `ssh` passes its words to the remote shell, as ssh itself does. Profiles (rate,
@@ -34,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="bring up N hosts (cleans leftovers first)")
     up.add_argument("n", type=int)
     up.add_argument("--wireguard", action="store_true", help="add the wireguard-go overlay")
-    for name in ("down", "status", "unshape", "wg-up", "wg-down", "unprofile"):
+    for name in ("down", "status", "unshape", "wg-up", "wg-down", "unprofile", "zt-up", "zt-down"):
         sub.add_parser(name)
     for name in ("cut", "heal", "kill", "ps"):
         sub.add_parser(name).add_argument("host", type=int)
@@ -67,6 +68,7 @@ def _status(cluster: SimCluster) -> None:
     for h in cluster.hosts:
         pid = read_pidfile(cluster.paths.sshd_pid(h))
         overlay = f" {h.overlay_address}" if cluster.wireguard else ""
+        overlay += f" zt {h.zt_address}" if cluster.zerotier.is_up else ""
         print(f"{h.name} netns={h.netns} {h.address}{overlay} sshd={pid} "
               f"procs={len(cluster.processes(h.index))}")
 
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cluster = SimCluster(args.state_dir)
     cmd = args.command
-    if cmd in ("up", "down"):
+    if cmd in ("up", "down", "zt-up", "zt-down"):
         # Refuse to tear down hosts a pytest session is using (it holds the lock).
         try:
             with exclusive(timeout=0):
@@ -135,6 +137,12 @@ def _run(cluster: SimCluster, args: argparse.Namespace) -> int:
             print(proc.pid, " ".join(proc.argv))
     elif cmd == "wg-up":
         cluster.wireguard_up()
+    elif cmd == "zt-up":
+        seconds = cluster.zerotier.up()
+        print(f"zerotier: network {cluster.zerotier.net.nwid} up in {seconds:.1f}s; "
+              "on a host: ~/bin/zerotier-cli listnetworks")
+    elif cmd == "zt-down":
+        cluster.zerotier.down()
     elif cmd == "wg-down":
         cluster.wireguard_down()
     return 0

@@ -39,6 +39,8 @@ from .requirements import zerotier_binary
 
 NET_SUFFIX = "000001"  # network id = <controller's 10 hex digits><6 hex digits>
 READY_TIMEOUT_S = 90.0
+# A de-authorized node learns it at its next config request, about once a minute (13-55 s seen).
+DENIED_TIMEOUT_S = 120.0
 API_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # SIGTERM: the daemon leaves at its next tick
 CLI_MARKER = "# meshrun test bed: the real zerotier-one"
@@ -282,7 +284,7 @@ class ZeroTier:
     def deauthorize(self, i: int) -> float:
         """Untick Auth for host i at the controller; seconds until its node says ACCESS_DENIED."""
         self._member(self._host(i), {"authorized": False})
-        return self.wait_status(i, "ACCESS_DENIED")
+        return self.wait_status(i, "ACCESS_DENIED", DENIED_TIMEOUT_S)
 
     def authorize(self, i: int) -> float:
         """Authorize host i again; seconds until the whole network is ready again."""
