@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.conftest import _testbed_unavailable
 from tests.testbed import SimCluster, latency, measure
 from tests.testbed.delayer import DelayLine, QueueSpec, parse_queue, poll_timeout_ms
 from tests.testbed.latency import Profile
+from tests.testbed.layout import Host, StatePaths
 from tests.testbed.proc import alive
 from tests.testbed.requirements import missing_latency_requirements
 
@@ -103,12 +105,28 @@ def test_poll_timeout_is_the_earliest_due_packet_or_the_deadline() -> None:
     assert poll_timeout_ms([slow, fast], now=2.0, deadline=5.0) == 0.0
 
 
+def test_a_python_without_netfilterqueue_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")  # an interpreter that imports nothing
+    python.chmod(0o755)
+    assert missing_latency_requirements(str(python))[-1] == (
+        f"{python} cannot import netfilterqueue (apt-get install libnetfilter-queue-dev; "
+        "pip install -e '.[test]')")
+    paths = StatePaths(tmp_path / "state")
+    with pytest.raises(RuntimeError, match="cannot apply network profile far: .*netfilterqueue"):
+        latency.apply([Host(1)], paths, latency.lookup("far"), python=str(python))
+    assert not paths.root.exists()
+
+
 # ------------------------------------------------------- real namespaces ----
 @pytest.fixture
-def profiled_bed(testbed: SimCluster) -> Iterator[SimCluster]:
-    missing = missing_latency_requirements(testbed.python)
+def profiled_bed(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
+    """The shared cluster, with no profile left applied after the test. Skips (fails
+    under MESHRUN_REQUIRE_TESTBED=1) where iptables or netfilterqueue is missing."""
+    missing = missing_latency_requirements()  # before the cluster: a skip costs nothing
     if missing:
         _testbed_unavailable("; ".join(missing))
+    testbed: SimCluster = request.getfixturevalue("testbed")
     yield testbed
     testbed.clear_profile()  # also after a failed assertion inside `with profile`
 
