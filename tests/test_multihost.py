@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from train.safe_load import load_file
 from tests.cpuhog import cpu_hog
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes, wait_no_run_processes
 
@@ -52,12 +52,15 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     manifest = dict(reversed(line.split("  ")) for line in (home / "checkpoints/MANIFEST.sha256").read_text().splitlines())
     newest = sorted(n for n in manifest if n.startswith("ckpt-step"))[-1]
     assert sha256(home / "checkpoints" / newest) == manifest[newest]
-    state = torch.load(home / "checkpoints" / newest, map_location="cpu", weights_only=False)
+    state = load_file(home / "checkpoints" / newest)  # weights_only: runs no code
     assert state["world_size"] == 3 and "model" in state
+    for host in ("h1", "h2", "h3"):  # every host wrote a complete, byte-identical copy
+        assert sha256(home / "hosts" / host / "checkpoints" / newest) == manifest[newest]
     assert (home / "hosts/h2").is_dir() and (home / "hosts/h1/metrics.jsonl").exists()
     assert "fab train --resume" in fetched.stdout
 
-    # A damaged copy on the host is caught and not kept; a differing local file is not overwritten.
+    # A damaged copy on the host is caught and not kept (another host's verified copy is taken);
+    # a differing local file is not overwritten.
     (home / "checkpoints" / newest).unlink()
     (home / "hosts/h1/checkpoints" / newest).unlink()
     remote = f"/root/meshrun/runs/{run_id}/checkpoints/{newest}"
@@ -66,7 +69,8 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     again = fab("fetch-checkpoints", "--run", run_id)
     assert again.returncode == 1
     assert f"checksum mismatch, not kept: h1:checkpoints/{newest}" in again.stderr
-    assert not (home / "checkpoints" / newest).exists() and not (home / "hosts/h1/checkpoints" / newest).exists()
+    assert not (home / "hosts/h1/checkpoints" / newest).exists()
+    assert sha256(home / "checkpoints" / newest) == manifest[newest]  # h2's copy
     assert (home / "hosts/h2/metrics.rank1.jsonl").read_text() == "edited locally\n"
     assert "metrics.rank1.jsonl" in again.stdout  # listed as not overwritten
 
