@@ -5,9 +5,11 @@ each with its own run directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -26,10 +28,18 @@ from tests.trainer.harness import records, spawn, train_hosts
 DIRS = ("x", "y", "x")
 
 
-def _elect_and_save(rank: int, world: int, port: int, base: str) -> None:
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
     torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                   world_size=world)
     try:
+        yield
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def _elect_and_save(rank: int, world: int, port: int, base: str) -> None:
+    with gloo_group(rank, world, port):
         directory = Path(base) / DIRS[rank]
         site = open_site(directory, rank, f"host{rank}", torch.device("cpu"))
         warnings: list[str] = []
@@ -38,8 +48,6 @@ def _elect_and_save(rank: int, world: int, port: int, base: str) -> None:
         ckpt.save({"from": torch.tensor([rank])} if site.writer else None, 3, is_best=False)
         out = {"writer": site.writer, "writers": list(site.writers), "warnings": warnings}
         (Path(base) / f"rank{rank}.json").write_text(json.dumps(out))
-    finally:
-        torch_dist.destroy_process_group()
 
 
 def test_one_writer_per_directory_and_copies_equal_rank0s(tmp_path: Path) -> None:
@@ -57,9 +65,7 @@ def test_one_writer_per_directory_and_copies_equal_rank0s(tmp_path: Path) -> Non
 
 
 def _capture_buffers(rank: int, world: int, port: int, base: str) -> None:
-    torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                  world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         module = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
         with torch.no_grad():  # as if each rank's own batches had updated the statistics
             module[1].running_mean.fill_(rank + 1.0)
@@ -72,8 +78,6 @@ def _capture_buffers(rank: int, world: int, port: int, base: str) -> None:
                "count": None if model is None else int(model["1.num_batches_tracked"]),
                "live": module[1].running_mean.tolist()}
         (Path(base) / f"rank{rank}.json").write_text(json.dumps(out))
-    finally:
-        torch_dist.destroy_process_group()
 
 
 def test_saved_buffers_are_rank0s_on_every_writer(tmp_path: Path) -> None:
