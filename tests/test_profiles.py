@@ -18,7 +18,7 @@ from tests.testbed import SimCluster, latency, measure
 from tests.testbed.delayer import DelayLine, QueueSpec, parse_queue, poll_timeout_ms
 from tests.testbed.latency import Profile
 from tests.testbed.layout import Host, StatePaths
-from tests.testbed.proc import alive
+from tests.testbed.proc import alive, wait_dead
 from tests.testbed.requirements import missing_latency_requirements
 
 TOLERANCE = 0.15
@@ -213,3 +213,23 @@ def test_down_stops_the_delayers_by_pid(profiled_bed: SimCluster) -> None:
     finally:
         profiled_bed.up(3)  # the cluster is shared: later tests need it
     assert_nothing_left(profiled_bed)
+
+
+@pytest.mark.cluster
+def test_delayers_end_by_themselves_and_traffic_then_flows_undelayed(
+        profiled_bed: SimCluster) -> None:
+    """Bounded lifetime: a delayer forgotten by a crashed controller exits after
+    --max-seconds; --queue-bypass then lets packets through instead of dropping them."""
+    bed = profiled_bed
+    latency.apply(bed.hosts, bed.paths, latency.lookup("home"), python=bed.python, max_seconds=6)
+    pids = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
+    assert all(pids)
+    assert_near(measure.ping(bed, 1, H2, count=3).median_ms, 40.0, "RTT before expiry (ms)")
+    assert wait_dead([pid for pid in pids if pid is not None], timeout=30) == []
+    after = measure.ping(bed, 1, H2)
+    assert (after.lost, after.median_ms < 1.0) == (0, True)
+    for h in bed.hosts:  # each exited on its own, releasing what it held, and said so
+        assert latency.log_file(h, bed.paths).read_text().split()[-6::2] == \
+            ["accepted", "dropped", "cpu"]
+    bed.clear_profile()
+    assert_nothing_left(bed)
