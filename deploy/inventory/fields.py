@@ -173,8 +173,11 @@ def env(node: yaml.Node, at: Where) -> tuple[tuple[str, str], ...]:
         value = _scalar_value(value_node, key_at, "a value")
         if value is None:
             raise key_at.fail(f"expected a value, got {_type_name(value)}", 'write it as text, e.g. OMP_NUM_THREADS: "1"')
-        if isinstance(value, str):
-            unprintable(value, key_at)
+        if isinstance(value, str) and "\0" in value:
+            # Values go to a process environment, never to a terminal or an argv: a newline or a tab
+            # is legitimate there (a PEM key, a list). NUL is the one thing an environment cannot hold.
+            raise key_at.fail(f"{shown(value)} contains the unprintable character U+0000",
+                              "an environment value cannot hold a NUL byte; remove it")
         pairs.append((key, str(value).lower() if isinstance(value, bool) else str(value)))
     return tuple(pairs)
 
