@@ -70,6 +70,14 @@ def launch_rdzv_id(rdzv_id: str) -> str:
     return base if sep and gen.isdigit() and gen.isascii() else rdzv_id
 
 
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", re.ASCII)
+
+
+def is_run_id(text: str) -> bool:
+    """A name that can be a run id: one path component, never `..`, no separators or controls."""
+    return bool(_RUN_ID.fullmatch(text)) and ".." not in text
+
+
 def run_dir(run_id: str) -> str:
     """A run's directory, relative to the workdir on a host and to the project locally."""
     return f"{RUNS_DIR}/{run_id}"

@@ -256,3 +256,13 @@ def test_f_a_slow_host_and_a_stalled_host_are_not_declared_dead(testbed, invento
     assert summary["status"] == "succeeded" and summary["lost_hosts"] == [], events
     assert not [e for e in events if e[0] in ("lost", "succession", "joined")], events
     assert summary["restarts"] == 0 and summary["world_size"] == 3
+
+
+@pytest.mark.parametrize("run", ["../../etc", "a/b", "..", "x\n", "-rf", "a..b"])
+def test_a_run_id_is_one_path_component(run: str) -> None:
+    """`--run` joins a path under runs/: anything but one plain component is refused, exit 2."""
+    from deploy.edges.records import load_record
+    from deploy.errors import InputError
+    with pytest.raises(InputError) as err:
+        load_record(ROOT, run)
+    assert "not a run id" in str(err.value) and "\n" not in str(err.value)

@@ -36,19 +36,16 @@ from train import dist
 from train.config import CheckpointConfig
 from train.safe_load import UnsafeCheckpoint, load_bytes, load_file
 from common.fsutil import atomic_write_bytes, sha256_file
+from common.layout import (BEST_CHECKPOINT, CHECKPOINT_MANIFEST, checkpoint_name, checkpoint_step,  # noqa: F401
+                           is_checkpoint_name)
 
-MANIFEST = "MANIFEST.sha256"
-BEST = "best.pt"
+MANIFEST = CHECKPOINT_MANIFEST  # names shared with the controller's fetch (common/layout.py)
+BEST = BEST_CHECKPOINT
 PROBE_PREFIX = ".writer-probe-"
 REQUIRED = ("format", "model", "optimizer", "position", "rng", "world_size")  # see train.state
-_NAME = re.compile(r"ckpt-step(\d{9})\.pt")
 _MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (\S+)")
 
 Warn = Callable[[str], None]
-
-
-def checkpoint_name(step: int) -> str:
-    return f"ckpt-step{step:09d}.pt"
 
 
 def warn_stderr(text: str) -> None:
@@ -153,7 +150,7 @@ class Checkpointer:
     def _prune(self) -> None:
         """Retention counts the listed checkpoints only: an unlisted file (planted, or left by a
         save killed before its manifest update) neither counts nor is deleted."""
-        steps = sorted(int(m.group(1)) for n in self.hashes if (m := _NAME.fullmatch(n)))
+        steps = sorted(step for n in self.hashes if (step := checkpoint_step(n)) is not None)
         for step in steps[:-self.cfg.keep_last] if self.cfg.keep_last > 0 else []:
             name = checkpoint_name(step)
             (self.directory / name).unlink(missing_ok=True)
@@ -163,7 +160,7 @@ class Checkpointer:
         """Only the trainer's own files: a foreign line in the manifest read at start (a planted
         one) is not carried forward."""
         present = {n: h for n, h in self.hashes.items()
-                   if (n == BEST or _NAME.fullmatch(n)) and self._regular(n)}
+                   if is_checkpoint_name(n) and self._regular(n)}
         lines = "".join(f"{h}  {n}\n" for n, h in sorted(present.items()))
         atomic_write_bytes(self.directory / MANIFEST, lines.encode())
 
@@ -175,8 +172,8 @@ class Checkpointer:
         """Steps of the regular files named exactly like the trainer's checkpoints."""
         if not self.directory.is_dir():
             return []
-        found = (_NAME.fullmatch(p.name) for p in self.directory.iterdir())
-        return [int(m.group(1)) for m in found if m and self._regular(m.group(0))]
+        found = ((checkpoint_step(p.name), p.name) for p in self.directory.iterdir())
+        return [step for step, name in found if step is not None and self._regular(name)]
 
     def candidate(self, rejected: frozenset[int] = frozenset()) -> int:
         """Newest step not in ``rejected`` whose file is listed in the manifest with a matching

@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common.fsutil import atomic_write_bytes, atomic_write_json
-from common.layout import DEFAULT_PG_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, LAUNCH_RECORD, RUNS_DIR, SUMMARY, run_dir
+from common.layout import DEFAULT_PG_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, RUNS_DIR, SUMMARY, run_dir
 from deploy.errors import InputError
+from deploy.inventory.shown import shown
 from deploy.run.summary import RunSummary
 
 
@@ -37,6 +38,9 @@ class RunRecord:
 
 
 def load_record(root: Path, run_id: str) -> RunRecord:
+    if not is_run_id(run_id):
+        raise InputError(f"--run {shown(run_id)}: not a run id (letters, digits, '.', '_', '-'; no '..'); "
+                         "list runs with `fab status`")
     path = root / run_dir(run_id) / LAUNCH_RECORD
     try:
         data = json.loads(path.read_text())
