@@ -210,3 +210,15 @@ def test_report_renders_tables_matrix_findings_and_summary() -> None:
     assert "0.25 ms, DF 1472 ok" in text and "refused" in text
     assert "end to end: gloo all-reduce skipped: not run: fix the failures above first" in text
     assert text.rstrip().endswith("check-network FAIL: 2 host(s), 2 link(s) probed, 1 failure(s), 0 warning(s), 2.5 s")
+
+
+def test_zerotier_cli_failures_name_their_fix() -> None:
+    """zerotier-cli's own words tell a stopped daemon from a missing auth token; host output is
+    shown escaped."""
+    from deploy.check.zerotier import cli_failure
+    stopped = cli_failure("zerotier-cli", "info", "Error connecting to the ZeroTier service: connection failed\n")
+    assert stopped == ("the ZeroTier service is not running (`zerotier-cli -j info`: Error connecting to the ZeroTier "
+                       "service: connection failed); start it: `systemctl start zerotier-one` (or `zerotier-one -d`)")
+    denied = cli_failure("zerotier-cli", "info", "401 \x1b]0;pwned\x07")
+    assert denied == ("`zerotier-cli -j info` failed (401 \\x1b]0;pwned\\x07); it needs root or a copy of "
+                      "authtoken.secret in ~/.zeroTierOneAuthToken")

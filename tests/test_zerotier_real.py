@@ -139,10 +139,6 @@ def test_node_cut_off_from_its_root_is_offline_with_the_fix(zt_testbed: ZeroTier
 STOPPED_FIX = "`systemctl start zerotier-one`"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "deploy/edges/check_probes.py::_zerotier reports every failing `zerotier-cli -j info` as a permissions problem "
-    "('it needs root or a copy of authtoken.secret'); a stopped daemon (rc 1, 'Error connecting to the ZeroTier "
-    "service: connection failed') must say to start zerotier-one"))
 def test_stopped_daemon_is_fail_saying_to_start_it(zt_testbed: ZeroTier, zt_inventory: Path) -> None:
     report, code = check_during(zt_inventory, "h2's zerotier-one stopped", lambda: zt_testbed.stop_daemon(2),
                                 lambda: zt_testbed.start_daemon(2))

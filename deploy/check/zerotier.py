@@ -68,6 +68,19 @@ def argv(cli: str, subcommand: str) -> list[str]:
     return [cli, "-j", subcommand]
 
 
+def cli_failure(cli: str, subcommand: str, output: str) -> str:
+    """Why `zerotier-cli -j SUBCOMMAND` failed, and the fix, from what it printed (host output:
+    shown escaped and cut). zerotier-cli says "Error connecting to the ZeroTier service" when no
+    daemon listens on its local port; an auth token it cannot read reads differently."""
+    said = " ".join(output.split())[:200]
+    said = said if said.isprintable() else ascii(said)[1:-1]
+    if "connecting to the ZeroTier service" in output or "connection failed" in output:
+        return (f"the ZeroTier service is not running (`{cli} -j {subcommand}`: {said}); start it: "
+                "`systemctl start zerotier-one` (or `zerotier-one -d`)")
+    return (f"`{cli} -j {subcommand}` failed ({said}); it needs root or a copy of authtoken.secret in "
+            "~/.zeroTierOneAuthToken")
+
+
 def _load(text: str, what: str) -> Any:
     try:
         return json.loads(text)

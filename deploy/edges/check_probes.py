@@ -105,9 +105,7 @@ def _zerotier(session: Session, cli: str | None) -> zerotier.ZeroTierState:
     for sub in zerotier.SUBCOMMANDS:
         result = session.run(zerotier.argv(cli, sub), timeout=20)
         if not result.ok:
-            reason = (result.stderr or result.stdout).strip()[:200]
-            return zerotier.ZeroTierState(error=f"`{cli} -j {sub}` failed ({reason}); it needs root or a copy of "
-                                                "authtoken.secret in ~/.zeroTierOneAuthToken")
+            return zerotier.ZeroTierState(error=zerotier.cli_failure(cli, sub, result.stderr or result.stdout))
         outputs.append(result.stdout)
     return zerotier.parse_state(*outputs)
 
