@@ -94,6 +94,10 @@ def test_elastic_and_script_workload() -> None:
     assert "--rdzv-conf" in b.torchrun and "is_host=1" not in " ".join(b.torchrun)
     assert a.torchrun[a.torchrun.index("--max-restarts") + 1] == "10"
     assert a.torchrun[-5:] == ("-m", "deploy.host.runscript", "examples/seed_main.py", "--epochs", "2")
+    probe = plan_launch(Selection(hosts, Rendezvous(None, 29500)),
+                        LaunchOptions("r4", Workload(script="runs/r4/probe.py", args=("30",),
+                                                     runner=("runs/r4/runscript.py",))), {}, "/p")
+    assert probe.hosts[0].torchrun[-3:] == ("runs/r4/runscript.py", "runs/r4/probe.py", "30")
     assert ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1") in a.env
     assert not any(k == "MESHRUN_PG_TIMEOUT" for k, _ in a.env)  # the timeout reaches the trainer in argv only
     assert ("NCCL_IB_DISABLE", "1") not in a.env  # a LAN may have InfiniBand

@@ -175,11 +175,13 @@ def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
                   interfaces: Mapping[str, str], run_id: str, local_python: str) -> AllReduceResult:
     """deploy/host/allreduce.py under torchrun on every host, from the same plan as `fab train`."""
     hosts = selection.hosts
-    script = f"{run_dir(run_id)}/probe_allreduce.py"
-    source = (PROBE_DIR / "allreduce.py").read_text()
-    on_each(hosts, lambda h: sessions[h.name].run([python_of(h, local_python), "-c", WRITE_FILE, script, source],
-                                                  create_workdir=True, timeout=30), timeout=40)
-    options = LaunchOptions(run_id, Workload(script=script, args=(str(ALLREDUCE_PG_TIMEOUT_S),)))
+    # The probe and the script runner travel as files written through argv: the check may run before
+    # `fab sync`/`fab setup`, on hosts that have no meshrun yet.
+    script, runner = f"{run_dir(run_id)}/probe_allreduce.py", f"{run_dir(run_id)}/runscript.py"
+    files = ((script, (PROBE_DIR / "allreduce.py").read_text()), (runner, (PROBE_DIR / "runscript.py").read_text()))
+    on_each(hosts, lambda h: [sessions[h.name].run([python_of(h, local_python), "-c", WRITE_FILE, path, text],
+                                                   create_workdir=True, timeout=30) for path, text in files], timeout=60)
+    options = LaunchOptions(run_id, Workload(script=script, args=(str(ALLREDUCE_PG_TIMEOUT_S),), runner=(runner,)))
     plan = plan_launch(selection, options, interfaces, local_python)
     start = time.monotonic()
     results = on_each(hosts, lambda h: sessions[h.name].run(

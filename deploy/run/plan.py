@@ -34,6 +34,9 @@ class Workload:
     script: str | None = None  # path inside the synced project; None runs `python -m train`
     config: str | None = None  # trainer config file (built-in trainer only)
     args: tuple[str, ...] = ()  # trainer `key=value` overrides, or the script's own arguments
+    # How a script is started: the runner module (docs/scripts.md), or a path to a copy of it for
+    # hosts that may not have meshrun yet (the check's all-reduce probe).
+    runner: tuple[str, ...] = ("-m", SCRIPT_RUNNER_MODULE)
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ def _workload_argv(options: LaunchOptions) -> list[str]:
     if work.script is not None:
         # The runner ends a finished script with os._exit: torch 2.14.1's gloo teardown abort
         # would otherwise fail a run that did all its work (docs/scripts.md).
-        return ["-m", SCRIPT_RUNNER_MODULE, work.script, *work.args]
+        return [*work.runner, work.script, *work.args]
     argv = ["-m", "train"]  # it finds its run directory from MESHRUN_RUN_ID
     if work.config is not None:
         argv += ["--config", work.config]
