@@ -11,7 +11,7 @@ from typing import Callable
 
 import paramiko
 
-from deploy.edges import hostkeys
+from deploy.edges import hostkeys, sshtarget
 from deploy.errors import MeshrunError
 from deploy.edges.fanout import on_each
 from deploy.inventory.load import inventory_path, load_inventory
@@ -32,11 +32,16 @@ class KeyStatus(str, Enum):
 
 @dataclass(frozen=True)
 class KeyOffer:
-    host: str
+    host: str  # the inventory host, as `fab trust --hosts` takes it
     name: str  # the known_hosts name: `addr` or `[addr]:port`
     key: paramiko.PKey
     status: KeyStatus
     known: paramiko.PKey | None = None  # the recorded key, when CHANGED
+    jump: str | None = None  # the ProxyJump hop this key is of; None: the host itself
+
+    @property
+    def shown(self) -> str:
+        return self.host if self.jump is None else f"{self.host} (jump host {self.jump})"
 
 
 @dataclass(frozen=True)
@@ -47,39 +52,55 @@ class TrustRequest:
     timeout: float = DEFAULT_CONNECT_TIMEOUT_S
 
 
-def classify(host: Host, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> KeyOffer:
-    name = hostkeys.known_hosts_name(host.ssh_host, host.port)
+def classify(host: str, name: str, key: paramiko.PKey, known: dict[str, paramiko.PKey],
+             jump: str | None = None) -> KeyOffer:
+    """NEW only when nothing is pinned for `name`: a key of a new type on a host with a pinned key
+    of another is CHANGED (a downgrade or a man in the middle looks exactly like that)."""
     recorded = known.get(key.get_name())
+    if recorded is None and known:
+        return KeyOffer(host, name, key, KeyStatus.CHANGED, next(iter(known.values())), jump)
     if recorded is None:
-        return KeyOffer(host.name, name, key, KeyStatus.NEW)
+        return KeyOffer(host, name, key, KeyStatus.NEW, None, jump)
     if recorded.asbytes() == key.asbytes():
-        return KeyOffer(host.name, name, key, KeyStatus.KNOWN)
-    return KeyOffer(host.name, name, key, KeyStatus.CHANGED, recorded)
+        return KeyOffer(host, name, key, KeyStatus.KNOWN, None, jump)
+    return KeyOffer(host, name, key, KeyStatus.CHANGED, recorded, jump)
 
 
-def offer_for(host: Host, known_hosts: Path | None, timeout: float) -> KeyOffer:
-    known = hostkeys.known_keys(known_hosts, hostkeys.known_hosts_name(host.ssh_host, host.port))
-    return classify(host, scan_host_key(host, timeout, preferred=list(known)), known)
+def offers_for(host: Host, known_hosts: Path | None, timeout: float) -> tuple[KeyOffer, ...]:
+    """The key of each hop to `host`, jump hosts first. Stops at the first hop not yet trusted:
+    the hops behind it are reached only by logging in to it."""
+    target = sshtarget.resolve(host)
+    offers: list[KeyOffer] = []
+    for index, hop in enumerate(target.hops):
+        name = hostkeys.known_hosts_name(hop.hostname, hop.port)
+        known = hostkeys.known_keys(known_hosts, name)
+        key = scan_host_key(host, known_hosts, index, timeout, preferred=list(known))
+        offers.append(classify(host.name, name, key, known, hop.label if index < len(target.jumps) else None))
+        if offers[-1].status is not KeyStatus.KNOWN:
+            break
+    return tuple(offers)
 
 
 def changed_error(offer: KeyOffer, path: Path) -> MeshrunError:
     assert offer.known is not None
-    return hostkeys.changed_key_error(offer.host, paramiko.BadHostKeyException(offer.name, offer.key, offer.known), path)
+    return hostkeys.changed_key_error(offer.host, paramiko.BadHostKeyException(offer.name, offer.key, offer.known),
+                                      path, offer.jump)
 
 
 def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm: Callable[[str], bool]) -> int:
     inventory = load_inventory(inventory_path(request.inventory))
     hosts = tuple(h for h in select_hosts(inventory, request.hosts).hosts if not h.is_local)
     path = inventory.known_hosts or USER_KNOWN_HOSTS.expanduser()
-    results = on_each(hosts, lambda h: offer_for(h, inventory.known_hosts, request.timeout), timeout=request.timeout + 5)
-    offers = [r for r in results.values() if isinstance(r, KeyOffer)]
-    print_host_keys(renderer, [(o.host, o.name, f"{hostkeys.fingerprint(o.key)} ({o.key.get_name()})",
+    results = on_each(hosts, lambda h: offers_for(h, inventory.known_hosts, request.timeout),
+                      timeout=request.timeout * (1 + sshtarget.MAX_HOPS) + 5)
+    offers = [o for r in results.values() if isinstance(r, tuple) for o in r]
+    print_host_keys(renderer, [(o.shown, o.name, f"{hostkeys.fingerprint(o.key)} ({o.key.get_name()})",
                                 o.status.value) for o in offers], str(path))
     problems = [changed_error(o, path) for o in offers if o.status is KeyStatus.CHANGED]
     problems += results.failed.values()
-    new = [o for o in offers if o.status is KeyStatus.NEW]
+    new = _unique([o for o in offers if o.status is KeyStatus.NEW])
     if new and not request.yes:
-        names = ", ".join(o.host for o in new)
+        names = ", ".join(o.shown for o in new)
         if not interactive:
             raise MeshrunError(f"fab trust: {len(new)} new host key(s) ({names}) and no terminal to ask on; compare the "
                                "fingerprints above with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on each "
@@ -88,12 +109,25 @@ def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm:
             raise MeshrunError(f"fab trust: nothing written; the key(s) of {names} stay untrusted")
     for offer in new:
         hostkeys.append_known_host(path, offer.name, offer.key)
-        renderer.info(f"trusted {offer.host}: {offer.name} {hostkeys.fingerprint(offer.key)} added to {path}")
+        renderer.info(f"trusted {offer.shown}: {offer.name} {hostkeys.fingerprint(offer.key)} added to {path}")
+        if offer.jump is not None:
+            renderer.info(f"run `fab trust --hosts {offer.host}` again for the keys behind jump host {offer.jump}")
     if problems:
         raise MeshrunError("; ".join(str(p) for p in problems))
     if not new:
         renderer.info("nothing to do: every selected host's key is already trusted")
     return 0
+
+
+def _unique(offers: list[KeyOffer]) -> list[KeyOffer]:
+    """One line per known_hosts name and key: hosts behind one jump host all offer its key."""
+    seen: set[tuple[str, bytes]] = set()
+    kept = []
+    for offer in offers:
+        if (offer.name, offer.key.asbytes()) not in seen:
+            seen.add((offer.name, offer.key.asbytes()))
+            kept.append(offer)
+    return kept
 
 
 def _ask(question: str) -> bool:

@@ -35,7 +35,8 @@ class UnknownHostKey(paramiko.SSHException):
 
 
 class RejectUnknown(paramiko.MissingHostKeyPolicy):
-    """Like paramiko's RejectPolicy, but keeps the offered key for the error message."""
+    """Like paramiko's RejectPolicy, but keeps the offered key for the error message. (A host with
+    a pinned key of another type never gets here: paramiko raises BadHostKeyException itself.)"""
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         raise UnknownHostKey(hostname, key)
@@ -55,20 +56,28 @@ def load_known_hosts(client: paramiko.SSHClient, project_file: Path | None) -> N
     client.set_missing_host_key_policy(RejectUnknown())
 
 
-def unknown_key_error(host: str, err: UnknownHostKey, known_hosts: Path | None) -> MeshrunError:
+def whose(host: str, jump: str | None) -> str:
+    """`host 'h2'`, or `host 'h2': jump host h1` when the key is a ProxyJump hop's."""
+    return f"host '{host}'" + (f": jump host {jump}" if jump else "")
+
+
+def unknown_key_error(host: str, err: UnknownHostKey, known_hosts: Path | None, jump: str | None = None) -> MeshrunError:
     where = str(known_hosts) if known_hosts else "~/.ssh/known_hosts"
     return MeshrunError(
-        f"host '{host}': unknown SSH host key {fingerprint(err.key)} ({err.key.get_name()}) for {err.hostname}, "
-        f"not in {where}; if you trust it, run: fab trust --hosts {host}"
+        f"{whose(host, jump)}: unknown SSH host key {fingerprint(err.key)} ({err.key.get_name()}) for "
+        f"{err.hostname}, not in {where}; if you trust it, run: fab trust --hosts {host}"
     )
 
 
-def changed_key_error(host: str, err: paramiko.BadHostKeyException, known_hosts: Path | None) -> MeshrunError:
+def changed_key_error(host: str, err: paramiko.BadHostKeyException, known_hosts: Path | None,
+                      jump: str | None = None) -> MeshrunError:
     where = str(known_hosts) if known_hosts else "~/.ssh/known_hosts"
+    known, offered = fingerprint(err.expected_key), fingerprint(err.key)
+    if err.key.get_name() != err.expected_key.get_name():
+        known, offered = f"{known} ({err.expected_key.get_name()})", f"{offered} ({err.key.get_name()})"
     return MeshrunError(
-        f"host '{host}': SSH host key CHANGED for {err.hostname}: known {fingerprint(err.expected_key)}, "
-        f"offered {fingerprint(err.key)}. This may be an attack; if the host was reinstalled, delete its line "
-        f"from {where} and run: fab trust --hosts {host}"
+        f"{whose(host, jump)}: SSH host key CHANGED for {err.hostname}: known {known}, offered {offered}. This may "
+        f"be an attack; if the host was reinstalled, delete its line from {where} and run: fab trust --hosts {host}"
     )
 
 

@@ -7,7 +7,6 @@ goes to subprocess as is. Connection failures become one-line MeshrunErrors nami
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import invoke
 import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from deploy.edges import hostkeys
+from deploy.edges import hostkeys, sshtarget
 from deploy.errors import MeshrunError
 from deploy.inventory.model import Host
 from deploy.run.shell import local_workdir, remote_command
@@ -174,38 +173,71 @@ class SshStream:
         self.channel.close()
 
 
+def _connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hosts: Path | None,
+                timeout: float) -> fabric.Connection:
+    """A Fabric connection to one hop with meshrun's host-key policy. An empty SSHConfig keeps
+    Fabric from reading ssh_config itself (sshtarget did) and building its own ProxyJump client,
+    which would accept any key; `gateway=False` means: no gateway at all."""
+    kwargs: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout}
+    if hop.identities:
+        kwargs["key_filename"] = list(hop.identities)
+    conn = fabric.Connection(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
+                             connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
+                             config=fabric.Config(ssh_config=paramiko.SSHConfig()))
+    hostkeys.load_known_hosts(conn.client, known_hosts)
+    return conn
+
+
 class SshSession:
-    """An SSH connection with enforced host keys (see deploy.edges.hostkeys)."""
+    """An SSH connection with enforced host keys (see deploy.edges.hostkeys) on every hop: each
+    ProxyJump host is opened here, checked, and carries the next hop's connection."""
 
     def __init__(self, host: Host, known_hosts: Path | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.host = host
         self.known_hosts = known_hosts
         self.timeout = connect_timeout
-        kwargs: dict[str, object] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
-        if host.identity:
-            kwargs["key_filename"] = [os.path.expanduser(host.identity)]
-        self.conn = fabric.Connection(host.ssh_host, user=host.user, port=host.port,
-                                      connect_timeout=connect_timeout, connect_kwargs=kwargs)
-        hostkeys.load_known_hosts(self.conn.client, known_hosts)
+        self.target = sshtarget.resolve(host)
+        self.chain: list[fabric.Connection] = []
+        for hop in self.target.hops:
+            self.chain.append(_connection(hop, self.chain[-1] if self.chain else None, known_hosts, connect_timeout))
+        self.conn = self.chain[-1]
 
     def open(self) -> SshSession:
-        name, target = self.host.name, f"{self.host.user}@{self.host.ssh_host}:{self.host.port}"
-        try:
-            self.conn.open()
-        except hostkeys.UnknownHostKey as err:
-            raise hostkeys.unknown_key_error(name, err, self.known_hosts) from None
-        except paramiko.BadHostKeyException as err:
-            raise hostkeys.changed_key_error(name, err, self.known_hosts) from None
-        except paramiko.AuthenticationException as err:
-            raise MeshrunError(f"host '{name}': SSH login to {target} refused ({err}); check `user` and "
-                               f"`identity` in the inventory, and that the key is in the host's authorized_keys") from None
-        except (socket.timeout, TimeoutError):
-            raise MeshrunError(f"host '{name}': no SSH answer from {target} within {self.timeout:.0f} s; is the host "
-                               "up and its address right? (fab check-network)") from None
-        except (NoValidConnectionsError, OSError, EOFError, paramiko.SSHException) as err:
-            raise MeshrunError(f"host '{name}': cannot connect to {target} ({err}); is sshd running and the port "
-                               "open? (fab check-network)") from None
+        return self.open_hops(len(self.chain))
+
+    def open_hops(self, count: int) -> SshSession:
+        """Open the first `count` hops in order (all of them: the target too)."""
+        sshtarget.check_keys(self.target, count)
+        for index, (hop, conn) in enumerate(zip(self.target.hops[:count], self.chain)):
+            self._open(conn, hop, hop.label if index < len(self.target.jumps) else None)
         return self
+
+    def _open(self, conn: fabric.Connection, hop: sshtarget.Hop, jump: str | None) -> None:
+        who, target = hostkeys.whose(self.host.name, jump), f"{hop.user}@{hop.hostname}:{hop.port}"
+        try:
+            conn.open()
+        except hostkeys.UnknownHostKey as err:
+            raise hostkeys.unknown_key_error(self.host.name, err, self.known_hosts, jump) from None
+        except paramiko.BadHostKeyException as err:
+            # paramiko names the host without its port; known_hosts (and `fab trust`) use `[addr]:port`.
+            named = paramiko.BadHostKeyException(hostkeys.known_hosts_name(hop.hostname, hop.port), err.key,
+                                                 err.expected_key)
+            raise hostkeys.changed_key_error(self.host.name, named, self.known_hosts, jump) from None
+        except paramiko.AuthenticationException as err:
+            raise MeshrunError(f"{who}: SSH login to {target} refused ({err}); check the user and the key "
+                               f"({hop.identity_from}), and that the key is in the host's authorized_keys") from None
+        except (socket.timeout, TimeoutError):
+            raise MeshrunError(f"{who}: no SSH answer from {target} within {self.timeout:.0f} s; is the host "
+                               "up and its address right? (fab check-network)") from None
+        except paramiko.SSHException as err:
+            if "No authentication methods available" in str(err):
+                raise MeshrunError(f"{who}: no SSH key to offer {target}; set `identity: ~/.ssh/<key>` in the "
+                                   f"inventory or IdentityFile for Host {hop.label} in {self.target.config}") from None
+            raise MeshrunError(f"{who}: cannot connect to {target} ({err}); is sshd running and the port "
+                               "open? (fab check-network)") from None
+        except (NoValidConnectionsError, OSError, EOFError) as err:
+            raise MeshrunError(f"{who}: cannot connect to {target} ({err}); is sshd running and the port "
+                               "open? (fab check-network)") from None
 
     def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
         command = remote_command(self.host.workdir, argv, create_workdir=create_workdir)
@@ -250,7 +282,8 @@ class SshSession:
             return False
 
     def close(self) -> None:
-        self.conn.close()
+        for conn in reversed(self.chain):
+            conn.close()
 
 
 def connect(host: Host, known_hosts: Path | None, project_root: Path,
@@ -261,27 +294,46 @@ def connect(host: Host, known_hosts: Path | None, project_root: Path,
     return SshSession(host, known_hosts, timeout).open()
 
 
-def scan_host_key(host: Host, timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-                  preferred: Sequence[str] = ()) -> paramiko.PKey:
-    """The host key `host`'s sshd offers, fetched without logging in (for `fab trust`).
+def scan_host_key(host: Host, known_hosts: Path | None, hop: int | None = None,
+                  timeout: float = DEFAULT_CONNECT_TIMEOUT_S, preferred: Sequence[str] = ()) -> paramiko.PKey:
+    """The host key the sshd of hop `hop` (default: the target) of `host`'s chain offers, fetched
+    without logging in to it (for `fab trust`); the hops before it are opened with pinned keys.
     `preferred`: key types to ask for first (those already known for the host)."""
-    target = f"{host.ssh_host}:{host.port}"
+    session = SshSession(host, known_hosts, timeout)
+    index = len(session.chain) - 1 if hop is None else hop
+    dest = session.target.hops[index]
+    who = hostkeys.whose(host.name, dest.label if index < len(session.target.jumps) else None)
+    where = f"{dest.hostname}:{dest.port}"
     try:
-        sock = socket.create_connection((host.ssh_host, host.port), timeout=timeout)
-    except (socket.timeout, TimeoutError):
-        raise MeshrunError(f"host '{host.name}': no answer from {target} within {timeout:.0f} s; is the host up "
-                           "and its address right?") from None
-    except OSError as err:
-        raise MeshrunError(f"host '{host.name}': cannot connect to {target} ({err.strerror or err}); is sshd "
-                           "running and the port open?") from None
-    transport = paramiko.Transport(sock)
-    try:
-        options = transport.get_security_options()
-        wanted = [k for k in preferred if k in options.key_types]
-        options.key_types = [*wanted, *(k for k in options.key_types if k not in wanted)]
-        transport.start_client(timeout=timeout)
-        return transport.get_remote_server_key()
-    except (paramiko.SSHException, OSError, EOFError) as err:
-        raise MeshrunError(f"host '{host.name}': SSH handshake with {target} failed ({err})") from None
+        session.open_hops(index)
+        sock = _reach(session, index, dest, who, timeout)
+        transport = paramiko.Transport(sock)
+        try:
+            options = transport.get_security_options()
+            wanted = [k for k in preferred if k in options.key_types]
+            options.key_types = [*wanted, *(k for k in options.key_types if k not in wanted)]
+            transport.start_client(timeout=timeout)
+            return transport.get_remote_server_key()
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            raise MeshrunError(f"{who}: SSH handshake with {where} failed ({err})") from None
+        finally:
+            transport.close()
     finally:
-        transport.close()
+        session.close()
+
+
+def _reach(session: SshSession, index: int, dest: sshtarget.Hop, who: str, timeout: float) -> socket.socket | paramiko.Channel:
+    """A byte stream to `dest`: a TCP socket, or a direct-tcpip channel through the hop before it."""
+    target = f"{dest.hostname}:{dest.port}"
+    try:
+        if index == 0:
+            return socket.create_connection((dest.hostname, dest.port), timeout=timeout)
+        transport = session.chain[index - 1].client.get_transport()
+        assert transport is not None
+        return transport.open_channel("direct-tcpip", (dest.hostname, dest.port), ("", 0), timeout=timeout)
+    except (socket.timeout, TimeoutError):
+        raise MeshrunError(f"{who}: no answer from {target} within {timeout:.0f} s; is the host up "
+                           "and its address right?") from None
+    except (OSError, paramiko.SSHException) as err:
+        raise MeshrunError(f"{who}: cannot connect to {target} ({getattr(err, 'strerror', None) or err}); is sshd "
+                           "running and the port open?") from None

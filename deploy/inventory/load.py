@@ -26,8 +26,9 @@ TOP_KEYS = ("defaults", "hosts", "groups", "rendezvous", "known_hosts", "elastic
 HOST_KEYS = ("address", "ssh_address", "user", "port", "identity", "python", "workdir", "network",
              "gpus", "nproc", "batch_size", "env")
 DEFAULT_KEYS = tuple(k for k in HOST_KEYS if k not in ("address", "ssh_address"))
+# user/port None: ssh_config's for the host, else root/22 (deploy.edges.sshtarget).
 BUILTIN_DEFAULTS: Mapping[str, object] = MappingProxyType(
-    {"user": "root", "port": 22, "identity": None, "python": None, "workdir": "~/meshrun",
+    {"user": None, "port": None, "identity": None, "python": None, "workdir": "~/meshrun",
      "network": Network.LAN, "gpus": None, "nproc": None, "batch_size": None, "env": ()}
 )
 

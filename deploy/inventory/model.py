@@ -36,8 +36,8 @@ class Host:
     name: str
     address: str  # where training traffic goes, or "local"
     ssh_address: str | None
-    user: str
-    port: int
+    user: str | None  # None: ssh_config's User for this host, else root (deploy.edges.sshtarget)
+    port: int | None  # None: ssh_config's Port, else 22
     identity: str | None
     python: str | None  # None on a local host: the interpreter running the controller
     workdir: str

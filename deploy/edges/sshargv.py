@@ -1,0 +1,68 @@
+"""The `ssh` command line rsync runs, agreeing with the controller's own SSH connections.
+
+Every setting comes from `deploy.edges.sshtarget` (inventory, then ssh_config, then root/22) and
+goes on the command line; `-F /dev/null` keeps ssh from reading an ssh_config of its own, so it
+cannot go elsewhere than paramiko does. rsync names the host by its inventory address;
+`HostName=` sends ssh where sshtarget resolved it. A ProxyJump chain becomes nested
+`ProxyCommand=ssh ... -W host:port jump`, each with the same strict host-key options (OpenSSH's
+own ProxyJump would start a child ssh that takes none of them).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from deploy.edges import sshtarget
+from deploy.errors import InputError
+from deploy.inventory.model import Host
+
+CONNECT_TIMEOUT_S = 10
+
+
+def ssh_argv(host: Host, known_hosts: Path | None) -> list[str]:
+    """`ssh OPTIONS` (no target, no command) for `rsync -e`."""
+    target = sshtarget.resolve(host)
+    return hop_argv(target.target, target.jumps, common_options(known_hosts))
+
+
+def common_options(known_hosts: Path | None) -> list[str]:
+    """Strict host keys from the inventory's known_hosts and ~/.ssh/known_hosts, never a prompt."""
+    files = [known_hosts.resolve()] if known_hosts else []
+    files.append(Path(os.path.expanduser("~/.ssh/known_hosts")))
+    return ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={' '.join(_config_word(f) for f in files)}",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+
+
+def hop_argv(hop: sshtarget.Hop, jumps: tuple[sshtarget.Hop, ...], options: list[str]) -> list[str]:
+    """ssh to `hop` through `jumps` (the last one is next to `hop`)."""
+    argv = ["ssh", *options, "-p", str(hop.port), "-o", f"HostName={_escape(hop.hostname)}"]
+    for key in hop.identities:
+        argv += ["-i", key]
+    if hop.identities:
+        argv += ["-o", "IdentitiesOnly=yes"]
+    if jumps:
+        last = jumps[-1]
+        proxy = hop_argv(last, jumps[:-1], options) + ["-W", f"{_bracketed(hop.hostname)}:{hop.port}", last.hostname]
+        argv += ["-o", f"ProxyCommand={_escape(shlex.join(proxy))}"]
+    return argv + ["-l", hop.user]
+
+
+def _escape(value: str) -> str:
+    """ssh expands %-tokens in HostName, ProxyCommand and UserKnownHostsFile: keep a `%` literal."""
+    return value.replace("%", "%%")
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _config_word(path: Path) -> str:
+    """One path of a space-separated ssh option value: double-quoted when it holds whitespace
+    (ssh's option parser honours double quotes; it has no escape for one inside them)."""
+    text = _escape(str(path))
+    if '"' in text:
+        raise InputError(f"known_hosts path {text!r} holds a double quote, which ssh cannot read; rename it")
+    return f'"{text}"' if any(c.isspace() for c in text) else text

@@ -1,0 +1,163 @@
+"""Where SSH really goes for an inventory host: the inventory, then ssh_config, then root/22.
+
+Fabric reads ~/.ssh/config itself, but it looks up only the address it is given and connects a
+ProxyJump hop with its own AutoAddPolicy client (any key accepted). meshrun therefore resolves
+ssh_config here, once, and hands Fabric, the key scan of `fab trust` and rsync's ssh the same
+explicit answer: every hop with its address, user, port and keys, each checked against the
+pinned keys by the caller.
+
+Which `Host` block applies: `ssh_address` when the inventory gives one (as `ssh ADDRESS`
+would); else the host's inventory name when ssh_config has a block that says something about
+that name (as `ssh gpu1` would); else `address`. The inventory wins wherever it speaks
+(`user`, `port`, `identity`); ssh_config fills in where it is silent; then root and 22.
+The file is $MESHRUN_SSH_CONFIG, else ~/.ssh/config.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from common.layout import ENV_SSH_CONFIG
+from deploy.errors import InputError, MeshrunError
+from deploy.inventory.model import Host
+
+DEFAULT_USER = "root"
+DEFAULT_PORT = 22
+MAX_HOPS = 8  # a longer ProxyJump chain is a mistake, not a network
+DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa")
+# A name no Host pattern but `*` (or a negation) can match: what ssh_config says about every host.
+_NOBODY = "meshrun-no-such-host.invalid"
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One SSH connection: a jump host or the target itself."""
+
+    label: str  # how messages name it: the alias as the user wrote it
+    hostname: str
+    user: str
+    port: int
+    identities: tuple[str, ...]  # key files, ~ expanded; empty: agent and ~/.ssh/id_* (as ssh)
+    identity_from: str  # where `identities` were set, for messages
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    host: str  # the inventory host's name
+    jumps: tuple[Hop, ...]  # in connection order: jumps[0] is reached directly
+    target: Hop
+    config: Path  # the ssh_config consulted (it may not exist)
+
+    @property
+    def hops(self) -> tuple[Hop, ...]:
+        return (*self.jumps, self.target)
+
+
+def config_path() -> Path:
+    return Path(os.environ.get(ENV_SSH_CONFIG) or "~/.ssh/config").expanduser()
+
+
+def load_config(path: Path) -> paramiko.SSHConfig:
+    """The parsed file, or an empty config when there is none."""
+    if not path.exists():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(path))
+    except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as err:
+        raise InputError(f"{path}: cannot read ssh_config ({err}); fix the file or set {ENV_SSH_CONFIG}") from None
+
+
+def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | None = None) -> SshTarget:
+    """Every hop to `host` as the inventory and ssh_config say. Raises InputError on a ProxyCommand
+    (meshrun cannot check the keys behind it) or a jump chain that loops or runs too long."""
+    path = path or config_path()
+    config = config if config is not None else load_config(path)
+    alias = _alias(host, config)
+    options = config.lookup(alias)
+    if options.get("proxycommand", "none").lower() != "none":
+        raise InputError(f"host '{host.name}': {path} sets a ProxyCommand for {alias}; meshrun cannot pin the keys "
+                         "behind it: use ProxyJump instead")
+    hostname = options["hostname"]
+    if not host.ssh_address and alias == host.name and hostname == host.name:
+        hostname = host.address  # the block names the host but sets no HostName
+    identities = (os.path.expanduser(host.identity),) if host.identity else _config_keys(options)
+    where = "`identity` in the inventory" if host.identity else f"IdentityFile for Host {alias} in {path}"
+    target = Hop(alias, hostname, host.user or options.get("user") or DEFAULT_USER,
+                 host.port or int(options.get("port", DEFAULT_PORT)), identities, where)
+    jumps = tuple(_jump(spec, config, path, target) for spec in _jump_specs(host, options, path))
+    return SshTarget(host.name, jumps, target, path)
+
+
+def _alias(host: Host, config: paramiko.SSHConfig) -> str:
+    if host.ssh_address:
+        return host.ssh_address
+    named, everyone = config.lookup(host.name), config.lookup(_NOBODY)
+    named_says = {k: v for k, v in named.items() if k != "hostname"} != \
+        {k: v for k, v in everyone.items() if k != "hostname"} or named["hostname"] != host.name
+    return host.name if named_says else host.address
+
+
+def _config_keys(options: paramiko.config.SSHConfigDict) -> tuple[str, ...]:
+    return tuple(os.path.expanduser(k) for k in options.get("identityfile", []))
+
+
+def _jump_specs(host: Host, options: paramiko.config.SSHConfigDict, path: Path) -> list[str]:
+    value = options.get("proxyjump", "none")
+    specs = [] if value.lower() == "none" else [s.strip() for s in value.split(",") if s.strip()]
+    if len(specs) > MAX_HOPS:
+        raise InputError(f"host '{host.name}': {path}: ProxyJump lists {len(specs)} hops; at most {MAX_HOPS}")
+    return specs
+
+
+def _jump(spec: str, config: paramiko.SSHConfig, path: Path, target: Hop) -> Hop:
+    """`[user@]host[:port]` (or ssh://...) of a ProxyJump list, itself looked up in ssh_config.
+    A jump host's own ProxyJump is not followed: list every hop in the target's ProxyJump."""
+    user, name, port = _split_spec(spec.removeprefix("ssh://"))
+    options = config.lookup(name)
+    keys = _config_keys(options)
+    where = f"IdentityFile for Host {name} in {path}" if keys else target.identity_from
+    return Hop(name, options["hostname"], user or options.get("user") or DEFAULT_USER,
+               port or int(options.get("port", DEFAULT_PORT)), keys or target.identities, where)
+
+
+def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
+    user, _, rest = spec.rpartition("@")
+    port: int | None = None
+    if rest.startswith("["):
+        name, _, tail = rest[1:].partition("]")
+        port_text = tail.removeprefix(":")
+    elif rest.count(":") == 1:
+        name, _, port_text = rest.partition(":")
+    else:
+        name, port_text = rest, ""
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise InputError(f"ProxyJump {spec!r}: port {port_text!r} is not a port number")
+        port = int(port_text)
+    return user or None, name, port
+
+
+def check_keys(target: SshTarget, count: int | None = None) -> None:
+    """Fail early, naming the key and where it was set, when one of the first `count` hops (all by
+    default) has no key to offer: a missing IdentityFile, or none set with no agent and no
+    ~/.ssh/id_* (paramiko would blame sshd)."""
+    for hop in target.hops[:count]:
+        for key in hop.identities:
+            if not Path(key).is_file():
+                raise MeshrunError(f"host '{target.host}': SSH key {key} for {hop.label} does not exist; it is set by "
+                                   f"{hop.identity_from}: point it at your private key")
+        if not hop.identities and not has_default_key():
+            raise MeshrunError(f"host '{target.host}': no SSH key to offer {hop.label} (no `identity` in the "
+                               f"inventory, no IdentityFile for Host {hop.label} in {target.config}, no ssh-agent, "
+                               "no ~/.ssh/id_*); set `identity: ~/.ssh/<key>` in the inventory")
+
+
+def has_default_key() -> bool:
+    """What paramiko tries when no key is named: the agent, then ~/.ssh/id_*."""
+    if os.environ.get("SSH_AUTH_SOCK"):
+        return True
+    return any((Path("~/.ssh").expanduser() / name).is_file() for name in DEFAULT_KEYS)

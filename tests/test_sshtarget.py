@@ -1,0 +1,124 @@
+"""Where SSH goes for an inventory host (deploy.edges.sshtarget) and the ssh command rsync runs
+(deploy.edges.sshargv): inventory first, then ssh_config, then root/22; exact equality throughout.
+The cluster tests that connect for real are in tests/test_ssh_hops.py."""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from deploy.edges import sshargv, sshtarget
+from deploy.edges.sshtarget import Hop, SshTarget
+from deploy.errors import InputError
+from deploy.inventory.model import Host, Network
+
+CONFIG = """\
+Host gpu1
+  HostName 203.0.113.7
+  User ubuntu
+  Port 2200
+  IdentityFile ~/.ssh/rented
+  ProxyJump bastion
+Host bastion
+  HostName 198.51.100.1
+  User jump
+  Port 2022
+Host gpu2
+  User alice
+Host 10.0.0.3
+  Port 2203
+Host *
+  ServerAliveInterval 9
+"""
+
+
+def host(name: str, address: str, **fields: object) -> Host:
+    values: dict[str, object] = dict(ssh_address=None, user=None, port=None, identity=None, python=None,
+                                     workdir="~/meshrun", network=Network.LAN, gpus=None, nproc=None,
+                                     batch_size=None, env=())
+    values.update(fields)
+    return Host(name, address, **values)  # type: ignore[arg-type]
+
+
+def resolve(h: Host, text: str = CONFIG) -> SshTarget:
+    return sshtarget.resolve(h, paramiko.SSHConfig.from_text(textwrap.dedent(text)), Path("/cfg"))
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return tmp_path
+
+
+def test_a_host_named_like_a_block_gets_all_of_it_and_its_jump_host(home: Path) -> None:
+    got = resolve(host("gpu1", "10.147.17.11"))
+    key = str(home / ".ssh/rented")
+    assert got == SshTarget(
+        "gpu1",
+        (Hop("bastion", "198.51.100.1", "jump", 2022, (key,), "IdentityFile for Host gpu1 in /cfg"),),
+        Hop("gpu1", "203.0.113.7", "ubuntu", 2200, (key,), "IdentityFile for Host gpu1 in /cfg"),
+        Path("/cfg"))
+
+
+def test_the_inventory_wins_where_it_speaks(home: Path) -> None:
+    (home / "id").write_text("k")
+    got = resolve(host("gpu1", "10.147.17.11", user="root", port=22, identity=str(home / "id")))
+    assert got.target == Hop("gpu1", "203.0.113.7", "root", 22, (str(home / "id"),), "`identity` in the inventory")
+    assert got.jumps[0].identities == (str(home / "id"),)  # the jump host has no key of its own
+
+
+def test_a_block_without_hostname_keeps_the_address_and_no_block_means_the_address() -> None:
+    assert resolve(host("gpu2", "10.0.0.2")).target == Hop("gpu2", "10.0.0.2", "alice", 22, (),
+                                                           "IdentityFile for Host gpu2 in /cfg")
+    # `Host *` alone says nothing about the name: the address's block applies, as `ssh 10.0.0.3` would.
+    assert resolve(host("cpu3", "10.0.0.3")).target == Hop("10.0.0.3", "10.0.0.3", "root", 2203, (),
+                                                           "IdentityFile for Host 10.0.0.3 in /cfg")
+
+
+def test_ssh_address_picks_its_block_as_before() -> None:
+    got = resolve(host("x", "10.147.17.9", ssh_address="gpu1"))
+    assert (got.target.hostname, got.target.port, [j.label for j in got.jumps]) == ("203.0.113.7", 2200, ["bastion"])
+
+
+def test_jump_specs_and_refusals() -> None:
+    got = resolve(host("a", "10.0.0.9"), "Host a\n  ProxyJump u@j1:2001,[fd00::5]:23,j3\n")
+    assert [(j.label, j.hostname, j.user, j.port) for j in got.jumps] == [
+        ("j1", "j1", "u", 2001), ("fd00::5", "fd00::5", "root", 23), ("j3", "j3", "root", 22)]
+    with pytest.raises(InputError) as err:
+        resolve(host("a", "10.0.0.9"), "Host a\n  ProxyCommand nc %h %p\n")
+    assert str(err.value) == ("host 'a': /cfg sets a ProxyCommand for a; meshrun cannot pin the keys behind it: "
+                              "use ProxyJump instead")
+
+
+def test_rsync_ssh_gets_every_setting_on_its_command_line_and_reads_no_config(home: Path) -> None:
+    target = resolve(host("gpu1", "10.147.17.11"))
+    options = sshargv.common_options(home / "my keys" / "known%hosts")
+    assert options[:7] == ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o"]
+    assert options[7] == f'UserKnownHostsFile="{home}/my keys/known%%hosts" {home}/.ssh/known_hosts'
+    key = str(home / ".ssh/rented")
+    jump = ["ssh", *options, "-p", "2022", "-o", "HostName=198.51.100.1", "-i", key, "-o", "IdentitiesOnly=yes",
+            "-l", "jump", "-W", "203.0.113.7:2200", "198.51.100.1"]
+    assert sshargv.hop_argv(target.target, target.jumps, options) == [
+        "ssh", *options, "-p", "2200", "-o", "HostName=203.0.113.7", "-i", key, "-o", "IdentitiesOnly=yes",
+        "-o", "ProxyCommand=" + shlex.join(jump).replace("%", "%%"), "-l", "ubuntu"]
+
+
+def test_missing_keys_are_named_with_where_they_were_set(home: Path) -> None:
+    target = resolve(host("gpu1", "10.147.17.11"))
+    with pytest.raises(Exception) as err:
+        sshtarget.check_keys(target)
+    assert str(err.value) == (f"host 'gpu1': SSH key {home}/.ssh/rented for bastion does not exist; it is set by "
+                              "IdentityFile for Host gpu1 in /cfg: point it at your private key")
+    with pytest.raises(Exception) as err:
+        sshtarget.check_keys(resolve(host("gpu2", "10.0.0.2")))
+    assert str(err.value) == ("host 'gpu2': no SSH key to offer gpu2 (no `identity` in the inventory, no "
+                              "IdentityFile for Host gpu2 in /cfg, no ssh-agent, no ~/.ssh/id_*); set "
+                              "`identity: ~/.ssh/<key>` in the inventory")
+    (home / ".ssh").mkdir()
+    (home / ".ssh/id_ed25519").write_text("k")
+    sshtarget.check_keys(resolve(host("gpu2", "10.0.0.2")))  # paramiko finds ~/.ssh/id_ed25519 itself
