@@ -8,6 +8,7 @@ with its status (2 bad input, 1 failure); anything else is a bug: with MESHRUN_D
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import traceback
@@ -27,6 +28,7 @@ def guarded(fn: F) -> F:
     def wrapper(*args: object, **kwargs: object) -> object:
         from deploy.render.console import Renderer
 
+        _paramiko_to_debug_log()
         try:
             return fn(*args, **kwargs)
         except MeshrunError as err:
@@ -48,6 +50,17 @@ def guarded(fn: F) -> F:
             raise Exit(code=1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _paramiko_to_debug_log() -> None:
+    """paramiko's transport thread logs a failed handshake (a garbage banner from a host, say)
+    with a traceback; with no handler, Python prints that on stderr, a second raw report beside
+    our one line, quoting what the host sent. Its log goes to the debug log instead."""
+    logger = logging.getLogger("paramiko")
+    if not logger.handlers:
+        DEBUG_LOG.parent.mkdir(parents=True, exist_ok=True)
+        logger.addHandler(logging.FileHandler(DEBUG_LOG, delay=True, encoding="utf-8"))
+        logger.propagate = False
 
 
 def remainder() -> tuple[str, ...]:

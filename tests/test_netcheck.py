@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import subprocess
 import io
 import json
 
@@ -19,6 +21,8 @@ from deploy.check.verdicts import (CLUSTER, AllReduceResult, Fingerprint, Gpu, H
                              ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
                              link_targets, public_findings, rendezvous_findings, version_findings)
 from deploy.edges.check_probes import bounded_argv
+from deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV
+from deploy.run.plan import env_block
 from deploy.run.plan import HostLaunch
 from deploy.render.console import Renderer
 from deploy.render.check import print_check
@@ -174,13 +178,25 @@ def test_link_targets_rendezvous_first_then_every_other_host() -> None:
 
 
 def test_allreduce_runs_the_planned_torchrun_with_its_env_bounded_in_time() -> None:
+    """meshrun's own variables ride on argv; the inventory's `env` (tokens) never does: it goes on
+    stdin, read by EXEC_WITH_STDIN_ENV (issue 12, hole 4)."""
     host = Host("h1", "10.0.0.1", None, "root", 22, None, "/venv/bin/python", "~/meshrun", Network.LAN, None, 1,
-                None, ())
+                None, (("X", "a b;$c"),))
     launch = HostLaunch(host, True, (("GLOO_SOCKET_IFNAME", "eth0"), ("X", "a b;$c")),
                         ("/venv/bin/python", "-m", "torch.distributed.run", "--rdzv-conf", "is_host=1", "p.py"))
-    assert bounded_argv(launch, 90) == ["timeout", "-k", "5", "90", "env", "GLOO_SOCKET_IFNAME=eth0", "X=a b;$c",
-                                        "/venv/bin/python", "-m", "torch.distributed.run", "--rdzv-conf", "is_host=1",
-                                        "p.py"]
+    assert bounded_argv(launch, 90, "/local/python") == [
+        "timeout", "-k", "5", "90", "env", "GLOO_SOCKET_IFNAME=eth0", "/venv/bin/python", "-c", EXEC_WITH_STDIN_ENV,
+        "/venv/bin/python", "-m", "torch.distributed.run", "--rdzv-conf", "is_host=1", "p.py"]
+
+
+def test_exec_with_stdin_env_gives_the_command_the_variables_literally() -> None:
+    """The real helper under a real python: the child sees the stdin variables, argv does not."""
+    secret = "a b;$c\nline2"
+    done = subprocess.run([sys.executable, "-c", EXEC_WITH_STDIN_ENV, sys.executable, "-c",
+                           "import os, sys; print(repr(os.environ['X'])); print(repr(sys.argv))"],
+                          input=env_block(Host("h1", "10.0.0.1", None, "root", 22, None, None, "~", Network.LAN, None,
+                                               1, None, (("X", secret),))), capture_output=True, check=True)
+    assert done.stdout.decode().splitlines() == [repr(secret), "['-c']"]
 
 
 @pytest.mark.parametrize("scenario,level", [("ok", Level.PASS), ("offline", Level.FAIL),

@@ -14,7 +14,7 @@ from common.layout import generation_rdzv_id, launch_rdzv_id
 from deploy.errors import InputError
 from deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
 from deploy.inventory.selection import Selection
-from deploy.run.plan import LaunchOptions, Workload, plan_launch
+from deploy.run.plan import LaunchOptions, Workload, env_block, plan_launch
 from deploy.run.shell import remote_command, shell_path
 
 PY = "/venv/bin/python"
@@ -62,9 +62,11 @@ def test_two_gpu_hosts_exact_plan() -> None:
         "--log-dir", "runs/r1/hosts/gpu2/torchrun", "--tee", "3", "--log-line-prefix-template", "[gpu2:${rank}] ",
         "-m", "train", "dist.timeout=60", "epochs=3",
     )
-    env_flags = [a for pair in gpu2.env for a in ("--env", f"{pair[0]}={pair[1]}")]
+    # The inventory's env (OMP_NUM_THREADS here) is not on argv: it goes on stdin (env_block).
+    env_flags = [a for pair in gpu2.env if pair[0] != "OMP_NUM_THREADS" for a in ("--env", f"{pair[0]}={pair[1]}")]
     assert gpu2.agent == (PY, "-m", "deploy.host.agent", "run", "--run-id", "r1", "--host", "gpu2",
-                          "--heartbeat-timeout", "30", *env_flags, "--", *gpu2.torchrun)
+                          "--heartbeat-timeout", "30", *env_flags, "--env-stdin", "--", *gpu2.torchrun)
+    assert env_block(gpu2.host) == b'{"OMP_NUM_THREADS":"1"}\n'
 
 
 def test_local_default_is_standalone_with_controller_python() -> None:
@@ -123,8 +125,10 @@ def test_hostile_values_stay_literal_in_plan() -> None:
                        {}, "/p")
     launch = plan.hosts[0]
     assert launch.torchrun[-len(HOSTILE):] == tuple(HOSTILE)
-    for key, value in evil_env:
-        assert ("--env", f"{key}={value}") in zip(launch.agent, launch.agent[1:])
+    # Inventory env values (tokens) never reach argv; they round-trip through the stdin line.
+    head = launch.agent[:launch.agent.index("--")]
+    assert "--env-stdin" in head and not [a for a in head if a.startswith("V") and "=" in a]
+    assert json.loads(env_block(h)) == dict(evil_env) and env_block(h).count(b"\n") == 1
 
 
 @pytest.mark.parametrize("workdir", ["~/meshrun", "/tmp/x y", "~"])

@@ -22,7 +22,7 @@ from common.layout import run_dir
 from deploy.edges.sessions import training_interfaces
 from deploy.commands.sync import sync_code
 from deploy.errors import InputError, MeshrunError
-from deploy.edges.launcher import JobRunner
+from deploy.edges.launcher import JobRunner, run_detached_agent
 from deploy.inventory.load import load_inventory
 from deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
 from deploy.run.plan import HostLaunch, LaunchOptions, Workload, plan_launch
@@ -182,7 +182,7 @@ def _detached(root: Path, record: RunRecord, inventory: Inventory, action: str, 
         return f"stopped run {record.run_id} on {name}"
     launch, session = prepare_joiner(record, inventory, name, root, renderer, detach=True)
     try:
-        result = session.run(launch.agent, timeout=30)
+        result = run_detached_agent(session, launch)
     finally:
         session.close()
     if result.rc != 0:

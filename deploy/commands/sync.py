@@ -20,7 +20,8 @@ SYNC_TIMEOUT_S = 900
 
 def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer) -> dict[str, SyncResult]:
     """Sync to every host; raises one MeshrunError naming each host that failed."""
-    files = project_files(root)
+    private = tuple(p for p in (inventory.path, inventory.known_hosts, *(h.identity for h in inventory.hosts)) if p)
+    files = project_files(root, tuple(Path(p).expanduser() for p in private))
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
         results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update),
                           timeout=SYNC_TIMEOUT_S)

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from common.layout import STOP_GRACE_S
@@ -16,21 +14,8 @@ from deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
 from deploy.errors import MeshrunError
 from deploy.inventory.load import load_inventory
 from deploy.inventory.model import Host, Inventory
+from deploy.run.hoststate import HostState, parse_status
 from deploy.run.plan import agent_verb_argv
-
-
-@dataclass(frozen=True)
-class HostState:
-    """What one host's agent says about a run (`python -m deploy.host.agent status`)."""
-
-    run_id: str
-    host: str
-    state: str  # running | exited | stopped | lost | unreachable
-    rc: int | None = None
-    epoch: int | None = None
-    step: int | None = None
-    uptime_s: float | None = None
-    detail: str | None = None
 
 
 def run_hosts(record: RunRecord) -> tuple[tuple[Host, ...], Inventory]:
@@ -40,15 +25,6 @@ def run_hosts(record: RunRecord) -> tuple[tuple[Host, ...], Inventory]:
     if missing:
         raise MeshrunError(f"run {record.run_id}: host(s) {', '.join(missing)} are no longer in {record.inventory}")
     return tuple(known[h] for h in record.hosts), inventory
-
-
-def _parse_state(host: str, reports: list[dict]) -> HostState:
-    report = reports[0]
-    progress = report.get("progress") or {}
-    end = report.get("ended") or report.get("now")
-    uptime = (end - report["started"]) if end and report.get("started") else None
-    return HostState(report["run_id"], host, report["state"], report.get("rc"), progress.get("epoch"),
-                     progress.get("global_step"), uptime, report.get("reason"))
 
 
 def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
@@ -61,9 +37,9 @@ def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_
             result = session.run(agent_verb_argv(host, "status", record.run_id, sys.executable), timeout=timeout)
         finally:
             session.close()
-        reports = json.loads(result.stdout or "[]") if result.ok else []
-        return _parse_state(host.name, reports) if reports else HostState(record.run_id, host.name, "unknown",
-                                                                            detail=result.stderr.strip()[-200:] or None)
+        if not result.ok:
+            return HostState(record.run_id, host.name, "unknown", detail=result.stderr.strip()[-200:] or None)
+        return parse_status(record.run_id, host.name, result.stdout)
 
     results = on_each(hosts, ask, timeout=timeout + 20)
     return [r if isinstance(r, HostState) else HostState(record.run_id, name, "unreachable", detail=str(r))
@@ -85,7 +61,7 @@ def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> dict[st
                                          timeout=STOP_GRACE_S + 25)
         try:
             return tuple(result.last_json()["remaining"])
-        except (ValueError, IndexError, KeyError):
+        except (ValueError, IndexError, KeyError, TypeError):  # the host's answer is data: any shape
             raise MeshrunError(f"host '{host.name}': stop gave no report: {result.stderr.strip()[-200:]}") from None
 
     with sessions_to(hosts, inventory, root) as sessions:

@@ -25,8 +25,9 @@ from deploy.inventory.model import Host, Inventory, Network
 from deploy.inventory.selection import Selection
 from deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
                              ProbeStatus, RendezvousFacts, errored_links, link_targets)
-from deploy.run.plan import HostLaunch, LaunchOptions, Workload, plan_launch, python_of
+from deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
 from deploy.edges.host_queries import peer_address_for
+from deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, run_fed
 from deploy.edges.transport import Session, Stream, connect
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
@@ -166,9 +167,12 @@ def rendezvous_facts(head: Host, port: int, listener: Listener) -> RendezvousFac
     return RendezvousFacts(head.name, head.address, port, listener.rendezvous)
 
 
-def bounded_argv(launch: HostLaunch, limit_s: int) -> list[str]:
-    """The planned torchrun with the planned environment, killed after `limit_s` whatever happens."""
-    return ["timeout", "-k", "5", str(limit_s), "env", *(f"{k}={v}" for k, v in launch.env), *launch.torchrun]
+def bounded_argv(launch: HostLaunch, limit_s: int, local_python: str) -> list[str]:
+    """The planned torchrun with the planned environment, killed after `limit_s` whatever happens.
+    The inventory's `env` is not on it: `run_fed` sends it on stdin (`env_block`)."""
+    secret = {k for k, _ in launch.host.env}
+    return ["timeout", "-k", "5", str(limit_s), "env", *(f"{k}={v}" for k, v in launch.env if k not in secret),
+            python_of(launch.host, local_python), "-c", EXEC_WITH_STDIN_ENV, *launch.torchrun]
 
 
 def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
@@ -184,9 +188,10 @@ def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
     options = LaunchOptions(run_id, Workload(script=script, args=(str(ALLREDUCE_PG_TIMEOUT_S),), runner=(runner,)))
     plan = plan_launch(selection, options, interfaces, local_python)
     start = time.monotonic()
-    results = on_each(hosts, lambda h: sessions[h.name].run(
-        bounded_argv(next(l for l in plan.hosts if l.host.name == h.name), ALLREDUCE_LIMIT_S),
-        timeout=ALLREDUCE_LIMIT_S + 15), timeout=ALLREDUCE_LIMIT_S + 20)
+    launches = {launch.host.name: launch for launch in plan.hosts}
+    results = on_each(hosts, lambda h: run_fed(
+        sessions[h.name], bounded_argv(launches[h.name], ALLREDUCE_LIMIT_S, local_python), env_block(h),
+        ALLREDUCE_LIMIT_S + 15), timeout=ALLREDUCE_LIMIT_S + 20)
     seconds = round(time.monotonic() - start, 2)
     for name, result in results.items():
         if isinstance(result, MeshrunError):

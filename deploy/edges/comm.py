@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -123,11 +124,25 @@ def read_comm_record(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict 
     for _, result in reachable_results(sessions, names, ["cat", f"{run_dir(plan.run_id)}/metrics.rank0.jsonl"], 20):
         if not result.ok:
             continue
-        rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip().startswith("{")]
-        comm = [r for r in rows if r.get("kind") == "comm"]
-        if comm:
-            return comm[-1]
+        comm = last_comm_record(result.stdout)
+        if comm is not None:
+            return comm
     return None
+
+
+def last_comm_record(text: str) -> dict | None:
+    """The last sound `comm` record of a metrics file. The file comes from a host, and a line may
+    be cut short (a host killed mid-write) or crafted: such a line is skipped, never fatal."""
+    found = None
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        comm_s = row.get("comm_s") if isinstance(row, dict) and row.get("kind") == "comm" else None
+        if isinstance(comm_s, (int, float)) and not isinstance(comm_s, bool) and math.isfinite(comm_s) and comm_s >= 0:
+            found = row
+    return found
 
 
 def beside_floor(saved: Mapping[str, Any], measured_s: float | None) -> dict[str, Any]:

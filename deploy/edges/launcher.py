@@ -20,8 +20,9 @@ from deploy.edges.fanout import on_each
 from deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
 from deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from deploy.inventory.model import Host
-from deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv
-from deploy.edges.transport import Session, Stream
+from deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, env_block
+from deploy.edges.stdinfeed import run_fed
+from deploy.edges.transport import CommandResult, Session, Stream
 
 PING_TIMEOUT_S = 3.0  # an SSH channel running `true`: a few KB, in time even over a 1 Mbit link
 PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
@@ -65,6 +66,19 @@ class _Live:
 RequestPoller = Callable[["JobRunner"], None]
 Reconnect = Callable[[Host], Session]  # a fresh session to a host, or MeshrunError
 MAX_REJOINS = 3  # per host: a host that keeps vanishing is left out after this many returns
+
+
+def start_agent(session: Session, launch: HostLaunch) -> Stream:
+    """Start a host's agent and hand it the inventory's `env` on stdin (never on its argv)."""
+    stream = session.start(launch.agent)
+    stream.send(env_block(launch.host))
+    return stream
+
+
+def run_detached_agent(session: Session, launch: HostLaunch, timeout: float = 30) -> CommandResult:
+    """A detached start: the agent reads its env line, starts its copy, prints the pidfile and
+    exits."""
+    return run_fed(session, launch.agent, env_block(launch.host), timeout)
 
 
 class JobRunner:
@@ -146,7 +160,7 @@ class JobRunner:
         threading.Thread(target=self._stop_host, args=(live,), daemon=True).start()
 
     def _start(self, live: _Live, change: Change) -> None:
-        live.stream = live.session.start(live.launch.agent)
+        live.stream = start_agent(live.session, live.launch)
         threading.Thread(target=self._read, args=(live,), daemon=True, name=f"log-{live.name}").start()
         self._record(change, live.name)
 
@@ -241,7 +255,7 @@ class JobRunner:
         self.rejoins[live.name] = self.rejoins.get(live.name, 0) + 1
         with self.lock:
             self.hosts.append(fresh)
-        fresh.stream = fresh.session.start(fresh.launch.agent)
+        fresh.stream = start_agent(fresh.session, fresh.launch)
         threading.Thread(target=self._read, args=(fresh,), daemon=True, name=f"log-{fresh.name}").start()
         self._record(Change.JOINED, fresh.name, f"came back after being lost (generation {generation})")
 

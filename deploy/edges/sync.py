@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Callable
 
 from deploy.errors import MeshrunError
-from deploy.edges.sshargv import CONNECT_TIMEOUT_S, ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from deploy.inventory.model import Host
 from deploy.run.shell import local_workdir
+from deploy.run.syncset import shippable
 
+CONNECT_TIMEOUT_S = 10
 # The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
 # (3.2.7 renamed it --secluded-args and keeps this one as its alias).
 PROTECT_ARGS = "--protect-args"
@@ -36,8 +37,10 @@ class SyncResult:
     seconds: float = 0.0
 
 
-def project_files(root: Path) -> bytes:
-    """NUL-separated paths of tracked and untracked-not-ignored files (rsync --files-from --from0)."""
+def project_files(root: Path, private: tuple[Path, ...] = ()) -> bytes:
+    """NUL-separated paths of tracked and untracked-not-ignored files (rsync --files-from --from0),
+    less inventories and SSH files (`deploy/run/syncset.py`) and the `private` files given (the
+    inventory in use, its known_hosts and identity files)."""
     try:
         done = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
                               capture_output=True, check=True)
@@ -45,8 +48,29 @@ def project_files(root: Path) -> bytes:
         raise MeshrunError(f"{root}: cannot list the project's files with git ({err}); "
                            "meshrun syncs a git checkout: run it from the repository") from None
     # Deleted-but-tracked files are still listed by git; rsync would fail on them.
-    names = [n for n in done.stdout.split(b"\0") if n and (root / os.fsdecode(n)).exists()]
-    return b"\0".join(names) + b"\0"
+    names = [os.fsdecode(n) for n in done.stdout.split(b"\0") if n and (root / os.fsdecode(n)).exists()]
+    named = frozenset(_relative(p, root) for p in private)
+    return b"".join(os.fsencode(n) + b"\0" for n in shippable(names, named))
+
+
+def _relative(path: Path, root: Path) -> str:
+    """`path` as git names it under `root` ("" when it lies outside: nothing to leave out)."""
+    try:
+        return Path(os.path.realpath(path)).relative_to(os.path.realpath(root)).as_posix()
+    except ValueError:
+        return ""
+
+
+def ssh_argv(host: Host, known_hosts: Path | None) -> list[str]:
+    """The ssh command rsync runs: same port, key and host-key policy as the controller."""
+    files = [str(known_hosts.resolve())] if known_hosts else []
+    files.append(os.path.expanduser("~/.ssh/known_hosts"))
+    argv = ["ssh", "-p", str(host.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={' '.join(files)}", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    if host.identity:
+        argv += ["-i", os.path.expanduser(host.identity), "-o", "IdentitiesOnly=yes"]
+    return argv + ["-l", host.user]
 
 
 def remote_path(workdir: str) -> str:

@@ -16,6 +16,7 @@ python before anything else there is known to work.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import signal
@@ -64,6 +65,7 @@ class Supervisor:
         (self.dir / EXIT_RECORD).unlink(missing_ok=True)  # a resumed run reuses this directory
         env = dict(os.environ)
         env.update(kv.split("=", 1) for kv in self.args.env)
+        env.update(self.args.secret_env)  # the inventory's `env`, read from stdin, never argv
         # Our own tags are set last: the sweep in `stop` relies on them.
         env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host})
         self.log = open(self.dir / TRAIN_LOG, "ab")
@@ -177,7 +179,24 @@ class Supervisor:
                 self.to_controller = False  # controller gone; the log file still gets everything
 
 
+ENV_BLOCK_MAX = 1 << 20  # the inventory itself is capped at 1 MiB
+
+
+def read_env_block(stream: io.BufferedIOBase) -> dict[str, str]:
+    """The first stdin line (`--env-stdin`): the inventory's `env` as a JSON object of strings.
+    Read before the heartbeat thread starts, so no heartbeat is mistaken for it."""
+    line = stream.readline(ENV_BLOCK_MAX)
+    try:
+        block = json.loads(line)
+    except ValueError:
+        block = None
+    if not isinstance(block, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in block.items()):
+        raise SystemExit("meshrun-agent: --env-stdin: the first line of stdin is not a JSON object of strings")
+    return block
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    args.secret_env = read_env_block(sys.stdin.buffer) if args.env_stdin else {}
     if not args.detach:
         return Supervisor(args).run()
     # Detached: re-run ourselves in a new session with no controller, wait for the pidfile.
@@ -188,8 +207,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.succession:
         argv += ["--succession", args.succession, "--generation", str(args.generation)]
     pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
-    subprocess.Popen(argv + ["--", *args.command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True)
+    # The secrets pass on as they came: through a pipe, never argv or a file.
+    child = subprocess.Popen(argv + ["--env-stdin", "--", *args.command], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    assert child.stdin is not None
+    child.stdin.write(json.dumps(args.secret_env).encode() + b"\n")
+    child.stdin.close()
     for _ in range(100):
         record = read_json(pidfile)
         if record and record.get("run_id") == args.run_id:
@@ -252,7 +275,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--host", required=True)
     run.add_argument("--heartbeat-timeout", type=float, default=float(HEARTBEAT_TIMEOUT_S))
     run.add_argument("--grace", type=float, default=STOP_GRACE_S)
-    run.add_argument("--env", action="append", default=[])
+    run.add_argument("--env", action="append", default=[], help="KEY=VALUE, meshrun's own variables (not secret)")
+    run.add_argument("--env-stdin", action="store_true",
+                     help="the first line of stdin is a JSON object of more variables (the inventory's env)")
     run.add_argument("--detach", action="store_true")
     run.add_argument("--succession", default="", help="JSON: the rendezvous generations (elastic runs)")
     run.add_argument("--generation", type=int, default=0, help="start at this generation of the succession")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from deploy.render.neutral import NeutralConsole, neutral
 from deploy.run.outcome import JobOutcome, JobStatus
 from deploy.run.summary import RunSummary
 
@@ -19,13 +20,15 @@ HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "brig
 
 class Renderer:
     def __init__(self, console: Console | None = None, err_console: Console | None = None) -> None:
-        self.console = console or Console(highlight=False, soft_wrap=True)
-        self.err = err_console or Console(stderr=True, highlight=False, soft_wrap=True)
+        # Neutral consoles: much of what is printed comes from hosts (deploy/render/neutral.py).
+        self.console = console or NeutralConsole(highlight=False, soft_wrap=True)
+        self.err = err_console or NeutralConsole(stderr=True, highlight=False, soft_wrap=True)
         self._styles: dict[str, str] = {}
         self._lock = threading.Lock()  # log lines arrive from one thread per host
 
     def log_line(self, host: str, text: str) -> None:
         style = self._styles.setdefault(host, HOST_STYLES[len(self._styles) % len(HOST_STYLES)])
+        text = neutral(text)
         line = Text(text)
         end = text.find("] ")
         if text.startswith("[") and end > 0:
@@ -35,15 +38,15 @@ class Renderer:
 
     def info(self, message: str) -> None:
         with self._lock:
-            self.console.print(Text(message))
+            self.console.print(Text(neutral(message)))
 
     def warn(self, message: str) -> None:
         with self._lock:
-            self.err.print(Text("warning: ", style="yellow bold") + Text(message))
+            self.err.print(Text("warning: ", style="yellow bold") + Text(neutral(message)))
 
     def error(self, message: str) -> None:
         with self._lock:
-            self.err.print(Text("error: ", style="red bold") + Text(message))
+            self.err.print(Text("error: ", style="red bold") + Text(neutral(message)))
 
     def json(self, data: Any) -> None:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
@@ -70,10 +73,10 @@ class Renderer:
             if host.worker_tail:
                 self.err.print(Text(f"--- last {len(host.worker_tail)} lines from {host.host}'s ranks ---", style="red"))
                 for line in host.worker_tail:
-                    self.err.print(Text(line))
+                    self.err.print(Text(neutral(line)))
             self.err.print(Text(f"--- last {len(report)} lines from {host.host} ---", style="red"))
             for line in report:
-                self.err.print(Text(line))
+                self.err.print(Text(neutral(line)))
             self.err.print(Text(f"--- full log: {host.log} (on the host: {remote_log}) ---", style="red"))
 
     def job_summary(self, summary: RunSummary, outcome: JobOutcome, summary_path: str) -> None:
@@ -105,7 +108,7 @@ class Renderer:
         for s in states:
             uptime = f"{s.uptime_s:.0f} s" if s.uptime_s is not None else "-"
             table.add_row(s.run_id, s.host, Text(s.state, style=colors.get(s.state, "")), _dash(s.rc), _dash(s.epoch),
-                          _dash(s.step), uptime, s.detail or "")
+                          _dash(s.step), uptime, neutral(s.detail or ""))
         with self._lock:
             self.console.print(table)
 

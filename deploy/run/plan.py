@@ -204,11 +204,22 @@ def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], .
             "--heartbeat-timeout", "0" if options.detach else str(options.heartbeat_timeout_s)]
     if options.detach:
         argv.append("--detach")
+    # The inventory's `env` may hold tokens: never on argv (`ps` shows it to every user of the
+    # host). It reaches the agent as the first line of its stdin (`env_block`).
+    secret = {k for k, _ in host.env}
     for key, value in env:
-        argv += ["--env", f"{key}={value}"]
+        if key not in secret:
+            argv += ["--env", f"{key}={value}"]
+    argv.append("--env-stdin")
     if generations:
         argv += ["--succession", json.dumps([g.as_json() for g in generations], separators=(",", ":"))]
     return tuple(argv + ["--", *torchrun])
+
+
+def env_block(host: Host) -> bytes:
+    """The first line the controller writes to the agent's stdin: the inventory's `env` as one
+    JSON object (JSON escapes newlines, so any value fits on one line)."""
+    return json.dumps(dict(host.env), separators=(",", ":")).encode() + b"\n"
 
 
 def agent_verb_argv(host: Host, verb: str, run_id: str | None, local_python: str,

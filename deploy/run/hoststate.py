@@ -1,0 +1,58 @@
+"""A host agent's `status` answer → HostState, pure. The answer comes from a host, so it is
+data: garbage, truncated JSON or wrong types give the state `unknown` with a one-line detail,
+never an exception (docs/security.md, "What hosts print")."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+STATES = ("running", "exited", "stopped", "lost")  # what a sound agent reports
+DETAIL_CLIP = 120
+
+
+@dataclass(frozen=True)
+class HostState:
+    """What one host's agent says about a run (`python -m deploy.host.agent status`)."""
+
+    run_id: str
+    host: str
+    state: str  # running | exited | stopped | lost | unreachable | unknown
+    rc: int | None = None
+    epoch: int | None = None
+    step: int | None = None
+    uptime_s: float | None = None
+    detail: str | None = None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value[:DETAIL_CLIP] if isinstance(value, str) else None
+
+
+def parse_status(run_id: str, host: str, stdout: str) -> HostState:
+    """The report for `run_id` in the agent's answer (a JSON list of reports)."""
+    unknown = lambda why: HostState(run_id, host, "unknown", detail=why)  # noqa: E731
+    try:
+        reports = json.loads(stdout or "[]")
+    except (ValueError, RecursionError):
+        return unknown(f"the agent's answer is not JSON: {stdout.strip()[:60]!r}")
+    if not isinstance(reports, list):
+        return unknown("the agent's answer is not a list of reports")
+    report = next((r for r in reports if isinstance(r, dict) and r.get("run_id") == run_id), None)
+    if report is None:
+        return unknown("the agent does not know this run" if not reports else "no report for this run")
+    if report.get("state") not in STATES:
+        return unknown(f"the agent reports an unknown state: {str(report.get('state'))[:40]!r}")
+    progress = report.get("progress") if isinstance(report.get("progress"), dict) else {}
+    started, end = _num(report.get("started")), _num(report.get("ended")) or _num(report.get("now"))
+    uptime = end - started if end is not None and started is not None else None
+    return HostState(run_id, host, report["state"], _int(report.get("rc")), _int(progress.get("epoch")),
+                     _int(progress.get("global_step")), uptime, _text(report.get("reason")))

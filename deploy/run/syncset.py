@@ -1,0 +1,35 @@
+"""Which of the project's files `fab sync` may copy to hosts, pure.
+
+A host may be compromised, and a synced file is readable by it. So whatever the controller
+uses to reach hosts stays home, tracked by git or not (docs/security.md, "Secrets"):
+
+- inventories: every `*.yaml`/`*.yml` under `inventory/` except meshrun's own examples, which
+  end in `.example.yaml`; plus the inventory file in use, wherever it lies;
+- SSH files: any file named `known_hosts*`, `id_*` with no dot or ending in `.pub` (OpenSSH's
+  key names: `id_ed25519`, `id_rsa_work`, `id_ed25519.pub`), `*.pem` or `*.key`, in any folder;
+  plus the inventory's `known_hosts` and `identity` files, wherever they lie.
+
+`inventory/local.yaml` is therefore not synced either: no host needs an inventory.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+EXAMPLE_SUFFIX = ".example.yaml"
+_KEY_NAME = re.compile(r"known_hosts.*|id_[^.]*(\.pub)?|.*\.pem|.*\.key", re.DOTALL)
+
+
+def is_private(name: str) -> bool:
+    """`name`: a path relative to the project root, as git lists it (`/`-separated)."""
+    path = PurePosixPath(name)
+    if _KEY_NAME.fullmatch(path.name):
+        return True
+    in_inventory = len(path.parts) > 1 and path.parts[0] == "inventory"
+    return in_inventory and path.suffix in (".yaml", ".yml") and not path.name.endswith(EXAMPLE_SUFFIX)
+
+
+def shippable(names: list[str], named: frozenset[str]) -> list[str]:
+    """`names` minus private files; `named`: the in-use files (relative names) to keep home too."""
+    return [n for n in names if not is_private(n) and n not in named]

@@ -1,0 +1,26 @@
+"""`fab sync`'s rule for what stays home (issue 12, hole 4): pure, by exact equality."""
+
+from __future__ import annotations
+
+from deploy.run.syncset import is_private, shippable
+
+HOME = ["inventory/mine.yaml", "inventory/local.yaml", "inventory/prod.yml", "inventory/sub/x.yaml", "known_hosts",
+        "inventory/known_hosts", "known_hosts.old", "keys/id_ed25519", "id_rsa", "id_ed25519.pub", "id_rsa_work",
+        "certs/server.pem", "tls.key"]
+SHIPPED = ["inventory/lan.example.yaml", "inventory/README.md", "deploy/host/agent.py", "train/ids.py",
+           "id_map.py", "mine.yaml", "config/mine.yaml", "docs/known_hosts.md.txt", "keyboard.py", "a.keys",
+           "inventory.yaml", "tests/x/inventory/mine.yaml"]
+
+
+def test_inventories_and_key_files_stay_home() -> None:
+    assert [n for n in HOME if not is_private(n)] == []
+
+
+def test_code_docs_and_example_inventories_ship() -> None:
+    assert [n for n in SHIPPED if is_private(n)] == ["docs/known_hosts.md.txt"]
+
+
+def test_files_in_use_stay_home_wherever_they_lie() -> None:
+    names = ["conf/cluster.yaml", "conf/hosts.txt", "train/x.py", "inventory/lan.example.yaml"]
+    assert shippable(names, frozenset({"conf/cluster.yaml", "conf/hosts.txt", "inventory/lan.example.yaml"})) == [
+        "train/x.py"]
