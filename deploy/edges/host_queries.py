@@ -49,7 +49,7 @@ def route_interface(session: Session, address: str) -> Interface:
     name = parse_route_dev(result.stdout) if result.ok else None
     if name is None:
         raise MeshrunError(f"host '{session.host.name}': no route to {address} "
-                           f"({result.stderr.strip() or 'ip route get gave nothing'}); check its network (fab check-network)")
+                           f"({result.stderr.strip() or 'ip route get gave nothing'}); check the host's network and its route to the peer")
     link = session.run(link_show_argv(name), timeout=10)
     return Interface(name, parse_link_mtu(link.stdout) if link.ok else None)
 

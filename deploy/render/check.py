@@ -66,7 +66,9 @@ def overlay_cell(h: HostFacts) -> str:
         if zt.error is not None:
             return f"zerotier: {zt.error}"
         nets = "; ".join(f"{n.nwid} {n.status} on {n.device} (mtu {n.mtu})" for n in zt.networks) or "no network"
-        links = ", ".join(f"{p.node} {p.link.value}" for p in zt.peers if p.role == "LEAF") or "no leaf peers"
+        # Every peer, the root included: on a private network one cluster host is the others' root
+        # (role PLANET), and hiding it would hide that host.
+        links = ", ".join(f"{p.node}{' (root)' if p.role != 'LEAF' else ''} {p.link.value}" for p in zt.peers) or "no peers"
         return f"zerotier {zt.node} {zt.state.value if zt.state else '?'}; {nets}; peers: {links}"
     if h.wireguard is not None:
         return "wireguard " + wireguard.summary(h.wireguard)
