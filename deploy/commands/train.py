@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from common.layout import DEFAULT_PG_TIMEOUT_S, log_path, run_dir
+from common.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, DEFAULT_PG_TIMEOUT_S, checkpoint_step, log_path, run_dir
+from deploy.edges.check_probes import WRITE_FILE
+from deploy.run.manifest import MANIFEST_MAX_BYTES, parse_manifest
 from deploy.edges import comm as comm_cmd
 from deploy.commands.membership import RequestPoller
 from deploy.commands.check import preflight
@@ -23,15 +25,16 @@ from deploy.errors import MeshrunError
 from deploy.edges.fanout import on_each
 from deploy.inventory.load import load_inventory, inventory_path
 from deploy.inventory.model import Host, Inventory
-from deploy.edges.launcher import JobRunner, run_detached_agent
+from deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
+from deploy.run.membership import split_brain_risk
 from deploy.run.outcome import JobOutcome, JobStatus
-from deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
+from deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
 from deploy.render.console import Renderer
 from deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
 from deploy.edges.sync import is_project_itself, push_dir_argv
 from deploy.inventory.selection import Selection, parse_nnodes, select_hosts
 from deploy.run.summary import RunSummary, build_summary
-from deploy.edges.transport import Session
+from deploy.edges.transport import Session, connect
 
 
 @dataclass(frozen=True)
@@ -58,16 +61,15 @@ def _with_resumed_defaults(request: TrainRequest, root: Path) -> TrainRequest:
 
 
 def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
-    """Where the newest checkpoint is, for the message after losing the rendezvous host."""
-    found: list[tuple[str, str]] = []
-    others = [h.host.name for h in plan.hosts if h.host.name != lost]
-    for host, result in reachable_results(sessions, others, ["ls", f"{run_dir(plan.run_id)}/checkpoints"], 10):
-        found += [(n, host) for n in (result.stdout.split() if result.ok else []) if n.startswith("ckpt-step")]
-    if not found:
-        return (f"last checkpoint: on {lost} (rank 0 wrote there), not reachable now; once it is back, "
-                f"fab fetch-checkpoints --run {plan.run_id} and fab train --resume {plan.run_id}")
-    name, host = max(found)
-    return f"last checkpoint: {name} on {host}; resume with fab train --resume {plan.run_id}"
+    """Where the newest checkpoint is, for the message after an elastic run fell below its minimum:
+    every host keeps its own verified copies, so any reachable host's manifest tells."""
+    names = [h.host.name for h in plan.hosts]
+    newest = hosts_newest_step(sessions, names, plan.run_id)
+    if newest < 0:
+        return (f"no reachable host lists a checkpoint; once {lost} is back: fab fetch-checkpoints --run "
+                f"{plan.run_id}, then fab train --resume {plan.run_id}")
+    return (f"last checkpoint: step {newest}, held by the hosts still reachable; resume with "
+            f"fab train --resume {plan.run_id}")
 
 
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
@@ -86,7 +88,7 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
     """Start each host's agent in the background; it outlives this controller by design."""
     def start(host: Host) -> dict:
         launch = next(h for h in plan.hosts if h.host.name == host.name)
-        result = run_detached_agent(sessions[host.name], launch)
+        result = sessions[host.name].run(launch.agent, timeout=30)
         try:
             record = result.last_json()
         except (ValueError, IndexError):
@@ -101,16 +103,45 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
         raise MeshrunError(f"{err}; stop what did start with: fab stop --run {plan.run_id}") from None
 
 
-def push_checkpoints(head: Host, run_id: str, inventory: Inventory, root: Path) -> None:
-    """Give the rendezvous host the fetched checkpoints of a resumed run (it may have lost them).
-    The trainer broadcasts the newest one to every rank, so one host holding it is enough."""
-    local = root / run_dir(run_id) / "checkpoints"
-    if not local.is_dir() or is_project_itself(head, root):
+def newest_listed_step(manifest: bytes) -> int:
+    """The newest periodic checkpoint a manifest lists in the trainer's exact form (-1: none)."""
+    steps = [checkpoint_step(e.name) for e in parse_manifest(manifest).entries]
+    return max((s for s in steps if s is not None), default=-1)
+
+
+def hosts_newest_step(sessions: Mapping[str, Session], names: list[str], run_id: str) -> int:
+    """The newest step any reachable host lists in its own checkpoints manifest."""
+    path = f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}"
+    argv = ["head", "-c", str(MANIFEST_MAX_BYTES + 1), path]
+    return max((newest_listed_step(r.stdout.encode("utf-8", "surrogateescape"))
+                for _, r in reachable_results(sessions, names, argv, 10) if r.ok), default=-1)
+
+
+def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_id: str, inventory: Inventory,
+                     root: Path, renderer: Renderer) -> None:
+    """Give the rendezvous host the fetched checkpoints of a resumed run, when no host holds one as
+    new (every host keeps its own copies; the trainer broadcasts the newest from whoever has it).
+    The files go first, never replacing the host's; then the controller's verified manifest, so
+    the host's trainer lists what was pushed."""
+    local = root / run_dir(run_id) / CHECKPOINTS
+    head = selection.head
+    manifest = local / CHECKPOINT_MANIFEST
+    if not manifest.is_file() or is_project_itself(head, root):
         return
-    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/checkpoints", root, inventory.known_hosts)
+    text = manifest.read_bytes()
+    ours, theirs = newest_listed_step(text), hosts_newest_step(sessions, [h.name for h in selection.hosts], run_id)
+    if ours <= theirs:
+        renderer.info(f"resume: the hosts already hold step {theirs} (fetched: {ours}); nothing pushed")
+        return
+    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", root, inventory.known_hosts)
     done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: {done.stderr.strip()[-300:]}")
+    written = sessions[head.name].run([python_of(head, sys.executable), "-c", WRITE_FILE,
+                                       f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}",
+                                       text.decode("ascii", "replace")], timeout=30) if done.returncode == 0 else None
+    if done.returncode != 0 or written is None or not written.ok:
+        reason = done.stderr.strip()[-300:] if done.returncode != 0 else (written.stderr.strip()[-300:] if written else "")
+        raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: {reason}")
+    renderer.info(f"resume: pushed checkpoints up to step {ours} to {head.name}")
 
 
 def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
@@ -122,6 +153,8 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
+    if elastic is not None and (risk := split_brain_risk(elastic, len(hosts))):
+        renderer.warn(risk)
     run_id = request.resume or new_run_id()
     rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
     options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
@@ -136,7 +169,7 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
-        outcome, summary = _run_attached(plan, record, inventory, sessions, head, root, renderer)
+        outcome, summary = _run_attached(plan, record, inventory, sessions, root, renderer)
     return _conclude(outcome, summary, root, renderer)
 
 
@@ -149,7 +182,7 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
     if not request.no_sync:
         sync_code(selection.hosts, inventory, root, renderer)
     if request.resume:
-        push_checkpoints(selection.head, options.run_id, inventory, root)
+        push_checkpoints(selection, sessions, options.run_id, inventory, root, renderer)
     if not request.comm:
         return options
     workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, options.workload, root, renderer)
@@ -170,15 +203,14 @@ def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...]
 
 
 def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, sessions: Mapping[str, Session],
-                  head: Host, root: Path, renderer: Renderer) -> tuple[JobOutcome, RunSummary]:
+                  root: Path, renderer: Renderer) -> tuple[JobOutcome, RunSummary]:
     """Run with this controller watching; returns the outcome and the summary to write."""
     poller = RequestPoller(record, inventory, root, renderer) if plan.elastic else None
+    reconnect = (lambda host: connect(host, inventory.known_hosts, root, PING_TIMEOUT_S))
     outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(plan.run_id), sys.executable, poller,
-                        renderer.membership).run()
-    if outcome.failed_host == head.name and plan.elastic is not None:
-        renderer.error(f"rendezvous host '{head.name}' was lost, and an elastic job cannot outlive it (torchrun's "
-                       f"c10d store lives there); {last_checkpoint(sessions, plan, head.name)}; every other host "
-                       f"was stopped")
+                        renderer.membership, reconnect).run()
+    if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
+        renderer.info(last_checkpoint(sessions, plan, outcome.failed_host))
     saved_plan = comm_cmd.load_plan(root, plan.run_id)
     measured = comm_cmd.read_comm_record(sessions, plan) if saved_plan else None
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
