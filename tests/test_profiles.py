@@ -233,3 +233,15 @@ def test_delayers_end_by_themselves_and_traffic_then_flows_undelayed(
             ["accepted", "dropped", "cpu"]
     bed.clear_profile()
     assert_nothing_left(bed)
+
+
+@pytest.mark.cluster
+def test_overlay_packets_are_delayed_once(profiled_bed: SimCluster, testbed_wg: SimCluster) -> None:
+    """wireguard-go's UDP enters on eth0 and is delayed; the decrypted packets on
+    wg0 are not delayed again: the overlay's RTT is the profile's."""
+    h2 = profiled_bed.host(2)
+    with profiled_bed.profile("home"):
+        measure.ping(profiled_bed, 1, h2.overlay_address, count=2)  # the handshake
+        pings = measure.ping(profiled_bed, 1, h2.overlay_address)
+    assert pings.lost == 0
+    assert_near(pings.median_ms, 40.0, "RTT h1 <-> h2 over wg0 (ms)")
