@@ -9,6 +9,7 @@ key files home.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import threading
@@ -22,6 +23,9 @@ from tests.fabrun import ROOT, fab, run_id_of
 pytestmark = [pytest.mark.cluster]
 
 WORKDIR = "/root/meshrun"  # the testbed inventory's ~/meshrun
+# Values a shell would act on, and a newline: they must arrive as written.
+HOSTILE = ["a b", "it's", 'say "hi"', "$(touch /tmp/meshrun-pwned)", "x; touch /tmp/meshrun-pwned", "line1\nline2",
+           "$HOME", "*", "\\", "é ü 漢"]
 
 
 class CmdlineWatch:
@@ -75,14 +79,17 @@ def host_files_holding(testbed, i: int, run_id: str, secret: str) -> str:
 
 def test_attached_run_gives_workers_the_secret_and_nothing_else(testbed, make_inventory) -> None:
     secret = new_secret()
-    inventory = make_inventory(defaults_overrides={"env": {"MR_TOKEN": secret, "OTHER": "plain"}})
+    env = {"MR_TOKEN": secret, **{f"MR_HOSTILE_{i}": v for i, v in enumerate(HOSTILE)}}
+    inventory = make_inventory(defaults_overrides={"env": env})
     with CmdlineWatch(secret) as watch:
         done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--script",
                    "tests/scripts/secret_env.py", "--", "4", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert watch.hits == [] and watch.scans > 20
+    every = json.dumps(env, sort_keys=True)  # newlines, quotes, `$(...)`: each arrived literally
     for rank in (0, 1):  # each host's worker had it in its environment
         assert f"TOKEN_SHA256 rank {rank} {digest(secret)}" in done.stdout
+        assert f"ENV_SHA256 rank {rank} {digest(every)}" in done.stdout
     run_id = run_id_of(done.stdout)
     fetched = fab("fetch-checkpoints", "--run", run_id, timeout=120)
     home = ROOT / "runs" / run_id
