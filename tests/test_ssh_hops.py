@@ -184,6 +184,13 @@ def test_a_pinned_ed25519_host_offering_a_new_rsa_key_is_changed_and_yes_does_no
         assert known.read_text() == before
         check = fab("check-network", "--inventory", str(inventory), "--hosts", "h1", "--json", timeout=180)
         assert json.loads(check.stdout)["hosts"][0]["error"] == expected
+    # The honest host with both keys: the pinned type is asked for first, so nothing is CHANGED.
+    with second_sshd(testbed, 1, 2222, [rsa, testbed.paths.host_key(testbed.host(1))], tmp_path):
+        result = fab("trust", "--inventory", str(inventory), "--hosts", "h1", "--yes", timeout=180)
+        assert result.returncode == 0 and "already trusted" in result.stdout, result.stdout + result.stderr
+        check = fab("check-network", "--inventory", str(inventory), "--hosts", "h1", "--json", timeout=180)
+        assert json.loads(check.stdout)["hosts"][0]["reachable"] is True
+    assert known.read_text() == before
 
 
 def test_alias_port_and_user_come_from_ssh_config_when_the_inventory_is_silent(
