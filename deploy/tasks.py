@@ -163,3 +163,14 @@ def report(c, run="", json=False, debug=False):
     from deploy.commands.report import main
 
     main(run or None, bool(json), ROOT)
+
+
+# `action` defaults to None: invoke fills a positional argument only while its value is still None.
+@task(positional=["action"], help={"action": "up | down | status (default status)", "hosts": HOSTS_HELP,
+                                   "inventory": INVENTORY_HELP, "debug": DEBUG_HELP})
+@guarded
+def firewall(c, action=None, hosts="", inventory="", debug=False):
+    """Each host's own iptables: allow SSH and the member hosts on the training interface, refuse other TCP."""
+    from deploy.commands.firewall import FirewallRequest, main
+
+    _exit(main(FirewallRequest(action or "status", inventory or None, hosts or None), ROOT))

@@ -1,10 +1,12 @@
 """Host-side link probes for `fab check-network`; stdlib only, run as `python -c <this file> MODE ...`.
 
 `listen ADDRESS [RDZV_PORT] LIFETIME`: listen on an ephemeral port of the host's training address
-(and, on the rendezvous host, on the rendezvous port of every address, as torchrun's store would);
-print `{"port": N, "rendezvous": "listening" | why not}` and serve until stdin closes or LIFETIME
-seconds pass, so nothing outlives a lost controller. A connection that sends `b` is a bulk
-transfer: the listener counts the bytes until EOF and answers the count.
+(and, on the rendezvous host, on the rendezvous port of that address only: the probe must not
+itself expose the host); print `{"port": N, "rendezvous": "listening" | why not, "lifetime": S}`
+and serve until stdin closes or LIFETIME seconds pass (at most MAX_LIFETIME_S), so nothing
+outlives a lost controller. At most MAX_CONNECTIONS connections are served at once; more are
+closed as soon as they are accepted. A connection that sends `b` is a bulk transfer: the listener
+counts the bytes until EOF and answers the count.
 
 `connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip), a
 don't-fragment ping of the given size to each address, optionally a timed bulk transfer to each;
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import select
 import socket
 import subprocess
@@ -23,6 +26,8 @@ import threading
 import time
 
 CHUNK = b"\0" * 65536
+MAX_CONNECTIONS = 16  # the check's own peers need one each; a flood must not cost a thread apiece
+MAX_LIFETIME_S = 180.0  # whatever the controller asks: a probe never listens for long
 
 
 def _serve_one(conn: socket.socket) -> None:
@@ -55,11 +60,17 @@ def _steady_rate(arrivals: list[tuple[float, int]]) -> float:
     return (arrivals[-1][1] - at_middle[1]) / span if span > 0 else 0.0
 
 
-def _open_rendezvous(port: int) -> tuple[socket.socket | None, str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _open_rendezvous(address: str, port: int) -> tuple[socket.socket | None, str]:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # like TCPStore: TIME_WAIT is no conflict
     try:
-        sock.bind(("0.0.0.0", port))
+        # torch's store binds every address: the port must be free on all of them, so bind the
+        # wildcard first, without listening (nothing can connect), then listen on `address` only.
+        with socket.socket(family, socket.SOCK_STREAM) as wildcard:
+            wildcard.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            wildcard.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        sock.bind((address, port))
         sock.listen(64)
         return sock, "listening"
     except OSError as err:
@@ -67,22 +78,34 @@ def _open_rendezvous(port: int) -> tuple[socket.socket | None, str]:
         return None, f"in use ({err.strerror})" if err.errno == errno.EADDRINUSE else str(err)
 
 
+def _serve_capped(conn: socket.socket, slots: threading.BoundedSemaphore) -> None:
+    try:
+        _serve_one(conn)
+    finally:
+        slots.release()
+
+
 def listen(address: str, rdzv_port: int | None, lifetime: float) -> None:
     ephemeral = socket.create_server((address, 0), backlog=64)
     sockets = [ephemeral]
     state = "not asked"
     if rdzv_port is not None:
-        rdzv, state = _open_rendezvous(rdzv_port)
+        rdzv, state = _open_rendezvous(address, rdzv_port)
         sockets += [rdzv] if rdzv is not None else []
-    print(json.dumps({"port": ephemeral.getsockname()[1], "rendezvous": state}), flush=True)
+    lifetime = min(lifetime, MAX_LIFETIME_S)
+    print(json.dumps({"port": ephemeral.getsockname()[1], "rendezvous": state, "lifetime": lifetime}), flush=True)
     closed = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.buffer.read(), closed.set()), daemon=True).start()
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     deadline = time.monotonic() + lifetime
     while not closed.is_set() and time.monotonic() < deadline:
         ready, _, _ = select.select(sockets, [], [], 0.2)
         for sock in ready:
             conn, _ = sock.accept()
-            threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+            if not slots.acquire(blocking=False):
+                conn.close()  # over the cap: refuse at once rather than queue a thread
+                continue
+            threading.Thread(target=_serve_capped, args=(conn, slots), daemon=True).start()
     for sock in sockets:
         sock.close()
 
@@ -148,6 +171,10 @@ def connect(spec: dict) -> None:
 def main(argv: list[str]) -> None:
     if argv[0] == "listen":
         listen(argv[1], int(argv[2]) if argv[2] != "-" else None, float(argv[3]))
+        # The stdin reader is still blocked in read() when the lifetime ends: a normal interpreter
+        # exit would abort on its lock (SIGABRT), so leave at once, output flushed.
+        sys.stdout.flush()
+        os._exit(0)
     elif argv[0] == "connect":
         connect(json.loads(argv[1]))
     else:

@@ -1,0 +1,107 @@
+"""`fab firewall up|down|status` (and `fab train --firewall`): meshrun's own chain in each host's
+iptables, allowing SSH and the member hosts on the training interface, refusing all other TCP.
+
+The rules are planned here from the inventory (deploy/run/firewall.py) and run on each host by
+deploy/host/firewall.py, shipped as `python -c` so it works before `fab sync`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from deploy.edges.check_probes import probe_argv
+from deploy.edges.fanout import on_each
+from deploy.edges.sessions import sessions_to, training_interfaces
+from deploy.edges.sshtarget import resolve
+from deploy.edges.transport import Session, last_json_line
+from deploy.errors import InputError, MeshrunError
+from deploy.inventory.load import inventory_path, load_inventory
+from deploy.inventory.model import Host
+from deploy.inventory.selection import Selection, select_hosts
+from deploy.render.console import Renderer
+from deploy.run.firewall import Action, FirewallSpec, Step, member_addresses, parse_action, steps_for
+from deploy.run.plan import python_of
+
+HOST_LIMIT_S = 120  # a few dozen iptables calls, each bounded on the host
+
+
+@dataclass(frozen=True)
+class FirewallRequest:
+    action: str
+    inventory: str | None
+    hosts: str | None
+
+
+@dataclass(frozen=True)
+class HostAnswer:
+    """What one host's firewall script did: the commands it ran (with output) and its notes."""
+
+    ran: tuple[tuple[str, ...], ...]
+    output: str
+    notes: tuple[str, ...]
+
+
+def specs_for(selection: Selection, interfaces: Mapping[str, str]) -> dict[str, FirewallSpec]:
+    """Every selected host allows the same members: the selection's training addresses."""
+    members = member_addresses(tuple(h.address for h in selection.hosts))
+    # A host alone has no peer to route to: its members are itself, reached on lo (already allowed).
+    return {h.name: FirewallSpec(resolve(h).target.port, interfaces.get(h.name, "lo"), members)
+            for h in selection.hosts}
+
+
+def _on_host(session: Session, host: Host, steps: tuple[Step, ...]) -> HostAnswer:
+    payload = json.dumps([{"argv": s.argv, "only_if": s.only_if, "unless": s.unless} for s in steps])
+    result = session.run(probe_argv(python_of(host, sys.executable), "firewall", payload), timeout=HOST_LIMIT_S)
+    try:
+        answer = last_json_line(result.stdout)
+    except (ValueError, IndexError):
+        why = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
+        raise MeshrunError(f"host '{host.name}': the firewall script failed: {why[:240]}") from None
+    if answer.get("error"):
+        raise MeshrunError(f"host '{host.name}': {answer['error']}")
+    ran = tuple(tuple(r["argv"]) for r in answer["results"])
+    return HostAnswer(ran, "".join(r["stdout"] for r in answer["results"]), tuple(answer.get("notes", ())))
+
+
+def apply(action: Action, selection: Selection, sessions: Mapping[str, Session]) -> dict[str, HostAnswer]:
+    """Run `action` on every selected host; raises one line naming every host that failed."""
+    remote = tuple(h for h in selection.hosts if not h.is_local)
+    if len(remote) != len(selection.hosts):
+        raise InputError("fab firewall: a local host is this machine; meshrun does not change its firewall")
+    specs = specs_for(selection, training_interfaces(remote, selection.head, sessions)) if action is Action.UP else {}
+    results = on_each(remote, lambda h: _on_host(sessions[h.name], h, steps_for(action, specs.get(h.name))),
+                      timeout=HOST_LIMIT_S + 10)
+    return results.require_all()
+
+
+def report(action: Action, answers: Mapping[str, HostAnswer], renderer: Renderer) -> None:
+    for name, answer in answers.items():
+        for note in answer.notes:
+            renderer.warn(f"{name}: {note}")
+        if action is Action.STATUS:
+            rules = [ln for ln in answer.output.splitlines() if ln.strip()]
+            jumps = sum(1 for argv in answer.ran if "-C" in argv)
+            renderer.info(f"{name}: " + ("no meshrun firewall" if not rules else
+                                         f"{len(rules)} rule line(s), INPUT jumps to it in {jumps} famil(ies)"))
+            for line in rules:
+                renderer.info(f"  {line}")
+        else:
+            renderer.info(f"{name}: firewall {action.value} ({len(answer.ran)} command(s) run)")
+
+
+def firewall(request: FirewallRequest, renderer: Renderer, root: Path) -> int:
+    action = parse_action(request.action)
+    inventory = load_inventory(inventory_path(request.inventory))
+    selection = select_hosts(inventory, request.hosts)
+    with sessions_to(selection.hosts, inventory, root) as sessions:
+        report(action, apply(action, selection, sessions), renderer)
+    return 0
+
+
+def main(request: FirewallRequest, root: Path) -> int:
+    """`fab firewall`; exit status 0, 1 when a host failed, 2 on bad input."""
+    return firewall(request, Renderer(), root)

@@ -1,0 +1,125 @@
+"""`fab firewall`'s rules, planned: pure argv lists for the host's own iptables/ip6tables.
+
+torch's TCPStore and gloo are unauthenticated and listen on every interface, so the network is
+the boundary. meshrun's chain lets in, on a host: loopback, replies to connections the host made,
+new SSH connections, and TCP from the member hosts on the training interface only; every other
+TCP connection is refused with a reset (fast failure, not a 2-minute hang). Only TCP is filtered:
+the store and gloo are TCP, and the overlay's own UDP (WireGuard, ZeroTier) must pass.
+
+Every step is idempotent: `up` twice leaves the same rules, `down` removes the chain and its jump.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from enum import Enum
+
+from deploy.errors import InputError
+
+CHAIN = "MESHRUN"
+TOOLS = ("iptables", "ip6tables")  # one per address family; nft-backed or legacy, whichever the host has
+WAIT = ("-w", "10")  # wait for the xtables lock instead of failing when another tool holds it
+
+
+class Action(str, Enum):
+    UP = "up"
+    DOWN = "down"
+    STATUS = "status"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command; `only_if`/`unless`: run it only when that probe command succeeds/fails."""
+
+    argv: tuple[str, ...]
+    only_if: tuple[str, ...] | None = None
+    unless: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class FirewallSpec:
+    """What one host's chain allows: SSH on `ssh_port`, and `members` (IP literals) on `interface`."""
+
+    ssh_port: int
+    interface: str
+    members: tuple[str, ...]
+
+
+def parse_action(text: str) -> Action:
+    try:
+        return Action(text)
+    except ValueError:
+        raise InputError(f"fab firewall: unknown action {text[:40]!r}; use up, down or status") from None
+
+
+def member_addresses(addresses: tuple[str, ...]) -> tuple[str, ...]:
+    """The members' IP literals, checked; a name cannot go into a rule (it would be resolved once, by
+    whoever answers DNS), so it is refused."""
+    for address in addresses:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise InputError(f"fab firewall: host address {address[:80]!r} is not an IP address; "
+                             "the firewall allows members by address") from None
+    return tuple(dict.fromkeys(addresses))
+
+
+def _family(tool: str, address: str) -> bool:
+    return (ipaddress.ip_address(address).version == 4) == (tool == "iptables")
+
+
+def _chain_rules(tool: str, spec: FirewallSpec) -> tuple[Step, ...]:
+    append = (tool, *WAIT, "-A", CHAIN)
+    members = tuple(Step((*append, "-i", spec.interface, "-s", m, "-j", "RETURN"))
+                    for m in spec.members if _family(tool, m))
+    return (
+        Step((*append, "-i", "lo", "-j", "RETURN")),
+        Step((*append, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")),
+        Step((*append, "-p", "tcp", "--dport", str(spec.ssh_port), "-j", "RETURN")),
+        *members,
+        Step((*append, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")),
+    )
+
+
+def _exists(tool: str) -> tuple[str, ...]:
+    return (tool, *WAIT, "-S", CHAIN)
+
+
+def _jump(tool: str, op: str) -> tuple[str, ...]:
+    return (tool, *WAIT, op, "INPUT", "-j", CHAIN)
+
+
+def up_steps(spec: FirewallSpec) -> tuple[Step, ...]:
+    """Create (or empty) the chain, fill it, and jump to it first thing in INPUT, once."""
+    steps: list[Step] = []
+    for tool in TOOLS:
+        steps += [Step((tool, *WAIT, "-N", CHAIN), unless=_exists(tool)),
+                  Step((tool, *WAIT, "-F", CHAIN)),
+                  *_chain_rules(tool, spec),
+                  Step((*_jump(tool, "-I")[:-2], "1", "-j", CHAIN), unless=_jump(tool, "-C"))]
+    return tuple(steps)
+
+
+def down_steps() -> tuple[Step, ...]:
+    """Remove the jump, then the chain; nothing to do where there is none."""
+    steps: list[Step] = []
+    for tool in TOOLS:
+        steps += [Step(_jump(tool, "-D"), only_if=_jump(tool, "-C")),
+                  Step((tool, *WAIT, "-F", CHAIN), only_if=_exists(tool)),
+                  Step((tool, *WAIT, "-X", CHAIN), only_if=_exists(tool))]
+    return tuple(steps)
+
+
+def status_steps() -> tuple[Step, ...]:
+    """The chain's rules and whether INPUT jumps to it (their output is the status)."""
+    return tuple(step for tool in TOOLS for step in (Step(_exists(tool), only_if=_exists(tool)),
+                                                     Step(_jump(tool, "-C"), only_if=_jump(tool, "-C"))))
+
+
+def steps_for(action: Action, spec: FirewallSpec | None) -> tuple[Step, ...]:
+    if action is Action.UP:
+        if spec is None:
+            raise ValueError("fab firewall up needs a spec")
+        return up_steps(spec)
+    return down_steps() if action is Action.DOWN else status_steps()

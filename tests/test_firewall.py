@@ -1,0 +1,170 @@
+"""`fab firewall` (issue 12, hole 6): the unauthenticated store and gloo ports are reachable only by
+the member hosts on the training interface. Exact rule plans (pure), and on the simulated cluster a
+fourth namespace that is not a member plays the attacker on the bridge, against a live run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from deploy.errors import InputError
+from deploy.run.firewall import (Action, FirewallSpec, Step, down_steps, member_addresses, parse_action,
+                                 status_steps, up_steps)
+from tests.fabrun import FabProcess, fab
+from tests.testbed import network
+from tests.testbed.layout import Host
+from tests.testbed.inventory import RENDEZVOUS_PORT
+
+W = ("-w", "10")
+OUTSIDER = Host(9)  # mrt9, 10.77.0.19: on the bridge, in no inventory
+HOST_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "host" / "firewall.py"
+
+
+def test_up_plan_is_exact_for_both_families() -> None:
+    spec = FirewallSpec(2222, "wg0", ("10.78.0.11", "fd00::2"))
+    v4, v6 = (tuple(s for s in up_steps(spec) if s.argv[0] == tool) for tool in ("iptables", "ip6tables"))
+    chain = ("iptables", *W, "-A", "MESHRUN")
+    assert v4 == (
+        Step(("iptables", *W, "-N", "MESHRUN"), unless=("iptables", *W, "-S", "MESHRUN")),
+        Step(("iptables", *W, "-F", "MESHRUN")),
+        Step((*chain, "-i", "lo", "-j", "RETURN")),
+        Step((*chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")),
+        Step((*chain, "-p", "tcp", "--dport", "2222", "-j", "RETURN")),
+        Step((*chain, "-i", "wg0", "-s", "10.78.0.11", "-j", "RETURN")),
+        Step((*chain, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")),
+        Step(("iptables", *W, "-I", "INPUT", "1", "-j", "MESHRUN"), unless=("iptables", *W, "-C", "INPUT", "-j", "MESHRUN")),
+    )
+    assert ("ip6tables", *W, "-A", "MESHRUN", "-i", "wg0", "-s", "fd00::2", "-j", "RETURN") in [s.argv for s in v6]
+    assert not any("10.78.0.11" in s.argv for s in v6)
+
+
+def test_down_and_status_plans_are_exact() -> None:
+    check = ("iptables", *W, "-C", "INPUT", "-j", "MESHRUN")
+    exists = ("iptables", *W, "-S", "MESHRUN")
+    assert down_steps()[:3] == (Step(("iptables", *W, "-D", "INPUT", "-j", "MESHRUN"), only_if=check),
+                                Step(("iptables", *W, "-F", "MESHRUN"), only_if=exists),
+                                Step(("iptables", *W, "-X", "MESHRUN"), only_if=exists))
+    assert status_steps()[:2] == (Step(exists, only_if=exists), Step(check, only_if=check))
+
+
+def test_bad_action_and_host_names_are_input_errors() -> None:
+    assert parse_action("up") is Action.UP
+    with pytest.raises(InputError, match="unknown action 'sideways'; use up, down or status"):
+        parse_action("sideways")
+    with pytest.raises(InputError, match="'gpu1.example' is not an IP address"):
+        member_addresses(("10.0.0.1", "gpu1.example"))
+    assert member_addresses(("10.0.0.1", "10.0.0.1", "::1")) == ("10.0.0.1", "::1")
+
+
+def test_unknown_action_is_one_line_and_exit_2(inventory: Path) -> None:
+    done = fab("firewall", "sideways", "--inventory", str(inventory))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert [ln for ln in done.stderr.splitlines() if ln.strip()] == [
+        "error: fab firewall: unknown action 'sideways'; use up, down or status"]
+
+
+@pytest.mark.cluster
+def test_without_root_or_sudo_the_host_script_says_so_in_one_line(testbed) -> None:
+    """The host script as `nobody` (the test bed has no sudo): nothing runs, one line, exit 3."""
+    done = testbed.exec(1, ["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups",
+                            "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(), "[]"], check=False)
+    assert done.returncode == 3, done.stdout + done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["results"] == [] and answer["error"] == (
+        "the firewall needs root or passwordless sudo; running as uid 65534 with neither")
+
+
+@contextmanager
+def outsider(testbed) -> Iterator[None]:
+    """mrt9 on the bridge, routing each member's overlay address through its bridge address (what an
+    attacker on the same LAN can do: Linux accepts a packet for any of its addresses on any link)."""
+    network.create_host_link(OUTSIDER)
+    try:
+        for i in (1, 2):
+            h = testbed.host(i)
+            subprocess.run(["ip", "-n", OUTSIDER.netns, "route", "add", f"{h.overlay_address}/32", "via", h.address],
+                           check=True)
+        yield
+    finally:
+        network.delete_netns(OUTSIDER.netns)
+
+
+CONNECT = """
+import json, socket, sys
+out = []
+for address, port in json.loads(sys.argv[1]):
+    try:
+        socket.create_connection((address, port), timeout=3).close(); out.append("open")
+    except ConnectionRefusedError: out.append("refused")
+    except OSError as err: out.append(type(err).__name__)
+print(json.dumps(out))
+"""
+
+
+def outsider_connects(targets: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    done = subprocess.run(["ip", "netns", "exec", OUTSIDER.netns, "/usr/bin/python3", "-c", CONNECT,
+                           json.dumps(targets)], capture_output=True, text=True, timeout=120, check=True)
+    return dict(zip(targets, json.loads(done.stdout)))
+
+
+def tcp_ports(testbed, i: int) -> set[int]:
+    """Every listening TCP port in host i but SSH's."""
+    lines = testbed.exec(i, ["ss", "-tlnH"]).stdout.splitlines()
+    return {int(line.split()[3].rsplit(":", 1)[1]) for line in lines if line.strip()} - {22}
+
+
+def chain(testbed, i: int) -> str:
+    return testbed.exec(i, ["iptables", "-S", "MESHRUN"], check=False).stdout
+
+
+CONTROL_PORT = 29611
+LISTEN_ANY = "import socket, time; s = socket.create_server(('0.0.0.0', %d)); time.sleep(600)" % CONTROL_PORT
+
+
+@pytest.mark.cluster
+def test_a_non_member_reaches_no_store_or_gloo_port_while_members_train(testbed_wg, wg_inventory: Path) -> None:
+    inv, hosts = str(wg_inventory), ("--hosts", "h1,h2")
+    both = [(h.address, p) for h in (testbed_wg.host(1),) for p in (CONTROL_PORT,)]
+    both += [(testbed_wg.host(1).overlay_address, CONTROL_PORT)]
+    control = testbed_wg.popen(1, ["/usr/bin/python3", "-c", LISTEN_ANY])
+    train = None
+    try:
+        with outsider(testbed_wg):
+            # Without the firewall a listener on every address (as torch's store) is the outsider's.
+            assert outsider_connects(both) == {t: "open" for t in both}
+            first = fab("firewall", "up", "--inventory", inv, *hosts)
+            assert first.returncode == 0, first.stdout + first.stderr
+            rules = chain(testbed_wg, 1)
+            again = fab("firewall", "up", "--inventory", inv, *hosts)
+            assert again.returncode == 0 and chain(testbed_wg, 1) == rules, again.stdout + again.stderr
+            assert "-A MESHRUN -i wg0 -s 10.78.0.12/32 -j RETURN" in rules.splitlines()
+            jumps = testbed_wg.exec(1, ["iptables", "-S", "INPUT"]).stdout.splitlines()
+            assert jumps.count("-A INPUT -j MESHRUN") == 1
+            status = fab("firewall", "status", "--inventory", inv, *hosts)
+            assert status.returncode == 0 and "-A MESHRUN -p tcp -j REJECT --reject-with tcp-reset" in status.stdout
+            assert outsider_connects(both) == {t: "refused" for t in both}
+
+            train = FabProcess("train", "--inventory", inv, *hosts, "--script", "tests/scripts/gloo_hold.py", "--",
+                               "25")
+            train.wait_for(r"GLOO_READY rank 1 sum 2", timeout=240)
+            ports = {i: tcp_ports(testbed_wg, i) - {CONTROL_PORT} for i in (1, 2)}
+            assert RENDEZVOUS_PORT in ports[1] and len(ports[2]) >= 1, ports  # the store; gloo's pairs
+            targets = [(a, p) for i in (1, 2) for p in sorted(ports[i])
+                       for a in (testbed_wg.host(i).address, testbed_wg.host(i).overlay_address)]
+            assert outsider_connects(targets) == {t: "refused" for t in targets}
+            assert train.finish(timeout=240) == 0, train.output[-3000:]
+    finally:
+        if train is not None:
+            train.close()
+        control.kill()
+        control.wait()
+        down = fab("firewall", "down", "--inventory", inv, *hosts)
+    assert down.returncode == 0, down.stdout + down.stderr
+    for i in (1, 2):
+        assert chain(testbed_wg, i) == ""
+        assert "MESHRUN" not in testbed_wg.exec(i, ["iptables", "-S"]).stdout
