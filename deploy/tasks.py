@@ -85,17 +85,24 @@ def sync(c, hosts="", inventory="", data="", debug=False):
     "resume": "continue an earlier run (its id) from its newest checkpoint, on its hosts by default",
     "comm": "gradient communication: none|fp16|bf16|powersgd|localsgd|diloco|diloco-overlap, or auto (measure "
             "bandwidth and RTT, pick by the floor)",
+    "firewall": "fab firewall up on the hosts for the run's duration (down afterwards, whatever happens)",
 })
 @guarded
 def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DEFAULT_PG_TIMEOUT_S,
-          detach=False, skip_checks=False, no_sync=False, resume="", comm="", debug=False):
+          detach=False, skip_checks=False, no_sync=False, resume="", comm="", firewall=False, debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
     from deploy.commands.train import TrainRequest, main
     from deploy.run.plan import Workload
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
-    _exit(main(TrainRequest(inventory or None, hosts or None, workload, nnodes or None, int(timeout),
-                            detach, skip_checks, no_sync, resume or None, comm or None), ROOT))
+    request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None, int(timeout),
+                           detach, skip_checks, no_sync, resume or None, comm or None)
+    if not firewall:
+        _exit(main(request, ROOT))
+        return
+    from deploy.commands.firewall import around_run
+
+    _exit(around_run(request.inventory, request.hosts, request.detach, lambda: main(request, ROOT), ROOT))
 
 
 @task(help={"run": "run id (default: every recorded run that may still be running)", "json": "print JSON for scripts",

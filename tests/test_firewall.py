@@ -61,6 +61,11 @@ def test_bad_action_and_host_names_are_input_errors() -> None:
     assert member_addresses(("10.0.0.1", "10.0.0.1", "::1")) == ("10.0.0.1", "::1")
 
 
+def test_a_detached_run_cannot_be_bracketed(inventory: Path) -> None:
+    done = fab("train", "--firewall", "--detach", "--inventory", str(inventory))
+    assert done.returncode == 2 and done.stderr.startswith("error: --firewall brackets an attached run;"), done.stderr
+
+
 def test_unknown_action_is_one_line_and_exit_2(inventory: Path) -> None:
     done = fab("firewall", "sideways", "--inventory", str(inventory))
     assert done.returncode == 2, done.stdout + done.stderr
@@ -149,8 +154,9 @@ def test_a_non_member_reaches_no_store_or_gloo_port_while_members_train(testbed_
             assert status.returncode == 0 and "-A MESHRUN -p tcp -j REJECT --reject-with tcp-reset" in status.stdout
             assert outsider_connects(both) == {t: "refused" for t in both}
 
-            train = FabProcess("train", "--inventory", inv, *hosts, "--script", "tests/scripts/gloo_hold.py", "--",
-                               "25")
+            # --firewall: up again (idempotent) before the launch, down after the run, by itself.
+            train = FabProcess("train", "--firewall", "--inventory", inv, *hosts, "--script",
+                               "tests/scripts/gloo_hold.py", "--", "25")
             train.wait_for(r"GLOO_READY rank 1 sum 2", timeout=240)
             ports = {i: tcp_ports(testbed_wg, i) - {CONTROL_PORT} for i in (1, 2)}
             assert RENDEZVOUS_PORT in ports[1] and len(ports[2]) >= 1, ports  # the store; gloo's pairs
@@ -158,6 +164,7 @@ def test_a_non_member_reaches_no_store_or_gloo_port_while_members_train(testbed_
                        for a in (testbed_wg.host(i).address, testbed_wg.host(i).overlay_address)]
             assert outsider_connects(targets) == {t: "refused" for t in targets}
             assert train.finish(timeout=240) == 0, train.output[-3000:]
+            assert (chain(testbed_wg, 1), chain(testbed_wg, 2)) == ("", "")
     finally:
         if train is not None:
             train.close()

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Mapping
 
 from deploy.errors import MeshrunError
+from deploy.check.exposure import exposure_findings, with_findings
 from deploy.check.findings import Level
 from deploy.inventory.load import inventory_path, load_inventory
 
 from deploy.check.verdicts import AllReduceResult, ProbeStatus, build_report, has_failures
 from deploy.edges.sessions import close_all
 from deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
+from deploy.edges.exposure import probe_exposure
 from deploy.render.console import Renderer
 from deploy.edges.records import new_run_id
 from deploy.render.check import print_check
@@ -45,13 +47,15 @@ def check_network(request: CheckRequest, renderer: Renderer, root: Path) -> int:
         facts = gather_facts(hosts, head, sessions, unreachable, sys.executable)
         rdzv, links = probe_pairs(hosts, head, inventory.rendezvous.port, sessions, facts,
                                   BANDWIDTH_S if request.bandwidth else 0.0, sys.executable)
+        exposure = probe_exposure(hosts, head, inventory.rendezvous.port, sessions, sys.executable)
         allreduce = AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first")
         if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0).findings):
             interfaces = {f.name: f.interface for f in facts if f.interface}
             allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable)
     finally:
         close_all(sessions)
-    report = build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started)
+    report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started),
+                           exposure_findings(exposure))
     if request.json:
         renderer.json(asdict(report))
     else:

@@ -11,7 +11,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from deploy.edges.check_probes import probe_argv
 from deploy.edges.fanout import on_each
@@ -100,6 +100,20 @@ def firewall(request: FirewallRequest, renderer: Renderer, root: Path) -> int:
     with sessions_to(selection.hosts, inventory, root) as sessions:
         report(action, apply(action, selection, sessions), renderer)
     return 0
+
+
+def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Callable[[], int], root: Path) -> int:
+    """`fab train --firewall`: the firewall up before the launch and down after it, whatever happens.
+    A detached run outlives this process, so it cannot be bracketed: refused, one line."""
+    if detach:
+        raise InputError("--firewall brackets an attached run; for a detached one: fab firewall up, then "
+                         "fab train --detach, and fab firewall down when it has ended")
+    renderer = Renderer()
+    firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, root)
+    try:
+        return run()
+    finally:
+        firewall(FirewallRequest(Action.DOWN.value, inventory, hosts), renderer, root)
 
 
 def main(request: FirewallRequest, root: Path) -> int:

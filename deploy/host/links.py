@@ -110,6 +110,31 @@ def listen(address: str, rdzv_port: int | None, lifetime: float) -> None:
         sock.close()
 
 
+def canary(rdzv_port: int | None, lifetime: float) -> None:
+    """The exposure check's bait: listen on EVERY address, as torch's store and an elastic run's
+    extra store do, on an ephemeral port (and the rendezvous port if free); print
+    `{"ports": {"ephemeral": N, "rendezvous": N|null}}`; accept and close at once (no thread, no
+    data), until stdin closes or `lifetime` (at most MAX_LIFETIME_S) passes. Whoever connects
+    from outside the training path shows the host's firewall lets the real ones in too."""
+    sockets = [socket.create_server(("", 0), backlog=64)]
+    ports: dict[str, int | None] = {"ephemeral": sockets[0].getsockname()[1], "rendezvous": None}
+    if rdzv_port is not None:
+        try:
+            sockets.append(socket.create_server(("", rdzv_port), backlog=64))
+            ports["rendezvous"] = rdzv_port
+        except OSError:
+            pass  # in use (a run?): the ephemeral bait still tells
+    print(json.dumps({"ports": ports}), flush=True)
+    closed = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), closed.set()), daemon=True).start()
+    deadline = time.monotonic() + min(lifetime, MAX_LIFETIME_S)
+    while not closed.is_set() and time.monotonic() < deadline:
+        for sock in select.select(sockets, [], [], 0.2)[0]:
+            sock.accept()[0].close()
+    for sock in sockets:
+        sock.close()
+
+
 def _connect(address: str, port: int, timeout: float) -> dict[str, object]:
     start = time.monotonic()
     try:
@@ -175,10 +200,15 @@ def main(argv: list[str]) -> None:
         # exit would abort on its lock (SIGABRT), so leave at once, output flushed.
         sys.stdout.flush()
         os._exit(0)
+    elif argv[0] == "canary":
+        canary(int(argv[1]) if argv[1] != "-" else None, float(argv[2]))
+        sys.stdout.flush()
+        os._exit(0)  # as for listen: the stdin reader still holds its lock
     elif argv[0] == "connect":
         connect(json.loads(argv[1]))
     else:
-        raise SystemExit(f"usage: probe_net listen ADDRESS RDZV_PORT|- LIFETIME | connect SPEC_JSON, not {argv}")
+        raise SystemExit(f"usage: probe_net listen ADDRESS RDZV_PORT|- LIFETIME | canary RDZV_PORT|- LIFETIME | "
+                         f"connect SPEC_JSON, not {argv}")
 
 
 if __name__ == "__main__":
