@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,21 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ZT_MTU = 2800
 DF_PAYLOAD = ZT_MTU - 28  # IPv4 + ICMP headers
 HOSTS = ("h1", "h2", "h3")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def firewalled(zt_session: ZeroTier, testbed: SimCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """meshrun's firewall on every host for the module: without it the store and gloo ports answer on
+    the bridge and check-network's exposure check FAILs (tests/test_exposure.py), while these tests
+    expect a clean check. It filters TCP only, so ZeroTier's UDP and the faults below are unchanged."""
+    inventory = testbed.write_inventory(tmp_path_factory.mktemp("firewall") / "zt.yaml", use_zerotier=True)
+    up = fab("firewall", "up", "--inventory", str(inventory), timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield
+    finally:
+        down = fab("firewall", "down", "--inventory", str(inventory), timeout=180)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def check_json(inventory: Path, *args: str) -> tuple[dict[str, Any], int, float]:
