@@ -147,7 +147,7 @@ def test_a_non_member_reaches_no_store_or_gloo_port_while_members_train(testbed_
             rules = chain(testbed_wg, 1)
             again = fab("firewall", "up", "--inventory", inv, *hosts)
             assert again.returncode == 0 and chain(testbed_wg, 1) == rules, again.stdout + again.stderr
-            assert "-A MESHRUN -i wg0 -s 10.78.0.12/32 -j RETURN" in rules.splitlines()
+            assert "-A MESHRUN -s 10.78.0.12/32 -i wg0 -j RETURN" in rules.splitlines()
             jumps = testbed_wg.exec(1, ["iptables", "-S", "INPUT"]).stdout.splitlines()
             assert jumps.count("-A INPUT -j MESHRUN") == 1
             status = fab("firewall", "status", "--inventory", inv, *hosts)
