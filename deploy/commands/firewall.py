@@ -109,8 +109,8 @@ def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Call
         raise InputError("--firewall brackets an attached run; for a detached one: fab firewall up, then "
                          "fab train --detach, and fab firewall down when it has ended")
     renderer = Renderer()
-    firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, root)
-    try:
+    try:  # `up` inside: hosts it reached before another failed must not keep the chain
+        firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, root)
         return run()
     finally:
         firewall(FirewallRequest(Action.DOWN.value, inventory, hosts), renderer, root)
