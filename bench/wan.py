@@ -1,20 +1,30 @@
-"""P2/P3: gradient communication over slow links, against the ring all-reduce floor.
+"""P2/P3: gradient communication over the test bed's network profiles (lan, home, far).
 
-On 3 simulated hosts (tests/testbed, needs root) with tbf-shaped links, `fab train` runs an MLP
-64-1024-1024-10 (1.13 M parameters, 4.5 MB of fp32 gradients) on digits, one process per host,
-64 samples per rank, with each of torch's comm hooks (`comm.hook=...`).
+On 3 simulated hosts (tests/testbed, needs root), `fab train` runs one job per method, one
+process per host, under `SimCluster.profile(name)` (tbf rate + NFQUEUE delay, see
+docs/performance.md "Latency in the test bed"). The job: the digits MLP 64-1024-1024-10
+(1.13 M parameters, 4.5 MB of fp32 gradients), 16 samples per rank (30 optimizer steps per
+epoch), SGD at a constant LR 0.005, TARGET test accuracy 0.96: 180 steps (epoch 6) to the target
+on lan in the run in docs/performance.md, so the link is paid for hundreds of times, as users pay
+it (the issue asks for >= 200: a lower LR or a higher target would get there, not measured yet). Chosen because it is the
+project's own job, has >= 1 M parameters and runs an epoch in about a second on 2 CPU cores.
 
-- P2: the trainer's measured all-reduce time per step (comm record: median fwd+bwd with DDP's
-  gradient sync minus under no_sync) ÷ the ring floor 2(N-1)/N · S / B, hook `none`, at 50 and
-  20 Mbit (B = the tbf rate). Goal <= 1.3.
-- P3: time to TARGET test accuracy (sum of train + eval seconds of the epochs until the first
-  epoch at or above it) on 20 Mbit ÷ the same job unshaped, per hook. Goal <= 1.3 for the best
-  hook; final accuracy within 1 point of plain DDP (`none`).
+- P3: time to TARGET (train + eval seconds of the epochs until the first at or above it) on
+  home (and far) ÷ the same job on lan, per method: none, fp16, powersgd, localsgd, diloco,
+  diloco-overlap. Goal <= 1.3 for the best method, with its final accuracy on lan within 1 point
+  of plain DDP (`none`) on lan. A profile changes timing, not arithmetic (same seed, fixed ring
+  order, constant LR), so a shaped run stops at the epoch where its lan twin reached the target.
+- P2 on home: the trainer's measured all-reduce per step (comm record, hook none) ÷ its floor
+  2(N-1)/N · S / B + (N-1) · RTT per all-reduce (deploy/run/commplan.py::hook_floor). Goal <= 1.3.
 - Bytes per step: each host's eth0 tx_bytes (read inside its namespace) sampled twice a second,
   interpolated at the start of the first epoch and the end of the last epoch's training, summed
-  over hosts, divided by hosts x optimizer steps. Compression = bytes(none) ÷ bytes(hook).
+  over hosts, divided by hosts x optimizer steps.
 
-Usage: sudo .venv/bin/python bench/wan.py [--epochs 8] [--hooks none,fp16,bf16,powersgd,localsgd] [--wait 900]
+Ends with the line `P3 best: METHOD RATIO` (home ÷ lan, the best method within 1 point).
+It takes about 40 min with all methods on home and far; `--profiles lan,home` or fewer
+`--methods` for less.
+
+Usage: sudo .venv/bin/python bench/wan.py [--epochs 12] [--methods none,fp16,...] [--profiles lan,home,far]
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.run.commplan import Hook, HookSettings, hook_bytes, ring_floor_s  # noqa: E402
+from deploy.run.commplan import Hook, HookSettings, hook_bytes, hook_floor  # noqa: E402
+from tests.testbed.latency import lookup  # noqa: E402
 from tests.fabrun import run_id_of  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
@@ -40,9 +51,9 @@ from tests.testbed.lock import exclusive  # noqa: E402
 HOSTS = 3
 HIDDEN = [1024, 1024]
 SHAPES = [[1024, 64], [1024], [1024, 1024], [1024], [10, 1024], [10]]  # python -m train --describe
-SETTINGS = HookSettings(powersgd_rank=4, localsgd_period=4)
-TARGET = 0.93
-RATES = {"unshaped": None, "50mbit": 50e6 / 8, "20mbit": 20e6 / 8}
+SETTINGS = HookSettings(powersgd_rank=4, localsgd_period=4, diloco_inner_steps=8)
+TARGET = 0.96
+METHODS = "none,fp16,powersgd,localsgd,diloco,diloco-overlap"
 SAMPLER = ("import time, sys\n"
            "while True:\n"
            "    v = open('/sys/class/net/eth0/statistics/tx_bytes').read().strip()\n"
@@ -52,10 +63,11 @@ SAMPLER = ("import time, sys\n"
 
 def overrides(hook: str, epochs: int) -> list[str]:
     return [f"epochs={epochs}", f"model.hidden=[{HIDDEN[0]},{HIDDEN[1]}]", "model.dropout=0.0",
-            "data.batch_size=64", "optim.lr=0.05", "schedule.name=constant", "log.tensorboard=false", "log.print_every_steps=100",
+            "data.batch_size=16", "optim.lr=0.005", "schedule.name=constant", "log.tensorboard=false", "log.print_every_steps=100",
             "perf.comm_probe_steps=3", f"comm.hook={hook}", "comm.start_iter=2",
             f"comm.powersgd_rank={SETTINGS.powersgd_rank}",
-            f"comm.localsgd_period={SETTINGS.localsgd_period}"]
+            f"comm.localsgd_period={SETTINGS.localsgd_period}",
+            f"comm.diloco_inner_steps={SETTINGS.diloco_inner_steps}"]
 
 
 class TxSampler:
@@ -102,6 +114,7 @@ class Run:
     bytes_per_step: float  # per host
     steps: int
     wall_s: float
+    epochs_run: int = 1
 
 
 def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs: int, first: bool) -> Run:
@@ -118,7 +131,8 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
     main = [json.loads(x) for x in cluster.exec(1, ["cat", f"{remote}/metrics.jsonl"]).stdout.splitlines() if x]
     rank0 = [json.loads(x) for x in cluster.exec(1, ["cat", f"{remote}/metrics.rank0.jsonl"]).stdout.splitlines() if x]
     epochs_ = [r for r in main if r["kind"] == "epoch"]
-    comm = [r for r in rank0 if r["kind"] == "comm"][-1]
+    comms = [r for r in rank0 if r["kind"] == "comm"]
+    comm_s = comms[-1]["comm_s"] if comms else float("nan")
     steps = [r for r in rank0 if r["kind"] == "step"]
     per_step = sorted(r["step_s"] for r in steps)
     elapsed, hit, hit_epoch = 0.0, None, None
@@ -130,17 +144,20 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
     train_end = epochs_[-1]["time"] - epochs_[-1]["eval_seconds"]
     sent = sum(sampler.at(i, train_end) - sampler.at(i, first_start) for i in range(1, HOSTS + 1))
     total_steps = epochs_[-1]["global_step"]
-    return Run(hook, shape, comm["comm_s"], per_step[len(per_step) // 2], hit, hit_epoch, epochs_[-1]["test_acc"],
-               sent / HOSTS / total_steps, total_steps, time.time() - started)
+    return Run(hook, shape, comm_s, per_step[len(per_step) // 2], hit, hit_epoch, epochs_[-1]["test_acc"],
+               sent / HOSTS / total_steps, total_steps, time.time() - started, len(epochs_))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--hooks", default="none,fp16,bf16,powersgd,localsgd")
+    parser.add_argument("--epochs", type=int, default=12, help="epochs on lan (shaped runs stop at the target)")
+    parser.add_argument("--methods", default=METHODS)
+    parser.add_argument("--profiles", default="lan,home,far", help="lan first: the baseline")
+    parser.add_argument("--none-shaped-epochs", type=int, default=0,
+                        help="cap `none` off lan at this many epochs (P2 only, no P3 ratio for it); 0: to the target")
     parser.add_argument("--wait", type=float, default=900, help="seconds to wait for the test bed lock")
     args = parser.parse_args()
-    hooks = args.hooks.split(",")
+    methods, profiles = args.methods.split(","), [p for p in args.profiles.split(",") if p != "lan"]
     cluster = SimCluster("/tmp/meshrun-testbed")
     runs: list[Run] = []
     started = time.time()
@@ -148,64 +165,74 @@ def main() -> int:
         cluster.up(HOSTS)
         try:
             inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-wan.yaml"))
-            plan = [("unshaped", h) for h in hooks] + [("50mbit", "none")] + [("20mbit", h) for h in hooks]
             hit_epoch: dict[str, int] = {}
-            for shape, hook in plan:
-                # The link changes timing, not arithmetic (same seed, fixed ring order, constant LR),
-                # so a shaped run stops at the epoch where its unshaped twin reached the target.
-                epochs = 1 if shape == "50mbit" else args.epochs if shape == "unshaped" else \
-                    hit_epoch.get(hook, args.epochs)
-                if shape == "unshaped":
-                    run = one_run(cluster, inventory, hook, shape, epochs, first=not runs)
-                else:
-                    with cluster.shaped(shape):
-                        run = one_run(cluster, inventory, hook, shape, epochs, first=not runs)
-                runs.append(run)
-                if shape == "unshaped" and run.hit_epoch is not None:
-                    hit_epoch[hook] = run.hit_epoch
-                print(f"  {shape:>8} {hook:>8}: comm {run.comm_s * 1e3:7.1f} ms, step {run.step_s * 1e3:7.1f} ms, "
-                      f"to {TARGET:.2f}: {run.time_to_target}, final {run.final_acc:.4f}, "
-                      f"{run.bytes_per_step / 1e3:.0f} kB/step/host ({run.wall_s:.0f} s)", flush=True)
+            for profile in ["lan", *profiles]:
+                for method in methods:
+                    epochs = args.epochs if profile == "lan" else hit_epoch.get(method, args.epochs)
+                    if profile != "lan" and method == "none" and args.none_shaped_epochs:
+                        epochs = min(epochs, args.none_shaped_epochs)
+                    with cluster.profile(profile):
+                        run = one_run(cluster, inventory, method, profile, epochs, first=not runs)
+                    runs.append(run)
+                    if profile == "lan" and run.hit_epoch is not None:
+                        hit_epoch[method] = run.hit_epoch
+                    print(f"  {profile:>5} {method:>14}: comm {run.comm_s * 1e3:7.1f} ms, step "
+                          f"{run.step_s * 1e3:7.1f} ms, to {TARGET:.2f}: {run.time_to_target} (epoch {run.hit_epoch}), "
+                          f"final {run.final_acc:.4f}, {run.bytes_per_step / 1e3:.0f} kB/step/host "
+                          f"({run.wall_s:.0f} s)", flush=True)
         finally:
             cluster.down()
-    report(runs, hooks)
     print(f"bench total {time.time() - started:.0f} s")
+    report(runs, methods, profiles)
     return 0
 
 
-def report(runs: list[Run], hooks: list[str]) -> None:
+def floor_of(method: str, profile: str) -> tuple[float, float]:
+    """(floor s, its latency part s) per step for `method` on `profile` (commplan's model)."""
+    p = lookup(profile)
+    rate = p.rate_mbit * 1e6 / 8 if p.rate_mbit else 10e9 / 8
+    f = hook_floor(Hook(method), SHAPES, SETTINGS, HOSTS, rate, p.rtt_ms / 1e3)
+    return f.floor_s, f.latency_s
+
+
+def report(runs: list[Run], methods: list[str], profiles: list[str]) -> None:
     by = {(r.shape, r.hook): r for r in runs}
     full = hook_bytes(Hook.NONE, SHAPES, SETTINGS)
-    print(f"\nP2: all-reduce per step vs the ring floor, hook none, {HOSTS} hosts, S = {full / 1e6:.2f} MB")
-    print(f"{'link':>8}  {'measured ms':>11}  {'floor ms':>8}  {'ratio':>5}")
-    for shape in ("50mbit", "20mbit"):
-        r = by.get((shape, "none"))
-        if r is None:
-            continue
-        floor = ring_floor_s(full, HOSTS, RATES[shape])
-        print(f"{shape:>8}  {r.comm_s * 1e3:>11.1f}  {floor * 1e3:>8.1f}  {r.comm_s / floor:>5.2f}")
-    none_bytes = {s: by[(s, "none")].bytes_per_step for s in ("unshaped", "20mbit") if (s, "none") in by}
-    print(f"\nP3: time to test accuracy {TARGET:.2f}, 20 Mbit ÷ unshaped (goal <= 1.3 for the best hook)")
-    print(f"{'hook':>8}  {'unshaped s':>10}  {'20mbit s':>8}  {'ratio':>5}  {'final acc':>9}  {'Δ vs none':>9}  "
-          f"{'comm ms':>7}  {'floor ms':>8}  {'kB/step':>7}  {'model kB':>8}  {'compression':>11}")
-    for hook in hooks:
-        a, b = by.get(("unshaped", hook)), by.get(("20mbit", hook))
-        if a is None or b is None:
-            continue
-        ratio = (b.time_to_target / a.time_to_target) if a.time_to_target and b.time_to_target else None
-        floor = ring_floor_s(hook_bytes(Hook(hook), SHAPES, SETTINGS), HOSTS, RATES["20mbit"])
-        model = 2 * (HOSTS - 1) / HOSTS * hook_bytes(Hook(hook), SHAPES, SETTINGS)
-        delta = (a.final_acc - by[("unshaped", "none")].final_acc) * 100
-        comp = none_bytes["20mbit"] / b.bytes_per_step if "20mbit" in none_bytes else float("nan")
-        fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
-        print(f"{hook:>8}  {fmt(a.time_to_target):>10}  {fmt(b.time_to_target):>8}  "
-              f"{(f'{ratio:.2f}' if ratio else '-'):>5}  {a.final_acc:>9.4f}  {delta:>+8.1f}p  "
-              f"{b.comm_s * 1e3:>7.1f}  {floor * 1e3:>8.1f}  {b.bytes_per_step / 1e3:>7.0f}  {model / 1e3:>8.0f}  "
-              f"{comp:>10.1f}x")
-    print(f"final acc: after all epochs of the unshaped run (the shaped run stops once it reaches {TARGET}); "
-          "comm ms: the trainer's probe on 20 Mbit (past the hook's warm-up); floor: 2(N-1)/N x S_hook / B")
+    print(f"\nP2: all-reduce per step ÷ its floor (bandwidth + latency), hook none, {HOSTS} hosts, "
+          f"S = {full / 1e6:.2f} MB (goal <= 1.3 on home)")
+    print(f"{'profile':>7}  {'measured ms':>11}  {'floor ms':>8}  {'of it latency ms':>16}  {'ratio':>5}")
+    for profile in profiles:
+        r = by.get((profile, "none"))
+        if r is not None:
+            floor, latency = floor_of("none", profile)
+            print(f"{profile:>7}  {r.comm_s * 1e3:>11.1f}  {floor * 1e3:>8.1f}  {latency * 1e3:>16.1f}  "
+                  f"{r.comm_s / floor:>5.2f}")
+    base = by.get(("lan", "none"))
+    best: tuple[float, str] | None = None
+    for profile in profiles:
+        print(f"\nP3: time to test accuracy {TARGET:.2f}, {profile} ÷ lan (goal <= 1.3 for the best method)")
+        print(f"{'method':>14}  {'lan s':>6}  {profile + ' s':>7}  {'ratio':>5}  {'steps':>5}  {'final acc':>9}  "
+              f"{'Δ vs none':>9}  {'comm ms':>7}  {'floor ms':>8}  {'kB/step':>7}  {'model kB':>8}")
+        for method in methods:
+            a, b = by.get(("lan", method)), by.get((profile, method))
+            if a is None or b is None:
+                continue
+            ratio = b.time_to_target / a.time_to_target if a.time_to_target and b.time_to_target else None
+            delta = (a.final_acc - base.final_acc) * 100 if base else float("nan")
+            steps = (a.hit_epoch or 0) * a.steps // max(1, a.epochs_run)
+            model = 2 * (HOSTS - 1) / HOSTS * hook_bytes(Hook(method), SHAPES, SETTINGS)
+            fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
+            print(f"{method:>14}  {fmt(a.time_to_target):>6}  {fmt(b.time_to_target):>7}  "
+                  f"{(f'{ratio:.2f}' if ratio else '-'):>5}  {steps:>5}  {a.final_acc:>9.4f}  {delta:>+8.1f}p  "
+                  f"{b.comm_s * 1e3:>7.1f}  {floor_of(method, profile)[0] * 1e3:>8.1f}  "
+                  f"{b.bytes_per_step / 1e3:>7.0f}  {model / 1e3:>8.0f}")
+            if profile == "home" and ratio is not None and delta >= -1.0 and (best is None or ratio < best[0]):
+                best = (ratio, method)
+    print("steps: optimizer steps to the target on lan; final acc: after all epochs on lan; comm ms: the trainer's "
+          "probe (past the hook's warm-up); floor: commplan's 2(N-1)/N x S_hook / B + latency per step")
     print("kB/step: measured eth0 tx bytes per host per optimizer step (training phase, incl. eval and logs); "
-          "model kB: 2(N-1)/N x S_hook (localsgd amortized over its period)")
+          "model kB: 2(N-1)/N x S_hook (the periodic methods amortized over their period)")
+    print(f"P3 best: {best[1]} {best[0]:.2f}" if best else "P3 best: - nan")
 
 
 if __name__ == "__main__":
