@@ -52,7 +52,7 @@ def test_lookup_refuses_unknown_names_and_bad_loss() -> None:
 
 
 def test_rules_queue_eth0_ingress_controller_first() -> None:
-    ipt = ["iptables", "-w", "10"]
+    ipt = ["iptables", "-w", "10", "-t", "mangle"]
     queue = ["-j", "NFQUEUE", "--queue-bypass", "--queue-num"]
     assert latency.rules() == [
         [*ipt, "-N", "MRT-DELAY"],
@@ -141,7 +141,7 @@ def assert_nothing_left(cluster: SimCluster) -> None:
     for h in cluster.hosts:
         assert latency.delayer_pid(h, cluster.paths) is None
         assert cluster.processes(h.index, sessions=False) == []
-        assert "MRT-DELAY" not in cluster.exec(h.index, ["iptables", "-S"]).stdout
+        assert "MRT-DELAY" not in cluster.exec(h.index, ["iptables", "-t", "mangle", "-S"]).stdout
         assert "tbf" not in cluster.exec(h.index, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
     assert latency.current(cluster.paths) is None
 
@@ -245,3 +245,20 @@ def test_overlay_packets_are_delayed_once(profiled_bed: SimCluster, testbed_wg: 
         pings = measure.ping(profiled_bed, 1, h2.overlay_address)
     assert pings.lost == 0
     assert_near(pings.median_ms, 40.0, "RTT h1 <-> h2 over wg0 (ms)")
+
+
+@pytest.mark.cluster
+def test_the_hosts_own_filter_rules_still_apply_after_the_delay(profiled_bed: SimCluster) -> None:
+    """The delay sits in the mangle table: a queued packet's ACCEPT does not skip
+    the filter table's INPUT rules (a host firewall such as `fab firewall`)."""
+    block = ["iptables", "-w", "10", "-I", "INPUT", "-p", "icmp", "-s", "10.77.0.13", "-j", "DROP"]
+    profiled_bed.exec(2, block)
+    try:
+        with profiled_bed.profile("home"):
+            from_h1 = measure.ping(profiled_bed, 1, H2, count=3)
+            from_h3 = measure.ping(profiled_bed, 3, H2, count=3)
+    finally:
+        profiled_bed.exec(2, [*block[:3], "-D", *block[4:]])
+    assert_near(from_h1.median_ms, 40.0, "RTT h1 <-> h2 (ms)")
+    assert from_h3.rtts_ms == ()
+    assert measure.ping(profiled_bed, 3, H2, count=2).lost == 0  # the rule is gone again

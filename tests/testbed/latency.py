@@ -28,9 +28,14 @@ How (the lab kernel has tbf and htb but no netem; NOTES.md §5):
   that is the point (it is what `fab` has to cope with), not a distortion.
 * Overlays (wireguard-go, ZeroTier) run over eth0: their UDP is delayed once,
   the decrypted packets (on wg0 / zt) are not delayed again.
-* Rules live in their own chain MRT-DELAY (jumped to from INPUT), one NFQUEUE
-  per source class, with ``--queue-bypass``: if the delayer is not running,
-  packets pass undelayed instead of being dropped.
+* Rules live in their own chain MRT-DELAY of the *mangle* table (jumped to from
+  its INPUT), one NFQUEUE per source class, with ``--queue-bypass``: if the
+  delayer is not running, packets pass undelayed instead of being dropped.
+  Mangle, not filter: a queued packet's ACCEPT verdict ends the traversal of its
+  table's chain, so in filter it would skip the host's own firewall rules (`fab
+  firewall`'s MESHRUN chain), or those rules would accept packets before they were
+  delayed. Mangle INPUT runs before filter INPUT: every packet is delayed, then
+  meets the firewall, as on a real WAN.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from .requirements import missing_latency_requirements
 CHAIN = "MRT-DELAY"
 PEER_QUEUE = 1  # packets from other hosts: RTT/2
 CONTROLLER_QUEUE = 2  # packets from the controller: the full RTT
-IPTABLES = ("iptables", "-w", "10")  # -w: the xtables lock is machine-wide
+IPTABLES = ("iptables", "-w", "10", "-t", "mangle")  # -w: the xtables lock is machine-wide
 DELAYER = Path(__file__).with_name("delayer.py")
 DEFAULT_MAX_SECONDS = 3600.0
 
