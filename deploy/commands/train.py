@@ -25,7 +25,7 @@ from deploy.errors import MeshrunError
 from deploy.edges.fanout import on_each
 from deploy.inventory.load import load_inventory, inventory_path
 from deploy.inventory.model import Host, Inventory
-from deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
+from deploy.edges.launcher import PING_TIMEOUT_S, JobRunner, run_detached_agent
 from deploy.run.membership import split_brain_risk
 from deploy.run.outcome import JobOutcome, JobStatus
 from deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
@@ -88,7 +88,7 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
     """Start each host's agent in the background; it outlives this controller by design."""
     def start(host: Host) -> dict:
         launch = next(h for h in plan.hosts if h.host.name == host.name)
-        result = sessions[host.name].run(launch.agent, timeout=30)
+        result = run_detached_agent(sessions[host.name], launch)
         try:
             record = result.last_json()
         except (ValueError, IndexError):
