@@ -124,3 +124,19 @@ def wait_no_run_processes(run_id: str, timeout: float) -> float:
             return time.monotonic() - start
         time.sleep(0.25)
     raise AssertionError(f"run {run_id} still has processes after {timeout} s: {run_processes(run_id)}")
+
+
+def torchrun_envs(run_id: str) -> dict[str, dict[str, str]]:
+    """MESHRUN_HOST -> the environment of that host's live torchrun (read from /proc: the namespaces
+    share this machine's pid space), for the processes tagged with the run's id."""
+    envs = {}
+    for pid in run_processes(run_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile
+        if b"torch.distributed.run" in argv:
+            env = dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+            envs[env["MESHRUN_HOST"]] = env
+    return envs

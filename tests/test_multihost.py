@@ -15,7 +15,8 @@ import pytest
 
 from train.safe_load import load_file
 from tests.cpuhog import cpu_hog
-from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes, wait_no_run_processes
+from tests.fabrun import (ROOT, FabProcess, fab, run_id_of, run_processes, torchrun_envs,
+                          wait_no_run_processes)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -74,21 +75,41 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     assert (home / "hosts/h2/metrics.rank1.jsonl").read_text() == "edited locally\n"
     assert "metrics.rank1.jsonl" in again.stdout  # listed as not overwritten
 
+    # The hosts lose every copy; `fab train --resume` pushes the fetched, verified checkpoints to the
+    # rendezvous host with the controller's manifest, and the run continues from that step.
+    for i in (1, 2, 3):
+        testbed.exec(i, ["rm", "-rf", f"/root/meshrun/runs/{run_id}/checkpoints"])
+    resumed = fab("train", "--resume", run_id, "--skip-checks", "--", "epochs=12", timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    step = int(newest[len("ckpt-step"):-len(".pt")])
+    assert f"resume: pushed checkpoints up to step {step} to h1" in resumed.stdout
+    assert summary_of(run_id)["epochs_completed"] == 12
+    lines = testbed.exec(1, ["cat", f"/root/meshrun/runs/{run_id}/metrics.jsonl"]).stdout.splitlines()
+    resumes = [r for r in map(json.loads, lines) if r.get("kind") == "resume"]
+    assert resumes and resumes[-1]["from_step"] == step
+
 
 def test_uneven_processes_over_the_wireguard_overlay(testbed_wg, make_inventory) -> None:
-    """2+1+1 processes; rendezvous on h1's overlay address; NCCL/GLOO interface is wg0."""
+    """2+1+1 processes; rendezvous on h1's overlay address; NCCL/GLOO interface is wg0 (read from each
+    host's live torchrun: the agent records no environment, it may hold secrets)."""
     inventory = make_inventory(host_overrides={"h1": {"nproc": 2}})
     text = inventory.read_text()
     assert "10.78.0.11" in text and "network: wireguard" in text
-    done = fab("train", "--inventory", str(inventory), "--", "epochs=8", timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    run_id = run_id_of(done.stdout)
+    run = FabProcess("train", "--inventory", str(inventory), "--", "epochs=8")
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 1 ", timeout=300))
+        envs = torchrun_envs(run_id)
+        assert run.finish(timeout=420) == 0, run.output[-3000:]
+    finally:
+        run.close()
     summary = summary_of(run_id)
     assert summary["world_size"] == 4 and summary["metrics"]["test_acc"] >= 0.95
+    assert sorted(envs) == ["h1", "h2", "h3"]
     for i in (1, 2, 3):
+        env = envs[f"h{i}"]
+        assert env["GLOO_SOCKET_IFNAME"] == "wg0" and env["NCCL_SOCKET_IFNAME"] == "=wg0"
+        assert env["NCCL_IB_DISABLE"] == "1"
         agent = json.loads(testbed_wg.exec(i, ["cat", f"/root/meshrun/runs/{run_id}/hosts/h{i}/agent.json"]).stdout)
-        assert "GLOO_SOCKET_IFNAME=wg0" in agent["env"] and "NCCL_SOCKET_IFNAME==wg0" in agent["env"]
-        assert "NCCL_IB_DISABLE=1" in agent["env"]
         command = agent["command"]
         assert command[command.index("--rdzv-endpoint") + 1] == "10.78.0.11:29400"
         assert command[command.index("--local-addr") + 1] == f"10.78.0.1{i}"
@@ -108,8 +129,15 @@ def test_user_script_gets_hostile_arguments_and_env_literally(testbed, make_inve
     assert json.loads(line.split("ARGS ", 1)[1]) == {"argv": HOSTILE, "epochs": 1}
     assert "rank 1 local_rank 0 epoch 0" in done.stdout
     run_id = run_id_of(done.stdout)
-    agent = json.loads(testbed.exec(2, ["cat", f"/root/mesh run $(x)/runs/{run_id}/hosts/h2/agent.json"]).stdout)
-    assert [f"{k}={v}" for k, v in env.items()] == [e for e in agent["env"] if e.startswith("MR_HOSTILE_")]
+    # The env reached the worker literally (a second, tiny script prints what it received) ...
+    echoed = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--skip-checks", "--no-sync",
+                 "--script", "tests/scripts/env_echo.py", "--", "MR_HOSTILE_", timeout=300)
+    assert echoed.returncode == 0, echoed.stdout[-3000:] + echoed.stderr[-2000:]
+    shown = [l.split("ENV ", 1)[1] for l in echoed.stdout.splitlines() if "ENV " in l]
+    assert len(shown) == 2 and all(json.loads(s) == env for s in shown)
+    # ... and is kept nowhere on disk: the agent's record holds no environment.
+    agent = testbed.exec(2, ["cat", f"/root/mesh run $(x)/runs/{run_id}/hosts/h2/agent.json"]).stdout
+    assert "MR_HOSTILE_" not in agent
     assert not PWNED.exists()
     for i in (1, 2, 3):
         assert testbed.exec(i, ["test", "-e", str(PWNED)], check=False).returncode != 0

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes
+from tests.fabrun import ROOT, FabProcess, fab, run_id_of, torchrun_envs
 from tests.test_check_network import iptables
 from tests.testbed import SimCluster
 from tests.testbed.layout import ZT_IFNAME
@@ -183,22 +183,6 @@ def test_relayed_peer_is_warn_through_the_stand_in(zt_testbed: ZeroTier, testbed
     assert [(f["where"], f["message"]) for f in report["findings"]] == [("h2", (
         f"ZeroTier peer h3 ({net.nodes[3]}) is RELAYED, not DIRECT: slow; open UDP 9993 (or the node's ports) "
         "between the hosts, see docs/zerotier.md"))]
-
-
-def torchrun_envs(run_id: str) -> dict[str, dict[str, str]]:
-    """MESHRUN_HOST -> the environment of that host's live torchrun (read from /proc: the namespaces
-    share this machine's pid space), for the processes tagged with the run's id."""
-    envs = {}
-    for pid in run_processes(run_id):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue  # ended meanwhile
-        if b"torch.distributed.run" in argv:
-            env = dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
-            envs[env["MESHRUN_HOST"]] = env
-    return envs
 
 
 def test_digits_trains_on_three_hosts_over_zerotier(zt_testbed: ZeroTier, testbed: SimCluster,
