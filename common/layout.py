@@ -56,6 +56,7 @@ HEARTBEAT_EVERY_S = 2.0  # the controller writes a heartbeat line to each agent 
 HEARTBEAT_TIMEOUT_S = 30  # an agent stops its run when the controller is silent this long
 STOP_GRACE_S = 5.0  # TERM, then this long, then KILL: a stopped run must be gone within seconds, under load too
 DEFAULT_PG_TIMEOUT_S = 60  # collective timeout: a cut link is noticed in bounded time
+PREFLIGHT_REUSE_S = 300  # a passed pre-flight is reused this long while its key (hosts, their facts stamp) holds
 
 
 def generation_rdzv_id(launch_rdzv_id: str, generation: int) -> str:

@@ -18,6 +18,8 @@ from deploy.check.verdicts import AllReduceResult, ProbeStatus, build_report, ha
 from deploy.edges.sessions import close_all
 from deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
 from deploy.edges.exposure import probe_exposure
+from deploy.edges.preflightcache import StoredPass, cache_file, host_stamps, load_pass, save_pass
+from deploy.run.preflightkey import may_reuse, preflight_key
 from deploy.render.console import Renderer
 from deploy.edges.records import new_run_id
 from deploy.render.check import print_check
@@ -63,22 +65,43 @@ def check_network(request: CheckRequest, renderer: Renderer, root: Path) -> int:
     return 1 if report.level is Level.FAIL else 0
 
 
-def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer) -> None:
+def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer,
+              cache: Path | None = None) -> bool:
     """The fast part of check-network before a run: versions, torch, GPUs, the rendezvous port
-    and all-to-all ports (no all-reduce, no bandwidth). FAILs stop the run; WARNs are shown."""
+    and all-to-all ports (no all-reduce, no bandwidth). FAILs stop the run; WARNs are shown.
+    A pass without FAILs is reused while its key holds, its warnings shown again
+    (deploy/run/preflightkey.py); returns True when this call reused one instead of checking."""
+    path = cache or cache_file()
+    stamps = host_stamps(selection.hosts, sessions, sys.executable)
+    key = preflight_key(repr((selection.hosts, selection.rendezvous)), stamps) if stamps is not None else None
+    stored = load_pass(path)
+    if key is not None and may_reuse(stored.key, stored.at, key, time.time()):
+        for warning in stored.warnings:
+            renderer.warn(warning)
+        renderer.info("pre-flight: passed recently and nothing it checked has changed; reused")
+        return True
+    warnings = _check_before_run(selection, sessions, renderer)
+    if key is not None:
+        save_pass(path, StoredPass(key, time.time(), warnings))
+    return False
+
+
+def _check_before_run(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer) -> tuple[str, ...]:
+    """The checks themselves; raises on any FAIL, else returns the warnings it showed."""
     started = time.monotonic()
     hosts, head = selection.hosts, selection.head
     facts = gather_facts(hosts, head, sessions, {}, sys.executable)
     rdzv, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable)
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
     report = build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started)
-    for finding in report.findings:
-        if finding.level is Level.WARN:
-            renderer.warn(f"pre-flight: {finding.where}: {finding.message}")
+    warnings = tuple(f"pre-flight: {f.where}: {f.message}" for f in report.findings if f.level is Level.WARN)
+    for warning in warnings:
+        renderer.warn(warning)
     failed = [f"{f.where}: {f.message}" for f in report.findings if f.level is Level.FAIL]
     if failed:
         raise MeshrunError("pre-flight failed: " + "; ".join(failed) +
                            "; details: fab check-network (or skip with --skip-checks)")
+    return warnings
 
 
 def main(request: CheckRequest, root: Path) -> int:

@@ -1,0 +1,73 @@
+"""The controller's record of the last passed pre-flight, and the host stamps that key it.
+
+The rule (what is compared, for how long) is pure in deploy/run/preflightkey.py. The record is
+one small JSON file in the user's cache folder, written atomically; a missing or unreadable
+file simply means "run the pre-flight".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.edges.check_probes import FACTS_TIMEOUT_S, probe_argv
+from deploy.edges.fanout import on_each
+from deploy.inventory.model import Host
+from deploy.edges.transport import Session
+from deploy.run.plan import python_of
+
+
+@dataclass(frozen=True)
+class StoredPass:
+    """A pre-flight without FAILs: its key, when (time.time()), and the warnings it showed."""
+    key: str | None
+    at: float | None
+    warnings: tuple[str, ...] = ()
+
+
+NOTHING = StoredPass(None, None)
+
+
+def cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "meshrun" / "preflight.json"
+
+
+def host_stamps(hosts: tuple[Host, ...], sessions: Mapping[str, Session], local_python: str) -> dict[str, str] | None:
+    """Each host's stamp (deploy/host/stamp.py); None when any host cannot give one."""
+    def one(host: Host) -> str | None:
+        # create_workdir: the pre-flight runs first on a fresh host, whose workdir sync has yet to make.
+        result = sessions[host.name].run(probe_argv(python_of(host, local_python), "stamp"), timeout=FACTS_TIMEOUT_S,
+                                         create_workdir=True)
+        return result.stdout.strip() if result.ok and result.stdout.strip() else None
+
+    results = on_each(hosts, one, timeout=FACTS_TIMEOUT_S * 2)
+    stamps = {name: value for name, value in results.ok.items()}
+    if results.failed or any(v is None for v in stamps.values()) or len(stamps) != len(hosts):
+        return None
+    return stamps  # type: ignore[return-value]
+
+
+def load_pass(path: Path) -> StoredPass:
+    """The stored pass (NOTHING when there is none or it cannot be read)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return StoredPass(str(record["key"]), float(record["at"]), tuple(str(w) for w in record["warnings"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return NOTHING
+
+
+def save_pass(path: Path, stored: StoredPass) -> None:
+    """Store a pass; never fatal (the next run just checks again)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".preflight-")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"key": stored.key, "at": stored.at, "warnings": list(stored.warnings)}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
