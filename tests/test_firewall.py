@@ -76,7 +76,7 @@ def test_unknown_action_is_one_line_and_exit_2(inventory: Path) -> None:
 @pytest.mark.cluster
 def test_without_root_or_sudo_the_host_script_says_so_in_one_line(testbed) -> None:
     """The host script as `nobody` (the test bed has no sudo): nothing runs, one line, exit 3."""
-    done = testbed.exec(1, ["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups",
+    done = testbed.exec(1, ["env", "-C", "/", "setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups",
                             "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(), "[]"], check=False)
     assert done.returncode == 3, done.stdout + done.stderr
     answer = json.loads(done.stdout)

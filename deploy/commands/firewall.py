@@ -72,6 +72,8 @@ def apply(action: Action, selection: Selection, sessions: Mapping[str, Session])
     remote = tuple(h for h in selection.hosts if not h.is_local)
     if len(remote) != len(selection.hosts):
         raise InputError("fab firewall: a local host is this machine; meshrun does not change its firewall")
+    # The route lookups run in the workdir, which a host may not have yet (before `fab sync`).
+    on_each(remote, lambda h: sessions[h.name].run(["true"], create_workdir=True, timeout=30)).require_all()
     specs = specs_for(selection, training_interfaces(remote, selection.head, sessions)) if action is Action.UP else {}
     results = on_each(remote, lambda h: _on_host(sessions[h.name], h, steps_for(action, specs.get(h.name))),
                       timeout=HOST_LIMIT_S + 10)
