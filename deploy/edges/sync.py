@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Callable
 
 from deploy.errors import MeshrunError
+from deploy.edges.sshargv import CONNECT_TIMEOUT_S, ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from deploy.inventory.model import Host
 from deploy.run.shell import local_workdir
 from deploy.run.syncset import shippable
 
-CONNECT_TIMEOUT_S = 10
 # The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
 # (3.2.7 renamed it --secluded-args and keeps this one as its alias).
 PROTECT_ARGS = "--protect-args"
@@ -59,18 +59,6 @@ def _relative(path: Path, root: Path) -> str:
         return Path(os.path.realpath(path)).relative_to(os.path.realpath(root)).as_posix()
     except ValueError:
         return ""
-
-
-def ssh_argv(host: Host, known_hosts: Path | None) -> list[str]:
-    """The ssh command rsync runs: same port, key and host-key policy as the controller."""
-    files = [str(known_hosts.resolve())] if known_hosts else []
-    files.append(os.path.expanduser("~/.ssh/known_hosts"))
-    argv = ["ssh", "-p", str(host.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={' '.join(files)}", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
-    if host.identity:
-        argv += ["-i", os.path.expanduser(host.identity), "-o", "IdentitiesOnly=yes"]
-    return argv + ["-l", host.user]
 
 
 def remote_path(workdir: str) -> str:
