@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from deploy.errors import MeshrunError
-from deploy.edges.sshargv import CONNECT_TIMEOUT_S, ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
+from deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from deploy.inventory.model import Host
 from deploy.run.shell import local_workdir
 from deploy.run.syncset import shippable
