@@ -18,7 +18,6 @@ from deploy.edges import sshtarget
 from deploy.errors import InputError
 from deploy.inventory.model import Host
 
-CONNECT_TIMEOUT_S = 10
 
 
 def ssh_argv(host: Host, known_hosts: Path | None) -> list[str]:
@@ -33,7 +32,7 @@ def common_options(known_hosts: Path | None) -> list[str]:
     files.append(Path(os.path.expanduser("~/.ssh/known_hosts")))
     return ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={' '.join(_config_word(f) for f in files)}",
-            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+            "-o", f"ConnectTimeout={int(sshtarget.CONNECT_TIMEOUT_S)}", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
 
 
 def hop_argv(hop: sshtarget.Hop, jumps: tuple[sshtarget.Hop, ...], options: list[str]) -> list[str]:

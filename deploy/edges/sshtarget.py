@@ -28,6 +28,7 @@ from deploy.inventory.model import Host
 DEFAULT_USER = "root"
 DEFAULT_PORT = 22
 MAX_HOPS = 8  # a longer ProxyJump chain is a mistake, not a network
+CONNECT_TIMEOUT_S = 10.0  # what a dead host costs: paramiko's and rsync's ssh alike
 DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa")
 # A name no Host pattern but `*` (or a negation) can match: what ssh_config says about every host.
 _NOBODY = "meshrun-no-such-host.invalid"

@@ -23,7 +23,7 @@ from deploy.errors import MeshrunError
 from deploy.inventory.model import Host
 from deploy.run.shell import local_workdir, remote_command
 
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_S = sshtarget.CONNECT_TIMEOUT_S
 
 
 @dataclass(frozen=True)
