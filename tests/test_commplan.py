@@ -1,4 +1,4 @@
-"""deploy/commplan.py: floors, PowerSGD sizes and the recommendation, by exact equality."""
+"""deploy/run/commplan.py: floors, PowerSGD sizes and the recommendation, by exact equality."""
 
 from __future__ import annotations
 

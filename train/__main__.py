@@ -1,7 +1,7 @@
 """``python -m train [--config PATH] [--run-dir DIR] [--describe] [key=value ...]``, alone or under torchrun.
 
 ``--describe`` prints the model's gradient shapes as one JSON object and trains nothing (the
-controller uses it to size gradient communication, see deploy/commplan.py).
+controller uses it to size gradient communication, see deploy/run/commplan.py).
 
 Exit status: 0 on success; 2 for a usage error (one line on stderr, no traceback); 3 when a
 ``debug.stop_after_*`` option stopped the run; 1 (with a traceback) for anything else.

@@ -1,7 +1,7 @@
 """`fab check-network`, pure part: the facts gathered from hosts and links → findings → one report.
 
 Records are frozen dataclasses, so `--json` is `dataclasses.asdict(report)` and tests compare
-findings by equality. Nothing here touches the network (see deploy/netprobe.py for that).
+findings by equality. Nothing here touches the network (see deploy/edges/check_probes.py for that).
 """
 
 from __future__ import annotations

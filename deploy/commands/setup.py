@@ -1,4 +1,4 @@
-"""`fab setup`: a Python environment on each host that runs this project (see deploy/setup_host.py)."""
+"""`fab setup`: a Python environment on each host that runs this project (see deploy/host/setup.py)."""
 
 from __future__ import annotations
 

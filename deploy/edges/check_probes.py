@@ -1,8 +1,8 @@
 """`fab check-network`, the edge: runs the probes on hosts over open sessions, returns records.
 
-Every remote step is an argv (quoted by deploy/remote.py), bounded in time, and leaves nothing
+Every remote step is an argv (quoted by deploy/run/shell.py), bounded in time, and leaves nothing
 running: the link listeners exit when their stdin closes or their lifetime ends; the all-reduce
-runs under `timeout` on each host. Verdicts are made elsewhere (deploy/netcheck.py).
+runs under `timeout` on each host. Verdicts are made elsewhere (deploy/check/verdicts.py).
 """
 
 from __future__ import annotations

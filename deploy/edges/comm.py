@@ -2,7 +2,7 @@
 pick the hook (auto) and record the plan; afterwards, the measured all-reduce beside the floor.
 
 Edges: the trainer's `python -m train --describe` runs locally (argv, no shell); the bandwidth
-comes from check-network's link probe over the open sessions. The math is deploy/commplan.py.
+comes from check-network's link probe over the open sessions. The math is deploy/run/commplan.py.
 """
 
 from __future__ import annotations

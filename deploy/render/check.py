@@ -1,6 +1,6 @@
 """Console output of `fab check-network` and `fab trust`: rich tables from their records.
 
-Kept apart from deploy/render.py (the task output of training runs); together they are the only
+Kept apart from deploy/render/console.py (the task output of training runs); together they are the only
 modules that import rich. Everything here prints from the main thread.
 """
 
