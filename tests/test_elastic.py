@@ -69,7 +69,9 @@ def test_a_killed_host_is_survived(testbed, inventory: Path) -> None:
     steps = [json.loads(l) for l in (ROOT / "runs" / run_id / "hosts/h1/metrics.rank0.jsonl").read_text().splitlines()]
     before_kill = max(r["global_step"] for r in steps if r.get("kind") == "step" and r["time"] < killed_at)
     redone = before_kill - resumes[0]["from_step"]
-    assert 0 <= redone <= 5, (before_kill, resumes[0])
+    # Step records are written a little after the step, so the last one before the kill may lag the
+    # checkpoint the survivors resume from: only the upper bound is the guarantee.
+    assert redone <= 5, (before_kill, resumes[0])
     assert records[-1]["test_acc"] >= 0.95
     print(f"redone steps {redone}; final accuracy {records[-1]['test_acc']:.4f}")
 
