@@ -238,8 +238,9 @@ def test_f_a_slow_host_and_a_stalled_host_are_not_declared_dead(testbed, invento
     evaluation or a swap storm would) cost time, never a loss, a restart or a succession."""
     network.shape(testbed.host(3), "1mbit")
     try:
+        # A small MLP (10 kB of gradients) keeps each step short even at 1 Mbit/s.
         run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--",
-                         "epochs=4", "checkpoint.every_steps=5", "data.batch_size=16")
+                         "epochs=4", "checkpoint.every_steps=5", "data.batch_size=16", "model.hidden=[32]")
         try:
             run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=300))
             frozen = _workers_on(run_id, "h2")
