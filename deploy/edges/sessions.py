@@ -4,6 +4,8 @@ training interfaces."""
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
@@ -32,9 +34,20 @@ def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> di
     return results.require_all()
 
 
+CLOSE_WAIT_S = 5.0
+
+
 def close_all(sessions: Mapping[str, Session]) -> None:
-    for session in sessions.values():
-        session.close()
+    """Close every session, in parallel, waiting at most CLOSE_WAIT_S: closing SSH to a host whose
+    link is cut (no reset ever comes) can block for TCP's whole retransmission timeout, and must not
+    keep the controller from finishing. The closing threads are daemons: they die with it."""
+    threads = [threading.Thread(target=session.close, daemon=True, name=f"close-{name}")
+               for name, session in sessions.items()]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 @contextlib.contextmanager
