@@ -55,10 +55,10 @@ def seed_style_worker(samples: int, epochs: int, batch: int, out: Path) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from train.config import ModelConfig
-    from train.data.synthetic import SyntheticImages
-    from train.kinds import ModelKind
-    from train.models import build_model
+    from meshrun.train.config import ModelConfig
+    from meshrun.train.data.synthetic import SyntheticImages
+    from meshrun.train.kinds import ModelKind
+    from meshrun.train.models import build_model
 
     dist.init_process_group("nccl")
     local = int(os.environ["LOCAL_RANK"])
@@ -96,7 +96,7 @@ def run_trainer(samples: int, epochs: int, batch: int, gpu: str, workdir: Path,
     """Best epoch samples/s of `python -m train`, and its log (`cpu_smoke`: gloo, fp32, on CPU —
     only to check this script's plumbing on a machine without a GPU)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "MESHRUN_RUN_ID": "gpu-bench"}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "train",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "meshrun.train",
             "--config", str(REPO / "train/configs/cifar10_resnet18.yaml"), "data.name=synthetic_images",
             f"data.train_size={samples}", "data.test_size=1000", f"data.batch_size={batch}", f"epochs={epochs}",
             "amp=bf16", "data.num_workers=4", "checkpoint.every_steps=0", "dist.backend=nccl"]

@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.run.shell import remote_command  # noqa: E402
+from meshrun.deploy.run.shell import remote_command  # noqa: E402
 from tests.fabrun import ROOT, FabProcess, run_id_of  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
@@ -94,7 +94,7 @@ def bare_torchrun(i: int, run_id: str) -> list[str]:
             "--rdzv-endpoint", "10.77.0.11:29400", "--rdzv-id", run_id, "--local-addr", f"10.77.0.1{i}"]
     if i == 1:
         argv += ["--rdzv-conf", "is_host=1"]
-    return argv + ["-m", "train", *TRAIN]
+    return argv + ["-m", "meshrun.train", *TRAIN]
 
 
 def with_torchrun_alone(cluster: SimCluster, fault: str, limit_s: float = 420) -> tuple[float | None, int | None]:

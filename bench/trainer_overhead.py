@@ -42,8 +42,8 @@ def seed_style_worker(samples: int, epochs: int, out: Path) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from train.data.synthetic import SyntheticImages
-    from train.models.toy import ToyModel
+    from meshrun.train.data.synthetic import SyntheticImages
+    from meshrun.train.models.toy import ToyModel
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -82,7 +82,7 @@ def torchrun(args: list[str]) -> None:
 
 def run_trainer(samples: int, epochs: int, work: Path) -> list[float]:
     run = work / f"trainer-{time.monotonic_ns()}"
-    torchrun(["-m", "train", "--config", str(REPO / "train/configs/cifar10_toy.yaml"),
+    torchrun(["-m", "meshrun.train", "--config", str(REPO / "train/configs/cifar10_toy.yaml"),
               "--run-dir", str(run), "data.name=synthetic_images", f"data.train_size={samples}",
               "data.test_size=512", f"data.batch_size={BATCH}", f"optim.lr={LR}",
               f"optim.momentum={MOMENTUM}", f"epochs={epochs}"])

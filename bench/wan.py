@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.run.commplan import Hook, HookSettings, hook_bytes, hook_floor  # noqa: E402
+from meshrun.deploy.run.commplan import Hook, HookSettings, hook_bytes, hook_floor  # noqa: E402
 from tests.testbed.latency import lookup  # noqa: E402
 from tests.fabrun import run_id_of  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402

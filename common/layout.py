@@ -44,8 +44,8 @@ TRAIN_LOG = "train.log"
 EXIT_RECORD = "exit.json"
 TORCHRUN_LOGS = "torchrun"
 
-AGENT_MODULE = "deploy.host.agent"
-SCRIPT_RUNNER_MODULE = "deploy.host.runscript"  # runs a user's --script, then leaves with os._exit
+AGENT_MODULE = "meshrun.deploy.host.agent"
+SCRIPT_RUNNER_MODULE = "meshrun.deploy.host.runscript"  # runs a user's --script, then leaves with os._exit
 
 # The controller's lines to an agent's stdin: any line is a heartbeat; this one also asks the agent
 # to restart its worker group (a peer was cut off, see deploy/edges/launcher.py).

@@ -17,7 +17,7 @@ from typing import Callable, TypeVar
 
 from invoke.exceptions import Exit
 
-from deploy.errors import MeshrunError
+from meshrun.deploy.errors import MeshrunError
 
 F = TypeVar("F", bound=Callable[..., object])
 DEBUG_LOG = Path("runs/meshrun-debug.log")
@@ -26,7 +26,7 @@ DEBUG_LOG = Path("runs/meshrun-debug.log")
 def guarded(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: object, **kwargs: object) -> object:
-        from deploy.render.console import Renderer
+        from meshrun.deploy.render.console import Renderer
 
         _paramiko_to_debug_log()
         try:

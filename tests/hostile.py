@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.edges.records import RunRecord, new_run_id
+from meshrun.deploy.edges.records import RunRecord, new_run_id
 from tests.fabrun import ROOT
 
 HOST_WORKDIR = "/root/meshrun"  # the testbed inventory's `~/meshrun` on a host

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.host.procs import alive, start_time, terminate_run
+from meshrun.deploy.host.procs import alive, start_time, terminate_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_torchrun_and_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                 str(script), str(marker)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    agent = subprocess.Popen([sys.executable, "-m", "deploy.host.agent", "run", "--run-id", run_id, "--host", "local",
+    agent = subprocess.Popen([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host", "local",
                               "--heartbeat-timeout", "0", "--quiet", "--", *torchrun],
                              cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)

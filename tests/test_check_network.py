@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from meshrun.deploy.edges.wheel import controller_identity
 from tests.fabrun import fab
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
@@ -73,6 +74,7 @@ def test_all_checks_pass_with_table_and_json(inventory: Path) -> None:
     assert (code, report["level"], report["findings"]) == (0, "PASS", [])
     for host in report["hosts"]:
         assert host["reachable"] and host["fingerprint"]["torch"] == torch.__version__
+        assert host["fingerprint"]["meshrun"] == str(controller_identity())  # no version skew
         assert (host["interface"], host["mtu"], host["gpus"]) == ("eth0", 1500, [])
     pairs = {(l["source"], l["target"]) for l in report["links"] if not l["rendezvous"]}
     assert pairs == {(a, b) for a in ("h1", "h2", "h3") for b in ("h1", "h2", "h3") if a != b}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploy.run.commplan import (CommPlan, Hook, HookFloor, HookSettings, hook_bytes, node_bandwidth,
+from meshrun.deploy.run.commplan import (CommPlan, Hook, HookFloor, HookSettings, hook_bytes, node_bandwidth,
                              plan, powersgd_elements, ring_floor_s)
 
 # digits MLP 64-256-128-10

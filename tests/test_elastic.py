@@ -205,7 +205,7 @@ def test_e_a_host_leaves_on_purpose_and_the_run_goes_on(testbed, inventory: Path
 
 def test_join_refuses_a_fixed_size_run(tmp_path: Path) -> None:
     """No cluster needed: the refusal comes from the run record, in one line."""
-    from deploy.edges.records import RunRecord
+    from meshrun.deploy.edges.records import RunRecord
 
     record = RunRecord("20260101-000000-abcd", str(ROOT / "inventory/local.yaml"), ("local",), 0.0, False,
                        "standalone")
@@ -267,8 +267,8 @@ def test_f_a_slow_host_and_a_stalled_host_are_not_declared_dead(testbed, invento
 @pytest.mark.parametrize("run", ["../../etc", "a/b", "..", "x\n", "-rf", "a..b"])
 def test_a_run_id_is_one_path_component(run: str) -> None:
     """`--run` joins a path under runs/: anything but one plain component is refused, exit 2."""
-    from deploy.edges.records import load_record
-    from deploy.errors import InputError
+    from meshrun.deploy.edges.records import load_record
+    from meshrun.deploy.errors import InputError
     with pytest.raises(InputError) as err:
         load_record(ROOT, run)
     assert "not a run id" in str(err.value) and "\n" not in str(err.value)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.check.exposure import (FIX, ExposureResult, ExposureTarget, exposure_findings, exposure_targets)
-from deploy.check.findings import fail
-from deploy.inventory.model import Host, Network
+from meshrun.deploy.check.exposure import (FIX, ExposureResult, ExposureTarget, exposure_findings, exposure_targets)
+from meshrun.deploy.check.findings import fail
+from meshrun.deploy.inventory.model import Host, Network
 from tests.fabrun import fab
 
 EPHEMERAL = "an ephemeral port (gloo, an elastic run's extra store)"

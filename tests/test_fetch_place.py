@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from deploy.edges.fetch import FetchReport, Staging, place, prepare_staging, remove_staging, verify_checkpoints
+from meshrun.deploy.edges.fetch import FetchReport, Staging, place, prepare_staging, remove_staging, verify_checkpoints
 from tests.hostile import Canary, sha256
 
 SECRET = b"controller secret\n"

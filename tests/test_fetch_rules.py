@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from common.layout import checkpoint_name, checkpoint_step, is_checkpoint_name
-from deploy.edges.datasync import DataSpec, rsync_data_argv
-from deploy.edges.fetch import Staging, fetch_argv, skip_lines
-from deploy.edges.sync import push_dir_argv, remote_spec, rsync_argv, ssh_argv
-from deploy.inventory.model import Host, Network
-from deploy.run.manifest import (MANIFEST_MAX_BYTES, Manifest, ManifestEntry, RefusedLine, manifest_text,
+from meshrun.layout import checkpoint_name, checkpoint_step, is_checkpoint_name
+from meshrun.deploy.edges.datasync import DataSpec, rsync_data_argv
+from meshrun.deploy.edges.fetch import Staging, fetch_argv, skip_lines
+from meshrun.deploy.edges.sync import push_dir_argv, remote_spec, rsync_argv, ssh_argv
+from meshrun.deploy.inventory.model import Host, Network
+from meshrun.deploy.run.manifest import (MANIFEST_MAX_BYTES, Manifest, ManifestEntry, RefusedLine, manifest_text,
                                  parse_manifest, refusal_lines, shown)
 
 HASH = "0123456789abcdef" * 4

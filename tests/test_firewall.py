@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import InputError
-from deploy.run.firewall import (Action, FirewallSpec, Step, down_steps, member_addresses, parse_action,
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.run.firewall import (Action, FirewallSpec, Step, down_steps, member_addresses, parse_action,
                                  status_steps, up_steps)
 from tests.fabrun import FabProcess, fab
 from tests.testbed import network

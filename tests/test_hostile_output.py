@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.edges.records import RunRecord, new_run_id
+from meshrun.deploy.edges.records import RunRecord, new_run_id
 from tests.fabrun import ROOT, fab, run_id_of
 
 pytestmark = [pytest.mark.cluster]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import InputError
-from deploy.inventory.load import inventory_path, load_inventory
-from deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
-from deploy.inventory.selection import parse_hosts_flag, select_hosts, HostSpec
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
+from meshrun.deploy.inventory.selection import parse_hosts_flag, select_hosts, HostSpec
 
 FULL = """\
 defaults:
@@ -98,12 +98,30 @@ def test_bundled_inventories_load() -> None:
     assert [(h.name, h.is_local, h.nproc_per_node) for h in local.hosts] == [("local", True, 2)]
 
 
-def test_inventory_path_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MESHRUN_INVENTORY", raising=False)
-    assert inventory_path(None) == Path("inventory/local.yaml")
-    monkeypatch.setenv("MESHRUN_INVENTORY", "inventory/lab.yaml")
-    assert inventory_path(None) == Path("inventory/lab.yaml")
-    assert inventory_path("x.yaml") == Path("x.yaml")
+def test_inventory_lookup_order(tmp_path: Path) -> None:
+    """--inventory, $MESHRUN_INVENTORY, the project's inventory/hosts.yaml then local.yaml, then
+    the per-user file under $XDG_CONFIG_HOME (else ~/.config); each step only when the ones
+    before it found nothing."""
+    project, home = tmp_path / "project", tmp_path / "home"
+    user = home / ".config/meshrun/inventory.yaml"
+    for path in (project / "inventory/hosts.yaml", project / "inventory/local.yaml", user):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("hosts: {}\n")
+    env = {"MESHRUN_INVENTORY": "lab.yaml"}
+    assert inventory_path("x.yaml", project, env, home) == Path("x.yaml")
+    assert inventory_path(None, project, env, home) == Path("lab.yaml")
+    assert inventory_path(None, project, {}, home) == project / "inventory/hosts.yaml"
+    (project / "inventory/hosts.yaml").unlink()
+    assert inventory_path(None, project, {}, home) == project / "inventory/local.yaml"
+    (project / "inventory/local.yaml").unlink()
+    assert inventory_path(None, project, {}, home) == user
+    xdg = tmp_path / "xdg"
+    (xdg / "meshrun").mkdir(parents=True)
+    (xdg / "meshrun/inventory.yaml").write_text("hosts: {}\n")
+    assert inventory_path(None, project, {"XDG_CONFIG_HOME": str(xdg)}, home) == xdg / "meshrun/inventory.yaml"
+    user.unlink()
+    with pytest.raises(InputError, match=r"^no inventory found \(looked for --inventory, \$MESHRUN_INVENTORY, "):
+        inventory_path(None, project, {}, home)
 
 
 # (inventory text, exact message after "<path>:")

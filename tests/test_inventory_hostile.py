@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import InputError
-from deploy.inventory.load import load_inventory
-from deploy.inventory.model import ElasticBounds, Inventory
-from deploy.inventory.selection import HostSpec, parse_hosts_flag, parse_nnodes, select_hosts
-from deploy.inventory.yamlnodes import MAX_BYTES
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.inventory.model import ElasticBounds, Inventory
+from meshrun.deploy.inventory.selection import HostSpec, parse_hosts_flag, parse_nnodes, select_hosts
+from meshrun.deploy.inventory.yamlnodes import MAX_BYTES
 from tests.fabrun import FAB, ROOT
 
 MAX_MESSAGE = 300  # characters: the bound for one line

@@ -6,31 +6,40 @@ from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("deploy", "common", "train")
+SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+# Installed name -> folder in this repository (pyproject's package-dir): meshrun -> common/, ...
+FOLDERS = {name: REPO / folder for name, folder in SETUPTOOLS["package-dir"].items()}
 MAX_LINES = 400
 
 # Effectful or UI libraries that pure planning code must not import.
 EFFECTS = {"subprocess", "socket", "threading", "select", "fabric", "invoke", "paramiko", "rich", "time",
            "signal", "shutil"}
-PURE = ("deploy.inventory", "deploy.check", "deploy.run")
-CONTROLLER_ONLY = ("deploy.edges", "deploy.commands", "deploy.render", "deploy.tasks", "deploy.cli")
-# What host-side code may import beyond the standard library: the shared contract; torch only in
+PURE = ("meshrun.deploy.inventory", "meshrun.deploy.check", "meshrun.deploy.run")
+CONTROLLER_ONLY = ("meshrun.deploy.edges", "meshrun.deploy.commands", "meshrun.deploy.render", "meshrun.deploy.tasks", "meshrun.deploy.cli")
+# What host-side code may import beyond the standard library and the shared contract (common/): torch only in
 # the probe that is a gloo all-reduce and in the facts probe, which tries it to report its version.
-HOST_EXTRA = {"common"}
-HOST_TORCH = {"deploy.host.allreduce", "deploy.host.facts"}
+HOST_TORCH = {"meshrun.deploy.host.allreduce", "meshrun.deploy.host.facts"}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def module_name(package: str, folder: Path, path: Path) -> str:
+    parts = path.relative_to(folder).with_suffix("").parts
+    return ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
-MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+# Each folder's own files; meshrun's (common/) holds no other mapped folder, so nothing is counted twice.
+MODULES = {module_name(pkg, folder, p): p for pkg, folder in FOLDERS.items() for p in sorted(folder.rglob("*.py"))}
+
+
+def half(module: str) -> str:
+    """Which side a meshrun module belongs to: deploy, train, or common (the shared root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ("deploy", "train") else "common"
 
 
 def imports_of(name: str) -> set[str]:
@@ -69,38 +78,51 @@ def root_of(module: str) -> str:
 
 
 def test_every_module_is_found() -> None:
-    assert {"deploy.host.agent", "deploy.run.plan", "deploy.inventory.load", "common.layout", "train.trainer"} \
-        <= set(MODULES)
+    assert {"meshrun.deploy.host.agent", "meshrun.deploy.run.plan", "meshrun.deploy.inventory.load",
+            "meshrun.layout", "meshrun.train.trainer"} <= set(MODULES)
 
 
-@pytest.mark.parametrize("name", sorted(n for n in MODULES if under(n, ("deploy.host",))))
+def test_pyproject_installs_every_package() -> None:
+    """A folder with an __init__.py that pyproject's `packages` misses would be left out of the
+    wheel: the editable install here would still work, every host's would not."""
+    found = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert found == set(SETUPTOOLS["packages"])
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_meshrun_imports_only_its_own_names(name: str) -> None:
+    """`import train` would find a user project's train.py on a host: only `meshrun.*` is ours."""
+    bare = {m for m in imports_of(name) if root_of(m) in ("deploy", "train", "common")}
+    assert not bare, f"{name} imports {sorted(bare)}; meshrun's modules are imported as meshrun.*"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if under(n, ("meshrun.deploy.host",))))
 def test_host_code_is_standard_library_only(name: str) -> None:
     allowed_torch = {"torch"} if name in HOST_TORCH else set()
     foreign = {m for m in imports_of(name)
-               if root_of(m) not in sys.stdlib_module_names and not under(m, ("deploy.host",))
-               and root_of(m) not in HOST_EXTRA | allowed_torch}
+               if root_of(m) not in sys.stdlib_module_names and not under(m, ("meshrun.deploy.host",))
+               and not (m in MODULES and half(m) == "common") and root_of(m) not in allowed_torch}
     assert not foreign, f"{name} runs on hosts with only the standard library, but imports {sorted(foreign)}"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if under(n, PURE)))
 def test_planning_code_is_pure(name: str) -> None:
-    bad = {m for m in imports_of(name) if root_of(m) in EFFECTS or under(m, CONTROLLER_ONLY + ("deploy.host",))}
+    bad = {m for m in imports_of(name) if root_of(m) in EFFECTS or under(m, CONTROLLER_ONLY + ("meshrun.deploy.host",))}
     assert not bad, f"{name} is planning code (pure) but imports {sorted(bad)}"
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_only_render_imports_rich(name: str) -> None:
-    if under(name, ("deploy.render",)) or under(name, ("train",)):
+    if under(name, ("meshrun.deploy.render",)) or half(name) == "train":
         return  # the trainer has its own console (train/render.py), it never imports deploy
     assert "rich" not in {root_of(m) for m in imports_of(name)}, f"{name} imports rich; render/ is the only UI"
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_trainer_and_controller_share_only_common(name: str) -> None:
-    roots = {root_of(m) for m in imports_of(name)}
-    other = {"train": "deploy", "deploy": "train", "common": "deploy"}[root_of(name)]
-    assert other not in roots and not (root_of(name) == "common" and "train" in roots), \
-        f"{name} imports from {other}/; the halves share only common/"
+    halves = {half(m) for m in imports_of(name) if m in MODULES}
+    forbidden = {"train": {"deploy"}, "deploy": {"train"}, "common": {"deploy", "train"}}[half(name)]
+    assert not halves & forbidden, f"{name} imports from {sorted(halves & forbidden)}/; the halves share only common/"
 
 
 def test_no_import_circles() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from deploy.inventory.model import ElasticBounds
-from deploy.run.membership import HostView, Verdict, judge, next_head, split_brain_risk, world_size
+from meshrun.deploy.inventory.model import ElasticBounds
+from meshrun.deploy.run.membership import HostView, Verdict, judge, next_head, split_brain_risk, world_size
 
 E23 = ElasticBounds(2, 3)
 

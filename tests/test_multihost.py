@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from train.safe_load import load_file
+from meshrun.train.safe_load import load_file
 from tests.cpuhog import cpu_hog
 from tests.fabrun import (ROOT, FabProcess, fab, run_id_of, run_processes, torchrun_envs,
                           wait_no_run_processes)
@@ -146,7 +146,7 @@ def test_user_script_gets_hostile_arguments_and_env_literally(testbed, make_inve
 def leftovers(testbed, run_id: str) -> list:
     """Run processes anywhere: tagged torchrun/workers, or a host agent of this run."""
     agents = [(i, p.pid) for i in (1, 2, 3) for p in testbed.processes(i, sessions=False)
-              if "deploy.host.agent" in p.argv and run_id in p.argv and "run" in p.argv]
+              if "meshrun.deploy.host.agent" in p.argv and run_id in p.argv and "run" in p.argv]
     return run_processes(run_id) + agents
 
 

@@ -10,22 +10,22 @@ import json
 import pytest
 from rich.console import Console
 
-from deploy.edges import host_queries as probes
+from meshrun.deploy.edges import host_queries as probes
 
-from deploy.check import wireguard
+from meshrun.deploy.check import wireguard
 
-from deploy.check import zerotier
-from deploy.check.findings import Finding, Level
-from deploy.inventory.model import Host, Network
-from deploy.check.verdicts import (CLUSTER, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
+from meshrun.deploy.check import zerotier
+from meshrun.deploy.check.findings import Finding, Level
+from meshrun.deploy.inventory.model import Host, Network
+from meshrun.deploy.check.verdicts import (CLUSTER, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
                              ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
                              link_targets, public_findings, rendezvous_findings, version_findings)
-from deploy.edges.check_probes import bounded_argv
-from deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV
-from deploy.run.plan import env_block
-from deploy.run.plan import HostLaunch
-from deploy.render.console import Renderer
-from deploy.render.check import print_check
+from meshrun.deploy.edges.check_probes import bounded_argv
+from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV
+from meshrun.deploy.run.plan import env_block
+from meshrun.deploy.run.plan import HostLaunch
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.render.check import print_check
 from tests.zerotier_standin import recorded
 
 CLUSTER_NODES = {"b2c3d4e5f6": "h1", "c3d4e5f6a7": "h3"}  # the peers in tests/data/zerotier/*.json
@@ -231,7 +231,7 @@ def test_report_renders_tables_matrix_findings_and_summary() -> None:
 def test_zerotier_cli_failures_name_their_fix() -> None:
     """zerotier-cli's own words tell a stopped daemon from a missing auth token; host output is
     shown escaped."""
-    from deploy.check.zerotier import cli_failure
+    from meshrun.deploy.check.zerotier import cli_failure
     stopped = cli_failure("zerotier-cli", "info", "Error connecting to the ZeroTier service: connection failed\n")
     assert stopped == ("the ZeroTier service is not running (`zerotier-cli -j info`: Error connecting to the ZeroTier "
                        "service: connection failed); start it: `systemctl start zerotier-one` (or `zerotier-one -d`)")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from common.layout import generation_rdzv_id, launch_rdzv_id
-from deploy.errors import InputError
-from deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
-from deploy.inventory.selection import Selection
-from deploy.run.plan import LaunchOptions, Workload, env_block, plan_launch
-from deploy.run.shell import remote_command, shell_path
+from meshrun.layout import generation_rdzv_id, launch_rdzv_id
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
+from meshrun.deploy.inventory.selection import Selection
+from meshrun.deploy.run.plan import LaunchOptions, Workload, env_block, plan_launch
+from meshrun.deploy.run.shell import remote_command, shell_path
 
 PY = "/venv/bin/python"
 
@@ -53,18 +53,18 @@ def test_two_gpu_hosts_exact_plan() -> None:
         "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1", "--rdzv-conf", "is_host=1",
         "--local-addr", "10.147.17.11", "--nproc-per-node", "2", "--max-restarts", "0",
         "--log-dir", "runs/r1/hosts/gpu1/torchrun", "--tee", "3", "--log-line-prefix-template", "[gpu1:${rank}] ",
-        "-m", "train", "dist.timeout=60", "epochs=3",
+        "-m", "meshrun.train", "dist.timeout=60", "epochs=3",
     )
     assert gpu2.torchrun == (
         PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1",
         "--local-addr", "10.147.17.12", "--nproc-per-node", "1", "--max-restarts", "0",
         "--log-dir", "runs/r1/hosts/gpu2/torchrun", "--tee", "3", "--log-line-prefix-template", "[gpu2:${rank}] ",
-        "-m", "train", "dist.timeout=60", "epochs=3",
+        "-m", "meshrun.train", "dist.timeout=60", "epochs=3",
     )
     # The inventory's env (OMP_NUM_THREADS here) is not on argv: it goes on stdin (env_block).
     env_flags = [a for pair in gpu2.env if pair[0] != "OMP_NUM_THREADS" for a in ("--env", f"{pair[0]}={pair[1]}")]
-    assert gpu2.agent == (PY, "-m", "deploy.host.agent", "run", "--run-id", "r1", "--host", "gpu2",
+    assert gpu2.agent == (PY, "-m", "meshrun.deploy.host.agent", "run", "--run-id", "r1", "--host", "gpu2",
                           "--heartbeat-timeout", "30", *env_flags, "--env-stdin", "--", *gpu2.torchrun)
     assert env_block(gpu2.host) == b'{"OMP_NUM_THREADS":"1"}\n'
 
@@ -77,7 +77,7 @@ def test_local_default_is_standalone_with_controller_python() -> None:
     assert only.torchrun == (
         "/local/python", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", "runs/r2/hosts/local/torchrun", "--tee", "3",
-        "--log-line-prefix-template", "[local:${rank}] ", "-m", "train", "dist.timeout=60",
+        "--log-line-prefix-template", "[local:${rank}] ", "-m", "meshrun.train", "dist.timeout=60",
     )
     assert ("NCCL_IB_DISABLE", "1") not in only.env and ("GLOO_SOCKET_IFNAME", "lo") not in only.env
 
@@ -95,7 +95,7 @@ def test_elastic_and_script_workload() -> None:
                                 "10.0.0.1")
     assert "--rdzv-conf" in b.torchrun and "is_host=1" not in " ".join(b.torchrun)
     assert a.torchrun[a.torchrun.index("--max-restarts") + 1] == "10"
-    assert a.torchrun[-5:] == ("-m", "deploy.host.runscript", "examples/seed_main.py", "--epochs", "2")
+    assert a.torchrun[-5:] == ("-m", "meshrun.deploy.host.runscript", "examples/seed_main.py", "--epochs", "2")
     probe = plan_launch(Selection(hosts, Rendezvous(None, 29500)),
                         LaunchOptions("r4", Workload(script="runs/r4/probe.py", args=("30",),
                                                      runner=("runs/r4/runscript.py",))), {}, "/p")

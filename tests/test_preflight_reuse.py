@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from common.layout import PREFLIGHT_REUSE_S
-from deploy.commands.check import preflight
-from deploy.commands.sync import sync_code
-from deploy.edges.check_probes import open_sessions
-from deploy.edges.preflightcache import NOTHING, StoredPass, host_stamps, load_pass, save_pass
-from deploy.edges.sessions import close_all
-from deploy.inventory.load import load_inventory
-from deploy.inventory.selection import select_hosts
-from deploy.render.console import Renderer
-from deploy.run.preflightkey import may_reuse, preflight_key
+from meshrun.layout import PREFLIGHT_REUSE_S
+from meshrun.deploy.commands.check import preflight
+from meshrun.deploy.commands.sync import sync_code
+from meshrun.deploy.edges.check_probes import open_sessions
+from meshrun.deploy.edges.preflightcache import NOTHING, StoredPass, host_stamps, load_pass, save_pass
+from meshrun.deploy.edges.sessions import close_all
+from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.inventory.selection import select_hosts
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.run.preflightkey import may_reuse, preflight_key
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from deploy.host.links import MAX_CONNECTIONS, MAX_LIFETIME_S
+from meshrun.deploy.host.links import MAX_CONNECTIONS, MAX_LIFETIME_S
 
 LINKS = Path(__file__).resolve().parents[1] / "deploy" / "host" / "links.py"
 TRAINING = "127.0.0.2"

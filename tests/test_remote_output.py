@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from deploy.edges.comm import last_comm_record
-from deploy.render.console import Renderer
-from deploy.render.neutral import NeutralConsole, neutral
-from deploy.run.hoststate import HostState, parse_status
+from meshrun.deploy.edges.comm import last_comm_record
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.render.neutral import NeutralConsole, neutral
+from meshrun.deploy.run.hoststate import HostState, parse_status
 from rich.table import Table
 
 # OSC title, clear screen, CSI colour, DCS, 8-bit CSI, BEL, CR, backspace, DEL, bidi override.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train.metrics import EpochRecord, ResumeRecord, StepRecord, as_json
-from deploy.render.png import write_png
-from deploy.run.report import load_report
+from meshrun.train.metrics import EpochRecord, ResumeRecord, StepRecord, as_json
+from meshrun.deploy.render.png import write_png
+from meshrun.deploy.run.report import load_report
 
 
 def write(path: Path, records: list) -> None:

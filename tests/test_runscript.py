@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RUNNER = ("-m", "deploy.host.runscript")
+RUNNER = ("-m", "meshrun.deploy.host.runscript")
 HOSTILE_ARGS = ("--help", "a b", "it's", '"q"', "$HOME", "x;y", "line\nbreak")
 SEED_SCRIPT = REPO / "docs" / "examples" / "seed000_main.py"
 

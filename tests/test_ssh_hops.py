@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.edges.transport import connect
-from deploy.inventory.load import load_inventory
+from meshrun.deploy.edges.transport import connect
+from meshrun.deploy.inventory.load import load_inventory
 from tests.fabrun import ROOT, fab
 from tests.testbed import SimCluster
 from tests.testbed import sshd

@@ -11,10 +11,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from deploy.edges import sshargv, sshtarget
-from deploy.edges.sshtarget import Hop, SshTarget
-from deploy.errors import InputError
-from deploy.inventory.model import Host, Network
+from meshrun.deploy.edges import sshargv, sshtarget
+from meshrun.deploy.edges.sshtarget import Hop, SshTarget
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.model import Host, Network
 
 CONFIG = """\
 Host gpu1

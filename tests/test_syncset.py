@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploy.run.syncset import is_private, shippable
+from meshrun.deploy.run.syncset import is_private, shippable
 
 HOME = ["inventory/mine.yaml", "inventory/local.yaml", "inventory/prod.yml", "inventory/sub/x.yaml", "known_hosts",
         "inventory/known_hosts", "known_hosts.old", "keys/id_ed25519", "id_rsa", "id_ed25519.pub", "id_rsa_work",

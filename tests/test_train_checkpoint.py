@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, load_file, read_manifest
-from train.config import CheckpointConfig
-from common.fsutil import TMP_PREFIX, sha256_file
+from meshrun.train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, load_file, read_manifest
+from meshrun.train.config import CheckpointConfig
+from meshrun.fsutil import TMP_PREFIX, sha256_file
 from tests.trainer.harness import REPO, clean_env
 
 # Saves step 1, then starts step 2 with a writer that stops for good after its first chunk:
@@ -21,9 +21,9 @@ from tests.trainer.harness import REPO, clean_env
 WRITER = """
 import sys, time, torch
 from pathlib import Path
-from common import fsutil
-from train.checkpoint import Checkpointer
-from train.config import CheckpointConfig
+from meshrun import fsutil
+from meshrun.train.checkpoint import Checkpointer
+from meshrun.train.config import CheckpointConfig
 
 ckpt = Checkpointer(Path(sys.argv[1]), CheckpointConfig(keep_last=1))
 ckpt.save({"w": torch.arange(10.0)}, 1, is_best=True)

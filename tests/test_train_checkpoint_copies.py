@@ -16,11 +16,11 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from train import state
-from train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, open_site, read_manifest
-from train.config import CheckpointConfig, load_config
-from train.safe_load import load_file
-from common.fsutil import sha256_file
+from meshrun.train import state
+from meshrun.train.checkpoint import MANIFEST, Checkpointer, checkpoint_name, open_site, read_manifest
+from meshrun.train.config import CheckpointConfig, load_config
+from meshrun.train.safe_load import load_file
+from meshrun.fsutil import sha256_file
 from tests.test_train_checkpoint_safety import plant
 from tests.trainer.harness import records, spawn, train_hosts
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoint import (MANIFEST, Checkpointer, checkpoint_name, local_site, read_manifest,
+from meshrun.train.checkpoint import (MANIFEST, Checkpointer, checkpoint_name, local_site, read_manifest,
                               restore_agreed)
-from train.config import CheckpointConfig
-from train.safe_load import UnsafeCheckpoint, load_file
-from common.fsutil import sha256_file
+from meshrun.train.config import CheckpointConfig
+from meshrun.train.safe_load import UnsafeCheckpoint, load_file
+from meshrun.fsutil import sha256_file
 from tests.trainer.harness import records, train
 
 

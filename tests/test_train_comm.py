@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoint import checkpoint_name, load_file
-from train.config import CommHook, load_config
-from train.errors import UsageError
+from meshrun.train.checkpoint import checkpoint_name, load_file
+from meshrun.train.config import CommHook, load_config
+from meshrun.train.errors import UsageError
 from tests.trainer.harness import records, train
 
 # digits: 1438 training samples, 2 ranks x 32 = 23 steps per epoch; step 30 is mid-epoch 2.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from train.config import (DEFAULT_CONFIG, Backend, DatasetKind, OptimizerKind, TrainConfig,
+from meshrun.train.config import (DEFAULT_CONFIG, Backend, DatasetKind, OptimizerKind, TrainConfig,
                           from_dict, load_config, to_dict)
-from train.errors import UsageError
+from meshrun.train.errors import UsageError
 from tests.trainer.harness import REPO, clean_env
 
 
@@ -89,7 +89,7 @@ def test_defaults_are_valid() -> None:
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "train", "--run-dir", str(tmp_path / "r"),
+    proc = subprocess.run([sys.executable, "-m", "meshrun.train", "--run-dir", str(tmp_path / "r"),
                            "optim.lrr=0.1"], cwd=REPO, env=clean_env(), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2
@@ -102,7 +102,7 @@ def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
 
 def test_off_is_an_enum_value_not_yaml_false(tmp_path) -> None:
     """YAML 1.1 reads `off` as false; `amp=off` and `amp: off` still mean Precision.OFF."""
-    from train.config import Precision
+    from meshrun.train.config import Precision
     assert load_config(None, ("amp=off",)).amp is Precision.OFF
     path = tmp_path / "c.yaml"
     path.write_text("amp: off\n")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from train.config import DataConfig, DatasetKind
-from train.data import build_datasets
-from train.data.shapes import SHAPES
-from train.errors import UsageError
+from meshrun.train.config import DataConfig, DatasetKind
+from meshrun.train.data import build_datasets
+from meshrun.train.data.shapes import SHAPES
+from meshrun.train.errors import UsageError
 
 
 def write_cifar(root: Path, per_batch: int = 6, batches: int = 2) -> None:

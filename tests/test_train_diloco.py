@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoint import checkpoint_name
-from train.config import CommHook, load_config
-from train.errors import UsageError
+from meshrun.train.checkpoint import checkpoint_name
+from meshrun.train.config import CommHook, load_config
+from meshrun.train.errors import UsageError
 from tests.trainer.harness import REPO, clean_env, records, train
 
 # digits: 1438 training samples, 2 ranks x 32 = 23 steps per epoch. With H = 4 the rounds of
@@ -47,7 +47,7 @@ def test_describe_names_the_hook_and_its_round_length() -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "train", "--describe", "comm.hook=diloco",
+    done = subprocess.run([sys.executable, "-m", "meshrun.train", "--describe", "comm.hook=diloco",
                            "comm.diloco_inner_steps=12"], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.trainer.harness import spawn
-from train import comm
-from train.config import CommConfig, CommHook
-from train.diloco import DiLoCo, DiLoCoSettings, local_mean
-from train.loop import MicroStep, StepParts, forward_backward, optimizer_step
+from meshrun.train import comm
+from meshrun.train.config import CommConfig, CommHook
+from meshrun.train.diloco import DiLoCo, DiLoCoSettings, local_mean
+from meshrun.train.loop import MicroStep, StepParts, forward_backward, optimizer_step
 
 WORLD = 3
 H = 3

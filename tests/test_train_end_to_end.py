@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from train.config import CONFIG_DIR
+from meshrun.train.config import CONFIG_DIR
 from tests.test_train_data import write_cifar
 from tests.trainer.harness import records, train
 

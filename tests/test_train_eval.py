@@ -10,8 +10,8 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from train.loop import evaluate
-from train.sampler import eval_shard
+from meshrun.train.loop import evaluate
+from meshrun.train.sampler import eval_shard
 from tests.trainer.harness import spawn
 
 N_SAMPLES, N_CLASSES = 11, 7  # 11 over 3 ranks: DistributedSampler would pad to 12

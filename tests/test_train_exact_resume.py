@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoint import checkpoint_name, load_file
+from meshrun.train.checkpoint import checkpoint_name, load_file
 from tests.trainer.harness import records, train
 
 # digits: 1438 training samples, 2 ranks x 32 = 23 steps per epoch; step 30 is mid-epoch 2.

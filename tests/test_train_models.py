@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.config import ModelConfig, ModelKind
-from train.errors import UsageError
-from train.models import build_model
-from train.models.pointnet2 import ball_query, farthest_point_sample, gather
+from meshrun.train.config import ModelConfig, ModelKind
+from meshrun.train.errors import UsageError
+from meshrun.train.models import build_model
+from meshrun.train.models.pointnet2 import ball_query, farthest_point_sample, gather
 
 
 def test_farthest_point_sample_picks_extremes() -> None:

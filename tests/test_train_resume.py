@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train.checkpoint import MANIFEST, read_manifest
-from common.fsutil import sha256_file
+from meshrun.train.checkpoint import MANIFEST, read_manifest
+from meshrun.fsutil import sha256_file
 from tests.trainer.harness import records, train
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from train.sampler import ResumableBatchSampler, epoch_order, eval_shard, plan_steps
+from meshrun.train.sampler import ResumableBatchSampler, epoch_order, eval_shard, plan_steps
 
 
 def real_indices(world: int, batch: int, n: int, epoch: int, consumed: int) -> list[list[int]]:

@@ -10,11 +10,11 @@ from torch import nn
 
 import pytest
 
-from train.balance import probe_throughput
-from train.config import AutoBatchConfig
-from train.dist import read_env
-from train.errors import UsageError
-from train.sampler import plan_steps
+from meshrun.train.balance import probe_throughput
+from meshrun.train.config import AutoBatchConfig
+from meshrun.train.dist import read_env
+from meshrun.train.errors import UsageError
+from meshrun.train.sampler import plan_steps
 from tests.trainer.harness import records, train
 
 DIGITS_TRAIN = 1438

@@ -16,8 +16,8 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from train.loop import StepParts, forward_backward, micro_steps, optimizer_step
-from train.sampler import plan_steps
+from meshrun.train.loop import StepParts, forward_backward, micro_steps, optimizer_step
+from meshrun.train.sampler import plan_steps
 from tests.trainer.harness import spawn
 
 IN, HIDDEN, CLASSES, LR = 5, 7, 3, 0.5

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from train.balance import allocate
-from train.errors import UsageError
-from train.sampler import ResumableBatchSampler, epoch_order, plan_steps, proportional_split
+from meshrun.train.balance import allocate
+from meshrun.train.errors import UsageError
+from meshrun.train.sampler import ResumableBatchSampler, epoch_order, plan_steps, proportional_split
 
 
 def real_steps(sizes: tuple[int, ...], n: int, epoch: int, consumed: int) -> list[list[list[int]]]:

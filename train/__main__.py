@@ -16,11 +16,11 @@ import math
 import sys
 from pathlib import Path
 
-from common import layout
-from train import dist
-from train.config import TrainConfig, load_config
-from train.errors import InjectedFailure, UsageError
-from train.render import make_console
+from meshrun import layout
+from meshrun.train import dist
+from meshrun.train.config import TrainConfig, load_config
+from meshrun.train.errors import InjectedFailure, UsageError
+from meshrun.train.render import make_console
 
 EXIT_USAGE = 2
 EXIT_INJECTED = 3
@@ -40,7 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
-    from train.trainer import Trainer  # heavy imports after the config is known to be valid
+    from meshrun.train.trainer import Trainer  # heavy imports after the config is known to be valid
 
     device = dist.pick_device(env)
     trainer = None
@@ -57,9 +57,9 @@ def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
 
 def describe(cfg: TrainConfig) -> dict:
     """``{"parameters", "gradient_bytes", "shapes", "comm"}`` of the model ``cfg`` builds (fp32 grads)."""
-    from train.comm import gradient_shapes
-    from train.data import build_datasets
-    from train.models import build_model
+    from meshrun.train.comm import gradient_shapes
+    from meshrun.train.data import build_datasets
+    from meshrun.train.models import build_model
 
     data = build_datasets(cfg.data)
     module = build_model(cfg.model, data.num_classes, data.input_shape)

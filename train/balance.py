@@ -23,11 +23,11 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from train import dist
-from train.config import AutoBatchConfig, DataConfig
-from train.dist import DistEnv
-from train.errors import UsageError
-from train.sampler import proportional_split
+from meshrun.train import dist
+from meshrun.train.config import AutoBatchConfig, DataConfig
+from meshrun.train.dist import DistEnv
+from meshrun.train.errors import UsageError
+from meshrun.train.sampler import proportional_split
 
 BatchFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 

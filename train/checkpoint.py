@@ -32,11 +32,11 @@ from typing import Any, Callable
 
 import torch
 
-from train import dist
-from train.config import CheckpointConfig
-from train.safe_load import UnsafeCheckpoint, load_bytes, load_file
-from common.fsutil import atomic_write_bytes, sha256_file
-from common.layout import (BEST_CHECKPOINT, CHECKPOINT_MANIFEST, checkpoint_name, checkpoint_step,  # noqa: F401
+from meshrun.train import dist
+from meshrun.train.config import CheckpointConfig
+from meshrun.train.safe_load import UnsafeCheckpoint, load_bytes, load_file
+from meshrun.fsutil import atomic_write_bytes, sha256_file
+from meshrun.layout import (BEST_CHECKPOINT, CHECKPOINT_MANIFEST, checkpoint_name, checkpoint_step,  # noqa: F401
                            is_checkpoint_name)
 
 MANIFEST = CHECKPOINT_MANIFEST  # names shared with the controller's fetch (common/layout.py)

@@ -39,10 +39,10 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (Post
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
-from train import dist
-from train.config import CommConfig, CommHook
-from train.diloco import DiLoCo, DiLoCoSettings, local_mean
-from train.loop import MicroStep
+from meshrun.train import dist
+from meshrun.train.config import CommConfig, CommHook
+from meshrun.train.diloco import DiLoCo, DiLoCoSettings, local_mean
+from meshrun.train.loop import MicroStep
 
 FORMAT = 1
 DILOCO_HOOKS = (CommHook.DILOCO, CommHook.DILOCO_OVERLAP)

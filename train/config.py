@@ -19,10 +19,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from common.layout import DEFAULT_PG_TIMEOUT_S
-from train.kinds import (Backend, CommHook, DatasetKind, ModelKind, OptimizerKind,  # noqa: F401 - re-exported
+from meshrun.layout import DEFAULT_PG_TIMEOUT_S
+from meshrun.train.kinds import (Backend, CommHook, DatasetKind, ModelKind, OptimizerKind,  # noqa: F401 - re-exported
                          Precision, ScheduleKind)
-from train.errors import UsageError
+from meshrun.train.errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "digits.yaml"
@@ -167,8 +167,12 @@ class TrainConfig:
 
 
 def load_config(path: Path | None = None, overrides: tuple[str, ...] = ()) -> TrainConfig:
-    """YAML file (default: packaged digits.yaml) with dotted ``key=value`` overrides applied."""
+    """YAML file (default: packaged digits.yaml) with dotted ``key=value`` overrides applied. A
+    bare name that is no file here but one of the shipped configs (``cifar10_toy.yaml``) means
+    that one, so a user project can name them without copying them in."""
     path = DEFAULT_CONFIG if path is None else path
+    if not path.exists() and path.name == str(path) and (CONFIG_DIR / path.name).is_file():
+        path = CONFIG_DIR / path.name
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:

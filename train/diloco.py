@@ -36,8 +36,8 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from train import dist
-from train.loop import MicroStep
+from meshrun.train import dist
+from meshrun.train.loop import MicroStep
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as torch_dist
 
-from common.layout import ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID
-from train.config import Backend
-from train.errors import UsageError
+from meshrun.layout import ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID
+from meshrun.train.config import Backend
+from meshrun.train.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train import dist
-from train.sampler import GlobalStep
+from meshrun.train import dist
+from meshrun.train.sampler import GlobalStep
 
 
 @dataclass(frozen=True)

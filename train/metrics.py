@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from common.fsutil import atomic_write_json
-from common.layout import RecordKind
+from meshrun.fsutil import atomic_write_json
+from meshrun.layout import RecordKind
 
 FLUSH_EVERY = 200
 

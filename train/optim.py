@@ -12,7 +12,7 @@ from typing import Iterable
 
 import torch
 
-from train.config import OptimConfig, OptimizerKind, ScheduleConfig, ScheduleKind
+from meshrun.train.config import OptimConfig, OptimizerKind, ScheduleConfig, ScheduleKind
 
 
 def build_optimizer(cfg: OptimConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:

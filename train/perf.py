@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from train.loop import StepParts, forward_backward
-from train.metrics import StepRecord
+from meshrun.train.loop import StepParts, forward_backward
+from meshrun.train.metrics import StepRecord
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from common.fsutil import atomic_write_json
-from train import dist
+from meshrun.fsutil import atomic_write_json
+from meshrun.train import dist
 
 STARTS_FILE = "starts.json"
 

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from train import dist
-from train.config import TrainConfig, to_dict
+from meshrun.train import dist
+from meshrun.train.config import TrainConfig, to_dict
 
 FORMAT = 1
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train import dist
+from meshrun.train import dist
 
 
 @dataclass(frozen=True)

@@ -23,25 +23,25 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, default_collate
 
-from common.layout import launch_rdzv_id
-from train import balance, dist, perf, state
-from train import comm
-from train.checkpoint import Checkpointer, open_site, restore_agreed
-from train.config import Precision, TrainConfig, to_dict
-from train.data import build_datasets
-from train.dist import DistEnv
-from train.errors import InjectedFailure, UsageError
-from train.loop import (EvalResult, StepParts, evaluate, forward_backward, micro_steps,
+from meshrun.layout import launch_rdzv_id
+from meshrun.train import balance, dist, perf, state
+from meshrun.train import comm
+from meshrun.train.checkpoint import Checkpointer, open_site, restore_agreed
+from meshrun.train.config import Precision, TrainConfig, to_dict
+from meshrun.train.data import build_datasets
+from meshrun.train.dist import DistEnv
+from meshrun.train.errors import InjectedFailure, UsageError
+from meshrun.train.loop import (EvalResult, StepParts, evaluate, forward_backward, micro_steps,
                         optimizer_step)
-from train.metrics import (BalanceRecord, CommRecord, EpochRecord, MetricsSink, ProgressRecord,
+from meshrun.train.metrics import (BalanceRecord, CommRecord, EpochRecord, MetricsSink, ProgressRecord,
                            ResultRecord, ResumeRecord)
-from train.models import build_model
-from train.optim import build_optimizer, lr_at, set_lr
-from train.render import Console
-from train.sampler import IndexedDataset, ResumableBatchSampler, eval_shard
-from train.starts import count_start
-from train.state import Position
-from train.tally import EpochTally, EpochTotals
+from meshrun.train.models import build_model
+from meshrun.train.optim import build_optimizer, lr_at, set_lr
+from meshrun.train.render import Console
+from meshrun.train.sampler import IndexedDataset, ResumableBatchSampler, eval_shard
+from meshrun.train.starts import count_start
+from meshrun.train.state import Position
+from meshrun.train.tally import EpochTally, EpochTotals
 
 
 def amp_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from deploy.check.findings import Finding, fail, worst
-from deploy.check.verdicts import CheckReport
-from deploy.inventory.model import Host, Network
+from meshrun.deploy.check.findings import Finding, fail, worst
+from meshrun.deploy.check.verdicts import CheckReport
+from meshrun.deploy.inventory.model import Host, Network
 
 OVERLAYS = (Network.ZEROTIER, Network.WIREGUARD)
 FIX = "close it: fab firewall up (docs/security.md#the-network-is-the-boundary-exposure-check-and-fab-firewall)"

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Mapping
 
-from deploy.check import wireguard
+from meshrun.deploy.check import wireguard
 
-from deploy.check import zerotier
-from deploy.check.findings import Finding, Level, fail, warn, worst
-from deploy.check.wireguard import WireGuardState
-from deploy.check.zerotier import ZeroTierState
+from meshrun.deploy.check import zerotier
+from meshrun.deploy.check.findings import Finding, Level, fail, warn, worst
+from meshrun.deploy.check.wireguard import WireGuardState
+from meshrun.deploy.check.zerotier import ZeroTierState
 
 LOW_DISK_GIB = 5.0
 CLUSTER = "cluster"
@@ -47,6 +47,7 @@ class Fingerprint:
     cuda: str | None = None  # torch.version.cuda; None on a CPU build
     nccl: str | None = None
     error: str | None = None  # why torch could not be imported, or the probe failed
+    meshrun: str | None = None  # "version (build digest)" of the meshrun it imports; None: none
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deploy.check.findings import Finding, warn
+from meshrun.deploy.check.findings import Finding, warn
 
 ARGV = ("wg", "show", "all", "latest-handshakes")
 FRESH_S = 180  # REJECT_AFTER_TIME: older sessions are gone and need a new handshake

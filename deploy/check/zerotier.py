@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Mapping
 
-from deploy.check.findings import Finding, fail, warn
+from meshrun.deploy.check.findings import Finding, fail, warn
 
 CLI = "zerotier-cli"
 SUBCOMMANDS = ("info", "listnetworks", "peers")

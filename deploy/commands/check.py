@@ -9,22 +9,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
-from deploy.errors import MeshrunError
-from deploy.check.exposure import exposure_findings, with_findings
-from deploy.check.findings import Level
-from deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.check.exposure import exposure_findings, with_findings
+from meshrun.deploy.check.findings import Level
+from meshrun.deploy.check.skew import meshrun_findings
+from meshrun.deploy.edges.wheel import controller_identity
+from meshrun.deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.project import Project
 
-from deploy.check.verdicts import AllReduceResult, ProbeStatus, build_report, has_failures
-from deploy.edges.sessions import close_all
-from deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
-from deploy.edges.exposure import probe_exposure
-from deploy.edges.preflightcache import StoredPass, cache_file, host_stamps, load_pass, save_pass
-from deploy.run.preflightkey import may_reuse, preflight_key
-from deploy.render.console import Renderer
-from deploy.edges.records import new_run_id
-from deploy.render.check import print_check
-from deploy.inventory.selection import Selection, select_hosts
-from deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session
+from meshrun.deploy.check.verdicts import AllReduceResult, ProbeStatus, build_report, has_failures
+from meshrun.deploy.edges.sessions import close_all
+from meshrun.deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
+from meshrun.deploy.edges.exposure import probe_exposure
+from meshrun.deploy.edges.preflightcache import StoredPass, cache_file, host_stamps, load_pass, save_pass
+from meshrun.deploy.run.preflightkey import may_reuse, preflight_key
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.edges.records import new_run_id
+from meshrun.deploy.render.check import print_check
+from meshrun.deploy.inventory.selection import Selection, select_hosts
+from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session
 
 BANDWIDTH_S = 1.0  # per link with --bandwidth: short, so the whole check stays in seconds
 
@@ -38,13 +41,13 @@ class CheckRequest:
     timeout: float = DEFAULT_CONNECT_TIMEOUT_S  # what a dead host costs
 
 
-def check_network(request: CheckRequest, renderer: Renderer, root: Path) -> int:
+def check_network(request: CheckRequest, renderer: Renderer, project: Project) -> int:
     started = time.monotonic()
-    inventory = load_inventory(inventory_path(request.inventory))
+    inventory = load_inventory(inventory_path(request.inventory, project.root))
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     network = head.network.value
-    sessions, unreachable = open_sessions(hosts, inventory, root, request.timeout)
+    sessions, unreachable = open_sessions(hosts, inventory, project.root, request.timeout)
     try:
         facts = gather_facts(hosts, head, sessions, unreachable, sys.executable)
         rdzv, links = probe_pairs(hosts, head, inventory.rendezvous.port, sessions, facts,
@@ -57,7 +60,7 @@ def check_network(request: CheckRequest, renderer: Renderer, root: Path) -> int:
     finally:
         close_all(sessions)
     report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started),
-                           exposure_findings(exposure))
+                           meshrun_findings(facts, str(controller_identity())) + exposure_findings(exposure))
     if request.json:
         renderer.json(asdict(report))
     else:
@@ -73,7 +76,9 @@ def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: R
     (deploy/run/preflightkey.py); returns True when this call reused one instead of checking."""
     path = cache or cache_file()
     stamps = host_stamps(selection.hosts, sessions, sys.executable)
-    key = preflight_key(repr((selection.hosts, selection.rendezvous)), stamps) if stamps is not None else None
+    # This controller's build is in the key: after an upgrade here the hosts' meshrun is checked again.
+    what = repr((selection.hosts, selection.rendezvous, str(controller_identity())))
+    key = preflight_key(what, stamps) if stamps is not None else None
     stored = load_pass(path)
     if key is not None and may_reuse(stored.key, stored.at, key, time.time()):
         for warning in stored.warnings:
@@ -93,7 +98,8 @@ def _check_before_run(selection: Selection, sessions: Mapping[str, Session], ren
     facts = gather_facts(hosts, head, sessions, {}, sys.executable)
     rdzv, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable)
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
-    report = build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started)
+    report = with_findings(build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started),
+                           meshrun_findings(facts, str(controller_identity())))
     warnings = tuple(f"pre-flight: {f.where}: {f.message}" for f in report.findings if f.level is Level.WARN)
     for warning in warnings:
         renderer.warn(warning)
@@ -104,6 +110,6 @@ def _check_before_run(selection: Selection, sessions: Mapping[str, Session], ren
     return warnings
 
 
-def main(request: CheckRequest, root: Path) -> int:
+def main(request: CheckRequest, project: Project) -> int:
     """`fab check-network`; returns the exit status (1 when any verdict is FAIL)."""
-    return check_network(request, Renderer(), root)
+    return check_network(request, Renderer(), project)

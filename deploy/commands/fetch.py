@@ -5,15 +5,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from common.layout import CHECKPOINTS, HOSTS, run_dir
-from deploy.edges.fanout import on_each
-from deploy.edges.fetch import FetchReport, Staging, fetch_argv, place, prepare_staging, remove_staging, \
+from meshrun.layout import CHECKPOINTS, HOSTS, run_dir
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.project import Project
+from meshrun.deploy.edges.fetch import FetchReport, Staging, fetch_argv, place, prepare_staging, remove_staging, \
     skip_lines, stage_verified, transfer, verify_checkpoints
-from deploy.edges.records import RunRecord, resolve_run
-from deploy.inventory.load import load_inventory
-from deploy.inventory.model import Host
-from deploy.render.console import HostProgress, Renderer
-from deploy.run.shell import local_workdir
+from meshrun.deploy.edges.records import RunRecord, resolve_run
+from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.render.console import HostProgress, Renderer
+from meshrun.deploy.run.shell import local_workdir
 
 INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) for the assembly
 
@@ -66,13 +67,13 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     best.refused += combined.refused
 
 
-def main(run: str | None, dest: str, force: bool, root: Path) -> int:
+def main(run: str | None, dest: str | None, force: bool, project: Project) -> int:
     """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum or
     its manifest had lines meshrun does not accept; what did pass is fetched all the same."""
-    record = resolve_run(root, run)
+    record = resolve_run(project.runs, run)
     renderer = Renderer()
-    destination = Path(dest) if Path(dest).is_absolute() else root / dest
-    reports = fetch_run(record, root, destination, force, renderer)
+    destination = Path(dest).expanduser().resolve() if dest else project.runs
+    reports = fetch_run(record, project.root, destination, force, renderer)
     renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports)
     for line in [line for r in reports for line in skip_lines(r.host, r.skipped)]:
         renderer.warn(line)

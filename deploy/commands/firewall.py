@@ -10,21 +10,21 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Mapping
 
-from deploy.edges.check_probes import probe_argv
-from deploy.edges.fanout import on_each
-from deploy.edges.sessions import sessions_to, training_interfaces
-from deploy.edges.sshtarget import resolve
-from deploy.edges.transport import Session, last_json_line
-from deploy.errors import InputError, MeshrunError
-from deploy.inventory.load import inventory_path, load_inventory
-from deploy.inventory.model import Host
-from deploy.inventory.selection import Selection, select_hosts
-from deploy.render.console import Renderer
-from deploy.run.firewall import Action, FirewallSpec, Step, member_addresses, parse_action, steps_for
-from deploy.run.plan import python_of
+from meshrun.deploy.edges.check_probes import probe_argv
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.sessions import sessions_to, training_interfaces
+from meshrun.deploy.edges.sshtarget import resolve
+from meshrun.deploy.edges.transport import Session, last_json_line
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.project import Project
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.inventory.selection import Selection, select_hosts
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.run.firewall import Action, FirewallSpec, Step, member_addresses, parse_action, steps_for
+from meshrun.deploy.run.plan import python_of
 
 HOST_LIMIT_S = 120  # a few dozen iptables calls, each bounded on the host
 
@@ -95,16 +95,16 @@ def report(action: Action, answers: Mapping[str, HostAnswer], renderer: Renderer
             renderer.info(f"{name}: firewall {action.value} ({len(answer.ran)} command(s) run)")
 
 
-def firewall(request: FirewallRequest, renderer: Renderer, root: Path) -> int:
+def firewall(request: FirewallRequest, renderer: Renderer, project: Project) -> int:
     action = parse_action(request.action)
-    inventory = load_inventory(inventory_path(request.inventory))
+    inventory = load_inventory(inventory_path(request.inventory, project.root))
     selection = select_hosts(inventory, request.hosts)
-    with sessions_to(selection.hosts, inventory, root) as sessions:
+    with sessions_to(selection.hosts, inventory, project.root) as sessions:
         report(action, apply(action, selection, sessions), renderer)
     return 0
 
 
-def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Callable[[], int], root: Path) -> int:
+def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Callable[[], int], project: Project) -> int:
     """`fab train --firewall`: the firewall up before the launch and down after it, whatever happens.
     A detached run outlives this process, so it cannot be bracketed: refused, one line."""
     if detach:
@@ -112,12 +112,12 @@ def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Call
                          "fab train --detach, and fab firewall down when it has ended")
     renderer = Renderer()
     try:  # `up` inside: hosts it reached before another failed must not keep the chain
-        firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, root)
+        firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, project)
         return run()
     finally:
-        firewall(FirewallRequest(Action.DOWN.value, inventory, hosts), renderer, root)
+        firewall(FirewallRequest(Action.DOWN.value, inventory, hosts), renderer, project)
 
 
-def main(request: FirewallRequest, root: Path) -> int:
+def main(request: FirewallRequest, project: Project) -> int:
     """`fab firewall`; exit status 0, 1 when a host failed, 2 on bad input."""
-    return firewall(request, Renderer(), root)
+    return firewall(request, Renderer(), project)

@@ -6,13 +6,14 @@ import threading
 import time
 from pathlib import Path
 
-from common.layout import log_path
-from deploy.edges.agents import run_hosts
-from deploy.edges.records import RunRecord, resolve_run
-from deploy.edges.sessions import sessions_to
-from deploy.edges.transport import Session
-from deploy.inventory.model import Host
-from deploy.render.console import Renderer
+from meshrun.layout import log_path
+from meshrun.deploy.edges.agents import run_hosts
+from meshrun.deploy.project import Project
+from meshrun.deploy.edges.records import RunRecord, resolve_run
+from meshrun.deploy.edges.sessions import sessions_to
+from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.render.console import Renderer
 
 
 def show_logs(record: RunRecord, root: Path, renderer: Renderer, follow: bool, lines: int) -> None:
@@ -51,5 +52,5 @@ def _follow(hosts: tuple[Host, ...], sessions: dict[str, Session], record: RunRe
             stream.abandon()
 
 
-def main(run: str | None, follow: bool, lines: int, root: Path) -> None:
-    show_logs(resolve_run(root, run, live_only=True), root, Renderer(), follow, lines)
+def main(run: str | None, follow: bool, lines: int, project: Project) -> None:
+    show_logs(resolve_run(project.runs, run, live_only=True), project.root, Renderer(), follow, lines)

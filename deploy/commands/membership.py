@@ -18,18 +18,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.layout import run_dir
-from deploy.edges.sessions import training_interfaces
-from deploy.commands.sync import sync_code
-from deploy.errors import InputError, MeshrunError
-from deploy.edges.launcher import JobRunner, run_detached_agent
-from deploy.inventory.load import load_inventory
-from deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
-from deploy.run.plan import HostLaunch, LaunchOptions, Workload, plan_launch
-from deploy.render.console import Renderer
-from deploy.edges.records import RunRecord, controller_alive, load_record
-from deploy.inventory.selection import Selection, select_hosts
-from deploy.edges.transport import Session, connect
+from meshrun.deploy.edges.sessions import training_interfaces
+from meshrun.deploy.project import Project
+from meshrun.deploy.commands.sync import sync_code
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.edges.launcher import JobRunner, run_detached_agent
+from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
+from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, plan_launch
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.edges.records import RunRecord, controller_alive, load_record
+from meshrun.deploy.inventory.selection import Selection, select_hosts
+from meshrun.deploy.edges.transport import Session, connect
 
 ANSWER_TIMEOUT_S = 180.0
 
@@ -41,8 +41,8 @@ class Request:
     path: Path
 
 
-def requests_dir(root: Path, run_id: str) -> Path:
-    return root / run_dir(run_id) / "requests"
+def requests_dir(project: Project, run_id: str) -> Path:
+    return project.run_home(run_id) / "requests"
 
 
 def options_of(record: RunRecord) -> LaunchOptions:
@@ -55,7 +55,7 @@ def options_of(record: RunRecord) -> LaunchOptions:
                          detach=False, rdzv_id=record.rdzv_id)
 
 
-def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, root: Path, renderer: Renderer,
+def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: Project, renderer: Renderer,
                    detach: bool) -> tuple[HostLaunch, Session]:
     """Connect to, sync and plan one joining host with the run's own rendezvous."""
     options = options_of(record)
@@ -64,10 +64,10 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, root: Pat
     members = tuple(inventory.host(h) for h in record.hosts)
     joiner = select_hosts(inventory, name).hosts[0]
     head = next(h for h in members if f"{h.address}:" in record.rdzv_endpoint)
-    session = connect(joiner, inventory.known_hosts, root)
-    sync_code((joiner,), inventory, root, renderer)
+    session = connect(joiner, inventory.known_hosts, project.root)
+    sync_code((joiner,), inventory, project.root, renderer)
     sessions = {joiner.name: session}
-    head_session = connect(head, inventory.known_hosts, root)
+    head_session = connect(head, inventory.known_hosts, project.root)
     try:
         interfaces = training_interfaces((head, joiner), head, {**sessions, head.name: head_session})
     finally:
@@ -79,18 +79,18 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, root: Pat
     return next(h for h in plan.hosts if h.host.name == joiner.name), session
 
 
-def add_member(root: Path, record: RunRecord, name: str) -> RunRecord:
+def add_member(project: Project, record: RunRecord, name: str) -> RunRecord:
     """The run record lists every host that ever took part, so status/stop/fetch reach it."""
     if name in record.hosts:
         return record
     updated = dataclasses.replace(record, hosts=(*record.hosts, name))
-    updated.save(root)
+    updated.save(project.runs)
     return updated
 
 
-def submit(root: Path, record: RunRecord, action: str, host: str) -> dict:
+def submit(project: Project, record: RunRecord, action: str, host: str) -> dict:
     """Hand a request to the attached controller and wait for its answer."""
-    directory = requests_dir(root, record.run_id)
+    directory = requests_dir(project, record.run_id)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{time.time():.3f}-{secrets.token_hex(2)}-{action}-{host}.json"
     tmp = path.with_name("." + path.name)
@@ -109,15 +109,15 @@ def submit(root: Path, record: RunRecord, action: str, host: str) -> dict:
 class RequestPoller:
     """Called by the attached controller's JobRunner loop: carries out join/leave requests."""
 
-    def __init__(self, record: RunRecord, inventory: Inventory, root: Path, renderer: Renderer) -> None:
+    def __init__(self, record: RunRecord, inventory: Inventory, project: Project, renderer: Renderer) -> None:
         self.record = record
         self.inventory = inventory
-        self.root = root
+        self.project = project
         self.renderer = renderer
         self.seen: set[Path] = set()
 
     def __call__(self, runner: JobRunner) -> None:
-        directory = requests_dir(self.root, self.record.run_id)
+        directory = requests_dir(self.project, self.record.run_id)
         if not directory.is_dir():
             return
         for path in sorted(directory.glob("[0-9]*.json")):
@@ -146,9 +146,9 @@ class RequestPoller:
             raise MeshrunError(f"host '{name}' is already in run {self.record.run_id}")
         if len(running) >= self.record.elastic[1]:
             raise MeshrunError(f"run {self.record.run_id} already has its maximum of {self.record.elastic[1]} hosts")
-        launch, session = prepare_joiner(self.record, self.inventory, name, self.root, self.renderer, detach=False)
+        launch, session = prepare_joiner(self.record, self.inventory, name, self.project, self.renderer, detach=False)
         runner.add_host(launch, session)
-        self.record = add_member(self.root, self.record, name)
+        self.record = add_member(self.project, self.record, name)
         return f"started on {name}; the job re-rendezvouses to take it in"
 
     def _leave(self, runner: JobRunner, name: str) -> str:
@@ -158,43 +158,43 @@ class RequestPoller:
         return f"stopping {name}; the others go on while at least {self.record.elastic[0]} host(s) remain"
 
 
-def join_or_leave(root: Path, record: RunRecord, action: str, hosts: list[str], renderer: Renderer) -> list[str]:
+def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[str], renderer: Renderer) -> list[str]:
     """Carry out `fab join|leave` for each host; returns one message per host."""
     options_of(record)  # refuses non-elastic runs up front
     inventory = load_inventory(Path(record.inventory))
     for name in hosts:
         select_hosts(inventory, name)  # unknown hosts get the usual one-line error
     if controller_alive(record):
-        answers = [submit(root, record, action, name) for name in hosts]
+        answers = [submit(project, record, action, name) for name in hosts]
         failed = [a["message"] for a in answers if not a["ok"]]
         if failed:
             raise MeshrunError("; ".join(failed))
         return [a["message"] for a in answers]
-    return [_detached(root, record, inventory, action, name, renderer) for name in hosts]
+    return [_detached(project, record, inventory, action, name, renderer) for name in hosts]
 
 
-def _detached(root: Path, record: RunRecord, inventory: Inventory, action: str, name: str,
+def _detached(project: Project, record: RunRecord, inventory: Inventory, action: str, name: str,
               renderer: Renderer) -> str:
-    from deploy.edges.agents import stop_hosts
+    from meshrun.deploy.edges.agents import stop_hosts
 
     if action == "leave":
-        stop_hosts(record, root, (name,))
+        stop_hosts(record, project.root, (name,))
         return f"stopped run {record.run_id} on {name}"
-    launch, session = prepare_joiner(record, inventory, name, root, renderer, detach=True)
+    launch, session = prepare_joiner(record, inventory, name, project, renderer, detach=True)
     try:
         result = run_detached_agent(session, launch)
     finally:
         session.close()
     if result.rc != 0:
         raise MeshrunError(f"host '{name}': detached start failed: {result.stderr.strip()[-300:]}")
-    add_member(root, record, name)
+    add_member(project, record, name)
     return f"started detached on {name}"
 
 
-def main(action: str, run: str, hosts: str, root: Path) -> None:
+def main(action: str, run: str, hosts: str, project: Project) -> None:
     """`fab join|leave --run ID --hosts NAMES`."""
     if not run or not hosts:
         raise InputError(f"fab {action} needs --run ID and --hosts NAME[,NAME...]")
     renderer = Renderer()
-    for message in join_or_leave(root, load_record(root, run), action, hosts.split(","), renderer):
+    for message in join_or_leave(project, load_record(project.runs, run), action, hosts.split(","), renderer):
         renderer.info(message)

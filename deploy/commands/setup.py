@@ -1,20 +1,30 @@
-"""`fab setup`: a Python environment on each host that runs this project (see deploy/host/setup.py)."""
+"""`fab setup`: on each host a Python environment that runs this controller's meshrun and the
+project (the host side is deploy/host/setup.py; the wheel, deploy/edges/wheel.py)."""
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.edges.sessions import sessions_to
-from deploy.commands.sync import sync_code
-from deploy.errors import MeshrunError
-from deploy.edges.fanout import on_each
-from deploy.inventory.load import inventory_path, load_inventory
-from deploy.inventory.model import Host, Inventory
-from deploy.inventory.selection import select_hosts
-from deploy.render.console import Renderer
+from meshrun.deploy.commands.sync import sync_code
+from meshrun.deploy.edges.check_probes import probe_argv
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.sessions import sessions_to
+from meshrun.deploy.edges.sync import push_dir_argv
+from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.edges.wheel import Identity, controller_identity, controller_wheel
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.inventory.selection import select_hosts
+from meshrun.deploy.project import Project
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.run.requirements import Requirements, project_requirements
+from meshrun.deploy.edges import host_queries as probes
 
 SETUP_TIMEOUT_S = 3600  # a first install downloads torch
+WHEELS = ".venv/meshrun-wheels"  # in the host's workdir, beside the venv that installs them
 
 
 @dataclass(frozen=True)
@@ -25,40 +35,89 @@ class SetupResult:
     torch: str | None
 
 
-def setup_argv(base: str, reuse_site: str | None) -> list[str]:
-    return [base, "-m", "deploy.host.setup"] + (["--reuse-site", reuse_site] if reuse_site else [])
+@dataclass(frozen=True)
+class SetupRequest:
+    base: str  # the host interpreter that creates the venv
+    reuse_site: str | None
+    wheel: Path  # this controller's, on this machine
+    identity: Identity
+    requirements: Requirements
 
 
-def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer, base: str,
-                reuse_site: str | None) -> dict[str, SetupResult]:
+def setup_argv(request: SetupRequest, force: bool = False) -> list[str]:
+    wheel = f"{WHEELS}/{request.identity.build}/{request.wheel.name}"
+    reqs = request.requirements
+    return probe_argv(request.base, "setup", "--wheel", wheel, "--build", request.identity.build,
+                      *(["--reuse-site", request.reuse_site] if request.reuse_site else []),
+                      *(["--requirements", reqs.file] if reqs.file else []),
+                      *[arg for line in reqs.lines for arg in ("--requirement", line)],
+                      *(["--force"] if force else []))
+
+
+def setup_host(host: Host, session: Session, request: SetupRequest, root: Path, inventory: Inventory) -> SetupResult:
+    """Push the wheel, run the host side, then check that the venv imports this controller's build."""
+    push = push_dir_argv(host, request.wheel.parent, f"{WHEELS}/{request.identity.build}", root, inventory.known_hosts)
+    done = subprocess.run(push, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MeshrunError(f"host '{host.name}': could not push meshrun's wheel (rsync exit {done.returncode}): "
+                           f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}")
+    result = _run_setup(host, session, request, force=False)
+    seen = installed_identity(session, result.python)
+    if seen != request.identity:  # the stamp said done, but the venv holds something else: once more
+        result = _run_setup(host, session, request, force=True)
+        seen = installed_identity(session, result.python)
+    if seen != request.identity:
+        raise MeshrunError(f"host '{host.name}': after setup {result.python} imports meshrun {seen or 'nothing'}, "
+                           f"not this controller's {request.identity}; is something on its PYTHONPATH?")
+    return result
+
+
+def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool) -> SetupResult:
+    result = session.run(setup_argv(request, force), timeout=SETUP_TIMEOUT_S)
+    data = probes.parse_json_object(result.stdout) if result.stdout else None
+    if data is None:
+        data = {"error": result.stderr.strip()[-300:] or f"exit status {result.rc}"}
+    if "error" in data:
+        raise MeshrunError(f"host '{host.name}': setup failed: {data['error']}; is `{request.base}` a Python "
+                           ">= 3.10 with venv? (--base PYTHON)")
+    return SetupResult(host.name, tuple(data["actions"]), data["python"], data["torch"])
+
+
+def installed_identity(session: Session, python: str) -> Identity | None:
+    """The meshrun `python` imports on the host (the check-network facts probe)."""
+    result = session.run(probe_argv(python, "facts"), timeout=120)
+    facts = probes.parse_json_object(result.stdout) if result.ok else None
+    found = (facts or {}).get("meshrun")
+    return Identity(str(found.get("version")), str(found.get("build"))) if isinstance(found, dict) else None
+
+
+def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer,
+                request: SetupRequest) -> dict[str, SetupResult]:
     with sessions_to(hosts, inventory, root) as sessions:
         sync_code(hosts, inventory, root, renderer)
-
-        def one(host: Host) -> SetupResult:
-            result = sessions[host.name].run(setup_argv(base, reuse_site), timeout=SETUP_TIMEOUT_S)
-            try:
-                data = result.last_json()
-            except (ValueError, IndexError):
-                data = {"error": result.stderr.strip()[-300:] or f"exit status {result.rc}"}
-            if "error" in data:
-                raise MeshrunError(f"host '{host.name}': setup failed: {data['error']}; is `{base}` a Python >= 3.10 "
-                                   f"with venv? (--base PYTHON)")
-            return SetupResult(host.name, tuple(data["actions"]), data["python"], data["torch"])
-
-        results = on_each(hosts, one, timeout=SETUP_TIMEOUT_S + 60)
+        results = on_each(hosts, lambda h: setup_host(h, sessions[h.name], request, root, inventory),
+                          timeout=SETUP_TIMEOUT_S + 60)
     return results.require_all()
 
 
-def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site: str | None, root: Path) -> None:
-    """`fab setup`: set up each selected host, then say what to put in the inventory."""
-    inv = load_inventory(inventory_path(inventory_arg))
+def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site: str | None, project: Project) -> None:
+    """`fab setup`: set up each selected remote host, then say what to put in the inventory."""
+    root = project.root
+    inv = load_inventory(inventory_path(inventory_arg, root))
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
-    results = setup_hosts(selected, inv, root, renderer, base, reuse_site)
-    for host in selected:
+    for host in (h for h in selected if h.is_local):
+        renderer.info(f"{host.name}: local, runs with this controller's Python and meshrun; nothing to set up")
+    remote = tuple(h for h in selected if not h.is_local)
+    if not remote:
+        return
+    request = SetupRequest(base, reuse_site, controller_wheel(), controller_identity(), project_requirements(root))
+    results = setup_hosts(remote, inv, root, renderer, request)
+    for host in remote:
         result = results[host.name]
         done = "; ".join(result.actions) or "already set up, nothing to do"
-        renderer.info(f"{host.name}: {done}; python {result.python} (torch {result.torch or 'NOT importable'})")
-        if host.python != result.python and not host.is_local:
+        renderer.info(f"{host.name}: {done}; meshrun {request.identity}, python {result.python} "
+                      f"(torch {result.torch or 'NOT importable'})")
+        if host.python != result.python:
             renderer.warn(f"{host.name}: the inventory's `python` is {host.python or 'unset'}; set "
                           f"`python: {result.python}` for it in {inv.path} to train with this environment")

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from deploy.edges.agents import stop_run
-from deploy.edges.records import resolve_run
-from deploy.errors import MeshrunError
-from deploy.render.console import Renderer
+from meshrun.deploy.edges.agents import stop_run
+from meshrun.deploy.project import Project
+from meshrun.deploy.edges.records import resolve_run
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.render.console import Renderer
 
 
-def main(run: str | None, root: Path) -> int:
+def main(run: str | None, project: Project) -> int:
     """Exit status 1 when a host could not be reached or still has run processes."""
-    record = resolve_run(root, run, live_only=True)
+    record = resolve_run(project.runs, run, live_only=True)
     renderer = Renderer()
     dirty = []
-    for host, left in stop_run(record, root).items():
+    for host, left in stop_run(record, project.root).items():
         if isinstance(left, MeshrunError) or left:
             dirty.append(host)
             renderer.error(f"{host}: {left if isinstance(left, MeshrunError) else f'processes still alive: {list(left)}'}")

@@ -5,15 +5,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deploy.edges.sessions import sessions_to
-from deploy.edges.datasync import DataResult, DataSpec, build_manifest, parse_data_flag, sync_data
-from deploy.inventory.load import inventory_path, load_inventory
-from deploy.inventory.selection import select_hosts
-from deploy.edges.fanout import on_each
-from deploy.inventory.model import Host, Inventory
-from deploy.run.plan import python_of
-from deploy.render.console import HostProgress, Renderer
-from deploy.edges.sync import SyncResult, project_files, sync_host
+from meshrun.deploy.edges.sessions import sessions_to
+from meshrun.deploy.edges.datasync import DataResult, DataSpec, build_manifest, parse_data_flag, sync_data
+from meshrun.deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.project import Project
+from meshrun.deploy.inventory.selection import select_hosts
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.run.plan import python_of
+from meshrun.deploy.render.console import HostProgress, Renderer
+from meshrun.deploy.edges.sync import SyncResult, project_files, sync_host
 
 SYNC_TIMEOUT_S = 900
 
@@ -37,9 +38,10 @@ def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec
     return results.require_all()
 
 
-def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, root: Path) -> None:
+def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, project: Project) -> None:
     """`fab sync [--data SRC:DEST]`: the code, then the dataset, with a line per host."""
-    inv = load_inventory(inventory_path(inventory_arg))
+    root = project.root
+    inv = load_inventory(inventory_path(inventory_arg, root))
     spec = parse_data_flag(data) if data else None
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()

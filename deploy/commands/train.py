@@ -10,31 +10,31 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
-from common.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, DEFAULT_PG_TIMEOUT_S, checkpoint_step, log_path, run_dir
-from deploy.edges.check_probes import WRITE_FILE
-from deploy.run.manifest import MANIFEST_MAX_BYTES, parse_manifest
-from deploy.edges import comm as comm_cmd
-from deploy.commands.membership import RequestPoller
-from deploy.commands.check import preflight
-from deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
-from deploy.commands.sync import sync_code
-from deploy.errors import MeshrunError
-from deploy.edges.fanout import on_each
-from deploy.inventory.load import load_inventory, inventory_path
-from deploy.inventory.model import Host, Inventory
-from deploy.edges.launcher import PING_TIMEOUT_S, JobRunner, run_detached_agent
-from deploy.run.membership import split_brain_risk
-from deploy.run.outcome import JobOutcome, JobStatus
-from deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
-from deploy.render.console import Renderer
-from deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
-from deploy.edges.sync import is_project_itself, push_dir_argv
-from deploy.inventory.selection import Selection, parse_nnodes, select_hosts
-from deploy.run.summary import RunSummary, build_summary
-from deploy.edges.transport import Session, connect
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, DEFAULT_PG_TIMEOUT_S, checkpoint_step, log_path, run_dir
+from meshrun.deploy.edges.check_probes import WRITE_FILE
+from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, parse_manifest
+from meshrun.deploy.edges import comm as comm_cmd
+from meshrun.deploy.commands.membership import RequestPoller
+from meshrun.deploy.commands.check import preflight
+from meshrun.deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
+from meshrun.deploy.commands.sync import sync_code
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.inventory.load import load_inventory, inventory_path
+from meshrun.deploy.project import Project, relative_to_project
+from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner, run_detached_agent
+from meshrun.deploy.run.membership import split_brain_risk
+from meshrun.deploy.run.outcome import JobOutcome, JobStatus
+from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
+from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
+from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
+from meshrun.deploy.run.summary import RunSummary, build_summary
+from meshrun.deploy.edges.transport import Session, connect
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,20 @@ class TrainRequest:
     comm: str | None = None  # a comm hook, or "auto" (deploy/commands/comm.py)
 
 
-def _with_resumed_defaults(request: TrainRequest, root: Path) -> TrainRequest:
+def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest:
+    """--script and --config as the paths the hosts will find: inside the project, checked here,
+    before any host is touched."""
+    work = request.workload
+    script = relative_to_project(work.script, project, "--script") if work.script else None
+    config = relative_to_project(work.config, project, "--config", packaged_ok=True) if work.config else None
+    return dataclasses.replace(request, workload=dataclasses.replace(work, script=script, config=config))
+
+
+def _with_resumed_defaults(request: TrainRequest, project: Project) -> TrainRequest:
     """`--resume ID` defaults to that run's inventory and hosts."""
     if not request.resume:
         return request
-    record = load_record(root, request.resume)
+    record = load_record(project.runs, request.resume)
     return dataclasses.replace(request, inventory=request.inventory or record.inventory,
                                hosts=request.hosts or ",".join(record.hosts))
 
@@ -118,22 +127,22 @@ def hosts_newest_step(sessions: Mapping[str, Session], names: list[str], run_id:
 
 
 def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_id: str, inventory: Inventory,
-                     root: Path, renderer: Renderer) -> None:
+                     project: Project, renderer: Renderer) -> None:
     """Give the rendezvous host the fetched checkpoints of a resumed run, when no host holds one as
     new (every host keeps its own copies; the trainer broadcasts the newest from whoever has it).
     The files go first, never replacing the host's; then the controller's verified manifest, so
     the host's trainer lists what was pushed."""
-    local = root / run_dir(run_id) / CHECKPOINTS
+    local = project.run_home(run_id) / CHECKPOINTS
     head = selection.head
     manifest = local / CHECKPOINT_MANIFEST
-    if not manifest.is_file() or is_project_itself(head, root):
+    if not manifest.is_file() or is_project_itself(head, project.root):
         return
     text = manifest.read_bytes()
     ours, theirs = newest_listed_step(text), hosts_newest_step(sessions, [h.name for h in selection.hosts], run_id)
     if ours <= theirs:
         renderer.info(f"resume: the hosts already hold step {theirs} (fetched: {ours}); nothing pushed")
         return
-    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", root, inventory.known_hosts)
+    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", project.root, inventory.known_hosts)
     done = subprocess.run(argv, capture_output=True, text=True)
     written = sessions[head.name].run([python_of(head, sys.executable), "-c", WRITE_FILE,
                                        f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}",
@@ -144,12 +153,12 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
     renderer.info(f"resume: pushed checkpoints up to step {ours} to {head.name}")
 
 
-def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
+def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     """Pre-flight, sync, plan, launch on every host at once, then summarize. Exit status 0/1."""
-    request = _with_resumed_defaults(request, root)
+    request = _with_project_paths(_with_resumed_defaults(request, project), project)
     if request.comm:
         comm_cmd.parse_comm(request.comm, request.workload)
-    inventory = load_inventory(inventory_path(request.inventory))
+    inventory = load_inventory(inventory_path(request.inventory, project.root))
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
@@ -159,66 +168,66 @@ def train(request: TrainRequest, renderer: Renderer, root: Path) -> int:
     rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
     options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
                             rdzv_id=rdzv_id)
-    with sessions_to(hosts, inventory, root) as sessions:
-        options = _prepare_hosts(request, selection, inventory, sessions, options, root, renderer)
+    with sessions_to(hosts, inventory, project.root) as sessions:
+        options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer)
         plan = plan_launch(selection, options, training_interfaces(hosts, head, sessions), sys.executable)
-        record = _record(request, inventory, hosts, plan, options, root)
-        renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, run_dir(run_id))
+        record = _record(request, inventory, hosts, plan, options, project)
+        renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
         if request.detach:
             start_detached(plan, sessions)
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
-        outcome, summary = _run_attached(plan, record, inventory, sessions, root, renderer)
-    return _conclude(outcome, summary, root, renderer)
+        outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer)
+    return _conclude(outcome, summary, project, renderer)
 
 
 def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inventory,
-                   sessions: Mapping[str, Session], options: LaunchOptions, root: Path,
+                   sessions: Mapping[str, Session], options: LaunchOptions, project: Project,
                    renderer: Renderer) -> LaunchOptions:
     """Pre-flight, code sync, checkpoints back for a resume, and the comm hook choice."""
     if not request.skip_checks:
         preflight(selection, sessions, renderer)
     if not request.no_sync:
-        sync_code(selection.hosts, inventory, root, renderer)
+        sync_code(selection.hosts, inventory, project.root, renderer)
     if request.resume:
-        push_checkpoints(selection, sessions, options.run_id, inventory, root, renderer)
+        push_checkpoints(selection, sessions, options.run_id, inventory, project, renderer)
     if not request.comm:
         return options
-    workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, options.workload, root, renderer)
+    workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, options.workload, project.root, renderer)
     if comm_plan is not None:
-        comm_cmd.save_plan(root, options.run_id, comm_plan, comm_cmd.applied_hook(workload))
+        comm_cmd.save_plan(project.runs, options.run_id, comm_plan, comm_cmd.applied_hook(workload))
     return dataclasses.replace(options, workload=workload)
 
 
 def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...], plan: LaunchPlan,
-            options: LaunchOptions, root: Path) -> RunRecord:
+            options: LaunchOptions, project: Project) -> RunRecord:
     elastic = options.elastic
     record = RunRecord(options.run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(),
                        request.detach, plan.rdzv_endpoint, options.rendezvous_id,
                        (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(options.workload),
                        request.pg_timeout_s, None if request.detach else os.getpid())
-    record.save(root)
+    record.save(project.runs)
     return record
 
 
 def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, sessions: Mapping[str, Session],
-                  root: Path, renderer: Renderer) -> tuple[JobOutcome, RunSummary]:
+                  project: Project, renderer: Renderer) -> tuple[JobOutcome, RunSummary]:
     """Run with this controller watching; returns the outcome and the summary to write."""
-    poller = RequestPoller(record, inventory, root, renderer) if plan.elastic else None
-    reconnect = (lambda host: connect(host, inventory.known_hosts, root, PING_TIMEOUT_S))
-    outcome = JobRunner(plan, sessions, renderer.log_line, root / run_dir(plan.run_id), sys.executable, poller,
+    poller = RequestPoller(record, inventory, project, renderer) if plan.elastic else None
+    reconnect = (lambda host: connect(host, inventory.known_hosts, project.root, PING_TIMEOUT_S))
+    outcome = JobRunner(plan, sessions, renderer.log_line, project.run_home(plan.run_id), sys.executable, poller,
                         renderer.membership, reconnect).run()
     if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
         renderer.info(last_checkpoint(sessions, plan, outcome.failed_host))
-    saved_plan = comm_cmd.load_plan(root, plan.run_id)
+    saved_plan = comm_cmd.load_plan(project.runs, plan.run_id)
     measured = comm_cmd.read_comm_record(sessions, plan) if saved_plan else None
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
     return outcome, build_summary(plan, outcome, read_result(sessions, plan), comm)
 
 
-def _conclude(outcome: JobOutcome, summary: RunSummary, root: Path, renderer: Renderer) -> int:
-    path = write_summary(root / run_dir(outcome.run_id), summary)
+def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, renderer: Renderer) -> int:
+    path = write_summary(project.run_home(outcome.run_id), summary)
     if outcome.status is JobStatus.FAILED and outcome.failed_host:
         renderer.failure_tail(outcome, log_path(outcome.run_id, outcome.failed_host))
     if summary.comm and summary.comm["measured_s"] is not None:
@@ -229,6 +238,6 @@ def _conclude(outcome: JobOutcome, summary: RunSummary, root: Path, renderer: Re
     return 0 if outcome.status is JobStatus.SUCCEEDED else 1
 
 
-def main(request: TrainRequest, root: Path) -> int:
+def main(request: TrainRequest, project: Project) -> int:
     """`fab train`; returns the exit status."""
-    return train(request, Renderer(), root)
+    return train(request, Renderer(), project)

@@ -11,15 +11,16 @@ from typing import Callable
 
 import paramiko
 
-from deploy.edges import hostkeys, sshtarget
-from deploy.errors import MeshrunError
-from deploy.edges.fanout import on_each
-from deploy.inventory.load import inventory_path, load_inventory
-from deploy.inventory.model import Host
-from deploy.render.console import Renderer
-from deploy.render.check import print_host_keys
-from deploy.inventory.selection import select_hosts
-from deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, scan_host_key
+from meshrun.deploy.edges import hostkeys, sshtarget
+from meshrun.deploy.project import Project
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.render.check import print_host_keys
+from meshrun.deploy.inventory.selection import select_hosts
+from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, scan_host_key
 
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 
@@ -87,8 +88,9 @@ def changed_error(offer: KeyOffer, path: Path) -> MeshrunError:
                                       path, offer.jump)
 
 
-def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm: Callable[[str], bool]) -> int:
-    inventory = load_inventory(inventory_path(request.inventory))
+def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm: Callable[[str], bool],
+          project_root: Path) -> int:
+    inventory = load_inventory(inventory_path(request.inventory, project_root))
     hosts = tuple(h for h in select_hosts(inventory, request.hosts).hosts if not h.is_local)
     path = inventory.known_hosts or USER_KNOWN_HOSTS.expanduser()
     results = on_each(hosts, lambda h: offers_for(h, inventory.known_hosts, request.timeout),
@@ -134,6 +136,6 @@ def _ask(question: str) -> bool:
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
-def main(request: TrustRequest) -> int:
+def main(request: TrustRequest, project: Project) -> int:
     """`fab trust`: asks before adding keys when run at a terminal."""
-    return trust(request, Renderer(), sys.stdin.isatty(), _ask)
+    return trust(request, Renderer(), sys.stdin.isatty(), _ask, project.root)

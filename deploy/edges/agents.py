@@ -6,16 +6,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common.layout import STOP_GRACE_S
-from deploy.edges.fanout import on_each
-from deploy.edges.records import RunRecord
-from deploy.edges.sessions import sessions_to
-from deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
-from deploy.errors import MeshrunError
-from deploy.inventory.load import load_inventory
-from deploy.inventory.model import Host, Inventory
-from deploy.run.hoststate import HostState, parse_status
-from deploy.run.plan import agent_verb_argv
+from meshrun.layout import STOP_GRACE_S
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.edges.sessions import sessions_to
+from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.run.hoststate import HostState, parse_status
+from meshrun.deploy.run.plan import agent_verb_argv
 
 
 def run_hosts(record: RunRecord) -> tuple[tuple[Host, ...], Inventory]:

@@ -8,31 +8,34 @@ runs under `timeout` on each host. Verdicts are made elsewhere (deploy/check/ver
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from common.layout import run_dir
-from deploy.edges import host_queries as probes
+from meshrun.layout import run_dir
+from meshrun.deploy.edges import host_queries as probes
 
-from deploy.check import wireguard
+from meshrun.deploy.check import wireguard
 
-from deploy.check import zerotier
-from deploy.errors import MeshrunError
-from deploy.edges.fanout import on_each
-from deploy.inventory.model import Host, Inventory, Network
-from deploy.inventory.selection import Selection
-from deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
+from meshrun.deploy.check import zerotier
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.inventory.model import Host, Inventory, Network
+from meshrun.deploy.inventory.selection import Selection
+from meshrun.deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
                              ProbeStatus, RendezvousFacts, errored_links, link_targets)
-from deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
-from deploy.edges.host_queries import peer_address_for
-from deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, run_fed
-from deploy.edges.transport import Session, Stream, connect
+from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
+from meshrun.deploy.edges.host_queries import peer_address_for
+from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, run_fed
+from meshrun.deploy.edges.transport import Session, Stream, connect
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
 FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
 LINK_CONNECT_TIMEOUT_S = 3.0
+VERSION_RE = re.compile(r"[A-Za-z0-9.+!_-]{1,40}")
+BUILD_RE = re.compile(r"[0-9a-f]{12}")
 ALLREDUCE_LIMIT_S = 90  # rendezvous + gloo init + one all-reduce; `timeout` kills it after this
 ALLREDUCE_PG_TIMEOUT_S = 30
 # The file travels in argv, not on stdin: invoke feeds a remote stdin about 100 bytes per second.
@@ -68,6 +71,18 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
                      interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg)
 
 
+def meshrun_of(answer: object) -> str | None:
+    """The host's meshrun as `version (build digest)`, or None without one. The host writes this:
+    anything that is not a plain version and digest is shown as unreadable, never echoed."""
+    if not isinstance(answer, dict):
+        return None
+    version, build = answer.get("version"), answer.get("build")
+    if not (isinstance(version, str) and VERSION_RE.fullmatch(version) and isinstance(build, str)
+            and BUILD_RE.fullmatch(build)):
+        return "unreadable (build unknown)"
+    return f"{version} (build {build})"
+
+
 def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str]]:
     result = session.run(probe_argv(python, "facts"), timeout=FACTS_TIMEOUT_S)
     facts = probes.parse_json_object(result.stdout) if result.ok else None
@@ -75,7 +90,7 @@ def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None
         reason = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
         return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}
     fingerprint = Fingerprint(facts.get("python"), facts.get("torch"), facts.get("cuda"), facts.get("nccl"),
-                              facts.get("error"))
+                              facts.get("error"), meshrun_of(facts.get("meshrun")))
     return fingerprint, facts.get("disk_free"), {k: v for k, v in (facts.get("tools") or {}).items() if v}
 
 

@@ -15,16 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from common.layout import COMM_PLAN, run_dir
-from deploy.run import commplan
-from deploy.run.commplan import CommPlan, Hook, HookSettings
-from deploy.edges.sessions import reachable_results
-from deploy.errors import InputError, MeshrunError
-from deploy.edges.check_probes import gather_facts, probe_pairs
-from deploy.inventory.selection import Selection
-from deploy.run.plan import LaunchPlan, Workload
-from deploy.render.console import Renderer
-from deploy.edges.transport import Session, last_json_line
+from meshrun.layout import COMM_PLAN, run_dir
+from meshrun.deploy.run import commplan
+from meshrun.deploy.run.commplan import CommPlan, Hook, HookSettings
+from meshrun.deploy.edges.sessions import reachable_results
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.edges.check_probes import gather_facts, probe_pairs
+from meshrun.deploy.inventory.selection import Selection
+from meshrun.deploy.run.plan import LaunchPlan, Workload
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.edges.transport import Session, last_json_line
 
 AUTO = "auto"
 BANDWIDTH_S = 2.0  # per link; the probe reports the steady rate of its second half (slow start excluded)
@@ -49,7 +49,7 @@ def parse_comm(value: str, workload: Workload) -> str:
 def describe(workload: Workload, root: Path) -> Gradients:
     """Gradient shapes and hook settings of the configured model: `python -m train --describe`
     here on the controller (no training, no process group)."""
-    argv = [sys.executable, "-m", "train", "--describe"]
+    argv = [sys.executable, "-m", "meshrun.train", "--describe"]
     argv += ["--config", workload.config] if workload.config else []
     done = subprocess.run([*argv, *workload.args], cwd=root, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -97,9 +97,9 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
     return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *workload.args)), plan
 
 
-def save_plan(root: Path, run_id: str, plan: CommPlan, hook: str) -> Path:
+def save_plan(runs: Path, run_id: str, plan: CommPlan, hook: str) -> Path:
     """`runs/<run_id>/commplan.json`: the floors the run is judged against (fab report reads it)."""
-    path = root / run_dir(run_id) / COMM_PLAN
+    path = runs / run_id / COMM_PLAN
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"hook": hook, **plan_json(plan)}, indent=2) + "\n")
     return path
@@ -155,6 +155,6 @@ def beside_floor(saved: Mapping[str, Any], measured_s: float | None) -> dict[str
             "ratio": round(measured_s / floor, 2) if measured_s is not None and floor > 0 else None}
 
 
-def load_plan(root: Path, run_id: str) -> dict[str, Any] | None:
-    path = root / run_dir(run_id) / COMM_PLAN
+def load_plan(runs: Path, run_id: str) -> dict[str, Any] | None:
+    path = runs / run_id / COMM_PLAN
     return json.loads(path.read_text()) if path.exists() else None

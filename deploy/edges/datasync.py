@@ -15,12 +15,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.errors import InputError, MeshrunError
-from deploy.inventory.model import Host
-from deploy.run.shell import local_workdir
-from deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
-from deploy.edges.transport import Session
-from common.fsutil import sha256_file
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.shell import local_workdir
+from meshrun.deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
+from meshrun.deploy.edges.transport import Session
+from meshrun.fsutil import sha256_file
 
 MANIFEST = "MANIFEST.sha256"
 CACHE = ".meshrun-hash-cache.json"

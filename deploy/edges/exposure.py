@@ -8,14 +8,14 @@ from __future__ import annotations
 import socket
 from typing import Mapping
 
-from deploy.check.exposure import ExposureResult, ExposureTarget, exposed_addresses, exposure_targets
-from deploy.edges.check_probes import probe_argv
-from deploy.edges.fanout import on_each
-from deploy.edges.host_queries import parse_json_object
-from deploy.edges.transport import Session
-from deploy.errors import MeshrunError
-from deploy.inventory.model import Host
-from deploy.run.plan import python_of
+from meshrun.deploy.check.exposure import ExposureResult, ExposureTarget, exposed_addresses, exposure_targets
+from meshrun.deploy.edges.check_probes import probe_argv
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.host_queries import parse_json_object
+from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.plan import python_of
 
 CANARY_LIFETIME_S = 30.0
 CONNECT_TIMEOUT_S = 3.0

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Callable, Generic, Iterable, TypeVar
 
-from deploy.errors import MeshrunError
-from deploy.inventory.model import Host
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.model import Host
 
 T = TypeVar("T")
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from common.fsutil import fsync_dir, sha256_file
-from common.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
-from deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
-from deploy.errors import MeshrunError
-from deploy.inventory.model import Host
-from deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, manifest_text, parse_manifest, refusal_lines, shown
-from deploy.run.shell import local_workdir
+from meshrun.fsutil import fsync_dir, sha256_file
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
+from meshrun.deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, manifest_text, parse_manifest, refusal_lines, shown
+from meshrun.deploy.run.shell import local_workdir
 
 PARTIAL_DIR = ".rsync-partial"  # relative, so rsync also refuses to take one from the host
 SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deploy.errors import MeshrunError
-from deploy.edges.transport import Session
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.transport import Session
 
 
 @dataclass(frozen=True)

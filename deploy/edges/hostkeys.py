@@ -11,7 +11,7 @@ from pathlib import Path
 
 import paramiko
 
-from deploy.errors import MeshrunError
+from meshrun.deploy.errors import MeshrunError
 
 
 def fingerprint(key: paramiko.PKey) -> str:

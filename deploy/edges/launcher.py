@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from common.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STOP_GRACE_S
-from deploy.errors import MeshrunError
-from deploy.edges.fanout import on_each
-from deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
-from deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
-from deploy.inventory.model import Host
-from deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, env_block
-from deploy.edges.stdinfeed import run_fed
-from deploy.edges.transport import CommandResult, Session, Stream
+from meshrun.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STOP_GRACE_S
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
+from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, env_block
+from meshrun.deploy.edges.stdinfeed import run_fed
+from meshrun.deploy.edges.transport import CommandResult, Session, Stream
 
 PING_TIMEOUT_S = 3.0  # an SSH channel running `true`: a few KB, in time even over a 1 Mbit link
 PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.edges.check_probes import FACTS_TIMEOUT_S, probe_argv
-from deploy.edges.fanout import on_each
-from deploy.inventory.model import Host
-from deploy.edges.transport import Session
-from deploy.run.plan import python_of
+from meshrun.deploy.edges.check_probes import FACTS_TIMEOUT_S, probe_argv
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.run.plan import python_of
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from common.fsutil import atomic_write_bytes, atomic_write_json
-from common.layout import DEFAULT_PG_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, RUNS_DIR, SUMMARY, run_dir
-from deploy.errors import InputError
-from deploy.inventory.shown import shown
-from deploy.run.summary import RunSummary
+from meshrun.fsutil import atomic_write_bytes, atomic_write_json
+from meshrun.layout import DEFAULT_PG_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, SUMMARY
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.run.summary import RunSummary
 
 
 @dataclass(frozen=True)
@@ -30,18 +30,18 @@ class RunRecord:
     pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S
     controller_pid: int | None = None  # the attached `fab train` that watches this run
 
-    def save(self, root: Path) -> Path:
-        path = root / run_dir(self.run_id) / LAUNCH_RECORD
+    def save(self, runs: Path) -> Path:
+        path = runs / self.run_id / LAUNCH_RECORD
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, asdict(self))
         return path
 
 
-def load_record(root: Path, run_id: str) -> RunRecord:
+def load_record(runs: Path, run_id: str) -> RunRecord:
     if not is_run_id(run_id):
         raise InputError(f"--run {shown(run_id)}: not a run id (letters, digits, '.', '_', '-'; no '..'); "
                          "list runs with `fab status`")
-    path = root / run_dir(run_id) / LAUNCH_RECORD
+    path = runs / run_id / LAUNCH_RECORD
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -55,22 +55,22 @@ def load_record(root: Path, run_id: str) -> RunRecord:
                      data.get("controller_pid"))
 
 
-def all_records(root: Path) -> list[RunRecord]:
+def all_records(runs: Path) -> list[RunRecord]:
     """Every recorded run, newest first."""
-    runs = sorted((root / RUNS_DIR).glob(f"*/{LAUNCH_RECORD}"), reverse=True)
-    return [load_record(root, p.parent.name) for p in runs]
+    found = sorted(runs.glob(f"*/{LAUNCH_RECORD}"), reverse=True)
+    return [load_record(runs, p.parent.name) for p in found]
 
 
-def resolve_run(root: Path, run_id: str | None, live_only: bool = False) -> RunRecord:
+def resolve_run(runs: Path, run_id: str | None, live_only: bool = False) -> RunRecord:
     """The named run, else the newest one (with `live_only`, the newest that may still be running:
     a task never contacts the hosts of a finished or stale run unless the user names it)."""
     if run_id:
-        return load_record(root, run_id)
-    records = live_records(root) if live_only else all_records(root)
+        return load_record(runs, run_id)
+    records = live_records(runs) if live_only else all_records(runs)
     if not records:
-        if live_only and all_records(root):
+        if live_only and all_records(runs):
             raise InputError("no recorded run may still be running; name one with --run ID "
-                             "(the newest is " + all_records(root)[0].run_id + ")")
+                             "(the newest is " + all_records(runs)[0].run_id + ")")
         raise InputError("no runs recorded under runs/; start one with `fab train`")
     return records[0]
 
@@ -96,11 +96,11 @@ def may_be_running(record: RunRecord, has_summary: bool, attached_controller_ali
     return attached_controller_alive or now - record.started < HEARTBEAT_TIMEOUT_S + 5
 
 
-def live_records(root: Path) -> list[RunRecord]:
+def live_records(runs: Path) -> list[RunRecord]:
     """Recorded runs that may still be running, newest first."""
     now = time.time()
-    return [r for r in all_records(root)
-            if may_be_running(r, (root / run_dir(r.run_id) / SUMMARY).exists(), controller_alive(r), now)]
+    return [r for r in all_records(runs)
+            if may_be_running(r, (runs / r.run_id / SUMMARY).exists(), controller_alive(r), now)]
 
 
 def new_run_id() -> str:

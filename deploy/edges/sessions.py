@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from deploy.errors import MeshrunError
-from deploy.edges.fanout import on_each
-from deploy.inventory.model import Host, Inventory
-from deploy.edges.host_queries import peer_address_for, route_interface
-from deploy.edges.transport import CommandResult, Session, connect
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.edges.host_queries import peer_address_for, route_interface
+from meshrun.deploy.edges.transport import CommandResult, Session, connect
 
 
 def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], argv: list[str],

@@ -14,9 +14,9 @@ import os
 import shlex
 from pathlib import Path
 
-from deploy.edges import sshtarget
-from deploy.errors import InputError
-from deploy.inventory.model import Host
+from meshrun.deploy.edges import sshtarget
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.model import Host
 
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import paramiko
 
-from common.layout import ENV_SSH_CONFIG
-from deploy.errors import InputError, MeshrunError
-from deploy.inventory.model import Host
+from meshrun.layout import ENV_SSH_CONFIG
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inventory.model import Host
 
 DEFAULT_USER = "root"
 DEFAULT_PORT = 22

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from deploy.edges.transport import CommandResult, Session, Stream
-from deploy.errors import MeshrunError
+from meshrun.deploy.edges.transport import CommandResult, Session, Stream
+from meshrun.deploy.errors import MeshrunError
 
 # Runs the rest of its argv with the JSON object on the first stdin line added to its
 # environment: for commands that cannot read the line themselves (the check's torchrun).

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from deploy.errors import MeshrunError
-from deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
-from deploy.inventory.model import Host
-from deploy.run.shell import local_workdir
-from deploy.run.syncset import shippable
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.shell import local_workdir
+from meshrun.deploy.run.syncset import shippable
 
 # The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
 # (3.2.7 renamed it --secluded-args and keeps this one as its alias).

@@ -18,10 +18,10 @@ import invoke
 import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from deploy.edges import hostkeys, sshtarget
-from deploy.errors import MeshrunError
-from deploy.inventory.model import Host
-from deploy.run.shell import local_workdir, remote_command
+from meshrun.deploy.edges import hostkeys, sshtarget
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.shell import local_workdir, remote_command
 
 DEFAULT_CONNECT_TIMEOUT_S = sshtarget.CONNECT_TIMEOUT_S
 

@@ -26,10 +26,10 @@ import threading
 import time
 from pathlib import Path
 
-from common.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
+from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
                            PROGRESS, RUNS_DIR, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
-from deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
-from deploy.host.succession import Generation, HeadWatcher, parse_generations
+from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
+from meshrun.deploy.host.succession import Generation, HeadWatcher, parse_generations
 
 
 

@@ -1,18 +1,20 @@
 """Host-side fact probe for `fab check-network`; stdlib only, run as `python -c <this file>`.
 
 Prints one JSON object: the interpreter, torch / torch.version.cuda / NCCL (or why torch does not
-import), free disk in the working directory (the host's workdir), and where the tools the check
-runs next live. Extra places are searched for `zerotier-cli` because a non-root SSH login has no
+import), the meshrun this interpreter imports (version and build, `meshrun_identity`), free disk
+in the working directory (the host's workdir), and where the tools the check runs next live. Extra places are searched for `zerotier-cli` because a non-root SSH login has no
 /usr/sbin on PATH, and because a user who needs `sudo zerotier-cli` puts a wrapper in ~/bin.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
 import shutil
 import sys
+from typing import Iterator
 
 EXTRA_PATH = ("~/bin", "/usr/sbin", "/usr/local/sbin", "/sbin")
 TOOLS = ("nvidia-smi", "zerotier-cli", "wg", "ping")
@@ -31,6 +33,58 @@ def torch_facts() -> dict[str, object]:
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "error": None}
 
 
+# The packages a meshrun wheel holds at its top. Installed from a wheel they nest in one folder;
+# installed editable from a clone each is its own folder (common/, deploy/, train/).
+MESHRUN_PACKAGES = ("meshrun", "meshrun.deploy", "meshrun.train")
+SHIPPED_SUFFIXES = (".py", ".yaml")  # modules and the trainer's configs: what the wheel carries
+
+
+def meshrun_folders() -> dict[str, str] | None:
+    """Where this interpreter finds each of meshrun's top packages; None without meshrun."""
+    from importlib import util
+
+    try:
+        specs = {name: util.find_spec(name) for name in MESHRUN_PACKAGES}
+    except (ImportError, ValueError):
+        return None
+    if any(s is None or not s.submodule_search_locations for s in specs.values()):
+        return None
+    return {name: list(spec.submodule_search_locations)[0] for name, spec in specs.items()}  # type: ignore[union-attr]
+
+
+def package_files(folders: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """(name in the wheel, file) for every shipped file, the same list however meshrun was installed:
+    a folder that is another package's (meshrun/deploy inside meshrun/) is walked as that package."""
+    for name, folder in folders.items():
+        prefix = name.replace(".", "/")
+        for current, dirs, files in os.walk(folder):
+            rel = os.path.relpath(current, folder)
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (rel == "." and f"{name}.{d}" in folders))
+            for file in sorted(files):
+                if file.endswith(SHIPPED_SUFFIXES):
+                    arcname = prefix if rel == "." else f"{prefix}/{rel.replace(os.sep, '/')}"
+                    yield f"{arcname}/{file}", os.path.join(current, file)
+
+
+def meshrun_identity() -> dict[str, str] | None:
+    """{"version", "build"}: the installed version and a digest of the shipped files, so two
+    copies of 0.1.0 with different code tell apart; None when meshrun does not import here."""
+    from importlib import metadata
+
+    folders = meshrun_folders()
+    if folders is None:
+        return None
+    try:
+        version = metadata.version("meshrun")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    digest = hashlib.sha256()
+    for arcname, path in sorted(package_files(folders)):
+        with open(path, "rb") as f:
+            digest.update(arcname.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return {"version": version, "build": digest.hexdigest()[:12]}
+
+
 def tool_paths() -> dict[str, str | None]:
     search = os.pathsep.join([os.environ.get("PATH", ""), *(os.path.expanduser(p) for p in EXTRA_PATH)])
     return {tool: shutil.which(tool, path=search) for tool in TOOLS}
@@ -39,7 +93,7 @@ def tool_paths() -> dict[str, str | None]:
 def main() -> None:
     usage = shutil.disk_usage(".")
     facts = {"python": platform.python_version(), "executable": sys.executable, "cwd": os.getcwd(),
-             "disk_free": usage.free, **torch_facts(), "tools": tool_paths()}
+             "disk_free": usage.free, **torch_facts(), "meshrun": meshrun_identity(), "tools": tool_paths()}
     print(json.dumps(facts))
 
 

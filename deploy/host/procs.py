@@ -11,7 +11,7 @@ import signal
 import time
 from typing import Callable
 
-from common.layout import ENV_HOST, ENV_RUN_ID
+from meshrun.layout import ENV_HOST, ENV_RUN_ID
 
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1

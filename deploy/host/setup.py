@@ -1,13 +1,16 @@
-"""Host side of `fab setup`, standard library only: make `<workdir>/.venv` run this project.
+"""Host side of `fab setup`, standard library only: make `<workdir>/.venv` run meshrun and the project.
 
-Run from the synced workdir as `BASE -m deploy.host.setup [--reuse-site PYTHON]`. Steps, each
+Shipped as `BASE -c <this file> ...` (the host may have no meshrun yet) and run in the workdir,
+where `fab setup` has synced the project and pushed the controller's meshrun wheel. Steps, each
 skipped when already done, so a second run changes nothing:
 1. create the venv (`--system-site-packages`, so a system-wide CUDA torch is reused);
 2. with `--reuse-site`, add a .pth line so the venv also sees another interpreter's packages
    (a shared lab env that already has torch: no 5 GB download per host);
-3. `pip install -e .` when meshrun is not installed from this workdir, or pyproject.toml changed
-   since the last install (its sha256 is kept in `.venv/meshrun-installed`).
-Prints one JSON object: the actions taken, the venv's python, and its torch version.
+3. install the pushed wheel when the venv holds another build (`.venv/meshrun-installed` keeps
+   what was installed); its dependencies come from the host's index or the reused packages;
+4. install the project's requirements (`--requirements FILE` or `--requirement LINE`...) when
+   they changed since the last install.
+Prints one JSON object: the actions taken, the venv's python, and its torch version; or {"error"}.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ STAMP = VENV / "meshrun-installed"
 PTH = "meshrun-reuse-site.pth"
 
 
+class SetupFailed(Exception):
+    pass
+
+
 def venv_python() -> Path:
     return VENV / "bin" / "python"
 
@@ -35,55 +42,77 @@ def site_packages(python: str) -> str:
     return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def isolation_flags() -> list[str]:
-    """Build with the venv's own setuptools when it is recent enough: a host without a package
-    index (an air-gapped box, a lab network) cannot fetch one into an isolated build env.
-    Editable installs need setuptools >= 64, and bdist_wheel (built in from 70.1, else `wheel`)."""
-    code = ("import importlib.util as u, setuptools, sys; v = tuple(int(x) for x in setuptools.__version__.split('.')[:2]);"
-            " sys.exit(not (v >= (70, 1) or (v >= (64, 0) and u.find_spec('wheel'))))")
-    ok = subprocess.run([str(venv_python()), "-c", code], capture_output=True).returncode == 0
-    return ["--no-build-isolation"] if ok else []
+def pip(what: str, *args: str) -> float:
+    """Run the venv's pip; the seconds it took. A failure raises with pip's last lines."""
+    started = time.monotonic()
+    done = subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(("note:", "hint:"))]
+        raise SetupFailed(f"pip could not install {what}: " + " | ".join(lines[-3:]))
+    return time.monotonic() - started
 
 
-def pyproject_digest() -> str:
-    return hashlib.sha256(Path("pyproject.toml").read_bytes()).hexdigest()
+def read_stamp() -> dict[str, str]:
+    try:
+        found = json.loads(STAMP.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
-def installed_here() -> bool:
-    """meshrun imports from this workdir's code, seen from outside it, and nothing changed since."""
-    code = "import deploy, train, sys; print(deploy.__file__)"
-    done = subprocess.run([os.path.abspath(venv_python()), "-c", code], capture_output=True, text=True, cwd="/")
-    here = str(Path("deploy").resolve())
-    fresh = STAMP.exists() and STAMP.read_text().strip() == pyproject_digest()
-    return done.returncode == 0 and done.stdout.strip().startswith(here) and fresh
+def requirements_digest(args: argparse.Namespace) -> str:
+    text = Path(args.requirements).read_bytes() if args.requirements else "\n".join(args.requirement).encode()
+    return hashlib.sha256(text).hexdigest() if (args.requirements or args.requirement) else ""
+
+
+def make_venv(reuse_site: str | None, actions: list[str]) -> None:
+    if not venv_python().exists():
+        # With --reuse-site, pip and setuptools come from the reused env too (newer than ensurepip's).
+        without_pip = ["--without-pip"] if reuse_site else []
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *without_pip, str(VENV)], check=True)
+        actions.append(f"created venv {VENV.resolve()}")
+    if reuse_site:
+        target = Path(site_packages(str(venv_python()))) / PTH
+        line = site_packages(reuse_site) + "\n"
+        if not target.exists() or target.read_text() != line:
+            target.write_text(line)
+            actions.append(f"venv reuses the packages of {reuse_site}")
+
+
+def install(args: argparse.Namespace, actions: list[str]) -> None:
+    stamp = read_stamp()
+    if args.force or stamp.get("build") != args.build:
+        # --force-reinstall --no-deps: a meshrun of the same version seen through --reuse-site
+        # must not count as installed. Then the dependencies, which pip leaves alone when present.
+        seconds = pip("meshrun", "--no-deps", "--force-reinstall", args.wheel) + pip("meshrun's dependencies", args.wheel)
+        stamp = {"build": args.build}
+        actions.append(f"installed meshrun (build {args.build}) from the controller's wheel in {seconds:.0f} s")
+        STAMP.write_text(json.dumps(stamp) + "\n")
+    wanted = requirements_digest(args)
+    if wanted and (args.force or stamp.get("requirements") != wanted):
+        what = args.requirements or "the project's dependencies"
+        seconds = pip(what, *(["-r", args.requirements] if args.requirements else args.requirement))
+        actions.append(f"installed {what} in {seconds:.0f} s")
+    STAMP.write_text(json.dumps({**stamp, "requirements": wanted}) + "\n")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.host.setup")
+    parser = argparse.ArgumentParser(prog="meshrun host setup")
+    parser.add_argument("--wheel", required=True, help="the controller's meshrun wheel, pushed here")
+    parser.add_argument("--build", required=True, help="its build (the digest check-network compares)")
     parser.add_argument("--reuse-site", default=None, help="interpreter whose packages the venv should also see")
+    parser.add_argument("--requirements", default=None, help="the project's requirements file")
+    parser.add_argument("--requirement", action="append", default=[], help="one requirement (from pyproject.toml)")
+    parser.add_argument("--force", action="store_true", help="install again even if the stamp says done")
     args = parser.parse_args()
     actions: list[str] = []
-    if not venv_python().exists():
-        # With --reuse-site, pip and setuptools come from the reused env too (newer than ensurepip's).
-        without_pip = ["--without-pip"] if args.reuse_site else []
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *without_pip, str(VENV)], check=True)
-        actions.append(f"created venv {VENV.resolve()}")
-    if args.reuse_site:
-        target = Path(site_packages(str(venv_python()))) / PTH
-        line = site_packages(args.reuse_site) + "\n"
-        if not target.exists() or target.read_text() != line:
-            target.write_text(line)
-            actions.append(f"venv reuses the packages of {args.reuse_site}")
-    if not installed_here():
-        started = time.monotonic()
-        pip = subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", *isolation_flags(), "-e", "."],
-                             capture_output=True, text=True)
-        if pip.returncode != 0:
-            lines = [l for l in pip.stderr.splitlines() if l.strip() and not l.startswith(("note:", "hint:"))]
-            print(json.dumps({"error": "pip install -e . failed: " + " | ".join(lines[-3:])}))
-            return 1
-        STAMP.write_text(pyproject_digest() + "\n")
-        actions.append(f"installed meshrun (pip install -e .) in {time.monotonic() - started:.0f} s")
+    try:
+        make_venv(args.reuse_site, actions)
+        install(args, actions)
+    except (SetupFailed, subprocess.CalledProcessError, OSError) as err:
+        print(json.dumps({"error": str(err), "actions": actions}))
+        return 1
     torch = subprocess.run([str(venv_python()), "-c", "import torch; print(torch.__version__)"],
                            capture_output=True, text=True)
     print(json.dumps({"actions": actions, "python": os.path.abspath(venv_python()),

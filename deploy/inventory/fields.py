@@ -8,9 +8,9 @@ from typing import Callable, Mapping
 
 import yaml
 
-from deploy.inventory.model import Network
-from deploy.inventory.shown import shown
-from deploy.inventory.yamlnodes import Where, kind, mapping_items, scalar
+from meshrun.deploy.inventory.model import Network
+from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.inventory.yamlnodes import Where, kind, mapping_items, scalar
 
 # Patterns are used with fullmatch: `$` would also match before a trailing newline ("gpu1\n").
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

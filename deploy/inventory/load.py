@@ -13,13 +13,19 @@ from typing import Mapping
 
 import yaml
 
-from deploy.inventory import fields
-from deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory import fields
+from meshrun.deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
                                      Rendezvous)
-from deploy.inventory.shown import clip, listing, shown
-from deploy.inventory.yamlnodes import Where, compose_file, mapping_items, scalar, unknown_key
+from meshrun.deploy.inventory.shown import clip, listing, shown
+from meshrun.deploy.inventory.yamlnodes import Where, compose_file, mapping_items, scalar, unknown_key
 
-DEFAULT_INVENTORY = Path("inventory/local.yaml")
+# Where a project keeps its inventory; the first that exists is used (meshrun's own clone
+# ships inventory/local.yaml, this machine alone).
+PROJECT_INVENTORIES = (Path("inventory/hosts.yaml"), Path("inventory/local.yaml"))
+USER_INVENTORY = Path("meshrun/inventory.yaml")  # under $XDG_CONFIG_HOME, default ~/.config
+LOOKUP_ORDER = "--inventory, $MESHRUN_INVENTORY, the project's inventory/hosts.yaml or inventory/local.yaml, " \
+               "~/.config/meshrun/inventory.yaml"
 
 
 TOP_KEYS = ("defaults", "hosts", "groups", "rendezvous", "known_hosts", "elastic")
@@ -33,11 +39,23 @@ BUILTIN_DEFAULTS: Mapping[str, object] = MappingProxyType(
 )
 
 
-def inventory_path(cli_value: str | None) -> Path:
-    """--inventory wins, then MESHRUN_INVENTORY, then the bundled local default."""
+def inventory_path(cli_value: str | None, project_root: Path, env: Mapping[str, str] | None = None,
+                   home: Path | None = None) -> Path:
+    """The inventory to use, first found in LOOKUP_ORDER (docs/architecture.md, "Finding things").
+    An explicit choice (flag or variable) is used as given, and fails later if it is missing."""
+    env = os.environ if env is None else env
     if cli_value:
         return Path(cli_value)
-    return Path(os.environ.get("MESHRUN_INVENTORY") or DEFAULT_INVENTORY)
+    if env.get("MESHRUN_INVENTORY"):
+        return Path(env["MESHRUN_INVENTORY"])
+    for candidate in PROJECT_INVENTORIES:
+        if (project_root / candidate).is_file():
+            return project_root / candidate
+    config = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else (home or Path.home()) / ".config"
+    if (config / USER_INVENTORY).is_file():
+        return config / USER_INVENTORY
+    raise InputError(f"no inventory found (looked for {LOOKUP_ORDER}); write one from meshrun's examples "
+                     f"(README, \"Inventory\") at {project_root / PROJECT_INVENTORIES[0]}, or pass --inventory FILE")
 
 
 def load_inventory(path: Path) -> Inventory:

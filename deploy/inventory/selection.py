@@ -6,10 +6,10 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from deploy.errors import InputError
-from deploy.inventory.fields import gpu_index_problem
-from deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
-from deploy.inventory.shown import listing, shown, shown_path
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.fields import gpu_index_problem
+from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
+from meshrun.deploy.inventory.shown import listing, shown, shown_path
 
 # ASCII digits only: str.isdigit() takes '²', which int() refuses; at most 4000 digits, as int() refuses 4300.
 WHOLE_RE = re.compile(r"-?[0-9]{1,4000}")

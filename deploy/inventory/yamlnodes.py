@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from deploy.errors import InputError
-from deploy.inventory.shown import CLIP, shown, shown_path
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.shown import CLIP, shown, shown_path
 
 MAX_BYTES = 1 << 20  # an inventory is a list of hosts: a few kB. The cap bounds a wrong --inventory path too
 MAX_DEPTH = 20  # an inventory needs 5 levels (inventory → hosts → host → env → value)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from deploy.check import wireguard
-from deploy.check.findings import Finding, Level, worst
-from deploy.check.verdicts import CheckReport, HostFacts, LinkResult, PortState, ProbeStatus
-from deploy.render.console import Renderer
+from meshrun.deploy.check import wireguard
+from meshrun.deploy.check.findings import Finding, Level, worst
+from meshrun.deploy.check.verdicts import CheckReport, HostFacts, LinkResult, PortState, ProbeStatus
+from meshrun.deploy.render.console import Renderer
 
 LEVEL_STYLES = {Level.PASS: "green", Level.WARN: "yellow", Level.FAIL: "red bold"}
 

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from deploy.render.neutral import NeutralConsole, neutral
-from deploy.run.outcome import JobOutcome, JobStatus
-from deploy.run.summary import RunSummary
+from meshrun.deploy.render.neutral import NeutralConsole, neutral
+from meshrun.deploy.run.outcome import JobOutcome, JobStatus
+from meshrun.deploy.run.summary import RunSummary
 
 HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deploy.run.report import RunReport
+from meshrun.deploy.run.report import RunReport
 
 
 def write_png(report: RunReport, path: Path) -> Path:

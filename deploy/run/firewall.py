@@ -15,7 +15,7 @@ import ipaddress
 from dataclasses import dataclass
 from enum import Enum
 
-from deploy.errors import InputError
+from meshrun.deploy.errors import InputError
 
 CHAIN = "MESHRUN"
 TOOLS = ("iptables", "ip6tables")  # one per address family; nft-backed or legacy, whichever the host has

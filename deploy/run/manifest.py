@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from common.layout import is_checkpoint_name
+from meshrun.layout import is_checkpoint_name
 
 # A trainer's manifest lists keep_last + 1 files at ~90 bytes a line; this allows thousands, and
 # keeps a host from making the controller read gigabytes.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from deploy.inventory.model import ElasticBounds
+from meshrun.deploy.inventory.model import ElasticBounds
 
 
 class Change(str, Enum):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from deploy.run.membership import MembershipEvent
+from meshrun.deploy.run.membership import MembershipEvent
 
 
 class JobStatus(str, Enum):

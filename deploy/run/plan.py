@@ -13,12 +13,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from common.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID,
+from meshrun.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID,
                            HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_LOGS, generation_rdzv_id,
                            host_dir)
-from deploy.errors import InputError
-from deploy.inventory.model import ElasticBounds, Host
-from deploy.inventory.selection import Selection
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.model import ElasticBounds, Host
+from meshrun.deploy.inventory.selection import Selection
 
 ELASTIC_MAX_RESTARTS = 10  # headroom for spurious membership restarts (lab NOTES §7)
 # keep_alive 2 s x 3: a dead node leaves the rendezvous state after 6 s instead of torch's 15 s,
@@ -190,7 +190,7 @@ def _workload_argv(options: LaunchOptions) -> list[str]:
         # The runner ends a finished script with os._exit: torch 2.14.1's gloo teardown abort
         # would otherwise fail a run that did all its work (docs/scripts.md).
         return [*work.runner, work.script, *work.args]
-    argv = ["-m", "train"]  # it finds its run directory from MESHRUN_RUN_ID
+    argv = ["-m", "meshrun.train"]  # it finds its run directory from MESHRUN_RUN_ID
     if work.config is not None:
         argv += ["--config", work.config]
     return argv + [f"dist.timeout={options.pg_timeout_s}", *work.args]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from common.layout import PREFLIGHT_REUSE_S
+from meshrun.layout import PREFLIGHT_REUSE_S
 
 
 def preflight_key(selection_repr: str, stamps: Mapping[str, str]) -> str:

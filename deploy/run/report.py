@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from common.layout import RecordKind
+from meshrun.layout import RecordKind
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from deploy.run.outcome import JobOutcome
-from deploy.run.membership import Change
-from deploy.run.plan import LaunchPlan
+from meshrun.deploy.run.outcome import JobOutcome
+from meshrun.deploy.run.membership import Change
+from meshrun.deploy.run.plan import LaunchPlan
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def train_argv(run_dir: Path, overrides: tuple[str, ...], nproc: int, config: Path | None) -> list[str]:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={nproc}", "-m", "train"] if nproc else \
-        [sys.executable, "-m", "train"]
+                f"--nproc-per-node={nproc}", "-m", "meshrun.train"] if nproc else \
+        [sys.executable, "-m", "meshrun.train"]
     cfg = ["--config", str(config)] if config else []
     return [*launcher, *cfg, "--run-dir", str(run_dir), *overrides]
 
@@ -55,7 +55,7 @@ def train_hosts(base: Path, hosts: tuple[tuple[str, int], ...], *overrides: str,
             home.mkdir(parents=True, exist_ok=True)
             argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
                     f"--node-rank={node}", f"--nproc-per-node={nproc}",
-                    "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "train",
+                    "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "meshrun.train",
                     "--run-dir", str(home / "run"), *overrides]
             # Files, not pipes: a full pipe would stall one host, and with it the collectives.
             with open(home / "out", "w") as out, open(home / "err", "w") as err:

@@ -12,7 +12,7 @@ from typing import Callable
 
 from torch.utils.data import Dataset
 
-from train.config import DataConfig, DatasetKind
+from meshrun.train.config import DataConfig, DatasetKind
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def build_datasets(cfg: DataConfig) -> Datasets:
 
 
 def _builders() -> dict[DatasetKind, Callable[[DataConfig], Datasets]]:
-    from train.data import cifar, digits, imagefolder, modelnet, shapes, synthetic
+    from meshrun.train.data import cifar, digits, imagefolder, modelnet, shapes, synthetic
 
     return {DatasetKind.DIGITS: digits.build, DatasetKind.CIFAR10: cifar.build,
             DatasetKind.IMAGEFOLDER: imagefolder.build,

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.config import DataConfig
-from train.data import Datasets
-from train.data.images import ImageTensors
-from train.errors import UsageError
+from meshrun.train.config import DataConfig
+from meshrun.train.data import Datasets
+from meshrun.train.data.images import ImageTensors
+from meshrun.train.errors import UsageError
 
 SUBDIR = "cifar-10-batches-py"
 FORMAT = ("the python version of CIFAR-10 (cifar-10-python.tar.gz from "

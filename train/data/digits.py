@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from train.config import DataConfig
-from train.data import Datasets
+from meshrun.train.config import DataConfig
+from meshrun.train.data import Datasets
 
 
 def build(cfg: DataConfig) -> Datasets:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from torchvision import datasets, transforms
 
-from train.config import DataConfig
-from train.data import Datasets
-from train.errors import UsageError
+from meshrun.train.config import DataConfig
+from meshrun.train.data import Datasets
+from meshrun.train.errors import UsageError
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 FORMAT = ("two directories train/ and val/, each with one subdirectory per class holding that "

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from train.config import DataConfig
-from train.data import Datasets
-from train.errors import UsageError
+from meshrun.train.config import DataConfig
+from meshrun.train.data import Datasets
+from meshrun.train.errors import UsageError
 
 NUM_CLASSES = 40
 FORMAT = ("the HDF5 release modelnet40_ply_hdf5_2048 (extracted): files ply_data_train*.h5 and "

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from train.config import DataConfig
-from train.data import Datasets
-from train.errors import UsageError
+from meshrun.train.config import DataConfig
+from meshrun.train.data import Datasets
+from meshrun.train.errors import UsageError
 
 Sampler = Callable[[np.random.RandomState, int], np.ndarray]
 

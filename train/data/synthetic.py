@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from train.config import DataConfig
-from train.data import Datasets
+from meshrun.train.config import DataConfig
+from meshrun.train.data import Datasets
 
 NOISE = 1.0
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 from torch import nn
 
-from train.config import ModelConfig, ModelKind
+from meshrun.train.config import ModelConfig, ModelKind
 
 
 def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
@@ -18,7 +18,7 @@ def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
 
 
 def _builders() -> dict[ModelKind, Callable[[ModelConfig, int, tuple[int, ...]], nn.Module]]:
-    from train.models import mlp, pointnet2, toy, vision
+    from meshrun.train.models import mlp, pointnet2, toy, vision
 
     return {ModelKind.MLP: mlp.build, ModelKind.TOY: toy.build,
             ModelKind.TORCHVISION: vision.build, ModelKind.POINTNET2: pointnet2.build}

@@ -6,7 +6,7 @@ import math
 
 from torch import nn
 
-from train.config import ModelConfig
+from meshrun.train.config import ModelConfig
 
 
 def build(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:

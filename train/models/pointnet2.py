@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from train.config import ModelConfig
-from train.errors import UsageError
+from meshrun.train.config import ModelConfig
+from meshrun.train.errors import UsageError
 
 
 def farthest_point_sample(xyz: torch.Tensor, npoint: int) -> torch.Tensor:

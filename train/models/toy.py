@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.config import ModelConfig
-from train.errors import UsageError
+from meshrun.train.config import ModelConfig
+from meshrun.train.errors import UsageError
 
 
 class ToyModel(nn.Module):

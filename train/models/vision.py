@@ -7,8 +7,8 @@ import difflib
 import torchvision
 from torch import nn
 
-from train.config import ModelConfig
-from train.errors import UsageError
+from meshrun.train.config import ModelConfig
+from meshrun.train.errors import UsageError
 
 
 def build(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:

@@ -1,0 +1,46 @@
+"""What a project asks hosts to install beside meshrun, pure: `fab setup` installs it in each
+host's venv. `requirements.txt` at the project root wins; else `pyproject.toml`'s
+`[project].dependencies`. meshrun's own clone declares only meshrun's dependencies, which the
+wheel brings already, so a project named meshrun adds nothing."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshrun.deploy.errors import InputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 controllers get tomli from meshrun's dependencies
+    import tomli as tomllib
+
+REQUIREMENTS_FILE = "requirements.txt"
+
+
+@dataclass(frozen=True)
+class Requirements:
+    file: str | None = None  # relative to the project (and so to each host's workdir)
+    lines: tuple[str, ...] = ()  # from pyproject.toml
+
+    @property
+    def declared(self) -> bool:
+        return bool(self.file or self.lines)
+
+
+def project_requirements(root: Path) -> Requirements:
+    if (root / REQUIREMENTS_FILE).is_file():
+        return Requirements(file=REQUIREMENTS_FILE)
+    path = root / "pyproject.toml"
+    if not path.is_file():
+        return Requirements()
+    try:
+        project = tomllib.loads(path.read_text()).get("project") or {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not valid TOML ({err}); fix it, or declare the project's requirements in "
+                         f"{REQUIREMENTS_FILE}") from None
+    deps = project.get("dependencies") or []
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise InputError(f"{path}: [project].dependencies must be a list of requirement strings")
+    return Requirements() if project.get("name") == "meshrun" else Requirements(lines=tuple(deps))
