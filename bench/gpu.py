@@ -2,7 +2,7 @@
 
 Measured in one invocation, on the first visible GPU:
   1. the matmul ceiling: bf16 TFLOP/s of a large square matmul (the most this GPU can do);
-  2. `python -m train` (torchrun, 1 process, NCCL) on ResNet-18 with the small-image stem, 32x32
+  2. `python -m meshrun.train` (torchrun, 1 process, NCCL) on ResNet-18 with the small-image stem, 32x32
      synthetic images, bf16 AMP, batch 256: samples/s of its best epoch after the first;
   3. a seed-style hand-written DDP loop (torchrun, 1 process, NCCL, torch.autocast bf16) on the
      same model, data and batch: samples/s of its best epoch after the first;
@@ -93,7 +93,7 @@ def seed_style_worker(samples: int, epochs: int, batch: int, out: Path) -> None:
 
 def run_trainer(samples: int, epochs: int, batch: int, gpu: str, workdir: Path,
                 cpu_smoke: bool = False) -> tuple[float, str]:
-    """Best epoch samples/s of `python -m train`, and its log (`cpu_smoke`: gloo, fp32, on CPU —
+    """Best epoch samples/s of `python -m meshrun.train`, and its log (`cpu_smoke`: gloo, fp32, on CPU —
     only to check this script's plumbing on a machine without a GPU)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "MESHRUN_RUN_ID": "gpu-bench"}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "meshrun.train",

@@ -1,4 +1,4 @@
-"""P5: throughput of ``python -m train`` against a minimal hand-written DDP loop (seed 000 style).
+"""P5: throughput of ``python -m meshrun.train`` against a minimal hand-written DDP loop (seed 000 style).
 
 Both sides: 2 gloo processes under ``torchrun --standalone``, OMP_NUM_THREADS=1, the seed's
 ToyModel, the same deterministic synthetic 3x32x32 images (train.data.synthetic), batch 32 per
@@ -139,7 +139,7 @@ def measure(repeats: int, samples: int, epochs: int, work: Path) -> list[Pair]:
 
 
 def table(pairs: list[Pair], samples: int, epochs: int) -> str:
-    rows = [f"P5: python -m train vs seed-style DDP loop; 2 gloo processes, ToyModel, "
+    rows = [f"P5: python -m meshrun.train vs seed-style DDP loop; 2 gloo processes, ToyModel, "
             f"{samples} synthetic 3x32x32 samples, batch {BATCH}/process, "
             f"epochs 2..{epochs} timed;",
             "samples/s of each run's best timed epoch (mean over timed epochs in the last column)",

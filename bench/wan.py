@@ -50,7 +50,7 @@ from tests.testbed.lock import exclusive  # noqa: E402
 
 HOSTS = 3
 HIDDEN = [1024, 1024]
-SHAPES = [[1024, 64], [1024], [1024, 1024], [1024], [10, 1024], [10]]  # python -m train --describe
+SHAPES = [[1024, 64], [1024], [1024, 1024], [1024], [10, 1024], [10]]  # python -m meshrun.train --describe
 SETTINGS = HookSettings(powersgd_rank=4, localsgd_period=4, diloco_inner_steps=8)
 TARGET = 0.96
 METHODS = "none,fp16,powersgd,localsgd,diloco,diloco-overlap"

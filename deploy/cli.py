@@ -2,7 +2,8 @@
 
 Every fab task is wrapped by `guarded`. A MeshrunError prints its one-line message and exits
 with its status (2 bad input, 1 failure); anything else is a bug: with MESHRUN_DEBUG=1 or
-`--debug` the traceback is shown, otherwise it goes to `runs/meshrun-debug.log`.
+`--debug` the traceback is shown, otherwise it goes to `~/.cache/meshrun/debug.log` (a per-user
+file: the error may come before meshrun knows the project, and must not land in the current folder).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from invoke.exceptions import Exit
 from meshrun.deploy.errors import MeshrunError
 
 F = TypeVar("F", bound=Callable[..., object])
-DEBUG_LOG = Path("runs/meshrun-debug.log")
+
+
+def debug_log() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "meshrun" / "debug.log"
 
 
 def guarded(fn: F) -> F:
@@ -42,10 +47,11 @@ def guarded(fn: F) -> F:
         except Exception as err:  # noqa: BLE001 - the single top-level handler
             if kwargs.get("debug") or os.environ.get("MESHRUN_DEBUG"):
                 raise
-            DEBUG_LOG.parent.mkdir(parents=True, exist_ok=True)
-            with open(DEBUG_LOG, "a", encoding="utf-8") as log:
+            log_path = debug_log()
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a", encoding="utf-8") as log:
                 traceback.print_exc(file=log)
-            Renderer().error(f"internal error: {err.__class__.__name__}: {err}; traceback in {DEBUG_LOG} "
+            Renderer().error(f"internal error: {err.__class__.__name__}: {err}; traceback in {log_path} "
                              "(rerun with --debug to see it here)")
             raise Exit(code=1) from None
 
@@ -58,8 +64,9 @@ def _paramiko_to_debug_log() -> None:
     our one line, quoting what the host sent. Its log goes to the debug log instead."""
     logger = logging.getLogger("paramiko")
     if not logger.handlers:
-        DEBUG_LOG.parent.mkdir(parents=True, exist_ok=True)
-        logger.addHandler(logging.FileHandler(DEBUG_LOG, delay=True, encoding="utf-8"))
+        log_path = debug_log()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.addHandler(logging.FileHandler(log_path, delay=True, encoding="utf-8"))
         logger.propagate = False
 
 

@@ -1,18 +1,20 @@
 """`meshrun TASK [--flags] [-- ARGS]`: the fab tasks for projects without a fabfile, from any
-directory. The same tasks, flags and help as `fab`, on invoke's own Program (`meshrun --list`,
-`meshrun train --help`, `meshrun --version`)."""
+directory. The same tasks, flags and help as `fab`, on Fabric's own Program class (invoke's
+Program with Fabric's core options, which Fabric's executor reads): `meshrun --list`,
+`meshrun train --help`, `meshrun --version`."""
 
 from __future__ import annotations
 
 from fabric.config import Config
-from invoke import Collection, Program
+from fabric.main import Fab
+from invoke import Collection
 
 from meshrun import __version__
 from meshrun.deploy import tasks
 from meshrun.deploy.fabexec import MeshrunExecutor
 
-program = Program(name="meshrun", binary="meshrun", version=__version__,
-                  namespace=Collection.from_module(tasks), executor_class=MeshrunExecutor, config_class=Config)
+program = Fab(name="meshrun", binary="meshrun", version=__version__,
+              namespace=Collection.from_module(tasks), executor_class=MeshrunExecutor, config_class=Config)
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ def trust(c, hosts="", inventory="", yes=False, timeout=DEFAULT_CONNECT_TIMEOUT_
             "debug": DEBUG_HELP})
 @guarded
 def setup(c, hosts="", inventory="", base="python3", reuse_site="", project="", runs_dir="", debug=False):
-    """Prepare each host's Python: <workdir>/.venv with this project installed (idempotent)."""
+    """Prepare each remote host's Python: <workdir>/.venv with this meshrun and the project's requirements (idempotent)."""
     from meshrun.deploy.commands.setup import main
 
     main(inventory or None, hosts or None, base, reuse_site or None, _project(project, runs_dir))

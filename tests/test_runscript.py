@@ -3,7 +3,7 @@ even when the process would abort in interpreter finalization.
 
 Real interpreters in subprocesses; most tests compare the runner with plain `python SCRIPT` on the
 same script (output, status, traceback text). The runner is started as torchrun starts it on a
-host, `python -m deploy.host.runscript SCRIPT ARGS...`, from the project directory.
+host, `python -m meshrun.deploy.host.runscript SCRIPT ARGS...`, from the project directory.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {"OMP_NUM_THREADS": "1"}
 
 
-def argv(script: Path | str, *args: str, runner: bool) -> list[str]:  # python [-m deploy.host.runscript] SCRIPT
+def argv(script: Path | str, *args: str, runner: bool) -> list[str]:  # python [-m meshrun.deploy.host.runscript] SCRIPT
     return [sys.executable, *(RUNNER if runner else ()), str(script), *args]
 
 
@@ -84,7 +84,7 @@ def test_seed_style_ddp_script_under_torchrun_finishes_every_time(tmp_path: Path
     """docs/examples/seed000_main.py (seed 000's DDP script for gloo: init_process_group from
     torchrun's environment, DistributedSampler, DDP, destroy_process_group), three times under
     torchrun with the flags `fab train` plans for one local host (per-rank log files, tee,
-    `[host:rank]` prefixes) and `-m deploy.host.runscript SCRIPT ARGS` as the worker.
+    `[host:rank]` prefixes) and `-m meshrun.deploy.host.runscript SCRIPT ARGS` as the worker.
 
     Plain torchrun contrast, measured by hand (chance, so not in this test): the issue saw 1 run in
     3 abort ("terminate called without an active exception"), then 1 in 8 on a loaded machine. My
@@ -393,7 +393,7 @@ def test_main_classes_pickle_in_spawned_dataloader_workers_and_at_exit() -> None
 
 def test_usage_and_missing_script_exit_2(tmp_path: Path) -> None:
     usage = subprocess.run([sys.executable, *RUNNER], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert (usage.returncode, usage.stderr) == (2, "usage: python -m deploy.host.runscript SCRIPT [ARG ...]\n")
+    assert (usage.returncode, usage.stderr) == (2, "usage: python -m meshrun.deploy.host.runscript SCRIPT [ARG ...]\n")
     missing = run(tmp_path / "nope.py", runner=True)
     assert (missing.returncode, missing.stderr) == (2, f"{sys.executable}: can't open file '{tmp_path / 'nope.py'}': "
                                                        "[Errno 2] No such file or directory\n")

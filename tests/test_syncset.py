@@ -6,10 +6,10 @@ from meshrun.deploy.run.syncset import is_private, shippable
 
 HOME = ["inventory/mine.yaml", "inventory/local.yaml", "inventory/prod.yml", "inventory/sub/x.yaml", "known_hosts",
         "inventory/known_hosts", "known_hosts.old", "keys/id_ed25519", "id_rsa", "id_ed25519.pub", "id_rsa_work",
-        "certs/server.pem", "tls.key"]
+        "certs/server.pem", "tls.key", "runs/20261130-000000-abcd/launch.json", "runs/x/checkpoints/ckpt.pt"]
 SHIPPED = ["inventory/lan.example.yaml", "inventory/README.md", "deploy/host/agent.py", "train/ids.py",
            "id_map.py", "mine.yaml", "config/mine.yaml", "docs/known_hosts.md.txt", "keyboard.py", "a.keys",
-           "inventory.yaml", "tests/x/inventory/mine.yaml"]
+           "inventory.yaml", "tests/x/inventory/mine.yaml", "runs.py", "src/runs/x.py"]
 
 
 def test_inventories_and_key_files_stay_home() -> None:

@@ -1,1 +1,1 @@
-"""meshrun's DDP trainer: run it as ``python -m train`` (alone or under torchrun)."""
+"""meshrun's DDP trainer: run it as ``python -m meshrun.train`` (alone or under torchrun)."""

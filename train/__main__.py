@@ -1,4 +1,4 @@
-"""``python -m train [--config PATH] [--run-dir DIR] [--describe] [key=value ...]``, alone or under torchrun.
+"""``python -m meshrun.train [--config PATH] [--run-dir DIR] [--describe] [key=value ...]``, alone or under torchrun.
 
 ``--describe`` prints the model's gradient shapes as one JSON object and trains nothing (the
 controller uses it to size gradient communication, see deploy/run/commplan.py).
@@ -27,7 +27,7 @@ EXIT_INJECTED = 3
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m meshrun.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=None,
                         help="YAML config (default: the packaged train/configs/digits.yaml)")
     parser.add_argument("--run-dir", type=Path, default=None,

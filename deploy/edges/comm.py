@@ -1,7 +1,7 @@
 """`fab train --comm HOOK|auto`: measure the links, size the gradients, compute the floors,
 pick the hook (auto) and record the plan; afterwards, the measured all-reduce beside the floor.
 
-Edges: the trainer's `python -m train --describe` runs locally (argv, no shell); the bandwidth
+Edges: the trainer's `python -m meshrun.train --describe` runs locally (argv, no shell); the bandwidth
 comes from check-network's link probe over the open sessions. The math is deploy/run/commplan.py.
 """
 
@@ -47,14 +47,14 @@ def parse_comm(value: str, workload: Workload) -> str:
 
 
 def describe(workload: Workload, root: Path) -> Gradients:
-    """Gradient shapes and hook settings of the configured model: `python -m train --describe`
+    """Gradient shapes and hook settings of the configured model: `python -m meshrun.train --describe`
     here on the controller (no training, no process group)."""
     argv = [sys.executable, "-m", "meshrun.train", "--describe"]
     argv += ["--config", workload.config] if workload.config else []
     done = subprocess.run([*argv, *workload.args], cwd=root, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise MeshrunError(f"--comm: could not size the model's gradients with `python -m train --describe`: "
+        raise MeshrunError(f"--comm: could not size the model's gradients with `python -m meshrun.train --describe`: "
                            f"{reason}; try it locally: {' '.join(argv)}")
     info = last_json_line(done.stdout)
     comm = info.get("comm", {})

@@ -76,14 +76,14 @@ def resolve_run(runs: Path, run_id: str | None, live_only: bool = False) -> RunR
 
 
 def controller_alive(record: RunRecord) -> bool:
-    """The run's attached controller still runs (its pid is a fab/python process)."""
+    """The run's attached controller still runs (its pid is a `fab train` or `meshrun train` process)."""
     if record.detached or not record.controller_pid:
         return False
     try:
         cmdline = Path(f"/proc/{record.controller_pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"fab" in cmdline and b"train" in cmdline
+    return (b"fab" in cmdline or b"meshrun" in cmdline) and b"train" in cmdline
 
 
 def may_be_running(record: RunRecord, has_summary: bool, attached_controller_alive: bool, now: float) -> bool:

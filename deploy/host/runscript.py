@@ -1,13 +1,13 @@
 """Run a user's script the way `python SCRIPT ARGS...` does, then leave with `os._exit`.
 
-    torchrun ... -m deploy.host.runscript SCRIPT ARGS...     (how `fab train --script` starts each rank)
-    python -m deploy.host.runscript SCRIPT ARGS...
+    torchrun ... -m meshrun.deploy.host.runscript SCRIPT ARGS...     (how `fab train --script` starts each rank)
+    python -m meshrun.deploy.host.runscript SCRIPT ARGS...
 
 Why: with torch 2.14.1 and gloo, a process that has finished, `destroy_process_group()` included,
 sometimes dies in interpreter finalization with "terminate called without an active exception"
 (SIGABRT): gloo's C++ threads still hold tensors when static destructors run at exit (upstream
 discussion: pytorch PR 179291). torchrun reports that rank as failed, and meshrun a finished run
-as failed. `python -m train` already avoids it by leaving with `os._exit` (train/__main__.py); this
+as failed. `python -m meshrun.train` already avoids it by leaving with `os._exit` (train/__main__.py); this
 runner gives user scripts the same protection without touching them.
 
 Kept from `python SCRIPT`: `sys.argv == [SCRIPT, *ARGS]`; `sys.path[0]` is the script's directory
@@ -56,7 +56,7 @@ from importlib.machinery import SourceFileLoader
 from types import CodeType, ModuleType, TracebackType
 from typing import NoReturn
 
-USAGE = "usage: python -m deploy.host.runscript SCRIPT [ARG ...]"
+USAGE = "usage: python -m meshrun.deploy.host.runscript SCRIPT [ARG ...]"
 FLUSH_FAILED_STATUS = 120  # CPython's status when flushing stdout/stderr fails at exit
 SIGINT_STATUS = 128 + signal.SIGINT  # a shell's status for a death by SIGINT
 # Text layers first: flushing one pushes its bytes into the buffered layer flushed after it.

@@ -7,7 +7,7 @@ a ring all-reduce is 2(N-1) steps and each waits one one-way delay. DDP all-redu
 (``bucket_cap_mb``, 25 MB by default) on its own, so a step pays the latency term once per
 bucket; PowerSGD pays it twice per bucket (its P and Q all-reduces). The floor per optimizer step
 of a hook is its bandwidth term for S_hook plus its latency terms (docs/performance.md). S_hook is
-estimated from the parameter shapes the trainer prints (``python -m train --describe``):
+estimated from the parameter shapes the trainer prints (``python -m meshrun.train --describe``):
 
 - ``none``: S, the fp32 gradients (4 bytes per parameter);
 - ``fp16`` / ``bf16``: S/2;

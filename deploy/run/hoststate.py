@@ -13,7 +13,7 @@ DETAIL_CLIP = 120
 
 @dataclass(frozen=True)
 class HostState:
-    """What one host's agent says about a run (`python -m deploy.host.agent status`)."""
+    """What one host's agent says about a run (`python -m meshrun.deploy.host.agent status`)."""
 
     run_id: str
     host: str

@@ -31,7 +31,7 @@ ELASTIC_RDZV_CONF = ("join_timeout=120", "last_call_timeout=5", "close_timeout=1
 class Workload:
     """What each rank runs: the built-in trainer, or a user's torchrun-compatible script."""
 
-    script: str | None = None  # path inside the synced project; None runs `python -m train`
+    script: str | None = None  # path inside the synced project; None runs `python -m meshrun.train`
     config: str | None = None  # trainer config file (built-in trainer only)
     args: tuple[str, ...] = ()  # trainer `key=value` overrides, or the script's own arguments
     # How a script is started: the runner module (docs/scripts.md), or a path to a copy of it for
@@ -224,7 +224,7 @@ def env_block(host: Host) -> bytes:
 
 def agent_verb_argv(host: Host, verb: str, run_id: str | None, local_python: str,
                     grace_s: float = STOP_GRACE_S) -> list[str]:
-    """`python -m deploy.host.agent stop|status` for one host (status of all its runs when run_id is None)."""
+    """`python -m meshrun.deploy.host.agent stop|status` for one host (status of all its runs when run_id is None)."""
     argv = [python_of(host, local_python), "-m", AGENT_MODULE, verb, "--host", host.name]
     if run_id is not None:
         argv += ["--run-id", run_id]

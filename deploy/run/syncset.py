@@ -10,12 +10,17 @@ uses to reach hosts stays home, tracked by git or not (docs/security.md, "Secret
   plus the inventory's `known_hosts` and `identity` files, wherever they lie.
 
 `inventory/local.yaml` is therefore not synced either: no host needs an inventory.
+
+Nor is the project's `runs/`: the controller's run records (launch records name the inventory,
+fetched checkpoints are large) stay home even in a project whose .gitignore forgets them.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
+
+from meshrun.layout import RUNS_DIR
 
 EXAMPLE_SUFFIX = ".example.yaml"
 _KEY_NAME = re.compile(r"known_hosts.*|id_[^.]*(\.pub)?|.*\.pem|.*\.key", re.DOTALL)
@@ -24,7 +29,7 @@ _KEY_NAME = re.compile(r"known_hosts.*|id_[^.]*(\.pub)?|.*\.pem|.*\.key", re.DOT
 def is_private(name: str) -> bool:
     """`name`: a path relative to the project root, as git lists it (`/`-separated)."""
     path = PurePosixPath(name)
-    if _KEY_NAME.fullmatch(path.name):
+    if _KEY_NAME.fullmatch(path.name) or path.parts[0] == RUNS_DIR:
         return True
     in_inventory = len(path.parts) > 1 and path.parts[0] == "inventory"
     return in_inventory and path.suffix in (".yaml", ".yml") and not path.name.endswith(EXAMPLE_SUFFIX)

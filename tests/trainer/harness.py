@@ -36,7 +36,7 @@ def train_argv(run_dir: Path, overrides: tuple[str, ...], nproc: int, config: Pa
 
 def train(run_dir: Path, *overrides: str, nproc: int = 2, config: Path | None = None,
           timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m train`` (under torchrun when ``nproc`` > 0) and wait for it; ``env``
+    """Run ``python -m meshrun.train`` (under torchrun when ``nproc`` > 0) and wait for it; ``env``
     adds variables (e.g. MESHRUN_BATCH_SIZE, as the controller sets it)."""
     return subprocess.run(train_argv(run_dir, overrides, nproc, config), cwd=run_dir.parent,
                           env=clean_env(**(env or {})), capture_output=True, text=True,
