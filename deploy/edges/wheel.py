@@ -71,8 +71,15 @@ def controller_wheel(cache: Path | None = None) -> Path:
 
 
 def _installed_metadata() -> dict[str, bytes]:
+    """The installed distribution's metadata files. Found through sys.path, it may be the
+    `meshrun.egg-info` an editable install leaves in the clone (when the clone is the current
+    directory): the same fields, in PKG-INFO instead of METADATA."""
     dist = metadata.distribution("meshrun")
     found = {name: dist.read_text(name) for name in KEPT_METADATA}
+    found["METADATA"] = found["METADATA"] or dist.read_text("PKG-INFO")
+    if not found["METADATA"]:
+        raise MeshrunError("this controller's meshrun has no readable metadata (METADATA or PKG-INFO); "
+                           "reinstall it (pip install meshrun)")
     return {name: text.encode() for name, text in found.items() if text is not None}
 
 
