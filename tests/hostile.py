@@ -104,7 +104,7 @@ def plant_run(testbed, host: int, inventory: Path, run: HostileRun) -> str:
             "devices": run.devices}
     testbed.exec(host, ["python3", "-c", _PLANT], input=json.dumps(spec), timeout=120)
     name = f"h{host}"
-    RunRecord(run_id, str(inventory), (name,), time.time() - 3600, False, f"10.77.0.1{host}:29400").save(ROOT)
+    RunRecord(run_id, str(inventory), (name,), time.time() - 3600, False, f"10.77.0.1{host}:29400").save(ROOT / "runs")
     return run_id
 
 

@@ -209,7 +209,7 @@ def test_join_refuses_a_fixed_size_run(tmp_path: Path) -> None:
 
     record = RunRecord("20260101-000000-abcd", str(ROOT / "inventory/local.yaml"), ("local",), 0.0, False,
                        "standalone")
-    path = record.save(ROOT)
+    path = record.save(ROOT / "runs")
     try:
         done = fab("join", "--run", record.run_id, "--hosts", "local")
     finally:
@@ -227,7 +227,7 @@ def _workers_on(run_id: str, host: str) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if _on_host(pid, host) and b"torch.distributed.run" not in argv and b"train" in argv:
+        if _on_host(pid, host) and b"torch.distributed.run" not in argv and b"meshrun.train" in argv:
             found.append(pid)
     return found
 
@@ -270,5 +270,5 @@ def test_a_run_id_is_one_path_component(run: str) -> None:
     from meshrun.deploy.edges.records import load_record
     from meshrun.deploy.errors import InputError
     with pytest.raises(InputError) as err:
-        load_record(ROOT, run)
+        load_record(ROOT / "runs", run)
     assert "not a run id" in str(err.value) and "\n" not in str(err.value)

@@ -1,0 +1,114 @@
+"""Issue 15's pure rules, by exact equality: which requirements a project declares for `fab
+setup`, where the project and its runs are, which --script/--config paths reach the hosts, how a
+host's meshrun compares with the controller's (version skew), and what a host may claim."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from meshrun.deploy.check.findings import Finding, Level
+from meshrun.deploy.check.skew import meshrun_findings
+from meshrun.deploy.check.verdicts import Fingerprint, HostFacts
+from meshrun.deploy.edges.check_probes import meshrun_of
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.project import Project, find_project, relative_to_project
+from meshrun.deploy.run.requirements import Requirements, project_requirements
+
+MINE = "0.1.0 (build 0123456789ab)"
+
+
+def test_requirements_txt_wins_then_pyproject_dependencies(tmp_path: Path) -> None:
+    assert project_requirements(tmp_path) == Requirements()
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mine"\ndependencies = ["numpy>=1.24", "einops"]\n')
+    assert project_requirements(tmp_path) == Requirements(lines=("numpy>=1.24", "einops"))
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    assert project_requirements(tmp_path) == Requirements(file="requirements.txt")
+
+
+def test_meshrun_as_its_own_project_adds_nothing_beyond_the_wheel(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "meshrun"\ndependencies = ["torch>=2.4"]\n')
+    assert project_requirements(tmp_path) == Requirements()
+    (tmp_path / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n')
+    assert project_requirements(tmp_path) == Requirements()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[project\n", "not valid TOML"),
+    ('[project]\ndependencies = "numpy"\n', "[project].dependencies must be a list of requirement strings"),
+    ("[project]\ndependencies = [1]\n", "[project].dependencies must be a list of requirement strings"),
+])
+def test_a_broken_pyproject_is_one_line_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "pyproject.toml").write_text(text)
+    with pytest.raises(InputError) as err:
+        project_requirements(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'pyproject.toml'}: ") and message in str(err.value)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = (tmp_path / "repo").resolve()
+    (root / "src/deep").mkdir(parents=True)
+    (root / "main.py").write_text("")
+    (root / "cfg.yaml").write_text("")
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    return root
+
+
+def test_the_project_is_found_from_a_subfolder_or_named(repo: Path, tmp_path: Path) -> None:
+    assert find_project(None, None, repo / "src/deep") == Project(repo, repo / "runs")
+    assert find_project(str(repo), "records", tmp_path) == Project(repo, (tmp_path / "records").resolve())
+    assert find_project("repo", None, tmp_path) == Project(repo, repo / "runs")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(InputError, match=r"^--runs-dir .*afile: exists and is not a directory"):
+        find_project(str(repo), "afile", tmp_path)
+
+
+def test_script_and_config_paths_as_the_hosts_will_see_them(repo: Path, tmp_path: Path) -> None:
+    project = Project(repo, repo / "runs")
+    assert relative_to_project("main.py", project, "--script") == "main.py"
+    assert relative_to_project(str(repo / "main.py"), project, "--script") == "main.py"
+    assert relative_to_project("src/../main.py", project, "--script") == "main.py"
+    assert relative_to_project("cifar10_toy.yaml", project, "--config", packaged_ok=True) == "cifar10_toy.yaml"
+    assert relative_to_project("cfg.yaml", project, "--config", packaged_ok=True) == "cfg.yaml"
+    with pytest.raises(InputError, match=r"^--script cifar10_toy.yaml: no such file in the project "):
+        relative_to_project("cifar10_toy.yaml", project, "--script")
+    with pytest.raises(InputError, match=r"^--config sub/x.yaml: no such file in the project "):
+        relative_to_project("sub/x.yaml", project, "--config", packaged_ok=True)
+    with pytest.raises(InputError, match=r"^--script \.\./x.py: not inside the project "):
+        relative_to_project("../x.py", project, "--script")
+
+
+def facts(name: str, fingerprint: Fingerprint | None) -> HostFacts:
+    return HostFacts(name=name, address="10.0.0.1", network="lan", reachable=True, fingerprint=fingerprint)
+
+
+def test_version_skew_and_a_missing_meshrun_fail_naming_the_fix() -> None:
+    hosts = (facts("a", Fingerprint("3.11.7", "2.14.1", meshrun=MINE)),
+             facts("b", Fingerprint("3.11.7", "2.14.1", meshrun="0.1.0 (build ffffffffffff)")),
+             facts("c", Fingerprint("3.11.7", "2.14.1", meshrun=None)),
+             facts("d", Fingerprint(None, error="no such file")),
+             facts("e", None))
+    fix = f"run `fab setup --hosts {{}}` (it installs this controller's meshrun {MINE})"
+    assert meshrun_findings(hosts, MINE) == [
+        Finding(Level.FAIL, "b", f"version skew: the host runs meshrun 0.1.0 (build ffffffffffff), this controller "
+                                 f"{MINE}; " + fix.format("b")),
+        Finding(Level.FAIL, "c", "meshrun is not installed for the host's python; " + fix.format("c")
+                + ", and point `python:` in the inventory at the venv it reports"),
+    ]
+
+
+@pytest.mark.parametrize("answer, shown", [
+    ({"version": "0.1.0", "build": "0123456789ab"}, MINE),
+    ({"version": "1.2.3rc1+local.7", "build": "ffffffffffff"}, "1.2.3rc1+local.7 (build ffffffffffff)"),
+    (None, None), ("0.1.0", None), ([], None),
+    ({"version": "\x1b[2J0.1.0", "build": "0123456789ab"}, "unreadable (build unknown)"),
+    ({"version": "0.1.0", "build": "0123456789ab\n"}, "unreadable (build unknown)"),
+    ({"version": "9" * 41, "build": "0123456789ab"}, "unreadable (build unknown)"),
+    ({"version": 1, "build": "0123456789ab"}, "unreadable (build unknown)"),
+    ({"version": "0.1.0"}, "unreadable (build unknown)"),
+])
+def test_what_a_host_claims_about_its_meshrun_is_shown_only_when_plain(answer: object, shown: str | None) -> None:
+    assert meshrun_of(answer) == shown
