@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from meshrun.deploy.edges.wheel import controller_identity
-from tests.fabrun import fab
+from tests.fabrun import REPO, fab
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
 
@@ -204,3 +205,36 @@ def test_bandwidth_is_measured_on_every_link_in_bounded_time(testbed: SimCluster
     assert len(rates) == 6 and all(r is not None and 1 < r < 80 for r in rates), rates
     assert max(rates) > 20, rates
     print(f"check-network --bandwidth at 50mbit: {rates} Mbit/s, {elapsed:.1f} s")
+
+
+def test_a_command_to_a_cut_host_fails_instead_of_hanging(testbed: SimCluster, inventory: Path) -> None:
+    """An open session whose link is then cut (no reset ever comes): a command must fail with a
+    MeshrunError naming the host, within the connect timeout plus the command's. Fabric opens the
+    channel with paramiko's default wait of an hour; `fab train` hung there after a run that lost
+    its rendezvous host by a cut (bench/recovery.py)."""
+    from meshrun.deploy.edges.transport import connect
+    from meshrun.deploy.errors import MeshrunError
+    from meshrun.deploy.inventory.load import load_inventory
+
+    inv = load_inventory(inventory)
+    h2 = next(h for h in inv.hosts if h.name == "h2")
+    session = connect(h2, inv.known_hosts, REPO, timeout=3)
+    outcome: list[object] = []
+    try:
+        assert session.run(["true"], timeout=5).ok
+        with testbed.link_cut(2):
+            def ask() -> None:
+                try:
+                    outcome.append(session.run(["true"], timeout=5))
+                except MeshrunError as err:
+                    outcome.append(err)
+            asker = threading.Thread(target=ask, daemon=True)
+            started = time.monotonic()
+            asker.start()
+            asker.join(60)
+            elapsed = time.monotonic() - started
+    finally:
+        session.close()
+    assert outcome, "the command to the cut host was still waiting after 60 s"
+    assert isinstance(outcome[0], MeshrunError) and "h2" in str(outcome[0]), outcome
+    print(f"command to a cut host failed after {elapsed:.1f} s: {outcome[0]}")

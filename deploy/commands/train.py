@@ -218,12 +218,14 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
     reconnect = (lambda host: connect(host, inventory.known_hosts, project.root, PING_TIMEOUT_S))
     outcome = JobRunner(plan, sessions, renderer.log_line, project.run_home(plan.run_id), sys.executable, poller,
                         renderer.membership, reconnect).run()
+    lost = outcome.unreachable()
+    answering = {name: session for name, session in sessions.items() if name not in lost}
     if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
-        renderer.info(last_checkpoint(sessions, plan, outcome.failed_host))
+        renderer.info(last_checkpoint(answering, plan, outcome.failed_host))
     saved_plan = comm_cmd.load_plan(project.runs, plan.run_id)
-    measured = comm_cmd.read_comm_record(sessions, plan) if saved_plan else None
+    measured = comm_cmd.read_comm_record(answering, plan) if saved_plan else None
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
-    return outcome, build_summary(plan, outcome, read_result(sessions, plan), comm)
+    return outcome, build_summary(plan, outcome, read_result(answering, plan), comm)
 
 
 def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, renderer: Renderer) -> int:

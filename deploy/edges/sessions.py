@@ -18,10 +18,14 @@ from meshrun.deploy.edges.transport import CommandResult, Session, connect
 
 def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], argv: list[str],
                       timeout: float) -> Iterator[tuple[str, CommandResult]]:
-    """(host, result) of `argv` on each named host that still answers; after a run, some may not."""
+    """(host, result) of `argv` on each named host that still answers; after a run, some may not
+    (and a host without a session here is skipped)."""
     for name in names:
+        session = sessions.get(name)
+        if session is None:
+            continue
         try:
-            yield name, sessions[name].run(argv, timeout=timeout)
+            yield name, session.run(argv, timeout=timeout)
         except MeshrunError:
             continue
 

@@ -173,6 +173,19 @@ class SshStream:
         self.channel.close()
 
 
+class _Connection(fabric.Connection):
+    """Fabric's Connection, except that opening a channel gives up after `_channel_timeout`: Fabric's
+    own create_session waits paramiko's default of an hour, and over a cut link (no reset) every
+    `run` would hang there before invoke's command timeout even starts. Agent forwarding, the one
+    other thing Fabric's version does, is never enabled by meshrun."""
+
+    _channel_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+
+    @fabric.connection.opens
+    def create_session(self) -> paramiko.Channel:
+        return self.transport.open_session(timeout=self._channel_timeout)
+
+
 def _connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hosts: Path | None,
                 timeout: float) -> fabric.Connection:
     """A Fabric connection to one hop with meshrun's host-key policy. An empty SSHConfig keeps
@@ -181,9 +194,10 @@ def _connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hos
     kwargs: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout}
     if hop.identities:
         kwargs["key_filename"] = list(hop.identities)
-    conn = fabric.Connection(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
-                             connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
-                             config=fabric.Config(ssh_config=paramiko.SSHConfig()))
+    conn = _Connection(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
+                       connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
+                       config=fabric.Config(ssh_config=paramiko.SSHConfig()))
+    conn._channel_timeout = timeout
     hostkeys.load_known_hosts(conn.client, known_hosts)
     return conn
 

@@ -41,3 +41,9 @@ class JobOutcome:
     @property
     def duration_s(self) -> float:
         return self.ended - self.started
+
+    def unreachable(self) -> frozenset[str]:
+        """Hosts whose last run on this job ended without an exit status (lost, and not back): asking
+        them anything after the run could wait on a link that is cut."""
+        last = {h.host: h for h in self.hosts}  # in start order: a host that came back is listed again
+        return frozenset(name for name, h in last.items() if h.rc is None)
