@@ -14,7 +14,7 @@ from meshrun.layout import generation_rdzv_id, launch_rdzv_id
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
 from meshrun.deploy.inventory.selection import Selection
-from meshrun.deploy.run.plan import LaunchOptions, Workload, env_block, plan_launch
+from meshrun.deploy.run.plan import LaunchOptions, Workload, at_generation, env_block, plan_launch
 from meshrun.deploy.run.shell import remote_command, shell_path
 
 PY = "/venv/bin/python"
@@ -186,6 +186,39 @@ def test_elastic_plan_carries_the_rendezvous_succession() -> None:
     assert c.agent[c.agent.index("--") + 1:] == c.torchrun
     fixed = plan_launch(Selection(hosts, Rendezvous("b", 29400)), LaunchOptions("r6"), {}, "/p")
     assert all(h.generations == () and "--succession" not in h.agent for h in fixed.hosts)
+
+
+def test_a_joiner_starts_at_the_current_generation() -> None:
+    """`fab join` and a host coming back after a succession: the agent starts where the others are,
+    with the same succession and torchrun; generation 0 and fixed-size runs are left as planned."""
+    hosts = (host("a", "10.0.0.1", network=Network.LAN), host("b", "10.0.0.2", network=Network.LAN))
+    plan = plan_launch(Selection(hosts, Rendezvous("a", 29400)), LaunchOptions("r7", elastic=ElasticBounds(1, 2)),
+                       {}, "/p")
+    b = plan.hosts[1]
+    moved = at_generation(b, 1)
+    at = b.agent.index("--")
+    assert moved.agent == (*b.agent[:at], "--generation", "1", *b.agent[at:])
+    assert dataclasses.replace(moved, agent=b.agent) == b
+    assert at_generation(b, 0) == b
+    fixed = plan_launch(Selection(hosts, Rendezvous("a", 29400)), LaunchOptions("r8"), {}, "/p").hosts[1]
+    assert at_generation(fixed, 2) == fixed
+
+
+def test_detached_elastic_agents_get_their_peers_sshd_on_the_training_address() -> None:
+    """Detached elastic runs only (attached ones have the controller's probe): every other host,
+    at its inventory port when SSH goes to the training address, else 22."""
+    hosts = (host("a", "10.0.0.1", network=Network.LAN, port=2222),
+             host("b", "10.0.0.2", network=Network.LAN, ssh_address="203.0.113.9", port=2200),
+             host("c", "10.0.0.3", network=Network.LAN, ssh_address="10.0.0.3", port=None))
+    selection = Selection(hosts, Rendezvous("a", 29400))
+    detached = plan_launch(selection, LaunchOptions("r9", elastic=ElasticBounds(2, 3), detach=True), {}, "/p")
+    a = detached.hosts[0].agent
+    assert json.loads(a[a.index("--peers") + 1]) == {"b": "10.0.0.2:22", "c": "10.0.0.3:22"}
+    c = detached.hosts[2].agent
+    assert json.loads(c[c.index("--peers") + 1]) == {"a": "10.0.0.1:2222", "b": "10.0.0.2:22"}
+    attached = plan_launch(selection, LaunchOptions("r9", elastic=ElasticBounds(2, 3)), {}, "/p")
+    fixed = plan_launch(selection, LaunchOptions("r9", detach=True), {}, "/p")
+    assert all("--peers" not in h.agent for h in (*attached.hosts, *fixed.hosts))
 
 
 def test_generation_rendezvous_ids_round_trip() -> None:

@@ -53,7 +53,8 @@ def test_neutral_console_keeps_rich_styles_on_a_terminal() -> None:
 
 
 REPORT = {"run_id": "r1", "host": "h1", "state": "running", "started": 100.0, "ended": None, "rc": None,
-          "reason": None, "progress": {"epoch": 2, "global_step": 40}, "detached": True, "now": 130.0}
+          "reason": None, "progress": {"epoch": 2, "global_step": 40}, "detached": True, "generation": 1,
+          "now": 130.0}
 
 
 @pytest.mark.parametrize("answer,detail", [
@@ -72,8 +73,8 @@ def test_garbage_status_answers_are_unknown_with_one_line(answer: str, detail: s
 
 def test_sound_status_answer_and_wrong_types_in_it() -> None:
     assert parse_status("r1", "h1", json.dumps([{**REPORT, "run_id": "other"}, REPORT])) == HostState(
-        "r1", "h1", "running", None, 2, 40, 30.0, None)
-    odd = {**REPORT, "rc": "0", "started": "yesterday", "progress": [1], "reason": ["x"]}
+        "r1", "h1", "running", None, 2, 40, 30.0, None, 1)
+    odd = {**REPORT, "rc": "0", "started": "yesterday", "progress": [1], "reason": ["x"], "generation": "1"}
     assert parse_status("r1", "h1", json.dumps([odd])) == HostState("r1", "h1", "running")
 
 

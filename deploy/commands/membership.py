@@ -25,7 +25,7 @@ from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.launcher import JobRunner, run_detached_agent
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
-from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, plan_launch
+from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, at_generation, plan_launch
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, controller_alive, load_record
 from meshrun.deploy.inventory.selection import Selection, select_hosts
@@ -175,12 +175,16 @@ def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[
 
 def _detached(project: Project, record: RunRecord, inventory: Inventory, action: str, name: str,
               renderer: Renderer) -> str:
-    from meshrun.deploy.edges.agents import stop_hosts
+    from meshrun.deploy.edges.agents import host_states, stop_hosts
 
     if action == "leave":
         stop_hosts(record, project.root, (name,))
         return f"stopped run {record.run_id} on {name}"
+    # Detached, no controller knows where the rendezvous went: the members' agents do.
+    generation = max((st.generation or 0 for st in host_states(record, project.root) if st.state == "running"),
+                     default=0)
     launch, session = prepare_joiner(record, inventory, name, project, renderer, detach=True)
+    launch = at_generation(launch, generation)
     try:
         result = run_detached_agent(session, launch)
     finally:

@@ -5,7 +5,6 @@ process is left.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import threading
 import time
@@ -20,7 +19,7 @@ from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.inventory.model import Host
-from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, env_block
+from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, at_generation, env_block
 from meshrun.deploy.edges.stdinfeed import run_fed
 from meshrun.deploy.edges.transport import CommandResult, Session, Stream
 
@@ -146,9 +145,13 @@ class JobRunner:
 
         return signal.signal(signal.SIGINT, on_sigint)
 
+    def generation(self) -> int:
+        """The succession's current generation: the index of the current rendezvous host."""
+        return self.order.index(self.head) if self.head in self.order else 0
+
     def add_host(self, launch: HostLaunch, session: Session) -> None:
-        """A host joining the running job (`fab join`)."""
-        live = _Live(launch, session, self.local_dir / "logs" / f"{launch.host.name}.log")
+        """A host joining the running job (`fab join`), at the current generation."""
+        live = _Live(at_generation(launch, self.generation()), session, self.local_dir / "logs" / f"{launch.host.name}.log")
         with self.lock:
             self.hosts.append(live)
         self._start(live, Change.JOINED)
@@ -246,11 +249,8 @@ class JobRunner:
         # A healed link can leave the old agent alive for up to its heartbeat timeout: stop it first.
         session.run(agent_verb_argv(live.launch.host, "stop", self.plan.run_id, self.local_python, STOP_GRACE_S),
                     timeout=STOP_GRACE_S + 25)
-        generation = self.order.index(self.head) if self.head in self.order else 0
-        argv = list(live.launch.agent)
-        argv[argv.index("--"):argv.index("--")] = ["--generation", str(generation)]
-        launch = dataclasses.replace(live.launch, agent=tuple(argv))
-        fresh = _Live(launch, session, live.log)
+        generation = self.generation()
+        fresh = _Live(at_generation(live.launch, generation), session, live.log)
         live.replaced = True
         self.rejoins[live.name] = self.rejoins.get(live.name, 0) + 1
         with self.lock:

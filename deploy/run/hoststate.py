@@ -23,6 +23,7 @@ class HostState:
     step: int | None = None
     uptime_s: float | None = None
     detail: str | None = None
+    generation: int | None = None  # the rendezvous succession's generation its agent is at
 
 
 def _int(value: object) -> int | None:
@@ -55,4 +56,5 @@ def parse_status(run_id: str, host: str, stdout: str) -> HostState:
     started, end = _num(report.get("started")), _num(report.get("ended")) or _num(report.get("now"))
     uptime = end - started if end is not None and started is not None else None
     return HostState(run_id, host, report["state"], _int(report.get("rc")), _int(progress.get("epoch")),
-                     _int(progress.get("global_step")), uptime, _text(report.get("reason")))
+                     _int(progress.get("global_step")), uptime, _text(report.get("reason")),
+                     _int(report.get("generation")))

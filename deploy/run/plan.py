@@ -9,6 +9,8 @@ interface that routes to the rendezvous host for NCCL and gloo.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -92,6 +94,16 @@ class LaunchPlan:
         return sum(h.host.nproc_per_node for h in self.hosts)
 
 
+def at_generation(launch: HostLaunch, generation: int) -> HostLaunch:
+    """The same launch, its agent starting at `generation` of the succession: a host that joins
+    or comes back after the rendezvous moved must go where the others are, not to generation 0."""
+    if generation <= 0 or not launch.generations:
+        return launch
+    argv = list(launch.agent)
+    at = argv.index("--")
+    return dataclasses.replace(launch, agent=(*argv[:at], "--generation", str(generation), *argv[at:]))
+
+
 def python_of(host: Host, local_python: str) -> str:
     return host.python or local_python
 
@@ -123,9 +135,19 @@ def plan_launch(
                        torchrun_argv(host, h, f"{h.address}:{selection.rendezvous.port}", len(hosts), options,
                                      local_python, generation_rdzv_id(options.rendezvous_id, g)))
             for g, h in enumerate(order))
-        agent = agent_argv(host, options, env, torchrun, local_python, generations)
+        peers = peer_endpoints(host, hosts) if generations and options.detach else {}
+        agent = agent_argv(host, options, env, torchrun, local_python, generations, peers)
         launches.append(HostLaunch(host, host.name == head.name, env, torchrun, agent, generations))
     return LaunchPlan(options.run_id, endpoint, tuple(launches), options.elastic)
+
+
+def peer_endpoints(host: Host, hosts: tuple[Host, ...]) -> dict[str, str]:
+    """Where `host`'s agent probes the others in a detached elastic run: each one's sshd on its
+    training address (its inventory port when SSH goes to that same address, else 22). A guess
+    the agent only trusts once it has answered (deploy/host/succession.py::PeerWatcher)."""
+    def port(h: Host) -> int:
+        return (h.port or 22) if h.ssh_address in (None, h.address) else 22
+    return {h.name: f"{h.address}:{port(h)}" for h in hosts if h.name != host.name}
 
 
 def succession_order(selection: Selection) -> tuple[Host, ...]:
@@ -197,7 +219,8 @@ def _workload_argv(options: LaunchOptions) -> list[str]:
 
 
 def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], ...],
-               torchrun: tuple[str, ...], local_python: str, generations: tuple[Generation, ...] = ()) -> tuple[str, ...]:
+               torchrun: tuple[str, ...], local_python: str, generations: tuple[Generation, ...] = (),
+               peers: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The host-side supervisor: own process group, pidfile, log tee, controller watchdog."""
     argv = [python_of(host, local_python), "-m", AGENT_MODULE, "run",
             "--run-id", options.run_id, "--host", host.name,
@@ -213,6 +236,8 @@ def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], .
     argv.append("--env-stdin")
     if generations:
         argv += ["--succession", json.dumps([g.as_json() for g in generations], separators=(",", ":"))]
+    if peers:
+        argv += ["--peers", json.dumps(dict(peers), separators=(",", ":"))]
     return tuple(argv + ["--", *torchrun])
 
 
