@@ -272,3 +272,52 @@ def test_a_run_id_is_one_path_component(run: str) -> None:
     with pytest.raises(InputError) as err:
         load_record(ROOT / "runs", run)
     assert "not a run id" in str(err.value) and "\n" not in str(err.value)
+
+
+def _host_records(testbed, host: int, run_id: str, name: str) -> list[dict]:
+    out = testbed.exec(host, ["sh", "-c", f"cat /root/meshrun/runs/{run_id}/{name} 2>/dev/null"], check=False).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(1)
+
+
+def test_g_a_detached_run_survives_a_cut_worker_without_its_controller(testbed, inventory: Path) -> None:
+    """Detached: no controller probes the hosts or sends `restart`. The agents probe each other's
+    sshd (deploy/host/succession.py::PeerWatcher); when h3's link is cut (no reset reaches anyone),
+    h1's and h2's agents restart their workers and torchrun re-rendezvouses without h3. The
+    process-group timeout is raised to 300 s, so it cannot be what frees the survivors: they must
+    resume long before it (the bound below is 120 s; bench/recovery.py measures the attached path)."""
+    started = fab("train", "--inventory", str(inventory), "--nnodes", "2:3", "--detach", "--timeout", "300",
+                  "--", *TRAIN, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_of(started.stdout)
+    try:
+        _wait_until(lambda: any(r.get("kind") == "step" and r.get("epoch", 0) >= 3
+                                for r in _host_records(testbed, 1, run_id, "metrics.rank0.jsonl")),
+                    300, "h1 training in epoch 3")
+        with testbed.link_cut(3):
+            cut_at = time.time()
+            resumed: list[dict] = []
+
+            def survivors_resumed() -> bool:
+                resumed[:] = [r for r in _host_records(testbed, 1, run_id, "metrics.jsonl")
+                              if r.get("kind") == "resume" and r["time"] > cut_at]
+                return bool(resumed)
+
+            _wait_until(survivors_resumed, 150, "h1 and h2 resuming without h3")
+            assert resumed[0]["world_size"] == 2 and resumed[0]["time"] - cut_at < 120, resumed[0]
+            log = testbed.exec(1, ["cat", f"/root/meshrun/runs/{run_id}/hosts/h1/train.log"], check=False).stdout
+            assert "peer(s) h3 stopped answering" in log, log[-2000:]
+            survivors = lambda: [p for p in run_processes(run_id) if _on_host(p, "h1") or _on_host(p, "h2")]  # noqa: E731
+            _wait_until(lambda: not survivors(), 400, "the survivors finishing")
+        print(f"detached: resumed {resumed[0]['time'] - cut_at:.1f} s after the cut of h3")
+    finally:
+        testbed.kill_processes(3)  # h3, alone, would wait out its rendezvous timeouts
+        fab("stop", "--run", run_id, timeout=120)
+    records = assert_whole_epochs(run_id)
+    assert records[-1]["world_size"] == 2

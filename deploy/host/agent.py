@@ -29,7 +29,7 @@ from pathlib import Path
 from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
                            PROGRESS, RUNS_DIR, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
-from meshrun.deploy.host.succession import Generation, HeadWatcher, parse_generations
+from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
 
 
 
@@ -59,6 +59,7 @@ class Supervisor:
         self.torchrun_start: int | None = None
         self.head_lost = False
         self.to_controller = not args.quiet
+        self.peers: PeerWatcher | None = None
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +78,7 @@ class Supervisor:
         generations = (parse_generations(self.args.succession) if self.args.succession
                        else (Generation("", "", tuple(self.args.command)),))
         index = min(self.args.generation, len(generations) - 1)  # a host rejoining after a succession
+        self.peers = PeerWatcher(parse_peers(self.args.peers)) if self.args.peers else None
         while True:
             rc = self.run_generation(generations[index], index, env)
             if rc == 0 or self.stop_reason is not None or not self.head_lost or index + 1 >= len(generations):
@@ -84,6 +86,8 @@ class Supervisor:
             index += 1
             self.emit(f"meshrun-agent: rendezvous host '{generations[index - 1].head}' lost; the run goes on "
                       f"under a new rendezvous on '{generations[index].head}' (generation {index})\n".encode())
+        if self.peers is not None:
+            self.peers.stop()
         write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
                                              "generation": index})
         return rc
@@ -128,6 +132,10 @@ class Supervisor:
                 child.wait()
                 self.emit(f"meshrun-agent: stopped; {len(left)} processes left\n".encode())
                 return 128 + signal.SIGTERM
+            lost_peers = self.peers.take_lost() if self.peers is not None else []
+            if lost_peers:  # detached: no controller to send `restart` for a cut peer
+                self.emit(f"meshrun-agent: peer(s) {', '.join(lost_peers)} stopped answering\n".encode())
+                self.restart_workers()
             if watcher is not None and watcher.lost:
                 self.head_lost = True
                 terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start)
@@ -264,7 +272,8 @@ def run_status(run_id: str, host: str) -> dict | None:
         state = "stopped" if not running else state
     return {"run_id": record["run_id"], "host": host, "state": state, "started": record.get("started"),
             "ended": (ended or {}).get("ended"), "rc": (ended or {}).get("rc"), "reason": (ended or {}).get("reason"),
-            "progress": read_json(Path(run_dir(run_id)) / PROGRESS), "detached": record.get("detached", False), "now": time.time()}
+            "progress": read_json(Path(run_dir(run_id)) / PROGRESS), "detached": record.get("detached", False),
+            "generation": record.get("generation", 0), "now": time.time()}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -281,6 +290,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--detach", action="store_true")
     run.add_argument("--succession", default="", help="JSON: the rendezvous generations (elastic runs)")
     run.add_argument("--generation", type=int, default=0, help="start at this generation of the succession")
+    run.add_argument("--peers", default="", help="JSON {host: address:port}: detached elastic runs restart "
+                                                 "their workers when a peer host stops answering")
     run.add_argument("--quiet", action="store_true")
     run.add_argument("command", nargs=argparse.REMAINDER)
     for verb in ("stop", "status"):

@@ -80,3 +80,48 @@ class HeadWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def parse_peers(text: str) -> dict[str, str]:
+    """The agent's `--peers` JSON: {host name: "address:port" of its sshd on the training network}."""
+    items = json.loads(text)
+    return {str(name): str(endpoint) for name, endpoint in items.items()}
+
+
+class PeerWatcher:
+    """Detached elastic runs: the other hosts' sshd on the training network, probed like the store.
+
+    With no controller, nothing else notices a worker host whose link is cut (no reset reaches
+    anyone): the survivors' workers would sit in a collective for the whole process-group
+    timeout. A peer that answered once and then misses twice in a row is reported once by
+    `take_lost()`, and again only after it has answered in between. A peer never seen up (its
+    sshd is elsewhere, or a firewall is in the way) is never reported: a wrong guess costs the
+    fast path, never a false alarm."""
+
+    def __init__(self, peers: dict[str, str]) -> None:
+        self._lost: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._watch, args=(name, endpoint), daemon=True,
+                                          name=f"peer-watcher-{name}") for name, endpoint in peers.items()]
+        for thread in self._threads:
+            thread.start()
+
+    def _watch(self, name: str, endpoint: str) -> None:
+        seen, misses = False, 0
+        while not self._stop.wait(PROBE_EVERY_S):
+            if store_answers(endpoint):
+                seen, misses = True, 0
+                continue
+            misses += 1
+            if seen and misses == MISSES_BEFORE_LOST:
+                with self._lock:
+                    self._lost.append(name)
+
+    def take_lost(self) -> list[str]:
+        with self._lock:
+            lost, self._lost = self._lost, []
+        return lost
+
+    def stop(self) -> None:
+        self._stop.set()
