@@ -221,7 +221,7 @@ def test_a_command_to_a_cut_host_fails_instead_of_hanging(testbed: SimCluster, i
     session = connect(h2, inv.known_hosts, REPO, timeout=3)
     outcome: list[object] = []
     try:
-        assert session.run(["true"], timeout=5).ok
+        assert session.run(["true"], timeout=5, create_workdir=True).ok
         with testbed.link_cut(2):
             def ask() -> None:
                 try:

@@ -214,6 +214,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         argv += ["--env", kv]
     if args.succession:
         argv += ["--succession", args.succession, "--generation", str(args.generation)]
+    if args.peers:
+        argv += ["--peers", args.peers]
     pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
     # The secrets pass on as they came: through a pipe, never argv or a file.
     child = subprocess.Popen(argv + ["--env-stdin", "--", *args.command], stdin=subprocess.PIPE,
