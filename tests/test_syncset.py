@@ -24,3 +24,16 @@ def test_files_in_use_stay_home_wherever_they_lie() -> None:
     names = ["conf/cluster.yaml", "conf/hosts.txt", "train/x.py", "inventory/lan.example.yaml"]
     assert shippable(names, frozenset({"conf/cluster.yaml", "conf/hosts.txt", "inventory/lan.example.yaml"})) == [
         "train/x.py"]
+
+
+def test_the_dataset_goes_beside_the_code_only_where_they_cannot_touch_the_same_path() -> None:
+    from meshrun.deploy.commands.sync import data_beside_code
+
+    files = b"\0".join([b"train.py", b"data/README.md", b"conf/a.yaml", b"notes"])
+    assert data_beside_code("data/p4", files)
+    assert data_beside_code("./datasets/x/", files)
+    assert not data_beside_code("data", files)  # data/README.md is the code sync's
+    assert not data_beside_code("conf/a.yaml/x", files)  # a project file where a folder must be
+    assert not data_beside_code("notes", files)
+    assert not data_beside_code("/srv/data", files) and not data_beside_code("~/data", files)
+    assert not data_beside_code(".", files) and not data_beside_code("../elsewhere", files)

@@ -1,8 +1,11 @@
-"""`fab sync`: the project's code to every selected host, in parallel, one progress bar each."""
+"""`fab sync`: the project's code to every selected host, in parallel, one progress bar each, and
+with `--data` the dataset at the same time."""
 
 from __future__ import annotations
 
+import posixpath
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from meshrun.deploy.edges.sessions import sessions_to
@@ -19,10 +22,30 @@ from meshrun.deploy.edges.sync import SyncResult, project_files, sync_host
 SYNC_TIMEOUT_S = 900
 
 
-def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer) -> dict[str, SyncResult]:
-    """Sync to every host; raises one MeshrunError naming each host that failed."""
+def code_files(inventory: Inventory, root: Path) -> bytes:
+    """What the code sync sends: the project's files less the inventory in use and its key files."""
     private = tuple(p for p in (inventory.path, inventory.known_hosts, *(h.identity for h in inventory.hosts)) if p)
-    files = project_files(root, tuple(Path(p).expanduser() for p in private))
+    return project_files(root, tuple(Path(p).expanduser() for p in private))
+
+
+def data_beside_code(dest: str, files: bytes) -> bool:
+    """May the dataset go to `dest` while the code sync runs? Yes when `dest` is inside the workdir
+    and no project file is at or under it (or is a file where one of its folders must be): then
+    the two rsyncs never write the same path. An absolute `dest` may be anywhere: not decided here."""
+    if posixpath.isabs(dest) or dest.startswith("~"):
+        return False
+    target = posixpath.normpath(dest)
+    for name in filter(None, files.split(b"\0")):
+        path = posixpath.normpath(name.decode("utf-8", "surrogateescape"))
+        if path == target or path.startswith(target + "/") or target.startswith(path + "/"):
+            return False
+    return target not in (".", "..") and not target.startswith("../")
+
+
+def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer,
+              files: bytes | None = None) -> dict[str, SyncResult]:
+    """Sync to every host; raises one MeshrunError naming each host that failed."""
+    files = code_files(inventory, root) if files is None else files
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
         results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update),
                           timeout=SYNC_TIMEOUT_S)
@@ -39,18 +62,29 @@ def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec
 
 
 def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, project: Project) -> None:
-    """`fab sync [--data SRC:DEST]`: the code, then the dataset, with a line per host."""
+    """`fab sync [--data SRC:DEST]`: the code and the dataset, side by side when they cannot touch
+    the same files (a no-op resync then costs the longer of the two, not their sum)."""
     root = project.root
     inv = load_inventory(inventory_path(inventory_arg, root))
     spec = parse_data_flag(data) if data else None
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
-    for result in sync_code(selected, inv, root, renderer).values():
-        renderer.info(f"{result.host}: " + ("workdir is this project, nothing to copy" if result.skipped
-                                             else f"{result.files} files in sync"))
-    if spec is None:
-        return
-    for item in sync_dataset(selected, inv, root, spec).values():
+    files = code_files(inv, root)
+    with ThreadPoolExecutor(1) as pool:
+        beside = spec is not None and data_beside_code(spec.dest, files)
+        dataset = pool.submit(sync_dataset, selected, inv, root, spec) if beside else None
+        try:
+            code = sync_code(selected, inv, root, renderer, files)
+        finally:
+            if dataset is not None:
+                dataset.exception()  # wait: the data sync must not outlive this command
+        for result in code.values():
+            renderer.info(f"{result.host}: " + ("workdir is this project, nothing to copy" if result.skipped
+                                                 else f"{result.files} files in sync"))
+        if spec is None:
+            return
+        items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec)
+    for item in items.values():
         sent = f"{len(item.transferred)} sent" if item.transferred else "unchanged, nothing sent"
         renderer.info(f"{item.host}: data {spec.dest}: {item.files} files verified by sha256; {sent}")
         if item.repaired:
