@@ -37,3 +37,13 @@ def test_the_dataset_goes_beside_the_code_only_where_they_cannot_touch_the_same_
     assert not data_beside_code("notes", files)
     assert not data_beside_code("/srv/data", files) and not data_beside_code("~/data", files)
     assert not data_beside_code(".", files) and not data_beside_code("../elsewhere", files)
+
+
+def test_a_host_can_only_ask_for_files_the_manifest_lists() -> None:
+    """The data sync resends what a host says fails verification: a hostile answer naming other
+    files (a key outside the dataset, escapes for the terminal) is dropped, not sent or printed."""
+    from meshrun.deploy.edges.datasync import listed_only
+
+    manifest = {"a/1.bin": "00" * 32, "b.bin": "11" * 32}
+    answer = ["b.bin", "../../.ssh/id_ed25519", "/etc/shadow", "\x1b[2Jx", 7, None, ["a/1.bin"], "b.bin", "a/1.bin"]
+    assert listed_only(answer, manifest) == ("b.bin", "a/1.bin")

@@ -122,24 +122,33 @@ print(json.dumps(bad))
 """
 
 
-def verify(session: Session, python: str, dest: str) -> tuple[str, ...]:
+def verify(session: Session, python: str, dest: str, manifest: dict[str, str]) -> tuple[str, ...]:
+    """The manifest's names the host says fail. Only those: the answer is the host's, and a name
+    the manifest does not list (`../../.ssh/id_ed25519`, terminal escapes) must never become a
+    file the controller sends or a line it prints."""
     result = session.run([python, "-c", VERIFY, dest], timeout=3600)
     try:
-        return tuple(result.last_json())
+        answer = result.last_json()
     except (ValueError, IndexError):
-        raise MeshrunError(f"host '{session.host.name}': could not verify {dest}: {result.stderr.strip()[-200:]}") \
-            from None
+        answer = None
+    if not isinstance(answer, list):
+        raise MeshrunError(f"host '{session.host.name}': could not verify {dest}: {result.stderr.strip()[-200:]}")
+    return listed_only(answer, manifest)
+
+
+def listed_only(names: list[object], manifest: dict[str, str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n for n in names if isinstance(n, str) and n in manifest))
 
 
 def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifest: dict[str, str], root: Path,
               known_hosts: Path | None) -> DataResult:
     """Send what changed, verify everything against the manifest, resend and re-verify what fails."""
     sent = changed_files(_rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False), host.name))
-    bad = verify(session, python, spec.dest)
+    bad = verify(session, python, spec.dest, manifest)
     if bad:
         files = b"\0".join(b.encode() for b in bad) + b"\0"
         _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=True, files=list(bad)), host.name, files)
-        still = verify(session, python, spec.dest)
+        still = verify(session, python, spec.dest, manifest)
         if still:
             raise MeshrunError(f"host '{host.name}': data files still corrupt after a second transfer: "
                                f"{', '.join(still)}; check the host's disk")
