@@ -13,6 +13,8 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
+
 import enum
 import math
 import statistics
@@ -123,7 +125,8 @@ def resolve_batch_sizes(env: DistEnv, data: DataConfig, auto: AutoBatchConfig,
                         device: torch.device) -> BatchPlan:
     """Collective: gather every rank's request, probe if any asked for ``auto``, allocate."""
     mine = _Request(env.host, env.batch_size, env.batch_auto)
-    requests: list[_Request] = dist.all_gather_objects(mine)
+    # Plain dicts across ranks (dist.all_gather_objects loads no classes), rebuilt here.
+    requests = [_Request(**r) for r in dist.all_gather_objects(dataclasses.asdict(mine))]
     sources = tuple(BatchSource.AUTO if r.auto else BatchSource.INVENTORY if r.fixed
                     else BatchSource.CONFIG for r in requests)
     sizes = [r.fixed or data.batch_size for r in requests]
@@ -136,7 +139,9 @@ def resolve_batch_sizes(env: DistEnv, data: DataConfig, auto: AutoBatchConfig,
     share = max(1, math.ceil(left / len(auto_ranks)))
     probe = probe_throughput(module, batch_fn, device, probe_sizes(auto, share), auto) \
         if mine.auto else None
-    probes: list[ProbeResult | None] = dist.all_gather_objects(probe)
+    probes: list[ProbeResult | None] = [
+        ProbeResult(**p) if p is not None else None
+        for p in dist.all_gather_objects(dataclasses.asdict(probe) if probe is not None else None)]
     measured = [p for i, p in enumerate(probes) if i in auto_ranks and p is not None]
     chosen = allocate(left, [p.samples_per_s for p in measured], [p.max_batch for p in measured])
     for i, size in zip(auto_ranks, chosen):

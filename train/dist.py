@@ -10,8 +10,8 @@ Contract:
 from __future__ import annotations
 
 import datetime
+import io
 import os
-
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -19,6 +19,7 @@ import torch
 import torch.distributed as torch_dist
 
 from meshrun.layout import ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID
+from meshrun.train.safe_load import UnsafeCheckpoint, load_bytes
 from meshrun.train.config import Backend
 from meshrun.train.errors import UsageError
 
@@ -141,12 +142,35 @@ def _all_gather_scalar(value: float, dtype: torch.dtype, device: torch.device) -
     return [t.item() for t in out]
 
 
+class UnsafeRankData(RuntimeError):
+    """Another rank sent bytes that do not load as plain trainer state."""
+
+
 def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, indexed by rank: tensors, numbers, strings, None and containers of
+    them (what checkpoints hold). Not torch's ``all_gather_object``: it unpickles whatever every
+    other rank sends, so one compromised host could run code in every rank of the job. Each
+    rank's ``torch.save`` bytes are read back like a checkpoint (``train.safe_load``: weights-only
+    and the trainer's allow-list); bytes that do not load that way raise ``UnsafeRankData``."""
     if not active():
         return [obj]
-    out: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(out, obj)
-    return out
+    buffer = io.BytesIO()
+    torch.save({"value": obj}, buffer)
+    device = (torch.device("cuda", torch.cuda.current_device()) if torch_dist.get_backend() == "nccl"
+              else torch.device("cpu"))
+    sizes = all_gather_ints(buffer.getbuffer().nbytes, device)
+    mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    mine[:sizes[torch_dist.get_rank()]] = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8).to(device)
+    out = [torch.empty_like(mine) for _ in sizes]
+    torch_dist.all_gather(out, mine)
+    values = []
+    for rank, (tensor, size) in enumerate(zip(out, sizes)):
+        try:
+            values.append(load_bytes(tensor[:size].cpu().numpy().tobytes())["value"])
+        except (UnsafeCheckpoint, KeyError) as err:
+            raise UnsafeRankData(f"rank {rank} sent state that does not load safely ({err}); "
+                                 "its host may be compromised") from None
+    return values
 
 
 def broadcast_bytes(payload: bytes | None, src: int, device: torch.device) -> bytes:
