@@ -39,9 +39,12 @@ from tests.fabrun import ROOT, FabProcess, run_id_of  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
 
-# perf.every_steps=1: a step record per optimizer step, so "steps lost" is exact (with the
-# default 20 the last record before the fault can lag the real step by up to 19).
-TRAIN = ["epochs=8", "checkpoint.every_steps=5", "data.batch_size=16", "perf.every_steps=1"]
+# perf.every_steps=1: a step record per optimizer step, so "stepping again" is the first step after
+# the resume, not the end of a 20-step window. log.progress_seconds: rank 0's progress.json follows
+# every step, and is read just before the fault: the step records themselves are buffered (200 per
+# write), so those of the last seconds before a SIGKILL never reach the file.
+TRAIN = ["epochs=8", "checkpoint.every_steps=5", "data.batch_size=16", "perf.every_steps=1",
+         "log.progress_seconds=0.02"]
 FAULTS = ("kill-worker", "cut-worker", "kill-rdzv", "cut-rdzv")
 HOST_OF = {"worker": 3, "rdzv": 1}
 
@@ -53,16 +56,24 @@ def records(run_dir: Path, name: str) -> list[dict]:
     return out
 
 
-def recovery(run_dir: Path, faulted: float) -> tuple[float | None, int | None]:
+def step_at_fault(cluster: SimCluster, run_id: str) -> int | None:
+    """Rank 0's global step (h1 holds rank 0 until a fault), from its progress.json."""
+    out = cluster.exec(1, ["cat", f"/root/meshrun/runs/{run_id}/progress.json"], check=False).stdout
+    try:
+        return int(json.loads(out)["global_step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def recovery(steps: list[dict], resumes: list[dict], faulted: float,
+             at_fault: int | None) -> tuple[float | None, int | None]:
     """(seconds from the fault to the first step after a resume, steps lost), None if it never resumed."""
-    steps = [r for r in records(run_dir, "metrics.rank0.jsonl") if r.get("kind") == "step"]
-    resumes = [r for r in records(run_dir, "metrics.jsonl") if r.get("kind") == "resume" and r["time"] > faulted]
+    resumes = [r for r in resumes if r["time"] > faulted]
     if not resumes:
         return None, None
     resumed = min(resumes, key=lambda r: r["time"])
     after = [r["time"] for r in steps if r["time"] > resumed["time"]]
-    before = [r["global_step"] for r in steps if r["time"] < faulted]
-    lost = (max(before) - resumed["from_step"]) if before else None
+    lost = at_fault - resumed["from_step"] if at_fault is not None else None
     return (min(after) - faulted if after else None), lost
 
 
@@ -81,13 +92,17 @@ def with_meshrun(cluster: SimCluster, inventory: Path, fault: str) -> tuple[floa
     run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=300))
+        at_fault = step_at_fault(cluster, run_id)
         faulted = time.time()
         inject(cluster, fault, lambda: run.finish(timeout=900))
     finally:
         run.close()
     subprocess.run([sys.executable, "-m", "fabric", "fetch-checkpoints", "--run", run_id], cwd=ROOT,
                    capture_output=True)
-    return recovery(ROOT / "runs" / run_id, faulted)
+    run_dir = ROOT / "runs" / run_id
+    steps = [r for r in records(run_dir, "metrics.rank0.jsonl") if r.get("kind") == "step"]
+    resumes = [r for r in records(run_dir, "metrics.jsonl") if r.get("kind") == "resume"]
+    return recovery(steps, resumes, faulted, at_fault)
 
 
 def bare_torchrun(i: int, run_id: str) -> list[str]:
@@ -112,6 +127,7 @@ def with_torchrun_alone(cluster: SimCluster, fault: str, limit_s: float = 420) -
     deadline = time.time() + 300
     while time.time() < deadline and not _has_step(cluster, run_id, epoch=2):
         time.sleep(1)
+    at_fault = step_at_fault(cluster, run_id)
     faulted = time.time()
     target = HOST_OF[fault.split("-")[1]]
     # The survivors finish (or give up); the faulted host's torchrun, cut off, would hang until the
@@ -128,13 +144,7 @@ def with_torchrun_alone(cluster: SimCluster, fault: str, limit_s: float = 420) -
     for path in log.glob("h*.jsonl"):
         for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
             (steps if r.get("kind") == "step" else resumes if r.get("kind") == "resume" else []).append(r)
-    resumes = [r for r in resumes if r["time"] > faulted]
-    if not resumes:
-        return None, None
-    resumed = min(resumes, key=lambda r: r["time"])
-    after = [r["time"] for r in steps if r["time"] > resumed["time"]]
-    before = [r["global_step"] for r in steps if r["time"] < faulted]
-    return (min(after) - faulted if after else None), (max(before) - resumed["from_step"] if before else None)
+    return recovery(steps, resumes, faulted, at_fault)
 
 
 def _has_step(cluster: SimCluster, run_id: str, epoch: int) -> bool:
