@@ -45,9 +45,16 @@ def run(script: Path | str, *args: str, runner: bool, timeout: float = 120) -> s
                           timeout=timeout)
 
 
+def _default_sigint() -> None:
+    # A shell starts background jobs with SIGINT ignored, and python keeps an ignored SIGINT ignored:
+    # under `tests/run &` the script would never see the Ctrl-C the test sends. torchrun's workers
+    # inherit whatever their launcher had; the test wants python's own behaviour.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(script: Path, *args: str, runner: bool) -> subprocess.Popen[str]:
     return subprocess.Popen(argv(script, *args, runner=runner), cwd=REPO, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
 
 
 def both(script: Path | str, *args: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
