@@ -27,7 +27,7 @@ def test_files_in_use_stay_home_wherever_they_lie() -> None:
 
 
 def test_the_dataset_goes_beside_the_code_only_where_they_cannot_touch_the_same_path() -> None:
-    from meshrun.deploy.commands.sync import data_beside_code
+    from meshrun.deploy.run.syncset import data_beside_code
 
     files = b"\0".join([b"train.py", b"data/README.md", b"conf/a.yaml", b"notes"])
     assert data_beside_code("data/p4", files)

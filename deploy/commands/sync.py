@@ -3,7 +3,6 @@ with `--data` the dataset at the same time."""
 
 from __future__ import annotations
 
-import posixpath
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +15,7 @@ from meshrun.deploy.inventory.selection import select_hosts
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.run.plan import python_of
+from meshrun.deploy.run.syncset import data_beside_code
 from meshrun.deploy.render.console import HostProgress, Renderer
 from meshrun.deploy.edges.sync import SyncResult, project_files, sync_host
 
@@ -26,20 +26,6 @@ def code_files(inventory: Inventory, root: Path) -> bytes:
     """What the code sync sends: the project's files less the inventory in use and its key files."""
     private = tuple(p for p in (inventory.path, inventory.known_hosts, *(h.identity for h in inventory.hosts)) if p)
     return project_files(root, tuple(Path(p).expanduser() for p in private))
-
-
-def data_beside_code(dest: str, files: bytes) -> bool:
-    """May the dataset go to `dest` while the code sync runs? Yes when `dest` is inside the workdir
-    and no project file is at or under it (or is a file where one of its folders must be): then
-    the two rsyncs never write the same path. An absolute `dest` may be anywhere: not decided here."""
-    if posixpath.isabs(dest) or dest.startswith("~"):
-        return False
-    target = posixpath.normpath(dest)
-    for name in filter(None, files.split(b"\0")):
-        path = posixpath.normpath(name.decode("utf-8", "surrogateescape"))
-        if path == target or path.startswith(target + "/") or target.startswith(path + "/"):
-            return False
-    return target not in (".", "..") and not target.startswith("../")
 
 
 def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer,

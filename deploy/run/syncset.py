@@ -17,6 +17,8 @@ fetched checkpoints are large) stay home even in a project whose .gitignore forg
 
 from __future__ import annotations
 
+import posixpath
+
 import re
 from pathlib import PurePosixPath
 
@@ -38,3 +40,17 @@ def is_private(name: str) -> bool:
 def shippable(names: list[str], named: frozenset[str]) -> list[str]:
     """`names` minus private files; `named`: the in-use files (relative names) to keep home too."""
     return [n for n in names if not is_private(n) and n not in named]
+
+
+def data_beside_code(dest: str, files: bytes) -> bool:
+    """May the dataset go to `dest` while the code sync runs? Yes when `dest` is inside the workdir
+    and no project file is at or under it (or is a file where one of its folders must be): then
+    the two rsyncs never write the same path. An absolute `dest` may be anywhere: not decided here."""
+    if posixpath.isabs(dest) or dest.startswith("~"):
+        return False
+    target = posixpath.normpath(dest)
+    for name in filter(None, files.split(b"\0")):
+        path = posixpath.normpath(name.decode("utf-8", "surrogateescape"))
+        if path == target or path.startswith(target + "/") or target.startswith(path + "/"):
+            return False
+    return target not in (".", "..") and not target.startswith("../")
