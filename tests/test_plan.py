@@ -200,6 +200,7 @@ def test_a_joiner_starts_at_the_current_generation() -> None:
     assert moved.agent == (*b.agent[:at], "--generation", "1", *b.agent[at:])
     assert dataclasses.replace(moved, agent=b.agent) == b
     assert at_generation(b, 0) == b
+    assert at_generation(b, 10**9) == moved  # a member's agent cannot send the joiner past the last host
     fixed = plan_launch(Selection(hosts, Rendezvous("a", 29400)), LaunchOptions("r8"), {}, "/p").hosts[1]
     assert at_generation(fixed, 2) == fixed
 

@@ -99,6 +99,8 @@ def at_generation(launch: HostLaunch, generation: int) -> HostLaunch:
     or comes back after the rendezvous moved must go where the others are, not to generation 0."""
     if generation <= 0 or not launch.generations:
         return launch
+    # A detached join learns the generation from the members' agents (host input): keep it in range.
+    generation = min(generation, len(launch.generations) - 1)
     argv = list(launch.agent)
     at = argv.index("--")
     return dataclasses.replace(launch, agent=(*argv[:at], "--generation", str(generation), *argv[at:]))
