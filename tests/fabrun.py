@@ -83,7 +83,11 @@ class FabProcess:
         os.killpg(self.proc.pid, sig)
 
     def finish(self, timeout: float) -> int:
-        code = self.proc.wait(timeout)
+        """The exit status; fails with the output's tail (not a bare TimeoutExpired) if it hangs."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"fab still running after {timeout} s; output:\n{self.output[-4000:]}") from None
         self.reader.join(timeout=5)
         return code
 

@@ -49,6 +49,7 @@ class _Live:
     was_head: bool = False  # it was the rendezvous host when it was lost
     seen_down: bool = False  # a probe found it unreachable (a killed run on a live host never is)
     replaced: bool = False  # it came back: a new _Live runs its part now
+    rejoining: bool = False  # an attempt to start it again is in flight (at most one at a time)
     done: threading.Event = field(default_factory=threading.Event)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     worker_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
@@ -227,22 +228,31 @@ class JobRunner:
         generation, while the elastic run is below its maximum (it joins like `fab join`)."""
         bounds = self.plan.elastic
         if (bounds is None or self.reconnect is None or not live.lost or live.leaving or live.replaced
-                or self.stopping.is_set() or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing):
+                or self.stopping.is_set() or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing
+                or live.rejoining):
             return
         running = [h for h in self.hosts if not h.done.is_set()]
         if len(running) >= bounds.max:
             return
-        live.probing = True
+        live.rejoining = True
         threading.Thread(target=self._try_rejoin, args=(live,), daemon=True).start()
 
     def _try_rejoin(self, live: _Live) -> None:
+        """One attempt, never two at once: the stop of the old agent takes seconds, and a second
+        attempt started meanwhile would start the host twice (two agents of one host in a
+        rendezvous restart each other's workers for ever)."""
+        try:
+            self._rejoin(live)
+        finally:
+            live.rejoining = False
+
+    def _rejoin(self, live: _Live) -> None:
+        assert self.reconnect is not None
         try:
             session = self.reconnect(live.launch.host)
         except MeshrunError:
             live.seen_down = True
             return
-        finally:
-            live.probing = False
         if not live.seen_down or not session.ping(timeout=PING_TIMEOUT_S):
             session.close()
             return

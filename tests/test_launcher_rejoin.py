@@ -1,0 +1,100 @@
+"""The controller starts a host that came back exactly once, however often its watcher looks.
+
+Fake sessions stand in for SSH here: what is under test is the launcher's own bookkeeping (which
+threads may start an agent, and when), and the race needs a stop that takes seconds, which a fake
+makes deterministic. The real rejoin is proved end to end in test_elastic.py (test_b, test_d[cut]).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from meshrun.deploy.edges.launcher import JobRunner, _Live
+from meshrun.deploy.edges.transport import CommandResult
+from meshrun.deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
+from meshrun.deploy.inventory.selection import Selection
+from meshrun.deploy.run.plan import LaunchOptions, plan_launch
+
+
+def host(name: str, address: str) -> Host:
+    return Host(name, address, ssh_address=None, user="root", port=22, identity=None, python="/venv/bin/python",
+                workdir="~/meshrun", network=Network.LAN, gpus=None, nproc=None, batch_size=None, env=())
+
+
+class IdleStream:
+    """An agent that says nothing until it is told to stop."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def readline(self) -> bytes:
+        self.closed.wait(30)
+        return b""
+
+    def send(self, data: bytes) -> bool:
+        return True
+
+    def close_stdin(self) -> None:
+        self.closed.set()
+
+    def poll(self) -> int | None:
+        return 0 if self.closed.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return 0 if self.closed.wait(timeout) else None
+
+    def abandon(self) -> None:
+        self.closed.set()
+
+
+class SlowStopSession:
+    """A reachable host whose `agent stop` takes `stop_s` (the old agent's grace period)."""
+
+    def __init__(self, host: Host, stop_s: float, started: list[Sequence[str]]) -> None:
+        self.host, self.stop_s, self.started = host, stop_s, started
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
+        time.sleep(self.stop_s)
+        return CommandResult(0, "", "")
+
+    def start(self, argv: Sequence[str]) -> IdleStream:
+        self.started.append(tuple(argv))
+        return IdleStream()
+
+    def ping(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_host_back_from_a_cut_is_started_once_while_its_old_agent_is_being_stopped(tmp_path: Path) -> None:
+    hosts = (host("a", "10.0.0.1"), host("b", "10.0.0.2"))
+    plan = plan_launch(Selection(hosts, Rendezvous("a", 29400)), LaunchOptions("r1", elastic=ElasticBounds(1, 2)),
+                       {}, "/p")
+    started: list[Sequence[str]] = []
+    sessions = {h.name: SlowStopSession(h, 0.0, started) for h in hosts}
+    runner = JobRunner(plan, sessions, lambda _h, _l: None, tmp_path, "/venv/bin/python",
+                       reconnect=lambda h: SlowStopSession(h, 1.0, started))
+    lost: _Live = runner.hosts[1]
+    lost.lost = lost.cut = lost.seen_down = True
+    lost.done.set()
+    for _ in range(20):  # the link watcher ticks many times during the one-second stop
+        runner._maybe_rejoin(lost)
+        time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while getattr(lost, "rejoining", False) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fresh = [live for live in runner.hosts if live.name == "b" and live is not lost]
+    assert len(fresh) == 1 and lost.replaced and not lost.rejoining
+    assert len(started) == 1 and runner.rejoins == {"b": 1}
+    runner._maybe_rejoin(lost)  # replaced: never again
+    time.sleep(0.2)
+    assert len(started) == 1
+    runner.stopping.set()
+    for live in runner.hosts:
+        if live.stream is not None:
+            live.stream.abandon()
