@@ -155,6 +155,13 @@ def test_closed_ports_fail_and_lost_df_probe_warns() -> None:
     ]
 
 
+def test_a_host_that_cannot_listen_on_its_own_address_is_one_fail_naming_it() -> None:
+    """A listener that failed shows as a link from the host to itself (and from every other host)."""
+    why = "cannot listen on 192.0.2.11 (Cannot assign requested address): `address` must be one of h1's own ..."
+    links = [LinkResult("h1", "h1", "192.0.2.11", 0, PortState.ERROR, detail=why)]
+    assert link_findings(links, {}) == [Finding(Level.FAIL, "h1", f"the link probe could not start on h1: {why}")]
+
+
 def test_rendezvous_in_use_is_fail_and_public_rendezvous_warns() -> None:
     busy = RendezvousFacts("h1", "10.0.0.1", 29400, "in use (Address already in use)")
     assert rendezvous_findings(busy) == [Finding(Level.FAIL, "h1", (

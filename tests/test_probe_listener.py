@@ -93,3 +93,11 @@ def test_lifetime_is_bounded_whatever_is_asked() -> None:
         assert time.monotonic() - started < 30
     finally:
         proc.stdin.close()  # type: ignore[union-attr]
+
+
+def test_an_address_that_is_not_the_hosts_is_answered_with_an_error_not_a_traceback() -> None:
+    """192.0.2.11 (TEST-NET) is on no interface here, as an inventory `address` that is wrong."""
+    done = subprocess.run([sys.executable, str(LINKS), "listen", "192.0.2.11", "-", "5"], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, json.loads(done.stdout), done.stderr) == (
+        0, {"error": "Cannot assign requested address"}, "")

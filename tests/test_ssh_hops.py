@@ -213,6 +213,9 @@ def test_alias_port_and_user_come_from_ssh_config_when_the_inventory_is_silent(
         check = fab("check-network", "--inventory", str(inventory), "--hosts", "h1", "--json", timeout=180, env=env)
         facts = json.loads(check.stdout)["hosts"][0]
         assert (facts["reachable"], facts["error"]) == (True, None)
+        # Logged in; what is wrong is the training address, and the check says so at once.
+        assert [(f["where"], f["message"].split(": `address`")[0]) for f in json.loads(check.stdout)["findings"]] == [
+            ("h1", "the link probe could not start on h1: cannot listen on 192.0.2.11 (Cannot assign requested address)")]
 
 
 def test_a_missing_identity_names_the_key_and_where_to_set_it(

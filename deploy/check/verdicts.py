@@ -191,6 +191,9 @@ def link_findings(links: Iterable[LinkResult], mtus: Mapping[str, int | None]) -
         detail = f" ({link.detail})" if link.detail else ""
         if link.state is PortState.SKIPPED:
             continue
+        if link.source == link.target:  # only a host whose own listener failed probes itself
+            found.append(fail(link.source, f"the link probe could not start on {link.source}: {link.detail}"))
+            continue
         if link.state is not PortState.OPEN and link.rendezvous:
             found.append(fail(where, f"rendezvous port {link.address}:{link.port} on {link.target} is {link.state.value}"
                                      f"{detail}: torchrun cannot rendezvous; allow TCP {link.port} to {link.target} "

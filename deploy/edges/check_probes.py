@@ -152,6 +152,10 @@ def start_listener(session: Session, host: Host, rdzv_port: int | None, lifetime
     stream = session.start(argv)
     line = stream.readline().decode(errors="replace")
     answer = probes.parse_json_object(line)
+    if answer is not None and isinstance(answer.get("error"), str):
+        stream.abandon()
+        raise MeshrunError(f"cannot listen on {host.address} ({answer['error'][:120]}): `address` must be one of "
+                           f"{host.name}'s own addresses on the training network; fix it in the inventory")
     if answer is None or "port" not in answer:
         stream.abandon()
         raise MeshrunError(f"host '{host.name}': the link probe did not start ({line.strip()[:200] or 'no output'})")
@@ -257,10 +261,10 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
         rdzv_target = (head.address, rdzv_port) if rdzv is not None else None
         mtus = {f.name: f.mtu for f in facts}
         links: list[LinkResult] = []
-        for name, error in started.items():  # a host whose listener failed: nobody can reach it
+        for name, error in started.items():  # a host whose listener failed: nobody can reach it, itself included
             if isinstance(error, MeshrunError):
                 target = [{"name": name, "address": next(h.address for h in able if h.name == name), "port": 0}]
-                for source in ports:
+                for source in [*ports, name]:
                     links += errored_links(source, target, str(error))
 
         def probe(host: Host) -> tuple[LinkResult, ...]:

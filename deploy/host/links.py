@@ -86,7 +86,11 @@ def _serve_capped(conn: socket.socket, slots: threading.BoundedSemaphore) -> Non
 
 
 def listen(address: str, rdzv_port: int | None, lifetime: float) -> None:
-    ephemeral = socket.create_server((address, 0), backlog=64)
+    try:
+        ephemeral = socket.create_server((address, 0), backlog=64)
+    except OSError as err:  # most often: the address is not one of this host's
+        print(json.dumps({"error": os.strerror(err.errno) if err.errno else str(err)}), flush=True)
+        return
     sockets = [ephemeral]
     state = "not asked"
     if rdzv_port is not None:
