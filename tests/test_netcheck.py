@@ -160,6 +160,8 @@ def test_a_host_that_cannot_listen_on_its_own_address_is_one_fail_naming_it() ->
     why = "cannot listen on 192.0.2.11 (Cannot assign requested address): `address` must be one of h1's own ..."
     links = [LinkResult("h1", "h1", "192.0.2.11", 0, PortState.ERROR, detail=why)]
     assert link_findings(links, {}) == [Finding(Level.FAIL, "h1", f"the link probe could not start on h1: {why}")]
+    own_store = LinkResult("h1", "h1", "10.0.0.1", 29400, PortState.OPEN, rendezvous=True, connect_ms=0.1)
+    assert link_findings([own_store], {}) == []  # the rendezvous host reaching its own store is no failure
 
 
 def test_rendezvous_in_use_is_fail_and_public_rendezvous_warns() -> None:

@@ -191,7 +191,7 @@ def link_findings(links: Iterable[LinkResult], mtus: Mapping[str, int | None]) -
         detail = f" ({link.detail})" if link.detail else ""
         if link.state is PortState.SKIPPED:
             continue
-        if link.source == link.target:  # only a host whose own listener failed probes itself
+        if link.source == link.target and not link.rendezvous:  # a host whose own listener failed
             found.append(fail(link.source, f"the link probe could not start on {link.source}: {link.detail}"))
             continue
         if link.state is not PortState.OPEN and link.rendezvous:
