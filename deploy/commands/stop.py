@@ -6,7 +6,6 @@ from __future__ import annotations
 from meshrun.deploy.edges.agents import stop_run
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import resolve_run
-from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.render.console import Renderer
 
 
@@ -15,10 +14,14 @@ def main(run: str | None, project: Project) -> int:
     record = resolve_run(project.runs, run, live_only=True)
     renderer = Renderer()
     dirty = []
-    for host, left in stop_run(record, project.root).items():
-        if isinstance(left, MeshrunError) or left:
+    results = stop_run(record, project.root)
+    for host in results:
+        if host in results.failed:
             dirty.append(host)
-            renderer.error(f"{host}: {left if isinstance(left, MeshrunError) else f'processes still alive: {list(left)}'}")
+            renderer.error(f"{host}: {results.failed[host]}")
+        elif left := results.ok[host]:
+            dirty.append(host)
+            renderer.error(f"{host}: processes still alive: {list(left)}")
         else:
             renderer.info(f"{host}: clean, no process of run {record.run_id} left")
     if dirty:

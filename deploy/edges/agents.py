@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from meshrun.layout import STOP_GRACE_S
-from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.sessions import sessions_to
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
@@ -46,12 +46,12 @@ def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_
             for name, r in results.items()]
 
 
-def stop_run(record: RunRecord, root: Path) -> dict[str, tuple[int, ...] | MeshrunError]:
+def stop_run(record: RunRecord, root: Path) -> HostResults[tuple[int, ...]]:
     """Stop the run on every host; {host: pids still alive (should be empty) or the error}."""
     return stop_hosts(record, root, record.hosts)
 
 
-def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> dict[str, tuple[int, ...] | MeshrunError]:
+def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostResults[tuple[int, ...]]:
     """Stop the run on the named hosts of the run."""
     hosts, inventory = run_hosts(record)
     hosts = tuple(h for h in hosts if h.name in names)

@@ -212,10 +212,10 @@ def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
         sessions[h.name], bounded_argv(launches[h.name], ALLREDUCE_LIMIT_S, local_python), env_block(h),
         ALLREDUCE_LIMIT_S + 15), timeout=ALLREDUCE_LIMIT_S + 20)
     seconds = round(time.monotonic() - start, 2)
-    for name, result in results.items():
-        if isinstance(result, MeshrunError):
-            return AllReduceResult(ProbeStatus.FAILED, str(result), seconds, plan.world_size)
-        if not result.ok:
+    for name in results:  # the first host in order that failed, either way
+        if name in results.failed:
+            return AllReduceResult(ProbeStatus.FAILED, str(results.failed[name]), seconds, plan.world_size)
+        if not (result := results.ok[name]).ok:
             lines = [ln for ln in (result.stdout + "\n" + result.stderr).splitlines() if ln.strip()]
             why = "did not finish in time" if result.rc == 124 else f"exit status {result.rc}"
             tail = lines[-1].strip()[:240] if lines else "no output"
@@ -235,12 +235,11 @@ def gather_facts(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Ses
         peer = peer_address_for(host.name, head.name, addresses) if multi else None
         return host_facts(sessions[host.name], host, peer, local_python)
 
-    results: dict[str, object] = {**unreachable, **on_each(live, one, timeout=FACTS_TIMEOUT_S * 2)}
-    return tuple(
-        HostFacts(h.name, h.address, h.network.value, False, error=str(results[h.name]), selected_gpus=h.gpus)
-        if isinstance(results[h.name], MeshrunError) else results[h.name]  # type: ignore[misc]
-        for h in hosts
-    )
+    found = on_each(live, one, timeout=FACTS_TIMEOUT_S * 2)
+    facts, errors = found.ok, {**unreachable, **found.failed}
+    return tuple(facts[h.name] if h.name in facts else
+                 HostFacts(h.name, h.address, h.network.value, False, error=str(errors[h.name]), selected_gpus=h.gpus)
+                 for h in hosts)
 
 
 def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: Mapping[str, Session],
@@ -254,18 +253,17 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
     lifetime = 60 + bandwidth_s * len(hosts) * 3
     started = on_each(able, lambda h: start_listener(sessions[h.name], h, rdzv_port if h.name == head.name else None,
                                                      lifetime, local_python), timeout=FACTS_TIMEOUT_S)
-    listeners = {name: s for name, s in started.items() if isinstance(s, Listener)}
+    listeners = started.ok
     try:
         ports = {h.name: (h.address, listeners[h.name].port) for h in able if h.name in listeners}
         rdzv = rendezvous_facts(head, rdzv_port, listeners[head.name]) if head.name in listeners else None
         rdzv_target = (head.address, rdzv_port) if rdzv is not None else None
         mtus = {f.name: f.mtu for f in facts}
         links: list[LinkResult] = []
-        for name, error in started.items():  # a host whose listener failed: nobody can reach it, itself included
-            if isinstance(error, MeshrunError):
-                target = [{"name": name, "address": next(h.address for h in able if h.name == name), "port": 0}]
-                for source in [*ports, name]:
-                    links += errored_links(source, target, str(error))
+        for name, error in started.failed.items():  # a host whose listener failed: nobody can reach it, itself included
+            target = [{"name": name, "address": next(h.address for h in able if h.name == name), "port": 0}]
+            for source in [*ports, name]:
+                links += errored_links(source, target, str(error))
 
         def probe(host: Host) -> tuple[LinkResult, ...]:
             targets = link_targets(host.name, ports, head.name, rdzv_target)
@@ -273,11 +271,11 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
             return probe_links(sessions[host.name], host, targets, mtu - 28 if mtu else None, bandwidth_s, local_python)
 
         results = on_each([h for h in able if h.name in listeners], probe, timeout=FACTS_TIMEOUT_S + bandwidth_s * 10)
-        for name, result in results.items():
-            if isinstance(result, MeshrunError):
-                links += errored_links(name, link_targets(name, ports, head.name, rdzv_target), str(result))
+        for name in results:  # in host order
+            if name in results.failed:
+                links += errored_links(name, link_targets(name, ports, head.name, rdzv_target), str(results.failed[name]))
             else:
-                links += result
+                links += results.ok[name]
         return rdzv, tuple(links)
     finally:
         for listener in listeners.values():
