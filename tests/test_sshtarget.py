@@ -93,6 +93,10 @@ def test_jump_specs_and_refusals() -> None:
         resolve(host("a", "10.0.0.9"), "Host a\n  ProxyCommand nc %h %p\n")
     assert str(err.value) == ("host 'a': /cfg sets a ProxyCommand for a; meshrun cannot pin the keys behind it: "
                               "use ProxyJump instead")
+    with pytest.raises(InputError) as err:  # a jump host's ProxyCommand would be dialled around otherwise
+        resolve(host("a", "10.0.0.9"), "Host a\n  ProxyJump j1\nHost j1\n  ProxyCommand nc evil %p\n")
+    assert str(err.value) == ("host 'a': /cfg sets a ProxyCommand for j1; meshrun cannot pin the keys behind it: "
+                              "use ProxyJump instead")
 
 
 def test_rsync_ssh_gets_every_setting_on_its_command_line_and_reads_no_config(home: Path) -> None:
@@ -100,6 +104,7 @@ def test_rsync_ssh_gets_every_setting_on_its_command_line_and_reads_no_config(ho
     options = sshargv.common_options(home / "my keys" / "known%hosts")
     assert options[:7] == ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o"]
     assert options[7] == f'UserKnownHostsFile="{home}/my keys/known%%hosts" {home}/.ssh/known_hosts'
+    assert options[8:10] == ["-o", "GlobalKnownHostsFile=/dev/null"]  # paramiko never reads /etc/ssh's file
     key = str(home / ".ssh/rented")
     jump = ["ssh", *options, "-p", "2022", "-o", "HostName=198.51.100.1", "-i", key, "-o", "IdentitiesOnly=yes",
             "-l", "jump", "-W", "203.0.113.7:2200", "198.51.100.1"]
@@ -122,3 +127,11 @@ def test_missing_keys_are_named_with_where_they_were_set(home: Path) -> None:
     (home / ".ssh").mkdir()
     (home / ".ssh/id_ed25519").write_text("k")
     sshtarget.check_keys(resolve(host("gpu2", "10.0.0.2")))  # paramiko finds ~/.ssh/id_ed25519 itself
+
+
+def test_a_key_path_with_a_percent_reaches_ssh_literally(home: Path) -> None:
+    """OpenSSH expands %-tokens in -i paths: `%h` in a key's path would name another file."""
+    hop = Hop("a", "10.0.0.9", "root", 22, (str(home / "keys%h" / "id"),), "`identity` in the inventory")
+    assert sshargv.hop_argv(hop, (), ["-F", "/dev/null"]) == [
+        "ssh", "-F", "/dev/null", "-p", "22", "-o", "HostName=10.0.0.9", "-i", f"{home}/keys%%h/id",
+        "-o", "IdentitiesOnly=yes", "-l", "root"]

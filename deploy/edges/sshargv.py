@@ -30,8 +30,11 @@ def common_options(known_hosts: Path | None) -> list[str]:
     """Strict host keys from the inventory's known_hosts and ~/.ssh/known_hosts, never a prompt."""
     files = [known_hosts.resolve()] if known_hosts else []
     files.append(Path(os.path.expanduser("~/.ssh/known_hosts")))
+    # GlobalKnownHostsFile: /etc/ssh/ssh_known_hosts is not one of paramiko's files, so rsync's ssh
+    # must not trust a key pinned only there either.
     return ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={' '.join(_config_word(f) for f in files)}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", f"ConnectTimeout={int(sshtarget.CONNECT_TIMEOUT_S)}", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
 
 
@@ -39,7 +42,7 @@ def hop_argv(hop: sshtarget.Hop, jumps: tuple[sshtarget.Hop, ...], options: list
     """ssh to `hop` through `jumps` (the last one is next to `hop`)."""
     argv = ["ssh", *options, "-p", str(hop.port), "-o", f"HostName={_escape(hop.hostname)}"]
     for key in hop.identities:
-        argv += ["-i", key]
+        argv += ["-i", _escape(key)]
     if hop.identities:
         argv += ["-o", "IdentitiesOnly=yes"]
     if jumps:
@@ -50,7 +53,8 @@ def hop_argv(hop: sshtarget.Hop, jumps: tuple[sshtarget.Hop, ...], options: list
 
 
 def _escape(value: str) -> str:
-    """ssh expands %-tokens in HostName, ProxyCommand and UserKnownHostsFile: keep a `%` literal."""
+    """ssh expands %-tokens in HostName, ProxyCommand, IdentityFile (-i) and UserKnownHostsFile: keep a
+    `%` literal."""
     return value.replace("%", "%%")
 
 

@@ -79,9 +79,7 @@ def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | N
     config = config if config is not None else load_config(path)
     alias = _alias(host, config)
     options = config.lookup(alias)
-    if options.get("proxycommand", "none").lower() != "none":
-        raise InputError(f"host '{host.name}': {path} sets a ProxyCommand for {alias}; meshrun cannot pin the keys "
-                         "behind it: use ProxyJump instead")
+    _refuse_proxycommand(host.name, alias, options, path)
     hostname = options["hostname"]
     if not host.ssh_address and alias == host.name and hostname == host.name:
         hostname = host.address  # the block names the host but sets no HostName
@@ -89,8 +87,15 @@ def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | N
     where = "`identity` in the inventory" if host.identity else f"IdentityFile for Host {alias} in {path}"
     target = Hop(alias, hostname, host.user or options.get("user") or DEFAULT_USER,
                  host.port or int(options.get("port", DEFAULT_PORT)), identities, where)
-    jumps = tuple(_jump(spec, config, path, target) for spec in _jump_specs(host, options, path))
+    jumps = tuple(_jump(host.name, spec, config, path, target) for spec in _jump_specs(host, options, path))
     return SshTarget(host.name, jumps, target, path)
+
+
+def _refuse_proxycommand(host_name: str, alias: str, options: paramiko.config.SSHConfigDict, path: Path) -> None:
+    """A ProxyCommand, the target's or a jump host's, runs a program meshrun cannot check keys behind."""
+    if options.get("proxycommand", "none").lower() != "none":
+        raise InputError(f"host '{host_name}': {path} sets a ProxyCommand for {alias}; meshrun cannot pin the keys "
+                         "behind it: use ProxyJump instead")
 
 
 def _alias(host: Host, config: paramiko.SSHConfig) -> str:
@@ -114,11 +119,12 @@ def _jump_specs(host: Host, options: paramiko.config.SSHConfigDict, path: Path) 
     return specs
 
 
-def _jump(spec: str, config: paramiko.SSHConfig, path: Path, target: Hop) -> Hop:
+def _jump(host_name: str, spec: str, config: paramiko.SSHConfig, path: Path, target: Hop) -> Hop:
     """`[user@]host[:port]` (or ssh://...) of a ProxyJump list, itself looked up in ssh_config.
     A jump host's own ProxyJump is not followed: list every hop in the target's ProxyJump."""
     user, name, port = _split_spec(spec.removeprefix("ssh://"))
     options = config.lookup(name)
+    _refuse_proxycommand(host_name, name, options, path)
     keys = _config_keys(options)
     where = f"IdentityFile for Host {name} in {path}" if keys else target.identity_from
     return Hop(name, options["hostname"], user or options.get("user") or DEFAULT_USER,
