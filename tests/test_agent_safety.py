@@ -108,3 +108,28 @@ def test_torchrun_and_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
     finally:
         for pid in tagged(run_id):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_signal_handlers_are_in_place_before_torchrun_is_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TERM that lands between Popen and the handlers would kill the agent and orphan torchrun:
+    at the moment Popen is called, TERM, HUP and INT must already be the agent's own."""
+    from meshrun.deploy.host import agent
+
+    seen: dict[str, object] = {}
+
+    def popen(*_args: object, **_kwargs: object) -> None:
+        seen.update({sig.name: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)})
+        raise OSError("not started in this test")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(agent.subprocess, "Popen", popen)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    args = agent.parse(["run", "--run-id", "r1", "--host", "h1", "--heartbeat-timeout", "0", "--quiet", "--", "true"])
+    args.secret_env = {}
+    try:
+        assert agent.Supervisor(args).run() == 127
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert set(seen) == {"SIGTERM", "SIGHUP", "SIGINT"}
+    assert all(callable(h) and h not in before.values() for h in seen.values()), seen

@@ -135,3 +135,18 @@ def test_a_key_path_with_a_percent_reaches_ssh_literally(home: Path) -> None:
     assert sshargv.hop_argv(hop, (), ["-F", "/dev/null"]) == [
         "ssh", "-F", "/dev/null", "-p", "22", "-o", "HostName=10.0.0.9", "-i", f"{home}/keys%%h/id",
         "-o", "IdentitiesOnly=yes", "-l", "root"]
+
+
+def test_an_inventory_silent_on_user_and_port_leaves_them_to_ssh_config(tmp_path: Path) -> None:
+    """The loader's defaults are not root/22: a `Host gpu2` block's User and Port win unless the
+    inventory (a host or `defaults`) names its own."""
+    from meshrun.deploy.inventory.load import load_inventory
+
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts:\n  gpu2: {address: 10.0.0.2}\n  cpu3: {address: 10.0.0.3, user: bob, port: 2022}\n")
+    hosts = {h.name: h for h in load_inventory(inventory).hosts}
+    assert (hosts["gpu2"].user, hosts["gpu2"].port) == (None, None)
+    config = "Host gpu2 10.0.0.3\n  User alice\n  Port 2202\n"
+    assert (resolve(hosts["gpu2"], config).target.user, resolve(hosts["gpu2"], config).target.port) == ("alice", 2202)
+    assert (resolve(hosts["cpu3"], config).target.user, resolve(hosts["cpu3"], config).target.port) == ("bob", 2022)
+    assert (resolve(hosts["gpu2"], "").target.user, resolve(hosts["gpu2"], "").target.port) == ("root", 22)
