@@ -1,9 +1,10 @@
 """The one place that turns errors into what users read: a line, an exit status, no traceback.
 
 Every fab task is wrapped by `guarded`. A MeshrunError prints its one-line message and exits
-with its status (2 bad input, 1 failure); anything else is a bug: with MESHRUN_DEBUG=1 or
-`--debug` the traceback is shown, otherwise it goes to `~/.cache/meshrun/debug.log` (a per-user
-file: the error may come before meshrun knows the project, and must not land in the current folder).
+with its status (2 bad input, 1 failure; a bad input's line never passes 300 characters); anything
+else is a bug: with MESHRUN_DEBUG=1 or `--debug` the traceback is shown, otherwise it goes to
+`~/.cache/meshrun/debug.log` (a per-user file: the error may come before meshrun knows the project,
+and must not land in the current folder).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Callable, TypeVar
 
 from invoke.exceptions import Exit
 
-from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inventory.shown import one_line
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -37,7 +39,9 @@ def guarded(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except MeshrunError as err:
-            Renderer().error(str(err))
+            # Bad input gets one line of at most 300 characters, whatever formed the message; the inventory's
+            # own messages already fit (a long path loses its middle: deploy.inventory.shown.with_path).
+            Renderer().error(one_line(str(err)) if isinstance(err, InputError) else str(err))
             raise Exit(code=err.exit_code) from None
         except Exit:
             raise

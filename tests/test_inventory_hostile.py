@@ -297,6 +297,7 @@ GPU_FIX = "write indices as nvidia-smi shows them: 0, 1, ..."
     ("gpu1\x1b[2J", "--hosts: unknown host 'gpu1\\x1b[2J' in {path}; known hosts: gpu1, gpu2"),
     ("g" * 10_000, f"--hosts: unknown host '{'g' * 40}'… in {{path}}; known hosts: gpu1, gpu2"),
     ("gpu1\n:0", "--hosts: unknown host 'gpu1\\n' in {path}; known hosts: gpu1, gpu2"),
+    ("gpu1\n", "--hosts: unknown host 'gpu1\\n' in {path}; known hosts: gpu1, gpu2"),  # not read as gpu1
     (",\n,", "--hosts ',\\n,': no host named; pass e.g. --hosts gpu1,gpu2"),
 ])
 def test_hostile_hosts_flag(tmp_path: Path, flag: str, expected: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from meshrun.deploy.inventory.shown import shown_path
 from tests.fabrun import REPO
 
 MESHRUN = str(Path(sys.executable).parent / "meshrun")
@@ -74,10 +75,13 @@ def test_no_inventory_anywhere_names_the_lookup_order(project: Path, tmp_path: P
                           timeout=120, env={**{k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"},
                                             **env_home})
     assert done.returncode == 2
-    assert done.stderr == ("error: no inventory found (looked for --inventory, $MESHRUN_INVENTORY, the project's "
-                           "inventory/hosts.yaml or inventory/local.yaml, ~/.config/meshrun/inventory.yaml); write one "
-                           "from meshrun's examples (README, \"Inventory\") at "
-                           f"{project.resolve()}/inventory/hosts.yaml, or pass --inventory FILE\n")
+    before = ("error: no inventory found (looked for --inventory, $MESHRUN_INVENTORY, the project's "
+              "inventory/hosts.yaml or inventory/local.yaml, ~/.config/meshrun/inventory.yaml); write ")
+    after = ' (README, "Inventory") or pass --inventory FILE'
+    # The path gets the room the line leaves (300 characters in all); a longer one loses its middle, not its end.
+    where = shown_path(project.resolve() / "inventory/hosts.yaml", 300 - len(before) - len(after))
+    assert where.endswith("/proj/inventory/hosts.yaml")
+    assert done.stderr == f"{before}{where}{after}\n" and len(done.stderr) <= 301
 
 
 def test_project_and_runs_dir_flags_choose_where_runs_are_read(project: Path, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory import fields
 from meshrun.deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
                                      Rendezvous)
-from meshrun.deploy.inventory.shown import clip, listing, shown
+from meshrun.deploy.inventory.shown import clip, listing, shown, with_path
 from meshrun.deploy.inventory.yamlnodes import Where, compose_file, mapping_items, scalar, unknown_key
 
 # Where a project keeps its inventory; the first that exists is used (meshrun's own clone
@@ -54,8 +54,8 @@ def inventory_path(cli_value: str | None, project_root: Path, env: Mapping[str, 
     config = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else (home or Path.home()) / ".config"
     if (config / USER_INVENTORY).is_file():
         return config / USER_INVENTORY
-    raise InputError(f"no inventory found (looked for {LOOKUP_ORDER}); write one from meshrun's examples "
-                     f"(README, \"Inventory\") at {project_root / PROJECT_INVENTORIES[0]}, or pass --inventory FILE")
+    raise InputError(with_path(f"no inventory found (looked for {LOOKUP_ORDER}); write ",
+                               project_root / PROJECT_INVENTORIES[0], ' (README, "Inventory") or pass --inventory FILE'))
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.fields import gpu_index_problem
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
-from meshrun.deploy.inventory.shown import listing, shown, shown_path
+from meshrun.deploy.inventory.shown import clip, listing, one_line, shown, with_path
 
 # ASCII digits only: str.isdigit() takes '²', which int() refuses; at most 4000 digits, as int() refuses 4300.
 WHOLE_RE = re.compile(r"-?[0-9]{1,4000}")
@@ -46,8 +46,8 @@ class Selection:
             if host.name == self.rendezvous.host:
                 return host
         raise InputError(
-            f"rendezvous host '{self.rendezvous.host}' is not among the selected hosts "
-            f"({', '.join(h.name for h in self.hosts)}); add it to --hosts or change `rendezvous.host`"
+            f"rendezvous host '{clip(self.rendezvous.host)}' is not among the selected hosts "
+            f"({listing(h.name for h in self.hosts)}); add it to --hosts or change `rendezvous.host`"
         )
 
 
@@ -56,8 +56,10 @@ def parse_hosts_flag(value: str) -> tuple[HostSpec, ...]:
     specs: list[HostSpec] = []
     pending_gpus: list[str] | None = None
     pending_name = ""
-    for token in (t.strip() for t in value.split(",")):
-        if not token:
+    # Only spaces around a name are dropped: a newline, tab or other control character stays part of the
+    # name, which no host has, so `gpu1\n` is refused like `gpu1\n:0` (a blank item is just a separator).
+    for token in (t.strip(" ") for t in value.split(",")):
+        if not token.strip():
             continue
         if pending_gpus is not None and whole_number(token) is not None:
             pending_gpus.append(token)
@@ -73,7 +75,7 @@ def parse_hosts_flag(value: str) -> tuple[HostSpec, ...]:
     if pending_gpus is not None:
         specs.append(_spec(pending_name, pending_gpus))
     if not specs:
-        raise InputError(f"--hosts {shown(value)}: no host named; pass e.g. --hosts gpu1,gpu2")
+        raise InputError(one_line(f"--hosts {shown(value)}: no host named; pass e.g. --hosts gpu1,gpu2"))
     return tuple(specs)
 
 
@@ -82,7 +84,7 @@ def _spec(name: str, raw: list[str]) -> HostSpec:
     values: list[object] = [item if number is None else number for item, number in zip(raw, numbers)]
     problem = gpu_index_problem(values)
     if problem is not None:
-        raise InputError(f"--hosts: host {shown(name)}: {problem[0]}; {problem[1]}")
+        raise InputError(one_line(f"--hosts: host {shown(name)}: {problem[0]}; {problem[1]}"))
     return HostSpec(name, tuple(values))  # type: ignore[arg-type]
 
 
@@ -106,10 +108,8 @@ def _expand(inventory: Inventory, name: str) -> tuple[str, ...]:
     if name in inventory.groups:
         return inventory.groups[name]
     groups = f"; groups: {listing(inventory.groups)}" if inventory.groups else ""
-    raise InputError(
-        f"--hosts: unknown host {shown(name)} in {shown_path(inventory.path)}; "
-        f"known hosts: {listing(inventory.host_names)}{groups}"
-    )
+    raise InputError(with_path(f"--hosts: unknown host {shown(name)} in ", inventory.path,
+                               f"; known hosts: {listing(inventory.host_names)}{groups}"))
 
 
 def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> ElasticBounds | None:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.inventory.shown import CLIP, shown, shown_path
+from meshrun.deploy.inventory.shown import CLIP, shown, with_path
 
 MAX_BYTES = 1 << 20  # an inventory is a list of hosts: a few kB. The cap bounds a wrong --inventory path too
 MAX_DEPTH = 20  # an inventory needs 5 levels (inventory → hosts → host → env → value)
@@ -54,7 +54,7 @@ class Where:
         if self.field is not None:
             subject.append(f"field {shown(self.field)}")
         about = (", ".join(subject) + ": ") if subject else ""
-        return InputError(f"{shown_path(self.path)}:{self.line}: {about}{problem}; {fix}")
+        return InputError(with_path("", self.path, f":{self.line}: {about}{problem}; {fix}"))
 
     def at(self, node: yaml.Node, *, host: str | None = None, field: str | None = None) -> Where:
         return Where(
@@ -140,26 +140,24 @@ def read_text(path: Path) -> str:
         with open(path, "rb") as stream:
             data = stream.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise InputError(
-            f"{shown_path(path)}: inventory file not found; create it (examples in inventory/) "
-            "or pass --inventory PATH / set MESHRUN_INVENTORY"
-        ) from None
+        raise InputError(with_path("", path, ": inventory file not found; create it (examples in inventory/) "
+                                   "or pass --inventory PATH / set MESHRUN_INVENTORY")) from None
     except OSError as err:  # a directory, no permission, an I/O error
-        raise InputError(f"{shown_path(path)}: cannot read the inventory ({err.__class__.__name__}); "
-                         "pass a readable UTF-8 YAML file") from None
+        raise InputError(with_path("", path, f": cannot read the inventory ({err.__class__.__name__}); "
+                                   "pass a readable UTF-8 YAML file")) from None
     if len(data) > MAX_BYTES:
-        raise InputError(f"{shown_path(path)}: larger than {MAX_BYTES >> 20} MiB, too large for an inventory; "
-                         "check that --inventory names the inventory")
+        raise InputError(with_path("", path, f": larger than {MAX_BYTES >> 20} MiB, too large for an inventory; "
+                                   "check that --inventory names the inventory"))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError(f"{shown_path(path)}: cannot read the inventory (UnicodeDecodeError); "
-                         "pass a readable UTF-8 YAML file") from None
+        raise InputError(with_path("", path, ": cannot read the inventory (UnicodeDecodeError); "
+                                   "pass a readable UTF-8 YAML file")) from None
     bad = NON_PRINTABLE.search(text)
     if bad is not None:
         line = text.count("\n", 0, bad.start()) + 1
-        raise InputError(f"{shown_path(path)}:{line}: control character U+{ord(bad.group()):04X} in the file; "
-                         "remove it (an inventory is plain text)")
+        raise InputError(with_path("", path, f":{line}: control character U+{ord(bad.group()):04X} in the file; "
+                                   "remove it (an inventory is plain text)"))
     return text
 
 
@@ -169,16 +167,16 @@ def compose_file(path: Path) -> yaml.Node | None:
     try:
         return yaml.compose(text, Loader=BoundedLoader)
     except Refused as err:
-        raise InputError(f"{shown_path(path)}:{err.line}: {err.problem}; {err.fix}") from None
+        raise InputError(with_path("", path, f":{err.line}: {err.problem}; {err.fix}")) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = mark.line + 1 if mark is not None else 1
         both = isinstance(err, yaml.composer.ComposerError) and err.context and err.problem
         problem = _clip(f"{err.context}, {err.problem}" if both else err.problem or err.context or "invalid YAML")
-        raise InputError(f"{shown_path(path)}:{line}: YAML syntax error: {problem}; "
-                         "fix the YAML at that line") from None
+        raise InputError(with_path("", path, f":{line}: YAML syntax error: {problem}; "
+                                   "fix the YAML at that line")) from None
     except yaml.YAMLError as err:
-        raise InputError(f"{shown_path(path)}: YAML error: {_clip(str(err))}; fix the file") from None
+        raise InputError(with_path("", path, f": YAML error: {_clip(str(err))}; fix the file")) from None
 
 
 def _clip(problem: str, limit: int = PROBLEM_CLIP) -> str:
