@@ -1,18 +1,23 @@
 """The exposure check (issue 12, hole 6a): on an overlay inventory, check-network connects from the
-controller (not on the overlay) to each host's `ssh_address` on the rendezvous port and on an
-ephemeral port where a bait listens on every address, as torch's stores and gloo do; an answer
-FAILs, naming the host, address, port and the fix. Pure verdicts by exact equality, then the real
+controller (not on the overlay) to each host's `ssh_address`, and to the public addresses the host
+reports off its overlay interface, on the rendezvous port and on an ephemeral port where a bait
+listens on every address, as torch's stores and gloo do; an answer FAILs, naming the host,
+address, port and the fix. Pure verdicts by exact equality, then the real
 thing on the simulated cluster over wireguard-go, before and after `fab firewall up`."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from meshrun.deploy.check.exposure import (FIX, ExposureResult, ExposureTarget, exposure_findings, exposure_targets)
-from meshrun.deploy.check.findings import fail
+from meshrun.deploy.check.exposure import (FIX, ExposureProbe, ExposureResult, ExposureTarget, busy_rendezvous, exposure_findings,
+                                           exposure_targets, public_addresses)
+from meshrun.deploy.check.findings import fail, warn
 from meshrun.deploy.inventory.model import Host, Network
 from tests.fabrun import fab
 
@@ -34,12 +39,41 @@ def test_targets_are_the_off_overlay_address_on_each_bait_port() -> None:
     assert exposure_targets(host(Network.ZEROTIER, None), 41234, 29400) == ()
 
 
-def test_only_an_answer_fails() -> None:
+def test_public_addresses_off_the_overlay_interface_are_targets_too() -> None:
+    reported = (("lo", "127.0.0.1"), ("zt0", "10.147.17.5"), ("zt0", "192.0.0.9"), ("eth0", "192.168.1.4"),
+                ("eth0", "8.8.4.4"), ("eth0", "2001:4860::8"), ("eth0", "fe80::1"), ("eth0", "203.0.113.7"),
+                ("eth1", "not an address"), ("eth1", "8.8.4.4"))
+    # zt0 carries the overlay address: its other addresses are the overlay's; private, link-local and
+    # documentation addresses are not public; the ssh_address is already a target; duplicates once.
+    gpu1 = host(Network.ZEROTIER, "203.0.113.7")
+    assert public_addresses(gpu1, reported) == ("8.8.4.4", "2001:4860::8")
+    assert exposure_targets(gpu1, 41234, None, public_addresses(gpu1, reported)) == (
+        ExposureTarget("gpu1", "203.0.113.7", 41234, EPHEMERAL), ExposureTarget("gpu1", "8.8.4.4", 41234, EPHEMERAL),
+        ExposureTarget("gpu1", "2001:4860::8", 41234, EPHEMERAL))
+    assert exposure_targets(host(Network.LAN, None), 41234, None, ("8.8.4.4",)) == ()
+
+
+def test_a_host_cannot_make_the_controller_scan_many_addresses() -> None:
+    reported = tuple(("eth0", f"8.8.8.{i}") for i in range(1, 200))
+    assert public_addresses(host(Network.WIREGUARD, None), reported) == ("8.8.8.1", "8.8.8.2", "8.8.8.3", "8.8.8.4")
+
+
+def test_a_busy_rendezvous_port_is_said() -> None:
+    assert busy_rendezvous("gpu1", 29400) == warn("gpu1", (
+        "the exposure check could not listen on the rendezvous port 29400 (in use: a run?), so it tried an "
+        "ephemeral port only; run check-network again when no run holds the port"))
+
+
+def test_only_an_answer_fails_a_busy_bait_or_a_failed_probe_is_said() -> None:
     target = ExposureTarget("gpu1", "203.0.113.7", 29400, "the rendezvous store's port")
     results = tuple(ExposureResult(target, s) for s in ("open", "refused", "timeout", "unreachable"))
-    assert exposure_findings(results) == [fail("gpu1", (
-        "203.0.113.7:29400 (the rendezvous store's port) answers off the overlay: torch's store and gloo are "
-        f"unauthenticated, whoever reaches them can join or poison the job; {FIX}"))]
+    probe = ExposureProbe(results, (("gpu1", 29400),), (("gpu2", "host 'gpu2': the exposure probe did not start"),))
+    assert exposure_findings(probe) == [
+        fail("gpu1", ("203.0.113.7:29400 (the rendezvous store's port) answers off the overlay: torch's store and "
+                      f"gloo are unauthenticated, whoever reaches them can join or poison the job; {FIX}")),
+        busy_rendezvous("gpu1", 29400),
+        warn("gpu2", "the exposure check could not run: host 'gpu2': the exposure probe did not start")]
+    assert exposure_findings(ExposureProbe()) == []
 
 
 def exposure_failures(inventory: Path) -> list[tuple[str, str]]:
@@ -49,17 +83,35 @@ def exposure_failures(inventory: Path) -> list[tuple[str, str]]:
             if f["level"] == "FAIL" and "answers off the overlay" in f["message"]]
 
 
+PUBLIC = "192.0.0.9"  # globally routed by Python's rules (PCP anycast), never reached from a test bed
+
+
+@contextmanager
+def public_address_on_h2(testbed) -> Iterator[None]:
+    """h2 gets a public address on its LAN interface, routed from the controller: a second way in
+    that no inventory field names, which the check must find by asking the host."""
+    testbed.exec(2, ["ip", "addr", "add", f"{PUBLIC}/32", "dev", "eth0"])
+    subprocess.run(["ip", "route", "replace", f"{PUBLIC}/32", "via", testbed.host(2).address], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "route", "del", f"{PUBLIC}/32"], check=False)
+        testbed.exec(2, ["ip", "addr", "del", f"{PUBLIC}/32", "dev", "eth0"], check=False)
+
+
 @pytest.mark.cluster
 def test_store_and_ephemeral_ports_answering_off_the_overlay_fail_until_fab_firewall_up(testbed_wg,
                                                                                           wg_inventory: Path) -> None:
-    found = exposure_failures(wg_inventory)
-    where = sorted((w, m.split(" ", 1)[0].rsplit(":", 1)[0], "29400" in m.split(" ", 1)[0]) for w, m in found)
-    assert where == [("h1", "10.77.0.11", False), ("h1", "10.77.0.11", True), ("h2", "10.77.0.12", False)], found
-    assert all(m.endswith(FIX) for _, m in found)
-    try:
-        up = fab("firewall", "up", "--inventory", str(wg_inventory), "--hosts", "h1,h2")
-        assert up.returncode == 0, up.stdout + up.stderr
-        assert exposure_failures(wg_inventory) == []
-    finally:
-        down = fab("firewall", "down", "--inventory", str(wg_inventory), "--hosts", "h1,h2")
-    assert down.returncode == 0, down.stdout + down.stderr
+    with public_address_on_h2(testbed_wg):
+        found = exposure_failures(wg_inventory)
+        where = sorted((w, m.split(" ", 1)[0].rsplit(":", 1)[0], "29400" in m.split(" ", 1)[0]) for w, m in found)
+        assert where == [("h1", "10.77.0.11", False), ("h1", "10.77.0.11", True), ("h2", "10.77.0.12", False),
+                         ("h2", PUBLIC, False)], found
+        assert all(m.endswith(FIX) for _, m in found)
+        try:
+            up = fab("firewall", "up", "--inventory", str(wg_inventory), "--hosts", "h1,h2")
+            assert up.returncode == 0, up.stdout + up.stderr
+            assert exposure_failures(wg_inventory) == []
+        finally:
+            down = fab("firewall", "down", "--inventory", str(wg_inventory), "--hosts", "h1,h2")
+        assert down.returncode == 0, down.stdout + down.stderr

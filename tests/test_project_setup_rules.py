@@ -12,7 +12,7 @@ import pytest
 from meshrun.deploy.check.findings import Finding, Level
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.check.verdicts import Fingerprint, HostFacts
-from meshrun.deploy.edges.check_probes import meshrun_of
+from meshrun.deploy.check.answers import meshrun_of
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.project import Project, find_project, relative_to_project
 from meshrun.deploy.run.requirements import Requirements, project_requirements

@@ -3,16 +3,18 @@
 torch's store listens on every address whatever `--local-addr` says, an elastic run adds a second
 store on a random port, and gloo listens on ephemeral ports. On an overlay (zerotier, wireguard)
 only the overlay should reach them. From the controller, which is not on the overlay's private
-path, the check connects to each host's other address (`ssh_address`) on the rendezvous port and
-on an ephemeral port where a bait listens on every address: any answer FAILs.
+path, the check connects to each host's other addresses (its `ssh_address`, and the public
+addresses the host reports off its overlay interface) on the rendezvous port and on an ephemeral
+port where a bait listens on every address: any answer FAILs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from dataclasses import dataclass
 
-from meshrun.deploy.check.findings import Finding, fail, worst
+from meshrun.deploy.check.findings import Finding, fail, warn, worst
 from meshrun.deploy.check.verdicts import CheckReport
 from meshrun.deploy.inventory.model import Host, Network
 
@@ -34,25 +36,69 @@ class ExposureResult:
     state: str  # "open", "refused", "timeout", "unreachable", "error"
 
 
+def is_probed(host: Host) -> bool:
+    """Only an overlay host has a path its stores should be closed to; a local one has no SSH."""
+    return host.network in OVERLAYS and not host.is_local
+
+
 def exposed_addresses(host: Host) -> tuple[str, ...]:
-    """The host's addresses off the overlay that the controller knows: its `ssh_address`."""
-    if host.network not in OVERLAYS or host.is_local or not host.ssh_address or host.ssh_address == host.address:
+    """The host's address off the overlay that the inventory names: its `ssh_address`."""
+    if not is_probed(host) or not host.ssh_address or host.ssh_address == host.address:
         return ()
     return (host.ssh_address,)
 
 
-def exposure_targets(host: Host, ephemeral: int, rendezvous: int | None) -> tuple[ExposureTarget, ...]:
+MAX_PUBLIC_ADDRESSES = 4  # the host names them: it must not turn the controller into its port scanner
+
+
+def public_addresses(host: Host, reported: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """The public (globally routed) addresses among the host's reported (interface, address) pairs,
+    off the interface that holds its overlay address, at most MAX_PUBLIC_ADDRESSES."""
+    overlay = {ifname for ifname, address in reported if address == host.address}
+    found: list[str] = []
+    for ifname, address in reported:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            continue
+        if ifname not in overlay and ip.is_global and address not in (host.address, host.ssh_address, *found):
+            found.append(address)
+    return tuple(found[:MAX_PUBLIC_ADDRESSES])
+
+
+def exposure_targets(host: Host, ephemeral: int, rendezvous: int | None,
+                     public: tuple[str, ...] = ()) -> tuple[ExposureTarget, ...]:
+    if not is_probed(host):
+        return ()
     ports = ([(rendezvous, "the rendezvous store's port")] if rendezvous is not None else []) + [
         (ephemeral, "an ephemeral port (gloo, an elastic run's extra store)")]
     return tuple(ExposureTarget(host.name, address, port, what)
-                 for address in exposed_addresses(host) for port, what in ports)
+                 for address in (*exposed_addresses(host), *public) for port, what in ports)
 
 
-def exposure_findings(results: tuple[ExposureResult, ...]) -> list[Finding]:
-    return [fail(r.target.host, f"{r.target.address}:{r.target.port} ({r.target.what}) answers off the overlay: "
-                                "torch's store and gloo are unauthenticated, whoever reaches them can join or "
-                                f"poison the job; {FIX}")
-            for r in results if r.state == "open"]
+def busy_rendezvous(host: str, port: int) -> Finding:
+    """The bait could not take the rendezvous port: only the ephemeral one was tried."""
+    return warn(host, f"the exposure check could not listen on the rendezvous port {port} (in use: a run?), so it "
+                      "tried an ephemeral port only; run check-network again when no run holds the port")
+
+
+@dataclass(frozen=True)
+class ExposureProbe:
+    """What the exposure check found: each connect's result, the hosts whose bait could not take the
+    rendezvous port (host, port), and the hosts it could not probe at all (host, why)."""
+
+    results: tuple[ExposureResult, ...] = ()
+    busy: tuple[tuple[str, int], ...] = ()
+    unprobed: tuple[tuple[str, str], ...] = ()
+
+
+def exposure_findings(probe: ExposureProbe) -> list[Finding]:
+    return [*(fail(r.target.host, f"{r.target.address}:{r.target.port} ({r.target.what}) answers off the overlay: "
+                                  "torch's store and gloo are unauthenticated, whoever reaches them can join or "
+                                  f"poison the job; {FIX}")
+              for r in probe.results if r.state == "open"),
+            *(busy_rendezvous(host, port) for host, port in probe.busy),
+            *(warn(host, f"the exposure check could not run: {why}") for host, why in probe.unprobed)]
 
 
 def with_findings(report: CheckReport, extra: list[Finding]) -> CheckReport:

@@ -8,6 +8,7 @@ Reading it needs CAP_NET_ADMIN (root); an unreadable state is a warning that say
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from meshrun.deploy.check.findings import Finding, warn
@@ -33,8 +34,8 @@ def parse_handshakes(text: str, now: int) -> tuple[WgPeer, ...]:
     peers = []
     for line in text.splitlines():
         parts = line.split("\t")
-        if len(parts) != 3 or not parts[2].strip().isdigit():
-            continue
+        if len(parts) != 3 or not re.fullmatch(r"[0-9]{1,19}", parts[2].strip()):
+            continue  # `²`.isdigit() is true, but int() refuses it: ASCII digits only
         stamp = int(parts[2])
         peers.append(WgPeer(parts[0], parts[1], max(0, now - stamp) if stamp else None))
     return tuple(peers)

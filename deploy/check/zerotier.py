@@ -84,7 +84,7 @@ def cli_failure(cli: str, subcommand: str, output: str) -> str:
 def _load(text: str, what: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ValueError(f"`zerotier-cli -j {what}` printed no JSON: {text.strip()[:120]!r}") from None
 
 
@@ -97,7 +97,10 @@ def parse_info(text: str) -> tuple[str | None, NodeState, str | None]:
         state = NodeState.TUNNELED
     else:
         state = NodeState.ONLINE if info.get("online") else NodeState.OFFLINE
-    return info.get("address"), state, info.get("version")
+    node, version = info.get("address"), info.get("version")
+    if not isinstance(node, (str, type(None))) or not isinstance(version, (str, type(None))):
+        raise ValueError("`zerotier-cli -j info` gives an address or version that is not text")
+    return node, state, version
 
 
 def parse_networks(text: str) -> tuple[ZtNetwork, ...]:

@@ -23,7 +23,9 @@ from meshrun.deploy.project import Project
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.inventory.selection import Selection, select_hosts
 from meshrun.deploy.render.console import Renderer
-from meshrun.deploy.run.firewall import Action, FirewallSpec, Step, member_addresses, parse_action, steps_for
+from meshrun.deploy.run.answers import said
+from meshrun.deploy.run.firewall import (Action, FirewallSpec, HostAnswer, Step, host_answer, member_addresses,
+                                          parse_action, steps_for)
 from meshrun.deploy.run.plan import python_of
 
 HOST_LIMIT_S = 120  # a few dozen iptables calls, each bounded on the host
@@ -34,15 +36,6 @@ class FirewallRequest:
     action: str
     inventory: str | None
     hosts: str | None
-
-
-@dataclass(frozen=True)
-class HostAnswer:
-    """What one host's firewall script did: the commands it ran (with output) and its notes."""
-
-    ran: tuple[tuple[str, ...], ...]
-    output: str
-    notes: tuple[str, ...]
 
 
 def specs_for(selection: Selection, interfaces: Mapping[str, str]) -> dict[str, FirewallSpec]:
@@ -60,11 +53,8 @@ def _on_host(session: Session, host: Host, steps: tuple[Step, ...]) -> HostAnswe
         answer = last_json_line(result.stdout)
     except (ValueError, IndexError):
         why = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
-        raise MeshrunError(f"host '{host.name}': the firewall script failed: {why[:240]}") from None
-    if answer.get("error"):
-        raise MeshrunError(f"host '{host.name}': {answer['error']}")
-    ran = tuple(tuple(r["argv"]) for r in answer["results"])
-    return HostAnswer(ran, "".join(r["stdout"] for r in answer["results"]), tuple(answer.get("notes", ())))
+        raise MeshrunError(f"host '{host.name}': the firewall script failed: {said(why)}") from None
+    return host_answer(host.name, answer)
 
 
 def apply(action: Action, selection: Selection, sessions: Mapping[str, Session]) -> dict[str, HostAnswer]:

@@ -7,6 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.fanout import on_each
@@ -18,13 +19,16 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.inventory.selection import select_hosts
+from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.run.answers import MISSING, Answer, said
 from meshrun.deploy.run.requirements import Requirements, project_requirements
 from meshrun.deploy.edges import host_queries as probes
 
 SETUP_TIMEOUT_S = 3600  # a first install downloads torch
 WHEELS = ".venv/meshrun-wheels"  # in the host's workdir, beside the venv that installs them
+PATH_CLIP = 1000  # characters of the venv interpreter's path a host reports: it is run there as argv[0]
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,15 @@ def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool)
     if data is None:
         data = {"error": result.stderr.strip()[-300:] or f"exit status {result.rc}"}
     if "error" in data:
-        raise MeshrunError(f"host '{host.name}': setup failed: {data['error']}; is `{request.base}` a Python "
-                           ">= 3.10 with venv? (--base PYTHON)")
-    return SetupResult(host.name, tuple(data["actions"]), data["python"], data["torch"])
+        why = said(data["error"]) if isinstance(data["error"], str) else shown(data["error"])
+        raise MeshrunError(f"host '{host.name}': setup failed: {why}; is `{request.base}` a Python >= 3.10 "
+                           "with venv? (--base PYTHON)")
+    reader = Answer(host.name, "the setup script")
+    python = reader.text(data.get("python", MISSING), "python", limit=PATH_CLIP)
+    if not python:
+        raise reader.bad("python", python, "the venv's interpreter")
+    return SetupResult(host.name, reader.texts(data.get("actions", MISSING), "actions"), python,
+                       reader.text(data.get("torch", MISSING), "torch", optional=True, limit=VERSION_CLIP))
 
 
 def installed_identity(session: Session, python: str) -> Identity | None:
@@ -88,7 +98,11 @@ def installed_identity(session: Session, python: str) -> Identity | None:
     result = session.run(probe_argv(python, "facts"), timeout=120)
     facts = probes.parse_json_object(result.stdout) if result.ok else None
     found = (facts or {}).get("meshrun")
-    return Identity(str(found.get("version")), str(found.get("build"))) if isinstance(found, dict) else None
+    if not isinstance(found, dict):
+        return None
+    version, build = str(found.get("version")), str(found.get("build"))  # never echoed unless plain
+    plain = VERSION_RE.fullmatch(version) and BUILD_RE.fullmatch(build)
+    return Identity(version, build) if plain else Identity("unreadable", "unknown")
 
 
 def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer,

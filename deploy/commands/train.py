@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import secrets
 import subprocess
@@ -33,7 +32,8 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
 from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
-from meshrun.deploy.run.summary import RunSummary, build_summary
+from meshrun.deploy.run.answers import detached_record
+from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
 from meshrun.deploy.edges.transport import Session, connect
 
 
@@ -85,11 +85,8 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
     """The trainer's result.json, from whichever host ran rank 0."""
     names = [h.host.name for h in plan.hosts]
     for _, result in reachable_results(sessions, names, ["cat", f"{run_dir(plan.run_id)}/result.json"], 20):
-        if result.ok:
-            try:
-                return json.loads(result.stdout)
-            except ValueError:
-                continue
+        if result.ok and (found := trainer_result(result.stdout)) is not None:
+            return found
     return None
 
 
@@ -102,9 +99,7 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
             record = result.last_json()
         except (ValueError, IndexError):
             record = {"error": result.stderr.strip()[-300:] or f"exit {result.rc}"}
-        if "error" in record:
-            raise MeshrunError(f"host '{host.name}': detached start failed: {record['error']}")
-        return record
+        return detached_record(host.name, record)
 
     try:
         on_each([h.host for h in plan.hosts], start, timeout=60).require_all()

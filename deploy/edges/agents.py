@@ -14,6 +14,7 @@ from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, c
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.run.answers import remaining_pids, said
 from meshrun.deploy.run.hoststate import HostState, parse_status
 from meshrun.deploy.run.plan import agent_verb_argv
 
@@ -60,9 +61,11 @@ def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostRes
         result = sessions[host.name].run(agent_verb_argv(host, "stop", record.run_id, sys.executable, STOP_GRACE_S),
                                          timeout=STOP_GRACE_S + 25)
         try:
-            return tuple(result.last_json()["remaining"])
-        except (ValueError, IndexError, KeyError, TypeError):  # the host's answer is data: any shape
-            raise MeshrunError(f"host '{host.name}': stop gave no report: {result.stderr.strip()[-200:]}") from None
+            answer = result.last_json()
+        except (ValueError, IndexError):  # the host's answer is data: any shape
+            why = said(result.stderr.strip()[-200:])
+            raise MeshrunError(f"host '{host.name}': stop gave no report: {why}") from None
+        return remaining_pids(host.name, answer)
 
     with sessions_to(hosts, inventory, root) as sessions:
         return on_each(hosts, lambda h: stop(h, sessions), timeout=STOP_GRACE_S + 40)

@@ -8,7 +8,6 @@ runs under `timeout` on each host. Verdicts are made elsewhere (deploy/check/ver
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +17,16 @@ from meshrun.layout import run_dir
 from meshrun.deploy.edges import host_queries as probes
 
 from meshrun.deploy.check import wireguard
+from meshrun.deploy.check.answers import facts_of, link_results, listener_of
 
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.run.answers import said
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host, Inventory, Network
 from meshrun.deploy.inventory.selection import Selection
-from meshrun.deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
+from meshrun.deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult,
                              ProbeStatus, RendezvousFacts, errored_links, link_targets)
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
 from meshrun.deploy.edges.host_queries import peer_address_for
@@ -34,8 +36,6 @@ from meshrun.deploy.edges.transport import Session, Stream, connect
 PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
 FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
 LINK_CONNECT_TIMEOUT_S = 3.0
-VERSION_RE = re.compile(r"[A-Za-z0-9.+!_-]{1,40}")
-BUILD_RE = re.compile(r"[0-9a-f]{12}")
 ALLREDUCE_LIMIT_S = 90  # rendezvous + gloo init + one all-reduce; `timeout` kills it after this
 ALLREDUCE_PG_TIMEOUT_S = 30
 # The file travels in argv, not on stdin: invoke feeds a remote stdin about 100 bytes per second.
@@ -71,27 +71,13 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
                      interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg)
 
 
-def meshrun_of(answer: object) -> str | None:
-    """The host's meshrun as `version (build digest)`, or None without one. The host writes this:
-    anything that is not a plain version and digest is shown as unreadable, never echoed."""
-    if not isinstance(answer, dict):
-        return None
-    version, build = answer.get("version"), answer.get("build")
-    if not (isinstance(version, str) and VERSION_RE.fullmatch(version) and isinstance(build, str)
-            and BUILD_RE.fullmatch(build)):
-        return "unreadable (build unknown)"
-    return f"{version} (build {build})"
-
-
 def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str]]:
     result = session.run(probe_argv(python, "facts"), timeout=FACTS_TIMEOUT_S)
     facts = probes.parse_json_object(result.stdout) if result.ok else None
     if facts is None:
         reason = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
         return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}
-    fingerprint = Fingerprint(facts.get("python"), facts.get("torch"), facts.get("cuda"), facts.get("nccl"),
-                              facts.get("error"), meshrun_of(facts.get("meshrun")))
-    return fingerprint, facts.get("disk_free"), {k: v for k, v in (facts.get("tools") or {}).items() if v}
+    return facts_of(session.host.name, facts)
 
 
 def _gpus(session: Session, nvidia_smi: str | None) -> tuple[tuple[Gpu, ...], str | None]:
@@ -152,14 +138,17 @@ def start_listener(session: Session, host: Host, rdzv_port: int | None, lifetime
     stream = session.start(argv)
     line = stream.readline().decode(errors="replace")
     answer = probes.parse_json_object(line)
-    if answer is not None and isinstance(answer.get("error"), str):
+    try:
+        if answer is not None and isinstance(answer.get("error"), str):
+            raise MeshrunError(f"cannot listen on {host.address} ({said(answer['error'], 120)}): `address` must be "
+                               f"one of {host.name}'s own addresses on the training network; fix it in the inventory")
+        if answer is None or "port" not in answer:
+            raise MeshrunError(f"host '{host.name}': the link probe did not start "
+                               f"({shown(line.strip(), 200) if line.strip() else 'no output'})")
+        return Listener(stream, *listener_of(host.name, answer))
+    except MeshrunError:
         stream.abandon()
-        raise MeshrunError(f"cannot listen on {host.address} ({answer['error'][:120]}): `address` must be one of "
-                           f"{host.name}'s own addresses on the training network; fix it in the inventory")
-    if answer is None or "port" not in answer:
-        stream.abandon()
-        raise MeshrunError(f"host '{host.name}': the link probe did not start ({line.strip()[:200] or 'no output'})")
-    return Listener(stream, int(answer["port"]), str(answer["rendezvous"]))
+        raise
 
 
 def probe_links(session: Session, host: Host, targets: list[dict], df_size: int | None, bandwidth_s: float,
@@ -172,14 +161,9 @@ def probe_links(session: Session, host: Host, targets: list[dict], df_size: int 
     try:
         answers = result.last_json()
     except (ValueError, IndexError):
-        raise MeshrunError(f"host '{host.name}': the link probe failed ({result.stderr.strip()[-200:]})") from None
-    return tuple(
-        LinkResult(source=host.name, target=t["name"], address=t["address"], port=t["port"],
-                   state=PortState(a["state"]), rendezvous=bool(t.get("rendezvous")), connect_ms=a.get("connect_ms"),
-                   detail=a.get("detail", ""), df_size=None if "df_ok" not in a else df_size, df_ok=a.get("df_ok"),
-                   mbit_s=a.get("mbit_s"))
-        for t, a in zip(targets, answers)
-    )
+        why = said(result.stderr.strip()[-200:])
+        raise MeshrunError(f"host '{host.name}': the link probe failed ({why})") from None
+    return link_results(host.name, targets, answers, df_size)
 
 
 def rendezvous_facts(head: Host, port: int, listener: Listener) -> RendezvousFacts:

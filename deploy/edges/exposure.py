@@ -1,14 +1,18 @@
 """The exposure check, the edge: a bait listener on every address of each overlay host (the `canary`
 mode of deploy/host/links.py), and TCP connects to it from the controller on the host's other
-address. Verdicts in deploy/check/exposure.py. The bait accepts and closes, and exits when its
-stdin closes or after CANARY_LIFETIME_S."""
+addresses (its `ssh_address`, and the public ones it reports off its overlay interface). Verdicts
+in deploy/check/exposure.py. The bait accepts and closes, and exits when its stdin closes or
+after CANARY_LIFETIME_S."""
 
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
-from meshrun.deploy.check.exposure import ExposureResult, ExposureTarget, exposed_addresses, exposure_targets
+from meshrun.deploy.check.answers import canary_addresses, canary_ports
+from meshrun.deploy.check.exposure import (ExposureProbe, ExposureResult, ExposureTarget, exposure_targets, is_probed,
+                                           public_addresses)
 from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.edges.host_queries import parse_json_object
@@ -33,16 +37,21 @@ def _state(target: ExposureTarget) -> str:
         return "unreachable"
 
 
-def _probe_host(session: Session, host: Host, rdzv_port: int | None, local_python: str) -> tuple[ExposureResult, ...]:
+def _probe_host(session: Session, host: Host, rdzv_port: int | None, local_python: str) -> ExposureProbe:
+    """The bait on `host`, then every connect to it at once (each bounded by CONNECT_TIMEOUT_S)."""
     stream = session.start(probe_argv(python_of(host, local_python), "links", "canary",
                                       str(rdzv_port) if rdzv_port is not None else "-", str(CANARY_LIFETIME_S)))
     try:
         answer = parse_json_object(stream.readline().decode(errors="replace"))
         if answer is None or "ports" not in answer:
             raise MeshrunError(f"host '{host.name}': the exposure probe did not start")
-        ports = answer["ports"]
-        targets = exposure_targets(host, int(ports["ephemeral"]), ports.get("rendezvous"))
-        return tuple(ExposureResult(t, _state(t)) for t in targets)
+        ephemeral, rendezvous = canary_ports(host.name, answer, rdzv_port)
+        public = public_addresses(host, canary_addresses(host.name, answer))
+        targets = exposure_targets(host, ephemeral, rendezvous, public)
+        with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
+            states = tuple(pool.map(_state, targets))
+        busy = ((host.name, rdzv_port),) if rdzv_port is not None and rendezvous is None else ()
+        return ExposureProbe(tuple(map(ExposureResult, targets, states)), busy)
     finally:
         stream.close_stdin()
         if stream.wait(timeout=5) is None:
@@ -50,10 +59,12 @@ def _probe_host(session: Session, host: Host, rdzv_port: int | None, local_pytho
 
 
 def probe_exposure(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: Mapping[str, Session],
-                   local_python: str) -> tuple[ExposureResult, ...]:
-    """Each overlay host with a known off-overlay address, probed from here; hosts whose probe
-    could not start are left out (their SSH or Python failure is reported by the check itself)."""
-    able = tuple(h for h in hosts if h.name in sessions and exposed_addresses(h))
-    results = on_each(able, lambda h: _probe_host(sessions[h.name], h, rdzv_port if h.name == head.name else None,
-                                                  local_python), timeout=CANARY_LIFETIME_S + 30)
-    return tuple(r for h in able if h.name in results.ok for r in results.ok[h.name])
+                   local_python: str) -> ExposureProbe:
+    """Each overlay host the check reached, probed from here: its `ssh_address` and the public
+    addresses it reports. A host whose probe failed is named (its SSH failure is the check's own)."""
+    able = tuple(h for h in hosts if h.name in sessions and is_probed(h))
+    found = on_each(able, lambda h: _probe_host(sessions[h.name], h, rdzv_port if h.name == head.name else None,
+                                                local_python), timeout=CANARY_LIFETIME_S + 30)
+    probes = [found.ok[h.name] for h in able if h.name in found.ok]
+    return ExposureProbe(tuple(r for p in probes for r in p.results), tuple(b for p in probes for b in p.busy),
+                         tuple((name, str(err)) for name, err in found.failed.items()))

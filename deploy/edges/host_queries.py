@@ -6,9 +6,12 @@ Parsers are pure and tested on recorded output; `route_interface` is the one eff
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.run.answers import said
 from meshrun.deploy.edges.transport import Session
 
 
@@ -26,21 +29,39 @@ def link_show_argv(name: str) -> list[str]:
     return ["ip", "-j", "link", "show", "dev", name]
 
 
-def parse_route_dev(output: str) -> str | None:
-    """The `dev` of `ip -j route get` output, or None."""
+def _json(output: str) -> object:
     try:
-        routes = json.loads(output)
-    except ValueError:
+        return json.loads(output)
+    except (ValueError, RecursionError):
         return None
-    return routes[0].get("dev") if routes else None
+
+
+def interface_name(value: object) -> str | None:
+    """A Linux interface name as the kernel allows it (at most 15 characters, no space or slash), or
+    None: it goes into NCCL_SOCKET_IFNAME and into `ip link show dev NAME` on the host."""
+    if not (isinstance(value, str) and 0 < len(value) <= 15 and value.isprintable()):
+        return None
+    return None if any(c.isspace() or c == "/" for c in value) or value in (".", "..") else value
+
+
+def parse_route_dev(output: str) -> str | None:
+    """The `dev` of `ip -j route get` output, or None (none, or an answer of another shape)."""
+    routes = _json(output)
+    if not (isinstance(routes, list) and routes and isinstance(routes[0], dict)):
+        return None
+    return interface_name(routes[0].get("dev"))
+
+
+MTU_RANGE = (68, 65536)  # IPv4's minimum to the largest an interface reports (loopback)
 
 
 def parse_link_mtu(output: str) -> int | None:
-    try:
-        links = json.loads(output)
-    except ValueError:
+    links = _json(output)
+    if not (isinstance(links, list) and links and isinstance(links[0], dict)):
         return None
-    return int(links[0]["mtu"]) if links and "mtu" in links[0] else None
+    mtu = links[0].get("mtu")
+    ok = isinstance(mtu, int) and not isinstance(mtu, bool) and MTU_RANGE[0] <= mtu <= MTU_RANGE[1]
+    return mtu if ok else None
 
 
 def route_interface(session: Session, address: str) -> Interface:
@@ -48,8 +69,10 @@ def route_interface(session: Session, address: str) -> Interface:
     result = session.run(route_get_argv(address), timeout=10)
     name = parse_route_dev(result.stdout) if result.ok else None
     if name is None:
-        raise MeshrunError(f"host '{session.host.name}': no route to {address} "
-                           f"({result.stderr.strip() or 'ip route get gave nothing'}); check the host's network and its route to the peer")
+        why = (f"ip route get gave no interface: {shown(result.stdout.strip(), 120)}" if result.ok else
+               said((result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1], 200))
+        raise MeshrunError(f"host '{session.host.name}': no route to {address} ({why}); "
+                           "check the host's network and its route to the peer")
     link = session.run(link_show_argv(name), timeout=10)
     return Interface(name, parse_link_mtu(link.stdout) if link.ok else None)
 
@@ -63,6 +86,8 @@ def peer_address_for(host_name: str, rdzv_name: str, addresses: dict[str, str]) 
     return others[0] if others else None
 
 
+COUNT_RE = re.compile(r"[0-9]{1,9}")  # a GPU index or MiB
+GPU_NAME_CLIP = 80
 NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.used,memory.total", "--format=csv,noheader,nounits")
 
 
@@ -72,9 +97,9 @@ def parse_gpus(output: str) -> tuple[tuple[int, str, int, int], ...]:
     gpus = []
     for line in output.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4 or not (parts[0].isdigit() and parts[2].isdigit() and parts[3].isdigit()):
-            continue
-        gpus.append((int(parts[0]), parts[1], int(parts[2]), int(parts[3])))
+        if len(parts) != 4 or not all(COUNT_RE.fullmatch(parts[i]) for i in (0, 2, 3)):
+            continue  # `²`.isdigit() is true, but int() refuses it: ASCII digits only
+        gpus.append((int(parts[0]), parts[1][:GPU_NAME_CLIP], int(parts[2]), int(parts[3])))
     return tuple(gpus)
 
 
@@ -83,7 +108,7 @@ def parse_json_object(output: str) -> dict | None:
     for line in reversed(output.strip().splitlines()):
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(value, dict):
             return value

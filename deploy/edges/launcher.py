@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from meshrun.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STOP_GRACE_S
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.run.answers import remaining_pids, said
 from meshrun.deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.inventory.model import Host
@@ -333,8 +334,9 @@ class JobRunner:
         try:
             report = result.last_json()
         except (ValueError, IndexError):
-            raise MeshrunError(f"host '{host.name}': stop gave no report (rc {result.rc}): {result.stderr.strip()[-200:]}")
-        return tuple(report.get("remaining", ()))
+            raise MeshrunError(f"host '{host.name}': stop gave no report (rc {result.rc}): "
+                               f"{said(result.stderr.strip()[-200:])}") from None
+        return remaining_pids(host.name, report)
 
     def _live(self, name: str) -> _Live:
         return next(live for live in self.hosts if live.name == name)

@@ -46,7 +46,10 @@ def last_json_line(text: str) -> Any:
     lines = text.strip().splitlines()
     if not lines:
         raise ValueError("no output")
-    return json.loads(lines[-1])
+    try:
+        return json.loads(lines[-1])
+    except RecursionError:  # `[[[[…` from a host: data nested too deep to be an answer
+        raise ValueError("JSON nested too deep") from None
 
 
 class Stream(Protocol):

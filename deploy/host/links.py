@@ -114,21 +114,42 @@ def listen(address: str, rdzv_port: int | None, lifetime: float) -> None:
         sock.close()
 
 
+def _everywhere(port: int) -> socket.socket:
+    """A listener on every address, IPv6 too where the host has it: torch's store binds `::`
+    dual-stack, so an IPv4-only bait would read an exposed IPv6 address as closed."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=64)
+    return socket.create_server(("", port), backlog=64)
+
+
+def own_addresses() -> list[list[str]]:
+    """[interface, address] for each of the host's addresses (`ip -j addr`); none without iproute2.
+    The controller picks the public ones off the overlay to connect to."""
+    try:
+        done = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5)
+        links = json.loads(done.stdout) if done.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return []
+    return [[str(link.get("ifname")), str(a.get("local"))] for link in links if isinstance(link, dict)
+            for a in link.get("addr_info", []) if isinstance(a, dict) and a.get("local")]
+
+
 def canary(rdzv_port: int | None, lifetime: float) -> None:
     """The exposure check's bait: listen on EVERY address, as torch's store and an elastic run's
     extra store do, on an ephemeral port (and the rendezvous port if free); print
-    `{"ports": {"ephemeral": N, "rendezvous": N|null}}`; accept and close at once (no thread, no
-    data), until stdin closes or `lifetime` (at most MAX_LIFETIME_S) passes. Whoever connects
-    from outside the training path shows the host's firewall lets the real ones in too."""
-    sockets = [socket.create_server(("", 0), backlog=64)]
+    `{"ports": {"ephemeral": N, "rendezvous": N|null}, "addresses": [[ifname, address], ...]}`;
+    accept and close at once (no thread, no data), until stdin closes or `lifetime` (at most
+    MAX_LIFETIME_S) passes. Whoever connects from outside the training path shows the host's
+    firewall lets the real ones in too."""
+    sockets = [_everywhere(0)]
     ports: dict[str, int | None] = {"ephemeral": sockets[0].getsockname()[1], "rendezvous": None}
     if rdzv_port is not None:
         try:
-            sockets.append(socket.create_server(("", rdzv_port), backlog=64))
+            sockets.append(_everywhere(rdzv_port))
             ports["rendezvous"] = rdzv_port
         except OSError:
-            pass  # in use (a run?): the ephemeral bait still tells
-    print(json.dumps({"ports": ports}), flush=True)
+            pass  # in use (a run?): the ephemeral bait still tells, and the controller says so
+    print(json.dumps({"ports": ports, "addresses": own_addresses()}), flush=True)
     closed = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.buffer.read(), closed.set()), daemon=True).start()
     deadline = time.monotonic() + min(lifetime, MAX_LIFETIME_S)

@@ -15,11 +15,13 @@ import ipaddress
 from dataclasses import dataclass
 from enum import Enum
 
-from meshrun.deploy.errors import InputError
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.run.answers import MISSING, Answer, said
 
 CHAIN = "MESHRUN"
 TOOLS = ("iptables", "ip6tables")  # one per address family; nft-backed or legacy, whichever the host has
 WAIT = ("-w", "10")  # wait for the xtables lock instead of failing when another tool holds it
+OUTPUT_CLIP = 4000  # characters of one command's output: what deploy/host/firewall.py keeps of it
 
 
 class Action(str, Enum):
@@ -123,3 +125,28 @@ def steps_for(action: Action, spec: FirewallSpec | None) -> tuple[Step, ...]:
             raise ValueError("fab firewall up needs a spec")
         return up_steps(spec)
     return down_steps() if action is Action.DOWN else status_steps()
+
+
+@dataclass(frozen=True)
+class HostAnswer:
+    """What one host's firewall script did: the commands it ran (with output) and its notes."""
+
+    ran: tuple[tuple[str, ...], ...]
+    output: str
+    notes: tuple[str, ...]
+
+
+def host_answer(host: str, answer: object) -> HostAnswer:
+    """deploy/host/firewall.py's `{"results": [{"argv", "stdout", ...}], "error": str|null, "notes": [str]}`;
+    its `error` is the host's failure, quoted escaped and clipped."""
+    reader = Answer(host, "the firewall script")
+    answer = reader.mapping(answer)
+    error = reader.text(answer.get("error"), "error", optional=True, limit=None)
+    if error:
+        raise MeshrunError(f"host '{host}': {said(error)}")
+    ran, output = [], []
+    for i, result in enumerate(reader.array(answer.get("results", MISSING), "results")):
+        result = reader.mapping(result, f"results[{i}]")
+        ran.append(reader.texts(result.get("argv", MISSING), f"results[{i}].argv"))
+        output.append(reader.text(result.get("stdout", MISSING), f"results[{i}].stdout", limit=OUTPUT_CLIP))
+    return HostAnswer(tuple(ran), "".join(output), reader.texts(answer.get("notes", []), "notes"))

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from meshrun.deploy.run.outcome import JobOutcome
 from meshrun.deploy.run.membership import Change
 from meshrun.deploy.run.plan import LaunchPlan
+from meshrun.deploy.run.answers import is_int
+
+COUNTS = ("world_size", "restarts", "epochs_completed")  # result.json's counts (train/metrics.py)
+MAX_METRICS = 100  # of a result.json: the trainer writes a handful
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,29 @@ class RunSummary:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def trainer_result(text: str) -> dict[str, Any] | None:
+    """The trainer's result.json as a host gave it: its known fields that have the right type, the
+    others left out (their defaults stand); None when it is not a JSON object. The host wrote it, so it
+    is data: a wrong shape must not cost the run its summary."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    found: dict[str, Any] = {k: raw[k] for k in COUNTS if is_int(raw.get(k)) and 0 <= raw[k] < 2**31}
+    metrics = raw.get("metrics")
+    if isinstance(metrics, dict):
+        found["metrics"] = {k[:80]: float(v) for k, v in list(metrics.items())[:MAX_METRICS] if _finite(v)}
+    if _finite(raw.get("best_test_acc")):
+        found["best_test_acc"] = float(raw["best_test_acc"])
+    return found
 
 
 def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,

@@ -1,0 +1,108 @@
+"""A host's JSON answers, shape-checked, pure. A host is untrusted: whatever it prints is data. An
+answer of the wrong shape (a list for an object, text for a port, a state nobody defined, a field
+left out) is a one-line MeshrunError naming the host, what answered and what was wrong, never a
+TypeError deep in the controller; the fan-out makes it that host's failure.
+
+    host 'h1': the link probe gave an unexpected answer: [0].state is 'pwned'; expected one of open, …
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.shown import shown
+
+MISSING: Any = object()  # a field the answer left out
+SAID_CLIP = 240  # characters of a message a host wrote in its answer (its `error`)
+PORTS = "a port number (1-65535)"
+
+
+def said(text: str, limit: int = SAID_CLIP) -> str:
+    """A message written by a host, quoted in ours: control characters escaped, clipped."""
+    text = text if text.isprintable() else repr(text)[1:-1]
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+class Answer:
+    """Reads one host's answer field by field; `host`: its name, `what`: what answered."""
+
+    def __init__(self, host: str, what: str) -> None:
+        self.host, self.what = host, what
+
+    def error(self, why: str) -> MeshrunError:
+        return MeshrunError(f"host '{self.host}': {self.what} gave an unexpected answer: {why}")
+
+    def bad(self, field: str, value: object, expected: str) -> MeshrunError:
+        return self.error(f"{field} is {'missing' if value is MISSING else shown(value)}; expected {expected}")
+
+    def mapping(self, value: object, field: str = "the answer") -> dict:
+        if not isinstance(value, dict):
+            raise self.bad(field, value, "a JSON object" if field == "the answer" else "an object")
+        return value
+
+    def array(self, value: object, field: str = "the answer") -> list:
+        if not isinstance(value, list):
+            raise self.bad(field, value, "a list")
+        return value
+
+    def port(self, value: object, field: str) -> int:
+        if not (is_int(value) and 1 <= value <= 65535):
+            raise self.bad(field, value, PORTS)
+        return value
+
+    def text(self, value: object, field: str, optional: bool = False, limit: int | None = SAID_CLIP) -> str | None:
+        if optional and value in (None, MISSING):
+            return None
+        if not isinstance(value, str):
+            raise self.bad(field, value, "text or null" if optional else "text")
+        return value if limit is None else value[:limit]
+
+    def texts(self, value: object, field: str) -> tuple[str, ...]:
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise self.bad(field, value, "a list of text")
+        return tuple(value)
+
+    def number(self, value: object, field: str) -> float | None:
+        """A finite number >= 0, or None for null or a field left out."""
+        if value in (None, MISSING):
+            return None
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and value >= 0):
+            raise self.bad(field, value, "a number >= 0 or null")
+        return value
+
+    def flag(self, value: object, field: str) -> bool | None:
+        if value is MISSING or value is None or isinstance(value, bool):
+            return None if value is MISSING else value
+        raise self.bad(field, value, "true, false or null")
+
+    def choice(self, value: object, field: str, choices: Iterable[str]) -> str:
+        allowed = tuple(choices)
+        if value not in allowed or not isinstance(value, str):
+            raise self.bad(field, value, f"one of {', '.join(allowed)}")
+        return value
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def remaining_pids(host: str, answer: object) -> tuple[int, ...]:
+    """The process ids an agent's `stop` says are still alive (deploy/host/agent.py prints them)."""
+    reader = Answer(host, "the agent's stop")
+    remaining = reader.mapping(answer).get("remaining", MISSING)
+    if not (isinstance(remaining, list) and all(is_int(p) and 0 < p < 2**31 for p in remaining)):
+        raise reader.bad("remaining", remaining, "a list of process ids")
+    return tuple(remaining)
+
+
+def detached_record(host: str, answer: object) -> dict:
+    """A detached agent's start: the run record it wrote, or its `error`."""
+    record = Answer(host, "the agent's detached start").mapping(answer)
+    if "error" in record:
+        error = record["error"]
+        raise MeshrunError(f"host '{host}': detached start failed: "
+                           f"{said(error) if isinstance(error, str) else shown(error)}")
+    return record
