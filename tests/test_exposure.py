@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from meshrun.deploy.check.exposure import (FIX, ExposureProbe, ExposureResult, ExposureTarget, busy_rendezvous, exposure_findings,
-                                           exposure_targets, public_addresses)
+                                           exposure_targets, is_probed, public_addresses)
 from meshrun.deploy.check.findings import fail, warn
 from meshrun.deploy.inventory.model import Host, Network
 from tests.fabrun import fab
@@ -51,6 +51,25 @@ def test_public_addresses_off_the_overlay_interface_are_targets_too() -> None:
         ExposureTarget("gpu1", "203.0.113.7", 41234, EPHEMERAL), ExposureTarget("gpu1", "8.8.4.4", 41234, EPHEMERAL),
         ExposureTarget("gpu1", "2001:4860::8", 41234, EPHEMERAL))
     assert exposure_targets(host(Network.LAN, None), 41234, None, ("8.8.4.4",)) == ()
+
+
+def test_on_a_public_network_every_address_is_tried_and_an_answer_warns() -> None:
+    gpu1 = host(Network.PUBLIC, "198.51.100.4")
+    assert exposure_targets(gpu1, 41234, None, ("8.8.4.4",)) == tuple(
+        ExposureTarget("gpu1", a, 41234, EPHEMERAL, overlay=False) for a in ("10.147.17.5", "198.51.100.4", "8.8.4.4"))
+    assert (is_probed(gpu1), is_probed(gpu1, controller_is_member=True)) == (True, False)
+    assert (is_probed(host(Network.LAN, None)), is_probed(host(Network.WIREGUARD, None), True)) == (False, True)
+    target = ExposureTarget("gpu1", "198.51.100.4", 41234, EPHEMERAL, overlay=False)
+    assert exposure_findings(ExposureProbe((ExposureResult(target, "open"),))) == [warn("gpu1", (
+        f"198.51.100.4:41234 ({EPHEMERAL}) answers this controller, which is not one of the hosts: with "
+        "`network: public` anyone on the internet can reach torch's unauthenticated store and gloo the same way; "
+        f"{FIX}"))]
+
+
+def test_the_controller_knows_its_own_addresses() -> None:
+    from meshrun.deploy.edges.exposure import _is_own
+
+    assert (_is_own("127.0.0.1"), _is_own("192.0.2.55"), _is_own("gpu1.example")) == (True, False, False)
 
 
 def test_a_host_cannot_make_the_controller_scan_many_addresses() -> None:
@@ -115,3 +134,27 @@ def test_store_and_ephemeral_ports_answering_off_the_overlay_fail_until_fab_fire
         finally:
             down = fab("firewall", "down", "--inventory", str(wg_inventory), "--hosts", "h1,h2")
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def public_warnings(inventory: Path) -> list[tuple[str, str]]:
+    done = fab("check-network", "--json", "--inventory", str(inventory), "--hosts", "h1,h2", timeout=300)
+    return sorted((f["where"], f["message"].split(" ", 1)[0]) for f in json.loads(done.stdout)["findings"]
+                  if f["level"] == "WARN" and "answers this controller" in f["message"])
+
+
+@pytest.mark.cluster
+def test_on_a_public_network_a_stranger_reaching_the_store_is_warned_until_fab_firewall_up(testbed,
+                                                                                            make_inventory) -> None:
+    """`network: public` has no private path: the controller (not a host) stands for the internet."""
+    inventory = make_inventory(defaults_overrides={"network": "public"})
+    found = public_warnings(inventory)
+    assert [(w, a.rsplit(":", 1)[0]) for w, a in found] == [("h1", "10.77.0.11"), ("h1", "10.77.0.11"),
+                                                             ("h2", "10.77.0.12")], found
+    assert sum(a.endswith(":29400") for _, a in found) == 1
+    try:
+        up = fab("firewall", "up", "--inventory", str(inventory), "--hosts", "h1,h2")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert public_warnings(inventory) == []
+    finally:
+        down = fab("firewall", "down", "--inventory", str(inventory), "--hosts", "h1,h2")
+    assert down.returncode == 0, down.stdout + down.stderr

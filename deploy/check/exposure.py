@@ -6,6 +6,11 @@ only the overlay should reach them. From the controller, which is not on the ove
 path, the check connects to each host's other addresses (its `ssh_address`, and the public
 addresses the host reports off its overlay interface) on the rendezvous port and on an ephemeral
 port where a bait listens on every address: any answer FAILs.
+
+On `network: public` the training addresses are public themselves, so there is no private path:
+the controller, when it is not one of the hosts, stands for any stranger on the internet. It tries
+each host's `address` (and the others above) the same way; an answer is a WARN, since an open
+port there is what `fab firewall up` is for, not a broken overlay.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ FIX = "close it: fab firewall up (docs/security.md#the-network-is-the-boundary-e
 @dataclass(frozen=True)
 class ExposureTarget:
     host: str
-    address: str  # an address of the host off the overlay
+    address: str  # an address of the host off the overlay (on `network: public`: any of its addresses)
     port: int
     what: str  # which listener the port stands for, for the message
+    overlay: bool = True  # the host is on an overlay: an answer FAILs (else, `network: public`, WARNs)
 
 
 @dataclass(frozen=True)
@@ -36,16 +42,21 @@ class ExposureResult:
     state: str  # "open", "refused", "timeout", "unreachable", "error"
 
 
-def is_probed(host: Host) -> bool:
-    """Only an overlay host has a path its stores should be closed to; a local one has no SSH."""
-    return host.network in OVERLAYS and not host.is_local
+def is_probed(host: Host, controller_is_member: bool = False) -> bool:
+    """An overlay host has a path its stores should be closed to; a public one is probed from a
+    controller that is not itself a member (a member is let in, rightly). A local one has no SSH."""
+    if host.is_local:
+        return False
+    return host.network in OVERLAYS or (host.network is Network.PUBLIC and not controller_is_member)
 
 
 def exposed_addresses(host: Host) -> tuple[str, ...]:
-    """The host's address off the overlay that the inventory names: its `ssh_address`."""
-    if not is_probed(host) or not host.ssh_address or host.ssh_address == host.address:
-        return ()
-    return (host.ssh_address,)
+    """The host's addresses that the inventory names and a stranger could use: on an overlay its
+    `ssh_address` (when it is not the overlay address); on `network: public` its address too."""
+    names = (host.address,) if host.network is Network.PUBLIC else ()
+    if host.ssh_address and host.ssh_address != host.address:
+        names += (host.ssh_address,)
+    return names
 
 
 MAX_PUBLIC_ADDRESSES = 4  # the host names them: it must not turn the controller into its port scanner
@@ -68,11 +79,11 @@ def public_addresses(host: Host, reported: tuple[tuple[str, str], ...]) -> tuple
 
 def exposure_targets(host: Host, ephemeral: int, rendezvous: int | None,
                      public: tuple[str, ...] = ()) -> tuple[ExposureTarget, ...]:
-    if not is_probed(host):
+    if host.network not in (*OVERLAYS, Network.PUBLIC) or host.is_local:
         return ()
     ports = ([(rendezvous, "the rendezvous store's port")] if rendezvous is not None else []) + [
         (ephemeral, "an ephemeral port (gloo, an elastic run's extra store)")]
-    return tuple(ExposureTarget(host.name, address, port, what)
+    return tuple(ExposureTarget(host.name, address, port, what, host.network in OVERLAYS)
                  for address in (*exposed_addresses(host), *public) for port, what in ports)
 
 
@@ -92,11 +103,18 @@ class ExposureProbe:
     unprobed: tuple[tuple[str, str], ...] = ()
 
 
+def _answer(target: ExposureTarget) -> Finding:
+    if target.overlay:
+        return fail(target.host, f"{target.address}:{target.port} ({target.what}) answers off the overlay: torch's "
+                                 "store and gloo are unauthenticated, whoever reaches them can join or poison the job; "
+                                 f"{FIX}")
+    return warn(target.host, f"{target.address}:{target.port} ({target.what}) answers this controller, which is not "
+                             "one of the hosts: with `network: public` anyone on the internet can reach torch's "
+                             f"unauthenticated store and gloo the same way; {FIX}")
+
+
 def exposure_findings(probe: ExposureProbe) -> list[Finding]:
-    return [*(fail(r.target.host, f"{r.target.address}:{r.target.port} ({r.target.what}) answers off the overlay: "
-                                  "torch's store and gloo are unauthenticated, whoever reaches them can join or "
-                                  f"poison the job; {FIX}")
-              for r in probe.results if r.state == "open"),
+    return [*(_answer(r.target) for r in probe.results if r.state == "open"),
             *(busy_rendezvous(host, port) for host, port in probe.busy),
             *(warn(host, f"the exposure check could not run: {why}") for host, why in probe.unprobed)]
 

@@ -37,6 +37,18 @@ def _state(target: ExposureTarget) -> str:
         return "unreachable"
 
 
+def _is_own(address: str) -> bool:
+    """Whether `address` is one of this machine's: then the controller is a member host, and its
+    connects would be let in by any firewall that lets the members in."""
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((address, 0))
+        return True
+    except (OSError, ValueError):  # not ours, or a name rather than an address
+        return False
+
+
 def _probe_host(session: Session, host: Host, rdzv_port: int | None, local_python: str) -> ExposureProbe:
     """The bait on `host`, then every connect to it at once (each bounded by CONNECT_TIMEOUT_S)."""
     stream = session.start(probe_argv(python_of(host, local_python), "links", "canary",
@@ -60,9 +72,11 @@ def _probe_host(session: Session, host: Host, rdzv_port: int | None, local_pytho
 
 def probe_exposure(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: Mapping[str, Session],
                    local_python: str) -> ExposureProbe:
-    """Each overlay host the check reached, probed from here: its `ssh_address` and the public
+    """Each overlay host the check reached (and each `network: public` one, unless this controller is
+    itself a host), probed from here: its `ssh_address` (public: its address too) and the public
     addresses it reports. A host whose probe failed is named (its SSH failure is the check's own)."""
-    able = tuple(h for h in hosts if h.name in sessions and is_probed(h))
+    member = any(_is_own(h.address) for h in hosts)
+    able = tuple(h for h in hosts if h.name in sessions and is_probed(h, member))
     found = on_each(able, lambda h: _probe_host(sessions[h.name], h, rdzv_port if h.name == head.name else None,
                                                 local_python), timeout=CANARY_LIFETIME_S + 30)
     probes = [found.ok[h.name] for h in able if h.name in found.ok]
