@@ -118,6 +118,18 @@ def public_address_on_h2(testbed) -> Iterator[None]:
         testbed.exec(2, ["ip", "addr", "del", f"{PUBLIC}/32", "dev", "eth0"], check=False)
 
 
+@contextmanager
+def firewall_up(inventory: Path) -> Iterator[None]:
+    """`fab firewall up` on h1 and h2 for the block; `down` after it, whatever happens, and it must work."""
+    try:
+        up = fab("firewall", "up", "--inventory", str(inventory), "--hosts", "h1,h2")
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield
+    finally:
+        down = fab("firewall", "down", "--inventory", str(inventory), "--hosts", "h1,h2")
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
 @pytest.mark.cluster
 def test_store_and_ephemeral_ports_answering_off_the_overlay_fail_until_fab_firewall_up(testbed_wg,
                                                                                           wg_inventory: Path) -> None:
@@ -127,13 +139,8 @@ def test_store_and_ephemeral_ports_answering_off_the_overlay_fail_until_fab_fire
         assert where == [("h1", "10.77.0.11", False), ("h1", "10.77.0.11", True), ("h2", "10.77.0.12", False),
                          ("h2", PUBLIC, False)], found
         assert all(m.endswith(FIX) for _, m in found)
-        try:
-            up = fab("firewall", "up", "--inventory", str(wg_inventory), "--hosts", "h1,h2")
-            assert up.returncode == 0, up.stdout + up.stderr
+        with firewall_up(wg_inventory):
             assert exposure_failures(wg_inventory) == []
-        finally:
-            down = fab("firewall", "down", "--inventory", str(wg_inventory), "--hosts", "h1,h2")
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def public_warnings(inventory: Path) -> list[tuple[str, str]]:
@@ -151,10 +158,5 @@ def test_on_a_public_network_a_stranger_reaching_the_store_is_warned_until_fab_f
     assert [(w, a.rsplit(":", 1)[0]) for w, a in found] == [("h1", "10.77.0.11"), ("h1", "10.77.0.11"),
                                                              ("h2", "10.77.0.12")], found
     assert sum(a.endswith(":29400") for _, a in found) == 1
-    try:
-        up = fab("firewall", "up", "--inventory", str(inventory), "--hosts", "h1,h2")
-        assert up.returncode == 0, up.stdout + up.stderr
+    with firewall_up(inventory):
         assert public_warnings(inventory) == []
-    finally:
-        down = fab("firewall", "down", "--inventory", str(inventory), "--hosts", "h1,h2")
-    assert down.returncode == 0, down.stdout + down.stderr
