@@ -14,7 +14,7 @@ import pytest
 
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.run.firewall import (Action, FirewallSpec, Step, down_steps, member_addresses, parse_action,
-                                 status_steps, up_steps)
+                                 ssh_ports, status_steps, up_steps)
 from tests.fabrun import FabProcess, fab
 from tests.testbed import network
 from tests.testbed.layout import Host
@@ -26,7 +26,7 @@ HOST_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "host" / "firewal
 
 
 def test_up_plan_is_exact_for_both_families() -> None:
-    spec = FirewallSpec(2222, "wg0", ("10.78.0.11", "fd00::2"))
+    spec = FirewallSpec((2222, 22), "wg0", ("10.78.0.11", "fd00::2"))
     v4, v6 = (tuple(s for s in up_steps(spec) if s.argv[0] == tool) for tool in ("iptables", "ip6tables"))
     chain = ("iptables", *W, "-A", "MESHRUN")
     assert v4 == (
@@ -35,12 +35,28 @@ def test_up_plan_is_exact_for_both_families() -> None:
         Step((*chain, "-i", "lo", "-j", "RETURN")),
         Step((*chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")),
         Step((*chain, "-p", "tcp", "--dport", "2222", "-j", "RETURN")),
+        Step((*chain, "-p", "tcp", "--dport", "22", "-j", "RETURN")),
         Step((*chain, "-i", "wg0", "-s", "10.78.0.11", "-j", "RETURN")),
         Step((*chain, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")),
         Step(("iptables", *W, "-I", "INPUT", "1", "-j", "MESHRUN"), unless=("iptables", *W, "-C", "INPUT", "-j", "MESHRUN")),
     )
     assert ("ip6tables", *W, "-A", "MESHRUN", "-i", "wg0", "-s", "fd00::2", "-j", "RETURN") in [s.argv for s in v6]
     assert not any("10.78.0.11" in s.argv for s in v6)
+
+
+@pytest.mark.parametrize("dialled,ssh_connection,ports", [
+    (40022, "203.0.113.9 51234 10.0.0.5 22", (40022, 22)),  # a provider's port forward: sshd saw 22
+    (22, "203.0.113.9 51234 10.0.0.5 22\n", (22,)),
+    (2222, "fd00::9 51234 fd00::5 2222", (2222,)),
+    (22, "", (22,)),  # no variable (sshd always sets it, but the host says what it says)
+    (22, "a b c 99999", (22,)),
+    (22, "a b c ²", (22,)),
+    (22, "a b c 0", (22,)),
+    (22, "a b c 2200 extra", (22,)),
+])
+def test_ssh_is_let_in_on_the_port_dialled_and_the_port_sshd_answered_on(dialled: int, ssh_connection: str,
+                                                                        ports: tuple[int, ...]) -> None:
+    assert ssh_ports(dialled, ssh_connection) == ports
 
 
 def test_down_and_status_plans_are_exact() -> None:
@@ -175,3 +191,26 @@ def test_a_non_member_reaches_no_store_or_gloo_port_while_members_train(testbed_
     for i in (1, 2):
         assert chain(testbed_wg, i) == ""
         assert "MESHRUN" not in testbed_wg.exec(i, ["iptables", "-S"]).stdout
+
+
+@pytest.mark.cluster
+def test_behind_a_port_forward_new_ssh_connections_still_get_in(testbed, make_inventory) -> None:
+    """The controller dials h1:40022, which h1's own nat table forwards to sshd's 22 (a rented box
+    behind its provider's port forward). The filter sees port 22: the chain must let in both the
+    port dialled and the one sshd answered on, or every later `fab` locks itself out."""
+    inventory = make_inventory(hosts=["h1"], host_overrides={"h1": {"port": 40022}})
+    forward = ["-t", "nat", "PREROUTING", "-p", "tcp", "--dport", "40022", "-j", "REDIRECT", "--to-ports", "22"]
+    testbed.exec(1, ["iptables", forward[0], forward[1], "-A", *forward[2:]])
+    inv = ("--inventory", str(inventory), "--hosts", "h1")
+    try:
+        up = fab("firewall", "up", *inv)
+        assert up.returncode == 0, up.stdout + up.stderr
+        rules = chain(testbed, 1)
+        assert "--dport 40022 -j RETURN" in rules and "--dport 22 -j RETURN" in rules, rules
+        status = fab("firewall", "status", *inv)  # a new SSH connection, through the forward and the chain
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        down = fab("firewall", "down", *inv)
+        testbed.exec(1, ["iptables", forward[0], forward[1], "-D", *forward[2:]], check=False)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert chain(testbed, 1) == ""

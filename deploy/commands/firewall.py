@@ -25,7 +25,7 @@ from meshrun.deploy.inventory.selection import Selection, select_hosts
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.firewall import (Action, FirewallSpec, HostAnswer, Step, host_answer, member_addresses,
-                                          parse_action, steps_for)
+                                          parse_action, ssh_ports, steps_for)
 from meshrun.deploy.run.plan import python_of
 
 HOST_LIMIT_S = 120  # a few dozen iptables calls, each bounded on the host
@@ -38,11 +38,13 @@ class FirewallRequest:
     hosts: str | None
 
 
-def specs_for(selection: Selection, interfaces: Mapping[str, str]) -> dict[str, FirewallSpec]:
+def specs_for(selection: Selection, interfaces: Mapping[str, str],
+              ssh_connections: Mapping[str, str]) -> dict[str, FirewallSpec]:
     """Every selected host allows the same members: the selection's training addresses."""
     members = member_addresses(tuple(h.address for h in selection.hosts))
     # A host alone has no peer to route to: its members are itself, reached on lo (already allowed).
-    return {h.name: FirewallSpec(resolve(h).target.port, interfaces.get(h.name, "lo"), members)
+    return {h.name: FirewallSpec(ssh_ports(resolve(h).target.port, ssh_connections.get(h.name, "")),
+                                 interfaces.get(h.name, "lo"), members)
             for h in selection.hosts}
 
 
@@ -62,9 +64,12 @@ def apply(action: Action, selection: Selection, sessions: Mapping[str, Session])
     remote = tuple(h for h in selection.hosts if not h.is_local)
     if len(remote) != len(selection.hosts):
         raise InputError("fab firewall: a local host is this machine; meshrun does not change its firewall")
-    # The route lookups run in the workdir, which a host may not have yet (before `fab sync`).
-    on_each(remote, lambda h: sessions[h.name].run(["true"], create_workdir=True, timeout=30)).require_all()
-    specs = specs_for(selection, training_interfaces(remote, selection.head, sessions)) if action is Action.UP else {}
+    # The route lookups run in the workdir, which a host may not have yet (before `fab sync`); the same
+    # command reads the port sshd took this very connection on.
+    connections = on_each(remote, lambda h: sessions[h.name].run(["printenv", "SSH_CONNECTION"], create_workdir=True,
+                                                                 timeout=30).stdout[:200]).require_all()
+    specs = (specs_for(selection, training_interfaces(remote, selection.head, sessions), connections)
+             if action is Action.UP else {})
     results = on_each(remote, lambda h: _on_host(sessions[h.name], h, steps_for(action, specs.get(h.name))),
                       timeout=HOST_LIMIT_S + 10)
     return results.require_all()

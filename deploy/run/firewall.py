@@ -41,11 +41,23 @@ class Step:
 
 @dataclass(frozen=True)
 class FirewallSpec:
-    """What one host's chain allows: SSH on `ssh_port`, and `members` (IP literals) on `interface`."""
+    """What one host's chain allows: SSH on `ssh_ports`, and `members` (IP literals) on `interface`."""
 
-    ssh_port: int
+    ssh_ports: tuple[int, ...]  # the port the controller dials and the one sshd took the call on
     interface: str
     members: tuple[str, ...]
+
+
+def ssh_ports(dialled: int, ssh_connection: str) -> tuple[int, ...]:
+    """The port the controller dials, and the port sshd answered on as the host's `SSH_CONNECTION`
+    (`client_ip client_port server_ip server_port`) says: behind a provider's port forward
+    (40022 → 22) they differ, and only the second is what the host's firewall sees. The host wrote
+    that variable: anything but a plain port is ignored (it can only lock out its own SSH)."""
+    fields = ssh_connection.split()
+    inside = fields[3] if len(fields) == 4 else ""
+    if inside.isascii() and inside.isdigit() and 0 < int(inside) < 65536 and int(inside) != dialled:
+        return (dialled, int(inside))
+    return (dialled,)
 
 
 def parse_action(text: str) -> Action:
@@ -78,7 +90,7 @@ def _chain_rules(tool: str, spec: FirewallSpec) -> tuple[Step, ...]:
     return (
         Step((*append, "-i", "lo", "-j", "RETURN")),
         Step((*append, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")),
-        Step((*append, "-p", "tcp", "--dport", str(spec.ssh_port), "-j", "RETURN")),
+        *(Step((*append, "-p", "tcp", "--dport", str(port), "-j", "RETURN")) for port in spec.ssh_ports),
         *members,
         Step((*append, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")),
     )
