@@ -112,7 +112,7 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DE
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
     request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None, int(timeout),
-                           detach, skip_checks, no_sync, resume or None, comm or None)
+                           detach, skip_checks, no_sync, resume or None, comm or None, firewall)
     where = _project(project, runs_dir)
     if not firewall:
         _exit(main(request, where))

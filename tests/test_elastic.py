@@ -117,17 +117,30 @@ def _on_host(pid: int, host: str) -> bool:
     return f"MESHRUN_HOST={host}".encode() in env
 
 
+def firewall_chain(testbed, i: int) -> str:
+    return testbed.exec(i, ["iptables", "-S", "MESHRUN"], check=False).stdout
+
+
 def test_c_a_joining_host_grows_the_world(testbed, inventory: Path) -> None:
-    run = FabProcess("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "2:3", "--",
-                     *TRAIN)
+    """Behind `--firewall` too: the members' chains let the joiner in before it starts (else they
+    would reset its connections), and every chain, the joiner's included, is gone at the end."""
+    run = FabProcess("train", "--firewall", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "2:3",
+                     "--", *TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
+        assert "-s 10.77.0.13/32" not in firewall_chain(testbed, 1)
         joined = fab("join", "--run", run_id, "--hosts", "h3", timeout=200)
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert "started on h3" in joined.stdout
+        assert all("-s 10.77.0.13/32" in firewall_chain(testbed, i) for i in (1, 2, 3))
         assert run.finish(timeout=400) == 0, run.output[-3000:]
     finally:
         run.close()
+        leftovers = {i: firewall_chain(testbed, i) for i in (1, 2, 3)}
+        for i in (i for i, chain in leftovers.items() if chain):  # the next tests need open hosts
+            testbed.exec(i, ["sh", "-c", "iptables -D INPUT -j MESHRUN; iptables -F MESHRUN; iptables -X MESHRUN"],
+                         check=False)
+    assert leftovers == {1: "", 2: "", 3: ""}, "a host kept meshrun's chain"
     summary = summary_of(run_id)
     assert ("joined", "h3") in [(e["event"], e["host"]) for e in summary["timeline"]]
     assert summary["status"] == "succeeded" and summary["world_size"] == 3

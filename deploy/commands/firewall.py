@@ -8,19 +8,21 @@ deploy/host/firewall.py, shipped as `python -c` so it works before `fab sync`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from meshrun.deploy.edges.check_probes import probe_argv
+from meshrun.deploy.edges.check_probes import open_sessions, probe_argv
 from meshrun.deploy.edges.fanout import on_each
-from meshrun.deploy.edges.sessions import sessions_to, training_interfaces
+from meshrun.deploy.edges.sessions import close_all, sessions_to, training_interfaces
 from meshrun.deploy.edges.sshtarget import resolve
-from meshrun.deploy.edges.transport import Session, last_json_line
+from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, last_json_line
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
 from meshrun.deploy.project import Project
-from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.edges.records import all_records
+from meshrun.deploy.inventory.model import Host, Inventory, Rendezvous
 from meshrun.deploy.inventory.selection import Selection, select_hosts
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.answers import said
@@ -60,10 +62,11 @@ def _on_host(session: Session, host: Host, steps: tuple[Step, ...]) -> HostAnswe
 
 
 def apply(action: Action, selection: Selection, sessions: Mapping[str, Session]) -> dict[str, HostAnswer]:
-    """Run `action` on every selected host; raises one line naming every host that failed."""
-    remote = tuple(h for h in selection.hosts if not h.is_local)
-    if len(remote) != len(selection.hosts):
+    """Run `action` on every selected host that has a session (all of them, for `fab firewall`; the
+    members are the whole selection either way); raises one line naming every host that failed."""
+    if any(h.is_local for h in selection.hosts):
         raise InputError("fab firewall: a local host is this machine; meshrun does not change its firewall")
+    remote = tuple(h for h in selection.hosts if h.name in sessions)
     # The route lookups run in the workdir, which a host may not have yet (before `fab sync`); the same
     # command reads the port sshd took this very connection on.
     connections = on_each(remote, lambda h: sessions[h.name].run(["printenv", "SSH_CONNECTION"], create_workdir=True,
@@ -100,8 +103,9 @@ def firewall(request: FirewallRequest, renderer: Renderer, project: Project) -> 
 
 
 def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Callable[[], int], project: Project) -> int:
-    """`fab train --firewall`: the firewall up before the launch and down after it, whatever happens.
-    A detached run outlives this process, so it cannot be bracketed: refused, one line."""
+    """`fab train --firewall`: the firewall up before the launch and down after it, whatever happens,
+    on the selected hosts and on any that joined the run meanwhile (its record, written by this
+    process, lists them). A detached run outlives this process, so it cannot be bracketed: refused."""
     if detach:
         raise InputError("--firewall brackets an attached run; for a detached one: fab firewall up, then "
                          "fab train --detach, and fab firewall down when it has ended")
@@ -110,7 +114,24 @@ def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Call
         firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, project)
         return run()
     finally:
-        firewall(FirewallRequest(Action.DOWN.value, inventory, hosts), renderer, project)
+        joined = [n for r in all_records(project.runs) if r.controller_pid == os.getpid() for n in r.hosts]
+        everyone = ",".join(dict.fromkeys([*(hosts.split(",") if hosts else []), *joined])) or hosts
+        firewall(FirewallRequest(Action.DOWN.value, inventory, everyone), renderer, project)
+
+
+def admit(inventory: Inventory, members: tuple[str, ...], head: str, project: Project, renderer: Renderer) -> None:
+    """A host joins a --firewall run: every member's chain (the joiner's too) is refilled with the
+    members including it, before it starts, or the others would reset its connections."""
+    hosts = tuple(inventory.host(name) for name in members)
+    selection = Selection(hosts, Rendezvous(head, inventory.rendezvous.port))
+    # A member that left or died is not asked (it runs nothing of the run); the joiner must answer.
+    sessions, unreachable = open_sessions(hosts, inventory, project.root, DEFAULT_CONNECT_TIMEOUT_S)
+    try:
+        if members[-1] in unreachable:
+            raise unreachable[members[-1]]
+        report(Action.UP, apply(Action.UP, selection, sessions), renderer)
+    finally:
+        close_all(sessions)
 
 
 def main(request: FirewallRequest, project: Project) -> int:

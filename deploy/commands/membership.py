@@ -20,6 +20,7 @@ from pathlib import Path
 
 from meshrun.deploy.edges.sessions import training_interfaces
 from meshrun.deploy.project import Project
+from meshrun.deploy.commands.firewall import admit
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.launcher import JobRunner, run_detached_agent
@@ -64,6 +65,8 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
     members = tuple(inventory.host(h) for h in record.hosts)
     joiner = select_hosts(inventory, name).hosts[0]
     head = next(h for h in members if f"{h.address}:" in record.rdzv_endpoint)
+    if record.firewall:  # the joiner last: it must answer
+        admit(inventory, (*(h for h in record.hosts if h != name), name), head.name, project, renderer)
     session = connect(joiner, inventory.known_hosts, project.root)
     sync_code((joiner,), inventory, project.root, renderer)
     sessions = {joiner.name: session}

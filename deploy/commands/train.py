@@ -49,6 +49,7 @@ class TrainRequest:
     no_sync: bool = False
     resume: str | None = None  # an earlier run id: same run directory, fresh rendezvous
     comm: str | None = None  # a comm hook, or "auto" (deploy/commands/comm.py)
+    firewall: bool = False  # bracketed by `fab firewall` (deploy/commands/firewall.around_run)
 
 
 def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest:
@@ -201,7 +202,7 @@ def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...]
     record = RunRecord(options.run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(),
                        request.detach, plan.rdzv_endpoint, options.rendezvous_id,
                        (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(options.workload),
-                       request.pg_timeout_s, None if request.detach else os.getpid())
+                       request.pg_timeout_s, None if request.detach else os.getpid(), request.firewall)
     record.save(project.runs)
     return record
 

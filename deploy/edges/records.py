@@ -29,6 +29,7 @@ class RunRecord:
     workload: dict = field(default_factory=dict)  # plan.Workload fields: script, config, args
     pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S
     controller_pid: int | None = None  # the attached `fab train` that watches this run
+    firewall: bool = False  # started with --firewall: a joining host is let in by the members' chains
 
     def save(self, runs: Path) -> Path:
         path = runs / self.run_id / LAUNCH_RECORD
@@ -52,7 +53,7 @@ def load_record(runs: Path, run_id: str) -> RunRecord:
     return RunRecord(data["run_id"], data["inventory"], tuple(data["hosts"]), data["started"], data["detached"],
                      data["rdzv_endpoint"], data.get("rdzv_id", data["run_id"]),
                      tuple(elastic) if elastic else None, data.get("workload", {}), data.get("pg_timeout_s", DEFAULT_PG_TIMEOUT_S),
-                     data.get("controller_pid"))
+                     data.get("controller_pid"), data.get("firewall") is True)
 
 
 def all_records(runs: Path) -> list[RunRecord]:
