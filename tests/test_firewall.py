@@ -5,7 +5,10 @@ fourth namespace that is not a member plays the attacker on the bridge, against 
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +17,7 @@ import pytest
 
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.run.firewall import (Action, FirewallSpec, Step, down_steps, member_addresses, parse_action,
-                                 ssh_ports, status_steps, up_steps)
+                                         plans_for, ssh_ports, status_steps, up_steps)
 from tests.fabrun import FabProcess, fab
 from tests.testbed import network
 from tests.testbed.layout import Host
@@ -93,7 +96,7 @@ def test_unknown_action_is_one_line_and_exit_2(inventory: Path) -> None:
 def test_without_root_or_sudo_the_host_script_says_so_in_one_line(testbed) -> None:
     """The host script as `nobody` (the test bed has no sudo): nothing runs, one line, exit 3."""
     done = testbed.exec(1, ["env", "-C", "/", "setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups",
-                            "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(), "[]"], check=False)
+                            "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(), '{"iptables": []}'], check=False)
     assert done.returncode == 3, done.stdout + done.stderr
     answer = json.loads(done.stdout)
     assert answer["results"] == [] and answer["error"] == (
@@ -214,3 +217,72 @@ def test_behind_a_port_forward_new_ssh_connections_still_get_in(testbed, make_in
         testbed.exec(1, ["iptables", forward[0], forward[1], "-D", *forward[2:]], check=False)
     assert down.returncode == 0, down.stdout + down.stderr
     assert chain(testbed, 1) == ""
+
+
+def test_the_nft_plan_is_the_same_policy_in_meshruns_own_table() -> None:
+    spec = FirewallSpec((22,), "wg0", ("10.78.0.11", "fd00::2"))
+    rule = ("nft", "add", "rule", "inet", "meshrun", "input")
+    assert plans_for(Action.UP, spec)["nft"] == (
+        Step(("nft", "add", "table", "inet", "meshrun")),
+        Step(("nft", "delete", "table", "inet", "meshrun")),
+        Step(("nft", "add", "table", "inet", "meshrun")),
+        Step(("nft", "add", "chain", "inet", "meshrun", "input", "{", "type", "filter", "hook", "input", "priority", "0",
+              ";", "policy", "accept", ";", "}")),
+        Step((*rule, "iifname", '"lo"', "accept")),
+        Step((*rule, "ct", "state", "established,related", "accept")),
+        Step((*rule, "tcp", "dport", "22", "accept")),
+        Step((*rule, "iifname", '"wg0"', "ip", "saddr", "10.78.0.11", "accept")),
+        Step((*rule, "iifname", '"wg0"', "ip6", "saddr", "fd00::2", "accept")),
+        Step((*rule, "meta", "l4proto", "tcp", "reject", "with", "tcp", "reset")),
+    )
+    listed = ("nft", "list", "table", "inet", "meshrun")
+    assert plans_for(Action.DOWN, None)["nft"] == (Step(("nft", "delete", "table", "inet", "meshrun"), only_if=listed),)
+    assert plans_for(Action.STATUS, None)["nft"] == (Step(listed, only_if=listed),)
+    assert plans_for(Action.UP, spec)["iptables"] == up_steps(spec)
+
+
+CONNECT_ONE = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()"
+
+
+@pytest.mark.cluster
+def test_a_host_with_nft_and_no_iptables_command_gets_the_same_policy(testbed, tmp_path: Path) -> None:
+    """Debian 12 ships nft, not iptables: the host script runs the nft plan when `iptables` is not on
+    its PATH. A member (h2) gets in; this controller, a non-member, is reset; SSH stays open."""
+    h1, h2 = testbed.host(1).address, testbed.host(2).address
+    only_nft = tmp_path / "bin"
+    only_nft.mkdir()
+    (only_nft / "nft").symlink_to(shutil.which("nft"))
+
+    def host_script(action: Action, spec: FirewallSpec | None) -> dict:
+        plans = {b: [{"argv": s.argv, "only_if": s.only_if, "unless": s.unless} for s in steps]
+                 for b, steps in plans_for(action, spec).items()}
+        done = testbed.exec(1, ["env", f"PATH={only_nft}", "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(),
+                                json.dumps(plans)], check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    listener = testbed.popen(1, ["/usr/bin/python3", "-c", LISTEN_ANY])
+    spec = FirewallSpec((22,), "eth0", (h1, h2))
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # open before: the listener answers this controller once it is up
+            try:
+                socket.create_connection((h1, CONTROL_PORT), timeout=3).close()
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "the listener on h1 never came up"
+                time.sleep(0.2)
+        first = host_script(Action.UP, spec)
+        assert [r["argv"][0] for r in first["results"]] == ["nft"] * 10, first
+        listing = host_script(Action.STATUS, None)["results"][0]["stdout"]
+        assert host_script(Action.UP, spec) and host_script(Action.STATUS, None)["results"][0]["stdout"] == listing
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((h1, CONTROL_PORT), timeout=3)
+        assert testbed.exec(2, ["/usr/bin/python3", "-c", CONNECT_ONE, h1, str(CONTROL_PORT)], check=False).returncode == 0
+        assert subprocess.run(testbed.ssh_argv(1, "true"), capture_output=True, timeout=30).returncode == 0
+    finally:
+        down = host_script(Action.DOWN, None)
+        listener.kill()
+        listener.wait()
+    assert [r["argv"][:3] for r in down["results"]] == [["nft", "delete", "table"]]
+    assert testbed.exec(1, ["nft", "list", "table", "inet", "meshrun"], check=False).returncode != 0

@@ -166,13 +166,13 @@ FIREWALL = "host 'h1': the firewall script gave an unexpected answer: "
     (DEEP, "host 'h1': the firewall script failed: exit status 0"),
 ])
 def test_firewall_script_answers(answer: str, message: str) -> None:
-    assert failure(lambda: firewall._on_host(FakeSession(answer), host(), ())) == message
+    assert failure(lambda: firewall._on_host(FakeSession(answer), host(), {})) == message
 
 
 def test_a_sound_firewall_answer() -> None:
     answer = ('{"results": [{"argv": ["iptables", "-S"], "rc": 0, "stdout": "-N MESHRUN\\n", "stderr": ""}], '
               '"error": null, "notes": ["ip6tables not found"]}')
-    found = firewall._on_host(FakeSession(answer), host(), ())
+    found = firewall._on_host(FakeSession(answer), host(), {})
     assert (found.ran, found.output, found.notes) == ((("iptables", "-S"),), "-N MESHRUN\n", ("ip6tables not found",))
 
 

@@ -27,7 +27,7 @@ from meshrun.deploy.inventory.selection import Selection, select_hosts
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.firewall import (Action, FirewallSpec, HostAnswer, Step, host_answer, member_addresses,
-                                          parse_action, ssh_ports, steps_for)
+                                          parse_action, plans_for, ssh_ports)
 from meshrun.deploy.run.plan import python_of
 
 HOST_LIMIT_S = 120  # a few dozen iptables calls, each bounded on the host
@@ -50,8 +50,9 @@ def specs_for(selection: Selection, interfaces: Mapping[str, str],
             for h in selection.hosts}
 
 
-def _on_host(session: Session, host: Host, steps: tuple[Step, ...]) -> HostAnswer:
-    payload = json.dumps([{"argv": s.argv, "only_if": s.only_if, "unless": s.unless} for s in steps])
+def _on_host(session: Session, host: Host, plans: Mapping[str, tuple[Step, ...]]) -> HostAnswer:
+    payload = json.dumps({backend: [{"argv": s.argv, "only_if": s.only_if, "unless": s.unless} for s in steps]
+                          for backend, steps in plans.items()})
     result = session.run(probe_argv(python_of(host, sys.executable), "firewall", payload), timeout=HOST_LIMIT_S)
     try:
         answer = last_json_line(result.stdout)
@@ -73,7 +74,7 @@ def apply(action: Action, selection: Selection, sessions: Mapping[str, Session])
                                                                  timeout=30).stdout[:200]).require_all()
     specs = (specs_for(selection, training_interfaces(remote, selection.head, sessions), connections)
              if action is Action.UP else {})
-    results = on_each(remote, lambda h: _on_host(sessions[h.name], h, steps_for(action, specs.get(h.name))),
+    results = on_each(remote, lambda h: _on_host(sessions[h.name], h, plans_for(action, specs.get(h.name))),
                       timeout=HOST_LIMIT_S + 10)
     return results.require_all()
 
@@ -85,7 +86,9 @@ def report(action: Action, answers: Mapping[str, HostAnswer], renderer: Renderer
         if action is Action.STATUS:
             rules = [ln for ln in answer.output.splitlines() if ln.strip()]
             jumps = sum(1 for argv in answer.ran if "-C" in argv)
+            nft = any(argv[:1] == ("nft",) for argv in answer.ran)
             renderer.info(f"{name}: " + ("no meshrun firewall" if not rules else
+                                         f"nft table inet meshrun, {len(rules)} line(s)" if nft else
                                          f"{len(rules)} rule line(s), INPUT jumps to it in {jumps} famil(ies)"))
             for line in rules:
                 renderer.info(f"  {line}")

@@ -1,9 +1,11 @@
-"""Host side of `fab firewall`; stdlib only, run as `python -c <this file> STEPS_JSON`.
+"""Host side of `fab firewall`; stdlib only, run as `python -c <this file> PLANS_JSON`.
 
-The rules are planned on the controller (deploy/run/firewall.py); this runs them in order, each
-step only when its `only_if` probe succeeds or its `unless` probe fails, as root, or through
-`sudo -n` when not root. Prints one JSON object: {"results": [...], "error": str|null, "notes": [...]}.
-With neither root nor passwordless sudo it runs nothing and says so (exit status 3).
+The rules are planned on the controller (deploy/run/firewall.py), one plan per backend:
+`{"iptables": [steps], "nft": [steps]}`. This picks the backend the host has (the iptables
+command, nft-backed or legacy; else nft) and runs its steps in order, each only when its
+`only_if` probe succeeds or its `unless` probe fails, as root, or through `sudo -n` when not root.
+Prints one JSON object: {"results": [...], "error": str|null, "notes": [...]}. With neither root
+nor passwordless sudo it runs nothing and says so (exit status 3).
 """
 
 from __future__ import annotations
@@ -40,12 +42,14 @@ def _run(prefix: list[str], argv: list[str]) -> dict:
         return {"rc": 127, "stdout": "", "stderr": str(err)}
 
 
+def backend(plans: dict) -> str | None:
+    """The iptables command when the host has it (what the rules were first written for), else nft."""
+    return next((name for name in ("iptables", "nft") if name in plans and shutil.which(name)), None)
+
+
 def run_steps(steps: list[dict], prefix: list[str]) -> dict:
     notes: list[str] = []
     missing = sorted({s["argv"][0] for s in steps if shutil.which(s["argv"][0]) is None})
-    if "iptables" in missing:
-        return {"results": [], "error": "iptables not found: install it (Debian: apt-get install iptables)",
-                "notes": notes}
     notes += [f"{tool} not found: that address family is not filtered" for tool in missing]
     results: list[dict] = []
     for step in steps:
@@ -64,7 +68,13 @@ def run_steps(steps: list[dict], prefix: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    steps = json.loads(argv[0])
+    plans = json.loads(argv[0])
+    chosen = backend(plans)
+    if chosen is None:
+        print(json.dumps({"results": [], "notes": [], "error": "neither iptables nor nft found: install one "
+                                                               "(Debian: apt-get install nftables)"}))
+        return 1
+    steps = plans[chosen]
     prefix = privilege_prefix()
     if prefix is None:
         print(json.dumps({"results": [], "notes": [], "error":

@@ -139,6 +139,60 @@ def steps_for(action: Action, spec: FirewallSpec | None) -> tuple[Step, ...]:
     return down_steps() if action is Action.DOWN else status_steps()
 
 
+# nftables, for a host with no iptables command (Debian 12's default): the same policy in meshrun's own
+# table `inet meshrun` (both families at once). An `accept` ends only this table's chain, as RETURN ends
+# meshrun's iptables chain: the host's own rules still apply after it.
+
+NFT_TABLE = ("inet", "meshrun")
+NFT_CHAIN = "input"
+
+
+def _nft_table(verb: str) -> tuple[str, ...]:
+    return ("nft", verb, "table", *NFT_TABLE)
+
+
+def _nft_rule(*words: str) -> tuple[str, ...]:
+    return ("nft", "add", "rule", *NFT_TABLE, NFT_CHAIN, *words)
+
+
+def nft_up_steps(spec: FirewallSpec) -> tuple[Step, ...]:
+    """nft's `up`: the table deleted and re-created (`add` first, so the delete never fails)."""
+    # The interface name is quoted for nft's parser; names were checked when read from the host.
+    iface = f'"{spec.interface}"'
+    members = tuple(Step(_nft_rule("iifname", iface, "ip" if ipaddress.ip_address(m).version == 4 else "ip6",
+                                   "saddr", m, "accept")) for m in spec.members)
+    return (
+        Step(_nft_table("add")), Step(_nft_table("delete")), Step(_nft_table("add")),
+        Step(("nft", "add", "chain", *NFT_TABLE, NFT_CHAIN, "{", "type", "filter", "hook", "input", "priority", "0",
+              ";", "policy", "accept", ";", "}")),
+        Step(_nft_rule("iifname", '"lo"', "accept")),
+        Step(_nft_rule("ct", "state", "established,related", "accept")),
+        *(Step(_nft_rule("tcp", "dport", str(port), "accept")) for port in spec.ssh_ports),
+        *members,
+        Step(_nft_rule("meta", "l4proto", "tcp", "reject", "with", "tcp", "reset")),
+    )
+
+
+def nft_down_steps() -> tuple[Step, ...]:
+    return (Step(_nft_table("delete"), only_if=_nft_table("list")),)
+
+
+def nft_status_steps() -> tuple[Step, ...]:
+    return (Step(_nft_table("list"), only_if=_nft_table("list")),)
+
+
+def plans_for(action: Action, spec: FirewallSpec | None) -> dict[str, tuple[Step, ...]]:
+    """Both backends' plans; the host runs the one it has: `iptables` (and ip6tables, nft-backed or
+    legacy) when the command exists, else `nft`."""
+    if action is Action.UP:
+        if spec is None:
+            raise ValueError("fab firewall up needs a spec")
+        nft = nft_up_steps(spec)
+    else:
+        nft = nft_down_steps() if action is Action.DOWN else nft_status_steps()
+    return {"iptables": steps_for(action, spec), "nft": nft}
+
+
 @dataclass(frozen=True)
 class HostAnswer:
     """What one host's firewall script did: the commands it ran (with output) and its notes."""
