@@ -47,3 +47,22 @@ def test_a_host_can_only_ask_for_files_the_manifest_lists() -> None:
     manifest = {"a/1.bin": "00" * 32, "b.bin": "11" * 32}
     answer = ["b.bin", "../../.ssh/id_ed25519", "/etc/shadow", "\x1b[2Jx", 7, None, ["a/1.bin"], "b.bin", "a/1.bin"]
     assert listed_only(answer, manifest) == ("b.bin", "a/1.bin")
+
+
+def test_the_inventory_in_use_its_known_hosts_and_every_identity_stay_home(tmp_path) -> None:
+    """From the inventory to the file list rsync gets (deploy/commands/sync.code_files), in a real git
+    project: files whose names say nothing private are left out because the inventory uses them."""
+    import subprocess
+
+    from meshrun.deploy.commands.sync import code_files
+    from meshrun.deploy.inventory.load import load_inventory
+
+    for name, text in {"train.py": "print()\n", "keys/rented": "PRIVATE KEY\n", "conf/pins": "",
+                       "conf/cluster.yaml": f"hosts:\n  gpu1: {{address: 10.0.0.1, identity: {tmp_path}/keys/rented}}\n"
+                                            f"known_hosts: {tmp_path}/conf/pins\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "train.py", "keys/rented"], cwd=tmp_path, check=True)  # tracked or not
+    inventory = load_inventory(tmp_path / "conf" / "cluster.yaml")
+    assert code_files(inventory, tmp_path).split(b"\0") == [b"train.py", b""]
