@@ -11,12 +11,12 @@ a root, as `zerotier-cli peers` shows it.
 from __future__ import annotations
 
 import ipaddress
-import json
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Mapping
 
 from meshrun.deploy.check.findings import Finding, fail, warn
+from meshrun.deploy.run.answers import MISSING, from_json
 
 CLI = "zerotier-cli"
 SUBCOMMANDS = ("info", "listnetworks", "peers")
@@ -82,10 +82,10 @@ def cli_failure(cli: str, subcommand: str, output: str) -> str:
 
 
 def _load(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        raise ValueError(f"`zerotier-cli -j {what}` printed no JSON: {text.strip()[:120]!r}") from None
+    value = from_json(text)
+    if value is MISSING:
+        raise ValueError(f"`zerotier-cli -j {what}` printed no JSON: {text.strip()[:120]!r}")
+    return value
 
 
 def parse_info(text: str) -> tuple[str | None, NodeState, str | None]:

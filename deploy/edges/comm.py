@@ -22,6 +22,7 @@ from meshrun.deploy.edges.sessions import reachable_results
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.check_probes import gather_facts, probe_pairs
 from meshrun.deploy.inventory.selection import Selection
+from meshrun.deploy.run.answers import from_json
 from meshrun.deploy.run.plan import LaunchPlan, Workload
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.transport import Session, last_json_line
@@ -135,10 +136,7 @@ def last_comm_record(text: str) -> dict | None:
     be cut short (a host killed mid-write) or crafted: such a line is skipped, never fatal."""
     found = None
     for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
+        row = from_json(line)
         comm_s = row.get("comm_s") if isinstance(row, dict) and row.get("kind") == "comm" else None
         if isinstance(comm_s, (int, float)) and not isinstance(comm_s, bool) and math.isfinite(comm_s) and comm_s >= 0:
             found = row

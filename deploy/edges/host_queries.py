@@ -5,13 +5,12 @@ Parsers are pure and tested on recorded output; `route_interface` is the one eff
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.shown import shown
-from meshrun.deploy.run.answers import said
+from meshrun.deploy.run.answers import from_json, said
 from meshrun.deploy.edges.transport import Session
 
 
@@ -29,13 +28,6 @@ def link_show_argv(name: str) -> list[str]:
     return ["ip", "-j", "link", "show", "dev", name]
 
 
-def _json(output: str) -> object:
-    try:
-        return json.loads(output)
-    except (ValueError, RecursionError):
-        return None
-
-
 def interface_name(value: object) -> str | None:
     """A Linux interface name as the kernel allows it (at most 15 characters, no space or slash), or
     None: it goes into NCCL_SOCKET_IFNAME and into `ip link show dev NAME` on the host."""
@@ -46,7 +38,7 @@ def interface_name(value: object) -> str | None:
 
 def parse_route_dev(output: str) -> str | None:
     """The `dev` of `ip -j route get` output, or None (none, or an answer of another shape)."""
-    routes = _json(output)
+    routes = from_json(output)
     if not (isinstance(routes, list) and routes and isinstance(routes[0], dict)):
         return None
     return interface_name(routes[0].get("dev"))
@@ -56,7 +48,7 @@ MTU_RANGE = (68, 65536)  # IPv4's minimum to the largest an interface reports (l
 
 
 def parse_link_mtu(output: str) -> int | None:
-    links = _json(output)
+    links = from_json(output)
     if not (isinstance(links, list) and links and isinstance(links[0], dict)):
         return None
     mtu = links[0].get("mtu")
@@ -106,10 +98,7 @@ def parse_gpus(output: str) -> tuple[tuple[int, str, int, int], ...]:
 def parse_json_object(output: str) -> dict | None:
     """The last line of `output` that is a JSON object (a probe's answer after any warnings)."""
     for line in reversed(output.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
+        value = from_json(line)
         if isinstance(value, dict):
             return value
     return None

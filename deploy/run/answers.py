@@ -8,6 +8,7 @@ TypeError deep in the controller; the fan-out makes it that host's failure.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Iterable
 
@@ -83,6 +84,15 @@ class Answer:
         if value not in allowed or not isinstance(value, str):
             raise self.bad(field, value, f"one of {', '.join(allowed)}")
         return value
+
+
+def from_json(text: str) -> Any:
+    """The JSON value `text` holds, or MISSING when it holds none: not JSON, or `[[[[…` nested past
+    Python's recursion limit (json.loads raises RecursionError there, not ValueError)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return MISSING
 
 
 def is_int(value: object) -> bool:

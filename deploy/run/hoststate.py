@@ -4,8 +4,9 @@ never an exception (docs/security.md, "What hosts print")."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from meshrun.deploy.run.answers import MISSING, from_json
 
 STATES = ("running", "exited", "stopped", "lost")  # what a sound agent reports
 DETAIL_CLIP = 120
@@ -41,9 +42,8 @@ def _text(value: object) -> str | None:
 def parse_status(run_id: str, host: str, stdout: str) -> HostState:
     """The report for `run_id` in the agent's answer (a JSON list of reports)."""
     unknown = lambda why: HostState(run_id, host, "unknown", detail=why)  # noqa: E731
-    try:
-        reports = json.loads(stdout or "[]")
-    except (ValueError, RecursionError):
+    reports = from_json(stdout or "[]")
+    if reports is MISSING:
         return unknown(f"the agent's answer is not JSON: {stdout.strip()[:60]!r}")
     if not isinstance(reports, list):
         return unknown("the agent's answer is not a list of reports")

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from meshrun.deploy.run.outcome import JobOutcome
 from meshrun.deploy.run.membership import Change
 from meshrun.deploy.run.plan import LaunchPlan
-from meshrun.deploy.run.answers import is_int
+from meshrun.deploy.run.answers import from_json, is_int
 
 COUNTS = ("world_size", "restarts", "epochs_completed")  # result.json's counts (train/metrics.py)
 MAX_METRICS = 100  # of a result.json: the trainer writes a handful
@@ -48,10 +48,7 @@ def trainer_result(text: str) -> dict[str, Any] | None:
     """The trainer's result.json as a host gave it: its known fields that have the right type, the
     others left out (their defaults stand); None when it is not a JSON object. The host wrote it, so it
     is data: a wrong shape must not cost the run its summary."""
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
+    raw = from_json(text)
     if not isinstance(raw, dict):
         return None
     found: dict[str, Any] = {k: raw[k] for k in COUNTS if is_int(raw.get(k)) and 0 <= raw[k] < 2**31}
