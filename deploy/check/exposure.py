@@ -79,7 +79,7 @@ def public_addresses(host: Host, reported: tuple[tuple[str, str], ...]) -> tuple
 
 def exposure_targets(host: Host, ephemeral: int, rendezvous: int | None,
                      public: tuple[str, ...] = ()) -> tuple[ExposureTarget, ...]:
-    if host.network not in (*OVERLAYS, Network.PUBLIC) or host.is_local:
+    if not is_probed(host):
         return ()
     ports = ([(rendezvous, "the rendezvous store's port")] if rendezvous is not None else []) + [
         (ephemeral, "an ephemeral port (gloo, an elastic run's extra store)")]
