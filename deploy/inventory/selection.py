@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.fields import gpu_index_problem
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
-from meshrun.deploy.inventory.shown import clip, listing, one_line, shown, with_path
+from meshrun.deploy.inventory.shown import clip, listing, shown, with_path
 
 # ASCII digits only: str.isdigit() takes '²', which int() refuses; at most 4000 digits, as int() refuses 4300.
 WHOLE_RE = re.compile(r"-?[0-9]{1,4000}")
@@ -75,7 +75,7 @@ def parse_hosts_flag(value: str) -> tuple[HostSpec, ...]:
     if pending_gpus is not None:
         specs.append(_spec(pending_name, pending_gpus))
     if not specs:
-        raise InputError(one_line(f"--hosts {shown(value)}: no host named; pass e.g. --hosts gpu1,gpu2"))
+        raise InputError(f"--hosts {shown(value)}: no host named; pass e.g. --hosts gpu1,gpu2")
     return tuple(specs)
 
 
@@ -84,7 +84,7 @@ def _spec(name: str, raw: list[str]) -> HostSpec:
     values: list[object] = [item if number is None else number for item, number in zip(raw, numbers)]
     problem = gpu_index_problem(values)
     if problem is not None:
-        raise InputError(one_line(f"--hosts: host {shown(name)}: {problem[0]}; {problem[1]}"))
+        raise InputError(f"--hosts: host {shown(name)}: {problem[0]}; {problem[1]}")
     return HostSpec(name, tuple(values))  # type: ignore[arg-type]
 
 
