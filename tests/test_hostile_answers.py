@@ -309,7 +309,7 @@ def test_fab_stop_answers(answer: str, message: str, monkeypatch: pytest.MonkeyP
     def sessions_to(*_args: object) -> Iterator[dict[str, FakeSession]]:
         yield {"h1": FakeSession(answer)}
 
-    monkeypatch.setattr(agents, "run_hosts", lambda _record: ((host(),), None))
+    monkeypatch.setattr(agents, "run_hosts", lambda _record, _root: ((host(),), None))
     monkeypatch.setattr(agents, "sessions_to", sessions_to)
     results = agents.stop_hosts(SimpleNamespace(run_id="r1"), Path("."), ("h1",))
     assert str(results.failed.get("h1")) == message

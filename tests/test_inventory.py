@@ -71,7 +71,7 @@ def test_full_example_loads_into_exact_objects(tmp_path: Path) -> None:
     )
     assert dict(inv.groups) == {"lab": ("gpu1", "gpu2")}
     assert inv.rendezvous == Rendezvous("gpu1", 29400)
-    assert inv.known_hosts == Path("inventory/known_hosts")
+    assert inv.known_hosts == tmp_path / "inventory" / "known_hosts"  # beside the inventory, not in the cwd
     assert inv.elastic == ElasticBounds(2, 3)
     assert [h.nproc_per_node for h in inv.hosts] == [2, 1, 2]
     assert inv.host("gpu1").ssh_host == "203.0.113.7" and inv.host("gpu2").ssh_host == "10.147.17.12"

@@ -43,7 +43,7 @@ class CheckRequest:
 
 def check_network(request: CheckRequest, renderer: Renderer, project: Project) -> int:
     started = time.monotonic()
-    inventory = load_inventory(inventory_path(request.inventory, project.root))
+    inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     network = head.network.value

@@ -21,7 +21,7 @@ INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) fo
 
 def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer) -> list[FetchReport]:
     """Fetch every host of the run in parallel, then assemble the newest checkpoints."""
-    inventory = load_inventory(Path(record.inventory))
+    inventory = load_inventory(Path(record.inventory), root)
     hosts = tuple(inventory.host(name) for name in record.hosts)
     home = dest / record.run_id
 

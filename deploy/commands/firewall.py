@@ -98,7 +98,7 @@ def report(action: Action, answers: Mapping[str, HostAnswer], renderer: Renderer
 
 def firewall(request: FirewallRequest, renderer: Renderer, project: Project) -> int:
     action = parse_action(request.action)
-    inventory = load_inventory(inventory_path(request.inventory, project.root))
+    inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
     with sessions_to(selection.hosts, inventory, project.root) as sessions:
         report(action, apply(action, selection, sessions), renderer)

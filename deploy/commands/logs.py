@@ -18,7 +18,7 @@ from meshrun.deploy.render.console import Renderer
 
 def show_logs(record: RunRecord, root: Path, renderer: Renderer, follow: bool, lines: int) -> None:
     """Each host's train.log (the last `lines`), prefixed; with `follow`, until Ctrl-C."""
-    hosts, inventory = run_hosts(record)
+    hosts, inventory = run_hosts(record, root)
     with sessions_to(hosts, inventory, root) as sessions:
         if not follow:
             for host in hosts:

@@ -164,7 +164,7 @@ class RequestPoller:
 def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[str], renderer: Renderer) -> list[str]:
     """Carry out `fab join|leave` for each host; returns one message per host."""
     options_of(record)  # refuses non-elastic runs up front
-    inventory = load_inventory(Path(record.inventory))
+    inventory = load_inventory(Path(record.inventory), project.root)
     for name in hosts:
         select_hosts(inventory, name)  # unknown hosts get the usual one-line error
     if controller_alive(record):

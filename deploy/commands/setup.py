@@ -117,7 +117,7 @@ def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rende
 def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site: str | None, project: Project) -> None:
     """`fab setup`: set up each selected remote host, then say what to put in the inventory."""
     root = project.root
-    inv = load_inventory(inventory_path(inventory_arg, root))
+    inv = load_inventory(inventory_path(inventory_arg, root), root)
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
     for host in (h for h in selected if h.is_local):

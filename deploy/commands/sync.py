@@ -51,7 +51,7 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
     """`fab sync [--data SRC:DEST]`: the code and the dataset, side by side when they cannot touch
     the same files (a no-op resync then costs the longer of the two, not their sum)."""
     root = project.root
-    inv = load_inventory(inventory_path(inventory_arg, root))
+    inv = load_inventory(inventory_path(inventory_arg, root), root)
     spec = parse_data_flag(data) if data else None
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()

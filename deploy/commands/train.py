@@ -154,7 +154,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     request = _with_project_paths(_with_resumed_defaults(request, project), project)
     if request.comm:
         comm_cmd.parse_comm(request.comm, request.workload)
-    inventory = load_inventory(inventory_path(request.inventory, project.root))
+    inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     elastic = parse_nnodes(request.nnodes, inventory, len(hosts))

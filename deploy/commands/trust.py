@@ -90,7 +90,7 @@ def changed_error(offer: KeyOffer, path: Path) -> MeshrunError:
 
 def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm: Callable[[str], bool],
           project_root: Path) -> int:
-    inventory = load_inventory(inventory_path(request.inventory, project_root))
+    inventory = load_inventory(inventory_path(request.inventory, project_root), project_root)
     hosts = tuple(h for h in select_hosts(inventory, request.hosts).hosts if not h.is_local)
     path = inventory.known_hosts or USER_KNOWN_HOSTS.expanduser()
     results = on_each(hosts, lambda h: offers_for(h, inventory.known_hosts, request.timeout),

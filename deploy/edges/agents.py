@@ -19,8 +19,8 @@ from meshrun.deploy.run.hoststate import HostState, parse_status
 from meshrun.deploy.run.plan import agent_verb_argv
 
 
-def run_hosts(record: RunRecord) -> tuple[tuple[Host, ...], Inventory]:
-    inventory = load_inventory(Path(record.inventory))
+def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventory]:
+    inventory = load_inventory(Path(record.inventory), root)
     known = {h.name: h for h in inventory.hosts}
     missing = [h for h in record.hosts if h not in known]
     if missing:
@@ -30,7 +30,7 @@ def run_hosts(record: RunRecord) -> tuple[tuple[Host, ...], Inventory]:
 
 def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
     """Every host's view of the run; an unreachable host is a state, not an error."""
-    hosts, inventory = run_hosts(record)
+    hosts, inventory = run_hosts(record, root)
 
     def ask(host: Host) -> HostState:
         session = connect(host, inventory.known_hosts, root, timeout)
@@ -54,7 +54,7 @@ def stop_run(record: RunRecord, root: Path) -> HostResults[tuple[int, ...]]:
 
 def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostResults[tuple[int, ...]]:
     """Stop the run on the named hosts of the run."""
-    hosts, inventory = run_hosts(record)
+    hosts, inventory = run_hosts(record, root)
     hosts = tuple(h for h in hosts if h.name in names)
 
     def stop(host: Host, sessions: dict[str, Session]) -> tuple[int, ...]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Callable, Mapping
 
@@ -73,13 +72,9 @@ def path_text(node: yaml.Node, at: Where) -> str:
 
 
 def identity(node: yaml.Node, at: Where) -> str:
-    """A private key file on this machine (relative paths from where fab runs, as ssh and rsync read them)."""
-    value = path_text(node, at)
-    found = os.path.expanduser(value)
-    if not os.path.isfile(found):
-        problem = "is not a file" if os.path.exists(found) else "does not exist"
-        raise at.fail(f"key file {shown(value)} {problem}", "create the key (ssh-keygen) or correct the path")
-    return value
+    """A private key file on this machine, as written; the loader finds it and checks it is a file
+    (`deploy/inventory/localpaths.key_file`: a relative one is beside the inventory, never in the cwd)."""
+    return path_text(node, at)
 
 
 USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")

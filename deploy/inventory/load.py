@@ -14,7 +14,7 @@ from typing import Mapping
 import yaml
 
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.inventory import fields
+from meshrun.deploy.inventory import fields, localpaths
 from meshrun.deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
                                      Rendezvous)
 from meshrun.deploy.inventory.shown import clip, listing, shown, with_path
@@ -58,8 +58,10 @@ def inventory_path(cli_value: str | None, project_root: Path, env: Mapping[str, 
                                project_root / PROJECT_INVENTORIES[0], ' (README, "Inventory") or pass --inventory FILE'))
 
 
-def load_inventory(path: Path) -> Inventory:
-    """Parse and validate `path`. Raises InputError (exit 2) with a one-line message."""
+def load_inventory(path: Path, project: Path | None = None) -> Inventory:
+    """Parse and validate `path`. Raises InputError (exit 2) with a one-line message. `project`: the
+    project root, where a relative `known_hosts`/`identity` is looked for when it is not beside the
+    inventory, and which a local host's relative `workdir` must stay inside (`deploy/inventory/localpaths.py`)."""
     root = compose_file(path)
     where = Where(path, 1)
     if root is None:
@@ -74,26 +76,32 @@ def load_inventory(path: Path) -> Inventory:
 
     defaults = dict(BUILTIN_DEFAULTS)
     if "defaults" in sections:
-        defaults.update(_read_fields(sections["defaults"][1], where, None, DEFAULT_KEYS, "defaults"))
+        defaults.update(_read_fields(sections["defaults"][1], where, None, DEFAULT_KEYS, "defaults", project))
         _check_gpus_or_nproc(defaults, where.at(sections["defaults"][1], field="nproc"))
-    hosts = _read_hosts(sections["hosts"][1], where, defaults)
+    hosts = _read_hosts(sections["hosts"][1], where, defaults, project)
+    if project is not None:
+        _check_local_workdirs(hosts, sections, where, project)
     names = tuple(h.name for h in hosts)
     groups = _read_groups(sections["groups"][1], where, names) if "groups" in sections else {}
     rdzv = _read_rendezvous(sections["rendezvous"][1], where, names) if "rendezvous" in sections else Rendezvous(None)
     known_hosts = None
     if "known_hosts" in sections:
-        known_hosts = Path(fields.path_text(sections["known_hosts"][1], where.at(sections["known_hosts"][0], field="known_hosts")))
+        text = fields.path_text(sections["known_hosts"][1], where.at(sections["known_hosts"][0], field="known_hosts"))
+        known_hosts = localpaths.controller_file(text, path, project)
     elastic = _read_elastic(sections["elastic"][1], where) if "elastic" in sections else None
     return Inventory(path, hosts, MappingProxyType(groups), rdzv, known_hosts, elastic)
 
 
-def _read_fields(node: yaml.Node, where: Where, host: str | None, allowed: tuple[str, ...], what: str) -> dict[str, object]:
+def _read_fields(node: yaml.Node, where: Where, host: str | None, allowed: tuple[str, ...], what: str,
+                 project: Path | None) -> dict[str, object]:
     values: dict[str, object] = {}
     for key, key_node, value_node in mapping_items(node, where.at(node, host=host), what):
         at = where.at(key_node, host=host, field=key)
         if key not in allowed:
             raise unknown_key(key, allowed, where.at(key_node, host=host), what if host is None else "")
         values[key] = fields.FIELD_READERS[key](value_node, at)
+        if key == "identity":
+            values[key] = localpaths.key_file(str(values[key]), at, project)
     return values
 
 
@@ -103,13 +111,15 @@ def _check_gpus_or_nproc(values: Mapping[str, object], at: Where) -> None:
                       "use `gpus` on a GPU host (one process per GPU) or `nproc` on a CPU host, not both")
 
 
-def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object]) -> tuple[Host, ...]:
+def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object],
+                project: Path | None) -> tuple[Host, ...]:
     hosts: list[Host] = []
     addresses: dict[str, str] = {}
     for name, key_node, value_node in mapping_items(node, where.at(node), "hosts"):
         at = where.at(key_node, host=name)
         fields.check_name(name, at, "host")
-        own = _read_fields(value_node, where, name, HOST_KEYS, f"host '{name}'") if not _is_null(value_node) else {}
+        own = ({} if _is_null(value_node) else
+               _read_fields(value_node, where, name, HOST_KEYS, f"host '{name}'", project))
         if "address" not in own:
             raise at.fail("no `address`", "add `address: <overlay, LAN or public IP>` (or `address: local`)")
         _check_gpus_or_nproc(own, at)
@@ -127,6 +137,20 @@ def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object]) -
     if not hosts:
         raise where.at(node).fail("`hosts:` is empty", "list at least one host")
     return tuple(hosts)
+
+
+def _check_local_workdirs(hosts: tuple[Host, ...], sections: Mapping[str, tuple[yaml.Node, yaml.Node]], where: Where,
+                          project: Path) -> None:
+    """A local host's relative workdir is inside the project (`workdir: .` is the project itself): one
+    that leads out of it, by `..` or a symlink, is refused at the line that set it."""
+    for host in hosts:
+        if host.is_local and localpaths.workdir_outside(host.workdir, project):
+            places = [v for key, _, v in mapping_items(sections["hosts"][1], where, "hosts") if key == host.name]
+            places += [sections["defaults"][1]] if "defaults" in sections else []
+            at = next(where.at(k, host=host.name, field="workdir") for place in places if not _is_null(place)
+                      for key, k, _ in mapping_items(place, where, "") if key == "workdir")
+            raise at.fail(f"{shown(host.workdir)} leads out of the project (a local host's relative workdir is in "
+                          "it)", "use `.` (the project itself), a folder in it, or an absolute path")
 
 
 def _is_null(node: yaml.Node) -> bool:
