@@ -150,7 +150,7 @@ MALFORMED = [
     ("hosts:\n  a: {address: 10.0.0.1, port: 70000}\n",
      "2: host 'a', field 'port': port 70000 is out of range; write a number from 1 to 65535"),
     ("hosts:\n  a: {address: 10.0.0.1, port: true}\n",
-     "2: host 'a', field 'port': expected a port number, got a boolean True; write a number from 1 to 65535"),
+     "2: host 'a', field 'port': expected a port number, got text 'true'; write a number from 1 to 65535"),
     ("hosts:\n  a: {address: 10.0.0.1, nproc: 0}\n", "2: host 'a', field 'nproc': 0 is not >= 1; write a number >= 1"),
     ("hosts:\n  a: {address: 10.0.0.1, nproc: two}\n",
      "2: host 'a', field 'nproc': expected a whole number, got text 'two'; write a number >= 1"),

@@ -129,8 +129,8 @@ HOSTILE = [
      f"3: field 'rendezvous.host': 'a\\n' contains the unprintable character U+000A; {UNPRINTABLE_FIX}"),
     (A + "rendezvous: {host: " + "h" * 500 + "}\n",
      f"3: field 'rendezvous.host': rendezvous host '{'h' * 40}'… is not in `hosts`; use one of: a"),
-    ("hosts:\n  a: {address: 10.0.0.1}\n  1: {address: 10.0.0.2}\n",
-     "3: keys in hosts must be names, got 1; use plain text keys"),
+    ("hosts:\n  a: {address: 10.0.0.1}\n  {b: 1}: {address: 10.0.0.2}\n",
+     "3: keys in hosts must be names, got a mapping; use plain text keys"),
     ("hosts:\n  a: {address: 10.0.0.1, " + "x" * 1000 + ": 1}\n",
      f"2: host 'a': unknown key '{'x' * 40}'…; allowed: address, ssh_address, user, port, identity, python, "
      "workdir, network, gpus, nproc, batch_size, env"),

@@ -1,4 +1,8 @@
-"""Validators for single inventory fields: a YAML node in, a typed value out, or a one-line error."""
+"""Validators for single inventory fields: a YAML node in, a typed value out, or a one-line error.
+
+Every value is read as written (`yamlnodes.written`), never as YAML 1.1 would retype it: text stays the
+text in the file, an `env` value reaches the host exactly so, and a number is plain ASCII decimal digits.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import yaml
 
 from meshrun.deploy.inventory.model import Network
 from meshrun.deploy.inventory.shown import shown
-from meshrun.deploy.inventory.yamlnodes import Where, kind, mapping_items, scalar
+from meshrun.deploy.inventory.yamlnodes import Where, is_null, kind, mapping_items, whole_number, written
 
 # Patterns are used with fullmatch: `$` would also match before a trailing newline ("gpu1\n").
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -22,21 +26,26 @@ HOST_PORT_RE = re.compile(r"\[[^\]]*\]:.*|[^:]*:[^:]*")
 MAX_GPU_INDEX = 1023  # larger is a typo: CUDA counts the GPUs of one machine
 
 
-def _type_name(value: object) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", str: "text", type(None): "empty"}.get(
-        type(value), type(value).__name__)
-
-
-def _scalar_value(node: yaml.Node, at: Where, expected: str) -> object:
+def _scalar(node: yaml.Node, at: Where, expected: str) -> yaml.ScalarNode:
     if not isinstance(node, yaml.ScalarNode):
         raise at.fail(f"expected {expected}, got {kind(node)}", f"write {expected}")
-    return scalar(node)
+    return node
+
+
+def _as_text(node: yaml.ScalarNode) -> str:
+    """How a message names a value that is not the number it should be: `text '0x1F'`, or `nothing`."""
+    return "nothing" if is_null(node) and not node.value else f"text {shown(written(node))}"
 
 
 def text(node: yaml.Node, at: Where) -> str:
-    value = _scalar_value(node, at, "text")
-    if not isinstance(value, str) or not value.strip():
-        raise at.fail(f"expected non-empty text, got {_type_name(value)} {shown(value)}", "write a non-empty string")
+    value = written(_scalar(node, at, "text"))
+    if is_null(node):
+        if value:  # `~`, `null`: refused rather than kept, since YAML users write them to mean "no value"
+            raise at.fail(f"expected non-empty text, got {value}, which YAML reads as null",
+                          f"write a non-empty string (quoted, '{value}', if you mean that text)")
+        raise at.fail("expected non-empty text, got nothing", "write a non-empty string")
+    if not value.strip():
+        raise at.fail(f"expected non-empty text, got text {shown(value)}", "write a non-empty string")
     unprintable(value, at)
     return value
 
@@ -87,31 +96,37 @@ def user(node: yaml.Node, at: Where) -> str:
     return value
 
 
+def _number(node: yaml.Node, at: Where, expected: str, fix: str) -> int:
+    """A plain whole number in ASCII decimal digits: `0x1F`, `0o17`, `1_000`, `22:22` (YAML 1.1's 1342),
+    `+5`, `5.0`, `"5"` and `٣` are refused, `022` is 22."""
+    scalar = _scalar(node, at, expected)
+    value = whole_number(scalar)
+    if value is None:
+        raise at.fail(f"expected {expected}, got {_as_text(scalar)}", fix)
+    return value
+
+
 def port(node: yaml.Node, at: Where) -> int:
-    value = _scalar_value(node, at, "a port number")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise at.fail(f"expected a port number, got {_type_name(value)} {shown(value)}",
-                      "write a number from 1 to 65535")
+    value = _number(node, at, "a port number", "write a number from 1 to 65535")
     if not 1 <= value <= 65535:
         raise at.fail(f"port {shown(value)} is out of range", "write a number from 1 to 65535")
     return value
 
 
 def positive_int(node: yaml.Node, at: Where) -> int:
-    value = _scalar_value(node, at, "a whole number")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise at.fail(f"expected a whole number, got {_type_name(value)} {shown(value)}", "write a number >= 1")
+    value = _number(node, at, "a whole number", "write a number >= 1")
     if value < 1:
         raise at.fail(f"{shown(value)} is not >= 1", "write a number >= 1")
     return value
 
 
 def batch_size(node: yaml.Node, at: Where) -> int | str:
-    value = _scalar_value(node, at, "a batch size")
-    if value == "auto":
+    scalar = _scalar(node, at, "a batch size")
+    if written(scalar) == "auto":
         return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise at.fail(f"expected a number >= 1 or `auto`, got {shown(value)}",
+    value = whole_number(scalar)
+    if value is None or value < 1:
+        raise at.fail(f"expected a number >= 1 or `auto`, got {kind(scalar)}",
                       "write e.g. `batch_size: 32` or `batch_size: auto`")
     return value
 
@@ -122,7 +137,8 @@ def gpus(node: yaml.Node, at: Where) -> tuple[int, ...]:
     for item in node.value:
         if not isinstance(item, yaml.ScalarNode):
             raise at.fail(f"GPU index {kind(item)} is not a whole number", "write e.g. `gpus: [0, 1]`")
-    values = [scalar(item) for item in node.value]
+    numbers = [whole_number(item) for item in node.value]
+    values = [written(item) if number is None else number for item, number in zip(node.value, numbers)]
     problem = gpu_index_problem(values)
     if problem is not None:
         raise at.fail(*problem)
@@ -152,7 +168,7 @@ def gpu_index_problem(values: list[object]) -> tuple[str, str] | None:
 
 
 def network(node: yaml.Node, at: Where) -> Network:
-    value = _scalar_value(node, at, "a network kind")
+    value = written(_scalar(node, at, "a network kind"))
     allowed = [n.value for n in Network]
     if value not in allowed:
         raise at.fail(f"unknown network {shown(value)}", f"use one of: {', '.join(allowed)}")
@@ -165,15 +181,15 @@ def env(node: yaml.Node, at: Where) -> tuple[tuple[str, str], ...]:
         key_at = Where(at.path, key_node.start_mark.line + 1, at.host, f"env.{key}")
         if not ENV_NAME_RE.fullmatch(key):
             raise key_at.fail(f"{shown(key)} is not a valid environment variable name", "use letters, digits and _")
-        value = _scalar_value(value_node, key_at, "a value")
-        if value is None:
-            raise key_at.fail(f"expected a value, got {_type_name(value)}", 'write it as text, e.g. OMP_NUM_THREADS: "1"')
-        if isinstance(value, str) and "\0" in value:
+        value = written(_scalar(value_node, key_at, "a value"))  # 0123, 12:30, yes, ~: as written
+        if is_null(value_node) and not value:
+            raise key_at.fail("expected a value, got nothing", 'write it as text, e.g. OMP_NUM_THREADS: "1" (or "")')
+        if "\0" in value:
             # Values go to a process environment, never to a terminal or an argv: a newline or a tab
             # is legitimate there (a PEM key, a list). NUL is the one thing an environment cannot hold.
             raise key_at.fail(f"{shown(value)} contains the unprintable character U+0000",
                               "an environment value cannot hold a NUL byte; remove it")
-        pairs.append((key, str(value).lower() if isinstance(value, bool) else str(value)))
+        pairs.append((key, value))
     return tuple(pairs)
 
 

@@ -18,7 +18,7 @@ from meshrun.deploy.inventory import fields, localpaths
 from meshrun.deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
                                      Rendezvous)
 from meshrun.deploy.inventory.shown import clip, listing, shown, with_path
-from meshrun.deploy.inventory.yamlnodes import Where, compose_file, mapping_items, scalar, unknown_key
+from meshrun.deploy.inventory.yamlnodes import Where, compose_file, is_null, mapping_items, unknown_key
 
 # Where a project keeps its inventory; the first that exists is used (meshrun's own clone
 # ships inventory/local.yaml, this machine alone).
@@ -154,7 +154,7 @@ def _check_local_workdirs(hosts: tuple[Host, ...], sections: Mapping[str, tuple[
 
 
 def _is_null(node: yaml.Node) -> bool:
-    return isinstance(node, yaml.ScalarNode) and scalar(node) is None
+    return is_null(node)
 
 
 def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> dict[str, tuple[str, ...]]:

@@ -1,7 +1,9 @@
 """Reading YAML as nodes, so every error can name the file and line of the offending field.
 
 PyYAML's `safe_load` forgets line numbers and silently keeps the last of two duplicate keys;
-composing nodes keeps both facts. Values are constructed with the safe constructor only.
+composing nodes keeps both facts. Nothing is constructed: YAML 1.1 would make `0123` 83, `12:30`
+750, `yes` true and `22:22` 1342, so every value is read as written (`written`), and a number is
+only plain ASCII decimal digits (`whole_number`).
 
 An inventory is input from a person and may be wrong in any way, so composing is bounded here
 (`BoundedLoader`): a size cap, no control characters, no explicit tags, a nesting limit and a limit on
@@ -17,7 +19,6 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -32,8 +33,11 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 # The characters YAML itself refuses in a stream (PyYAML's Reader.NON_PRINTABLE), found by us first so
 # the message names the line instead of a byte offset.
 NON_PRINTABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
-# Scalars the safe constructor builds into the types the fields accept; others (timestamps, `=`) stay text.
-TYPED_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str"))
+# What YAML 1.1 reads as null when it is written plain: a text field refuses it, an env value keeps it.
+NULL_WORDS = frozenset(("", "~", "null", "Null", "NULL"))
+# A whole number as the inventory takes one: ASCII decimal digits (the sign only so that -1 is named as negative);
+# past 4000 digits it stays text (Python's int() refuses 4300).
+WHOLE_NUMBER = re.compile(r"-?[0-9]{1,4000}")
 PROBLEM_CLIP = 120  # characters of PyYAML's own problem text
 
 
@@ -185,26 +189,36 @@ def _clip(problem: str, limit: int = PROBLEM_CLIP) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def scalar(node: yaml.Node) -> Any:
-    """The Python value of a scalar node: int, str, bool, float or None; anything else stays its text.
+def written(node: yaml.ScalarNode) -> str:
+    """A scalar exactly as the file writes it, never retyped: a plain scalar's own text (`0123`, `12:30`,
+    `yes`, `1_000`, `0x10`, `~` stay so), a quoted or block scalar's value (`"a\\tb"` is a, tab, b)."""
+    return node.value
 
-    Timestamps and `=` stay text (no field wants them), as does an int past Python's 4300 digits.
-    """
-    if node.tag not in TYPED_TAGS:
-        return node.value
-    try:
-        return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
-    except ValueError:
-        return node.value
+
+def is_null(node: yaml.Node) -> bool:
+    """A plain scalar YAML reads as null: nothing, `~` or `null`."""
+    return isinstance(node, yaml.ScalarNode) and node.style is None and node.value in NULL_WORDS
+
+
+def whole_number(node: yaml.ScalarNode) -> int | None:
+    """The number a plain scalar of ASCII decimal digits writes (`022` is 22, never YAML 1.1's octal 18);
+    None for anything else: `0x1F`, `0o17`, `1_000`, `22:22`, `+5`, `5.0`, `'5'` (quoted: text), `٣`."""
+    if node.style is None and WHOLE_NUMBER.fullmatch(node.value):
+        return int(node.value)
+    return None
 
 
 def kind(node: yaml.Node) -> str:
-    """What a node is, in words, never its repr (a node's repr walks every alias: an alias bomb)."""
+    """What a node is, in words, never its repr (a node's repr walks every alias: an alias bomb). A
+    scalar is shown as written: a whole number bare (`0`), other text quoted, nothing as `nothing`."""
     if isinstance(node, yaml.SequenceNode):
         return "a list"
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
-    return shown(scalar(node))
+    if node.style is None and node.value == "":
+        return "nothing"
+    number = whole_number(node)
+    return shown(number) if number is not None else shown(node.value)
 
 
 def mapping_items(node: yaml.Node, where: Where, what: str) -> Iterator[tuple[str, yaml.Node, yaml.Node]]:
@@ -227,8 +241,8 @@ def _items(node: yaml.Node, where: Where, what: str, merges: int) -> list[tuple[
             for item in _merged(value_node, where.at(key_node), what, merges):
                 merged.setdefault(item[0], item)
             continue
-        key = scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
-        if not isinstance(key, str):
+        key = written(key_node) if isinstance(key_node, yaml.ScalarNode) else None  # `ON:` is the name ON
+        if key is None:
             raise where.at(key_node).fail(f"keys in {what} must be names, got {kind(key_node)}", "use plain text keys")
         if key in seen:
             raise where.at(key_node).fail(
