@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.run.firewall import (Action, FirewallSpec, Step, down_steps, member_addresses, parse_action,
-                                         plans_for, ssh_ports, status_steps, up_steps)
+from meshrun.deploy.run.firewall import (Action, FirewallSpec, Step, down_steps, host_request, member_addresses,
+                                         parse_action, plans_for, ssh_ports, status_steps, up_steps)
 from tests.fabrun import FabProcess, fab
 from tests.testbed import network
 from tests.testbed.layout import Host
@@ -96,7 +96,8 @@ def test_unknown_action_is_one_line_and_exit_2(inventory: Path) -> None:
 def test_without_root_or_sudo_the_host_script_says_so_in_one_line(testbed) -> None:
     """The host script as `nobody` (the test bed has no sudo): nothing runs, one line, exit 3."""
     done = testbed.exec(1, ["env", "-C", "/", "setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups",
-                            "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(), '{"iptables": []}'], check=False)
+                            "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(), host_request(Action.STATUS, None)],
+                           check=False)
     assert done.returncode == 3, done.stdout + done.stderr
     answer = json.loads(done.stdout)
     assert answer["results"] == [] and answer["error"] == (
@@ -244,22 +245,48 @@ def test_the_nft_plan_is_the_same_policy_in_meshruns_own_table() -> None:
 CONNECT_ONE = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()"
 
 
+def tools_only(directory: Path, *tools: str, failing: str | None = None) -> Path:
+    """A PATH entry with just these commands (symlinks to the real ones), and `failing`, a command of
+    that name that fails as ip6tables does on a kernel without IPv6 filtering."""
+    directory.mkdir()
+    for tool in tools:
+        (directory / tool).symlink_to(shutil.which(tool))
+    if failing:
+        (directory / failing).write_text(f"#!/bin/sh\necho \"{failing}: can't initialize table 'filter'\" >&2\nexit 3\n")
+        (directory / failing).chmod(0o755)
+    return directory
+
+
+def host_script(testbed, path: Path, action: Action, spec: FirewallSpec | None) -> tuple[int, dict]:
+    """deploy/host/firewall.py in h1 with only `path` on its PATH, as `fab firewall` runs it."""
+    done = testbed.exec(1, ["env", f"PATH={path}", "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(),
+                            host_request(action, spec)], check=False)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_host_request_carries_the_action_both_plans_and_how_to_take_up_back() -> None:
+    spec = FirewallSpec((22,), "wg0", ("10.78.0.11",))
+    listed = lambda steps: [{"argv": list(s.argv), "only_if": s.only_if and list(s.only_if),
+                             "unless": s.unless and list(s.unless)} for s in steps]
+    down = plans_for(Action.DOWN, None)
+    assert json.loads(host_request(Action.UP, spec)) == {
+        "action": "up", "plans": {b: listed(steps) for b, steps in plans_for(Action.UP, spec).items()},
+        "undo": {"iptables": listed(down["iptables"]), "nft": listed(down["nft"])}}
+    assert json.loads(host_request(Action.DOWN, None)) == {
+        "action": "down", "plans": {b: listed(steps) for b, steps in down.items()}, "undo": {}}
+
+
 @pytest.mark.cluster
 def test_a_host_with_nft_and_no_iptables_command_gets_the_same_policy(testbed, tmp_path: Path) -> None:
     """Debian 12 ships nft, not iptables: the host script runs the nft plan when `iptables` is not on
     its PATH. A member (h2) gets in; this controller, a non-member, is reset; SSH stays open."""
     h1, h2 = testbed.host(1).address, testbed.host(2).address
-    only_nft = tmp_path / "bin"
-    only_nft.mkdir()
-    (only_nft / "nft").symlink_to(shutil.which("nft"))
+    only_nft = tools_only(tmp_path / "bin", "nft")
 
-    def host_script(action: Action, spec: FirewallSpec | None) -> dict:
-        plans = {b: [{"argv": s.argv, "only_if": s.only_if, "unless": s.unless} for s in steps]
-                 for b, steps in plans_for(action, spec).items()}
-        done = testbed.exec(1, ["env", f"PATH={only_nft}", "/usr/bin/python3", "-c", HOST_SCRIPT.read_text(),
-                                json.dumps(plans)], check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return json.loads(done.stdout)
+    def run(action: Action, spec: FirewallSpec | None) -> dict:
+        rc, answer = host_script(testbed, only_nft, action, spec)
+        assert rc == 0, answer
+        return answer
 
     listener = testbed.popen(1, ["/usr/bin/python3", "-c", LISTEN_ANY])
     spec = FirewallSpec((22,), "eth0", (h1, h2))
@@ -272,17 +299,96 @@ def test_a_host_with_nft_and_no_iptables_command_gets_the_same_policy(testbed, t
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline, "the listener on h1 never came up"
                 time.sleep(0.2)
-        first = host_script(Action.UP, spec)
+        first = run(Action.UP, spec)
         assert [r["argv"][0] for r in first["results"]] == ["nft"] * 10, first
-        listing = host_script(Action.STATUS, None)["results"][0]["stdout"]
-        assert host_script(Action.UP, spec) and host_script(Action.STATUS, None)["results"][0]["stdout"] == listing
+        listing = run(Action.STATUS, None)["results"][0]["stdout"]
+        assert run(Action.UP, spec) and run(Action.STATUS, None)["results"][0]["stdout"] == listing
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection((h1, CONTROL_PORT), timeout=3)
         assert testbed.exec(2, ["/usr/bin/python3", "-c", CONNECT_ONE, h1, str(CONTROL_PORT)], check=False).returncode == 0
         assert subprocess.run(testbed.ssh_argv(1, "true"), capture_output=True, timeout=30).returncode == 0
     finally:
-        down = host_script(Action.DOWN, None)
+        down = run(Action.DOWN, None)
         listener.kill()
         listener.wait()
     assert [r["argv"][:3] for r in down["results"]] == [["nft", "delete", "table"]]
     assert testbed.exec(1, ["nft", "list", "table", "inet", "meshrun"], check=False).returncode != 0
+
+
+LISTEN_DUAL = ("import socket, time; s = socket.create_server(('::', %d), family=socket.AF_INET6, dualstack_ipv6=True); "
+               "time.sleep(600)" % CONTROL_PORT)
+V6 = {1: "fd77::11", 2: "fd77::12"}  # ULAs added to eth0 for these tests: the bridge carries IPv6 too
+
+
+@contextmanager
+def ipv6_on_the_lan(testbed) -> Iterator[None]:
+    for i, address in V6.items():
+        testbed.exec(i, ["ip", "addr", "add", f"{address}/64", "dev", "eth0", "nodad"])
+    try:
+        yield
+    finally:
+        for i, address in V6.items():
+            testbed.exec(i, ["ip", "addr", "del", f"{address}/64", "dev", "eth0"], check=False)
+
+
+def from_h2(testbed, targets: list[tuple[str, int]]) -> list[str]:
+    done = testbed.exec(2, ["/usr/bin/python3", "-c", CONNECT, json.dumps(targets)])
+    return json.loads(done.stdout)
+
+
+def meshrun_rules(testbed) -> tuple[str, str, str]:
+    """What meshrun left in h1: the iptables and ip6tables chains and the nft table (all with the full PATH)."""
+    return tuple(testbed.exec(1, argv, check=False).stdout for argv in (  # type: ignore[return-value]
+        ["iptables", "-S", "MESHRUN"], ["ip6tables", "-S", "MESHRUN"], ["nft", "list", "table", "inet", "meshrun"]))
+
+
+@pytest.mark.cluster
+def test_iptables_without_ip6tables_filters_ipv6_through_nft(testbed, tmp_path: Path) -> None:
+    """Issue 20: a host with iptables and no ip6tables used to get the IPv4 chain only, and a warning,
+    while the store listens on `::`. With nft there, both families go through nft's `inet` table: h2
+    (a member by its IPv4 address) gets in over IPv4, its IPv6 address is reset; SSH stays open."""
+    path = tools_only(tmp_path / "bin", "iptables", "nft")
+    h1, h2 = testbed.host(1).address, testbed.host(2).address
+    targets = [(h1, CONTROL_PORT), (V6[1], CONTROL_PORT)]
+    with ipv6_on_the_lan(testbed):
+        listener = testbed.popen(1, ["/usr/bin/python3", "-c", LISTEN_DUAL])
+        try:
+            deadline = time.monotonic() + 30
+            while from_h2(testbed, targets) != ["open", "open"]:  # both families reach it before
+                assert time.monotonic() < deadline, "the dual-stack listener on h1 never came up"
+                time.sleep(0.2)
+            rc, up = host_script(testbed, path, Action.UP, FirewallSpec((22,), "eth0", (h1, h2)))
+            assert (rc, up["error"], up["notes"]) == (0, None, [
+                "ip6tables not found: both families are filtered in nft's table inet meshrun"]), up
+            assert from_h2(testbed, targets) == ["open", "refused"]
+            assert subprocess.run(testbed.ssh_argv(1, "true"), capture_output=True, timeout=30).returncode == 0
+            v4, v6, table = meshrun_rules(testbed)
+            assert (v4, v6) == ("", "") and "ip6 saddr" not in table and f"ip saddr {h2}" in table, table
+        finally:
+            rc, down = host_script(testbed, path, Action.DOWN, None)
+            listener.kill()
+            listener.wait()
+    assert (rc, [r["argv"][:3] for r in down["results"]]) == (0, [["nft", "delete", "table"]])
+    assert meshrun_rules(testbed) == ("", "", "")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("tools,failing,error", [
+    (("iptables",), None, "ip6tables not found, and no nft: IPv6 would stay open to the store, so nothing was "
+                          "changed; install nftables (Debian: apt-get install nftables) or ip6tables"),
+    (("iptables",), "ip6tables", "`ip6tables -w 10 -N MESHRUN` failed: ip6tables: can't initialize table 'filter'; "
+                                 "the rules added before it were taken back"),
+])
+def test_up_that_cannot_filter_ipv6_fails_and_leaves_no_ipv4_chain_behind(testbed, tmp_path: Path, tools, failing,
+                                                                           error) -> None:
+    """Fail closed: iptables alone (no ip6tables, no nft) is refused before any rule is added; an
+    ip6tables that fails midway (a kernel without IPv6 filtering) has its IPv4 chain taken back."""
+    path = tools_only(tmp_path / "bin", *tools, failing=failing)
+    try:
+        rc, up = host_script(testbed, path, Action.UP, FirewallSpec((22,), "eth0", (testbed.host(2).address,)))
+        assert (rc, up["error"]) == (1, error), up
+        assert meshrun_rules(testbed) == ("", "", "")
+        assert "MESHRUN" not in testbed.exec(1, ["iptables", "-S", "INPUT"]).stdout
+    finally:
+        testbed.exec(1, ["sh", "-c", "iptables -D INPUT -j MESHRUN; iptables -F MESHRUN; iptables -X MESHRUN"],
+                     check=False)

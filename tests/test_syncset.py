@@ -66,3 +66,28 @@ def test_the_inventory_in_use_its_known_hosts_and_every_identity_stay_home(tmp_p
     subprocess.run(["git", "add", "train.py", "keys/rented"], cwd=tmp_path, check=True)  # tracked or not
     inventory = load_inventory(tmp_path / "conf" / "cluster.yaml")
     assert code_files(inventory, tmp_path).split(b"\0") == [b"train.py", b""]
+
+
+def test_case_and_editor_backups_do_not_let_a_private_file_ship() -> None:
+    """Issue 20, item 6: `HOSTS.YAML`, `hosts.yaml~` and friends hold the same text as the file they
+    copy, so they stay home with it; a backup of a file that ships still ships."""
+    home = ["inventory/HOSTS.YAML", "inventory/Hosts.Yml", "Inventory/hosts.yaml", "inventory/hosts.yaml~",
+            "inventory/.hosts.yaml.swp", "inventory/.hosts.yaml.swo", "inventory/hosts.yaml.bak",
+            "inventory/hosts.yaml.orig", "inventory/#hosts.yaml#", "inventory/.#hosts.yaml", "inventory/hosts.yaml.~2~",
+            "inventory/hosts.yaml.bak~", "inventory/hosts.yaml.save", "inventory/hosts.yaml.new",
+            "inventory.bak/hosts.yaml", "id_ed25519.BAK", "ID_RSA", "keys/Id_Ed25519.pub~", "keys/.id_rsa.swp",
+            "KNOWN_HOSTS", "known_hosts.orig", "#known_hosts#", "certs/server.PEM", "tls.Key.bak", "RUNS/x/launch.json",
+            "runs.old/x/summary.json"]
+    ships = ["inventory/lan.example.yaml~", "inventory/LAN.EXAMPLE.YAML", "inventory/README.md",
+             "inventory/notes.txt.bak", "train.py~", ".train.py.swp", "#train.py#", "config/mine.yaml.bak",
+             "id_map.py.orig", "ID_MAP.PY", "models/backbone.old", "~", "#", ".bak", "a.swp"]
+    assert [n for n in home if not is_private(n)] == []
+    assert [n for n in ships if is_private(n)] == []
+
+
+def test_the_files_in_use_stay_home_whatever_their_case_and_with_their_backups() -> None:
+    named = frozenset({"conf/cluster.yaml", "keys/rented", "conf/pins"})
+    names = ["conf/cluster.yaml", "conf/CLUSTER.YAML", "conf/cluster.yaml~", "conf/.cluster.yaml.swp",
+             "conf/#cluster.yaml#", "conf/cluster.yaml.bak", "Conf/Cluster.yaml.orig", "keys/rented.BAK",
+             "keys/Rented", "conf/pins.old", "conf/pins2", "keys/rented-notes.md", "conf/other.yaml", "train.py"]
+    assert shippable(names, named) == ["conf/pins2", "keys/rented-notes.md", "conf/other.yaml", "train.py"]

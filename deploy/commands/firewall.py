@@ -7,7 +7,6 @@ deploy/host/firewall.py, shipped as `python -c` so it works before `fab sync`.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -26,8 +25,8 @@ from meshrun.deploy.inventory.model import Host, Inventory, Rendezvous
 from meshrun.deploy.inventory.selection import Selection, select_hosts
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.answers import said
-from meshrun.deploy.run.firewall import (Action, FirewallSpec, HostAnswer, Step, host_answer, member_addresses,
-                                          parse_action, plans_for, ssh_ports)
+from meshrun.deploy.run.firewall import (Action, FirewallSpec, HostAnswer, host_answer, host_request,
+                                          member_addresses, parse_action, ssh_ports)
 from meshrun.deploy.run.plan import python_of
 
 HOST_LIMIT_S = 120  # a few dozen iptables calls, each bounded on the host
@@ -50,10 +49,8 @@ def specs_for(selection: Selection, interfaces: Mapping[str, str],
             for h in selection.hosts}
 
 
-def _on_host(session: Session, host: Host, plans: Mapping[str, tuple[Step, ...]]) -> HostAnswer:
-    payload = json.dumps({backend: [{"argv": s.argv, "only_if": s.only_if, "unless": s.unless} for s in steps]
-                          for backend, steps in plans.items()})
-    result = session.run(probe_argv(python_of(host, sys.executable), "firewall", payload), timeout=HOST_LIMIT_S)
+def _on_host(session: Session, host: Host, request: str) -> HostAnswer:
+    result = session.run(probe_argv(python_of(host, sys.executable), "firewall", request), timeout=HOST_LIMIT_S)
     try:
         answer = last_json_line(result.stdout)
     except (ValueError, IndexError):
@@ -74,7 +71,7 @@ def apply(action: Action, selection: Selection, sessions: Mapping[str, Session])
                                                                  timeout=30).stdout[:200]).require_all()
     specs = (specs_for(selection, training_interfaces(remote, selection.head, sessions), connections)
              if action is Action.UP else {})
-    results = on_each(remote, lambda h: _on_host(sessions[h.name], h, plans_for(action, specs.get(h.name))),
+    results = on_each(remote, lambda h: _on_host(sessions[h.name], h, host_request(action, specs.get(h.name))),
                       timeout=HOST_LIMIT_S + 10)
     return results.require_all()
 

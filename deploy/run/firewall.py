@@ -12,6 +12,7 @@ Every step is idempotent: `up` twice leaves the same rules, `down` removes the c
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass
 from enum import Enum
 
@@ -191,6 +192,16 @@ def plans_for(action: Action, spec: FirewallSpec | None) -> dict[str, tuple[Step
     else:
         nft = nft_down_steps() if action is Action.DOWN else nft_status_steps()
     return {"iptables": steps_for(action, spec), "nft": nft}
+
+
+def host_request(action: Action, spec: FirewallSpec | None) -> str:
+    """deploy/host/firewall.py's one argument: the action, both backends' plans, and for `up` each
+    backend's `down`, which the host runs when a step fails (or for the backend it does not use)."""
+    def listed(plans: dict[str, tuple[Step, ...]]) -> dict[str, list[dict]]:
+        return {backend: [{"argv": s.argv, "only_if": s.only_if, "unless": s.unless} for s in steps]
+                for backend, steps in plans.items()}
+    undo = plans_for(Action.DOWN, None) if action is Action.UP else {}
+    return json.dumps({"action": action.value, "plans": listed(plans_for(action, spec)), "undo": listed(undo)})
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,16 @@
 A host may be compromised, and a synced file is readable by it. So whatever the controller
 uses to reach hosts stays home, tracked by git or not (docs/security.md, "Secrets"):
 
-- inventories: every `*.yaml`/`*.yml` under `inventory/` except meshrun's own examples, which
-  end in `.example.yaml`; plus the inventory file in use, wherever it lies;
+- inventories: every file under `inventory/` whose name holds `.yaml` or `.yml` except meshrun's
+  own examples, which end in `.example.yaml`; plus the inventory file in use, wherever it lies;
 - SSH files: any file named `known_hosts*`, `id_*` with no dot or ending in `.pub` (OpenSSH's
   key names: `id_ed25519`, `id_rsa_work`, `id_ed25519.pub`), `*.pem` or `*.key`, in any folder;
   plus the inventory's `known_hosts` and `identity` files, wherever they lie.
+
+Names are compared case-insensitively (`HOSTS.YAML`, `ID_RSA`: a macOS or Windows disk does not
+tell them apart), and an editor's or a merge's copy stays home with its file: `hosts.yaml~`,
+`#hosts.yaml#`, `.hosts.yaml.swp`, `hosts.yaml.bak`, `hosts.yaml.orig`, `id_ed25519.BAK`
+(`original_name`).
 
 `inventory/local.yaml` is therefore not synced either: no host needs an inventory.
 
@@ -26,20 +31,40 @@ from meshrun.layout import RUNS_DIR
 
 EXAMPLE_SUFFIX = ".example.yaml"
 _KEY_NAME = re.compile(r"known_hosts.*|id_[^.]*(\.pub)?|.*\.pem|.*\.key", re.DOTALL)
+_YAML = re.compile(r".*\.ya?ml.*", re.DOTALL)
+# What editors, merges, patches and package managers leave beside a file, holding its text: Emacs's
+# `#f#`, `.#f`, `f~` and `f.~3~`, vim's swap files `.f.swp` (to `.swa`), and `f.bak`, `f.orig`, ...
+_BACKUP = re.compile(r"#(.+)#|\.#(.+)|\.?(.+)\.sw[a-p]|(.+?)(?:~|\.~\d+~|\.(?:bak\d*|backup|orig|old|save|tmp|rej|"
+                     r"dpkg-old|dpkg-dist|rpmsave|rpmnew))", re.DOTALL)
+
+
+def original_name(name: str) -> str:
+    """One file or folder name, casefolded, as the file it is a backup of (`HOSTS.yaml.BAK~` →
+    `hosts.yaml`); a name that is no backup, casefolded."""
+    name = name.casefold()
+    while (match := _BACKUP.fullmatch(name)) is not None:
+        name = next(group for group in match.groups() if group is not None)
+    return name
+
+
+def _original(name: str) -> tuple[str, ...]:
+    return tuple(original_name(part) for part in PurePosixPath(name).parts)
 
 
 def is_private(name: str) -> bool:
     """`name`: a path relative to the project root, as git lists it (`/`-separated)."""
-    path = PurePosixPath(name)
-    if _KEY_NAME.fullmatch(path.name) or path.parts[0] == RUNS_DIR:
+    parts = _original(name)
+    if _KEY_NAME.fullmatch(parts[-1]) or parts[0] == RUNS_DIR:
         return True
-    in_inventory = len(path.parts) > 1 and path.parts[0] == "inventory"
-    return in_inventory and path.suffix in (".yaml", ".yml") and not path.name.endswith(EXAMPLE_SUFFIX)
+    in_inventory = len(parts) > 1 and parts[0] == "inventory"
+    return in_inventory and bool(_YAML.fullmatch(parts[-1])) and not parts[-1].endswith(EXAMPLE_SUFFIX)
 
 
 def shippable(names: list[str], named: frozenset[str]) -> list[str]:
-    """`names` minus private files; `named`: the in-use files (relative names) to keep home too."""
-    return [n for n in names if not is_private(n) and n not in named]
+    """`names` minus private files; `named`: the in-use files (relative names) to keep home too, with
+    their backups and whatever their case."""
+    home = {_original(n) for n in named if n}
+    return [n for n in names if not is_private(n) and _original(n) not in home]
 
 
 def data_beside_code(dest: str, files: bytes) -> bool:
