@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.fabrun import fab
+from tests.fabrun import ROOT, fab
 from tests.testbed import SimCluster
 
 pytestmark = pytest.mark.cluster
@@ -78,3 +81,24 @@ def test_changed_key_is_an_error_naming_both_fingerprints_and_never_replaced(
     assert known.read_text() == before
     ok, error = reachable(inventory, "h1")
     assert not ok and error == expected.removeprefix("error: ")
+
+
+def test_a_relative_known_hosts_is_the_one_beside_the_inventory_from_any_folder(
+        testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
+    """Issue 20, item 6: `known_hosts: pins` is the file beside the inventory, whatever the current
+    directory: `trust` from one subfolder of the project writes it there, and `check-network` from
+    another connects to the host it pinned (the old loader read the cwd's `pins`)."""
+    inventory = make_inventory(known_hosts=False)
+    doc = yaml.safe_load(inventory.read_text())
+    inventory.write_text(yaml.safe_dump({**doc, "known_hosts": "pins"}))
+    pins = inventory.parent / "pins"
+    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
+    meshrun = [str(Path(sys.executable).parent / "meshrun")]
+    trust = subprocess.run([*meshrun, "trust", "--inventory", str(inventory), "--hosts", "h1", "--yes"],
+                           cwd=ROOT / "deploy", capture_output=True, text=True, timeout=180, env=env)
+    assert trust.returncode == 0 and f"added to {pins}" in trust.stdout, trust.stdout + trust.stderr
+    check = subprocess.run([*meshrun, "check-network", "--inventory", str(inventory), "--hosts", "h1", "--json"],
+                           cwd=ROOT / "tests", capture_output=True, text=True, timeout=180, env=env)
+    facts = json.loads(check.stdout)["hosts"][0]
+    assert (facts["reachable"], facts["error"], len(pins.read_text().splitlines())) == (True, None, 1)
+    assert not (ROOT / "deploy" / "pins").exists() and not (ROOT / "tests" / "pins").exists()
