@@ -15,6 +15,7 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.render.neutral import NeutralConsole, neutral
 from meshrun.deploy.run.hoststate import HostState, parse_status
 from rich.table import Table
+from rich.text import Text
 
 # OSC title, clear screen, CSI colour, DCS, 8-bit CSI, BEL, CR, backspace, DEL, bidi override.
 NASTY = "a\x1b]0;pwned\x07b\x1b[2Jc\x1b[31md\x1bP1$r\x1b\\e\x9b31mf\rg\x08h\x7fi\u202ejk"
@@ -46,10 +47,11 @@ def test_renderer_prints_host_lines_messages_and_cells_neutral() -> None:
 
 
 def test_neutral_console_keeps_rich_styles_on_a_terminal() -> None:
+    """meshrun's own styles pass; a string's markup is text (tests/test_render_hostile.py)."""
     out = io.StringIO()
     NeutralConsole(file=out, force_terminal=True, color_system="standard", width=80, highlight=False).print(
-        "[red]x[/red]\x1b[2J")
-    assert out.getvalue() == "\x1b[31mx\x1b[0m\\x1b[2J\n"
+        Text("x", style="red"), "[red]y[/red]\x1b[2J")
+    assert out.getvalue() == "\x1b[31mx\x1b[0m [red]y[/red]\\x1b[2J\n"
 
 
 REPORT = {"run_id": "r1", "host": "h1", "state": "running", "started": 100.0, "ended": None, "rc": None,

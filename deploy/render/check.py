@@ -6,13 +6,13 @@ modules that import rich. Everything here prints from the main thread.
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 
 from meshrun.deploy.check import wireguard
 from meshrun.deploy.check.findings import Finding, Level, worst
 from meshrun.deploy.check.verdicts import CheckReport, HostFacts, LinkResult, PortState, ProbeStatus
 from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.render.neutral import PlainTable, plain
 
 LEVEL_STYLES = {Level.PASS: "green", Level.WARN: "yellow", Level.FAIL: "red bold"}
 
@@ -26,23 +26,23 @@ def print_check(renderer: Renderer, report: CheckReport) -> None:
         console.print(link_matrix(report))
     for finding in report.findings:
         console.print(finding_text(finding))
-    console.print(Text(allreduce_line(report)))
+    console.print(plain(allreduce_line(report)))
     console.print(Text(summary_line(report), style=LEVEL_STYLES[report.level]))
 
 
-def host_table(h: HostFacts, level: Level) -> Table:
-    table = Table(title=Text(f"{h.name} ({h.address}, {h.network}): ") + Text(level.value, style=LEVEL_STYLES[level]),
-                  title_justify="left", show_header=False)
+def host_table(h: HostFacts, level: Level) -> PlainTable:
+    title = plain(f"{h.name} ({h.address}, {h.network}): ") + Text(level.value, style=LEVEL_STYLES[level])
+    table = PlainTable(title=title, show_header=False)
     table.add_column("check", style="bold")
     table.add_column("found", overflow="fold")
     if not h.reachable:
-        table.add_row("ssh", Text(h.error or "unreachable", style="red"))
+        table.add_row("ssh", plain(h.error or "unreachable", style="red"))
         return table
     fp = h.fingerprint
     ssh = "local host (no SSH)" if h.address == "local" else "reachable, host key verified"
     table.add_row("ssh", f"{ssh}, {h.ssh_ms:.0f} ms per command")
-    table.add_row("python", (fp.python if fp else None) or Text(fp.error if fp else "-", style="red"))
-    table.add_row("torch", (fp.torch if fp else None) or Text(f"missing ({fp.error if fp else '-'})", style="red"))
+    table.add_row("python", (fp.python if fp else None) or plain(fp.error if fp else "-", style="red"))
+    table.add_row("torch", (fp.torch if fp else None) or plain(f"missing ({fp.error if fp else '-'})", style="red"))
     table.add_row("cuda / nccl", f"{(fp.cuda if fp else None) or '-'} / {(fp.nccl if fp else None) or '-'}")
     table.add_row("gpus", gpu_cell(h))
     table.add_row("disk free", f"{h.disk_free_gib:.1f} GiB in {h.workdir}" if h.disk_free_gib is not None else "-")
@@ -85,14 +85,14 @@ def link_cell(link: LinkResult | None) -> Text:
         parts.append(f"DF {link.df_size} " + ("ok" if link.df_ok else "LOST"))
     if link.mbit_s is not None:
         parts.append(f"{link.mbit_s:.0f} Mbit/s")
-    return Text(", ".join(parts), style="yellow" if link.df_ok is False else "green")
+    return plain(", ".join(parts), style="yellow" if link.df_ok is False else "green")
 
 
-def link_matrix(report: CheckReport) -> Table:
+def link_matrix(report: CheckReport) -> PlainTable:
     """Rows: from; columns: to (an ephemeral port on each host, all-to-all) and the rendezvous port."""
     names = [h.name for h in report.hosts]
     rdzv = report.rendezvous
-    table = Table(title="links: TCP connect time; DF = don't-fragment ping at the sender's MTU", title_justify="left")
+    table = PlainTable(title="links: TCP connect time; DF = don't-fragment ping at the sender's MTU")
     table.add_column("from \\ to")
     for name in names:
         table.add_column(name, overflow="fold")
@@ -108,7 +108,7 @@ def link_matrix(report: CheckReport) -> Table:
 
 
 def finding_text(finding: Finding) -> Text:
-    return Text(f"{finding.level.value} ", style=LEVEL_STYLES[finding.level]) + Text(f"{finding.where}: {finding.message}")
+    return Text(f"{finding.level.value} ", style=LEVEL_STYLES[finding.level]) + plain(f"{finding.where}: {finding.message}")
 
 
 def allreduce_line(report: CheckReport) -> str:
@@ -128,10 +128,8 @@ def summary_line(report: CheckReport) -> str:
 
 def print_host_keys(renderer: Renderer, rows: list[tuple[str, str, str, str]], path: str) -> None:
     """`fab trust`: host, known_hosts name, fingerprint, status (new / already trusted / CHANGED ...)."""
-    table = Table(title=f"SSH host keys (known_hosts: {path})", title_justify="left")
-    for column in ("host", "address", "fingerprint", "status"):
-        table.add_column(column, overflow="fold")
+    table = PlainTable("host", "address", "fingerprint", "status", title=f"SSH host keys (known_hosts: {path})")
     for host, name, fingerprint, status in rows:
         style = "red bold" if status.startswith("CHANGED") else ("green" if status == "already trusted" else "yellow")
-        table.add_row(host, name, fingerprint, Text(status, style=style))
+        table.add_row(host, name, fingerprint, plain(status, style=style))
     renderer.console.print(table)

@@ -8,10 +8,9 @@ import threading
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from meshrun.deploy.render.neutral import NeutralConsole, neutral
+from meshrun.deploy.render.neutral import NeutralConsole, PlainTable, neutral, one_line, plain
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.summary import RunSummary
 
@@ -38,15 +37,15 @@ class Renderer:
 
     def info(self, message: str) -> None:
         with self._lock:
-            self.console.print(Text(neutral(message)))
+            self.console.print(plain(message))
 
     def warn(self, message: str) -> None:
         with self._lock:
-            self.err.print(Text("warning: ", style="yellow bold") + Text(neutral(message)))
+            self.err.print(Text("warning: ", style="yellow bold") + plain(message))
 
     def error(self, message: str) -> None:
         with self._lock:
-            self.err.print(Text("error: ", style="red bold") + Text(neutral(message)))
+            self.err.print(Text("error: ", style="red bold") + plain(message))
 
     def json(self, data: Any) -> None:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
@@ -57,8 +56,8 @@ class Renderer:
         detail = f" ({event.detail})" if event.detail else ""
         style = {"lost": "red bold", "joined": "green", "left": "yellow"}.get(event.event.value, "")
         with self._lock:
-            self.console.print(Text(f"meshrun: {event.host} {event.event.value}{detail}; "
-                                    f"{event.world_size} process(es) remain in the job", style=style))
+            self.console.print(plain(f"meshrun: {event.host} {event.event.value}{detail}; "
+                                     f"{event.world_size} process(es) remain in the job", style=style))
 
     def run_started(self, run_id: str, hosts: list[str], world_size: int, run_dir: str) -> None:
         self.info(f"run {run_id}: {len(hosts)} host(s) ({', '.join(hosts)}), world size {world_size}; "
@@ -71,26 +70,24 @@ class Renderer:
         report = _root_cause(host.tail)
         with self._lock:
             if host.worker_tail:
-                self.err.print(Text(f"--- last {len(host.worker_tail)} lines from {host.host}'s ranks ---", style="red"))
+                self.err.print(plain(f"--- last {len(host.worker_tail)} lines from {host.host}'s ranks ---", "red"))
                 for line in host.worker_tail:
-                    self.err.print(Text(neutral(line)))
-            self.err.print(Text(f"--- last {len(report)} lines from {host.host} ---", style="red"))
+                    self.err.print(plain(line))
+            self.err.print(plain(f"--- last {len(report)} lines from {host.host} ---", style="red"))
             for line in report:
-                self.err.print(Text(neutral(line)))
-            self.err.print(Text(f"--- full log: {host.log} (on the host: {remote_log}) ---", style="red"))
+                self.err.print(plain(line))
+            self.err.print(plain(f"--- full log: {host.log} (on the host: {remote_log}) ---", style="red"))
 
     def job_summary(self, summary: RunSummary, outcome: JobOutcome, summary_path: str) -> None:
-        table = Table(title=f"run {summary.run_id}: {summary.status}", title_justify="left")
-        for column in ("host", "exit", "log", "left running"):
-            table.add_column(column, overflow="fold")
+        table = PlainTable("host", "exit", "log", "left running", title=f"run {summary.run_id}: {summary.status}")
         for host in outcome.hosts:
             left = "none" if not host.remaining and not host.stop_error else (host.stop_error or str(list(host.remaining)))
-            table.add_row(host.host, "lost" if host.rc is None else str(host.rc), str(host.log), left)
+            table.add_row(host.host, "lost" if host.rc is None else host.rc, host.log, left)
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary.metrics.items())) or "none"
         style = {"succeeded": "green", "failed": "red", "stopped": "yellow"}[summary.status]
         with self._lock:
             self.console.print(table)
-            self.console.print(Text(
+            self.console.print(plain(
                 f"{summary.status}: {summary.epochs_completed} epoch(s), world size {summary.world_size}, "
                 f"{summary.duration_s:.1f} s; metrics: {metrics}; summary: {summary_path}", style=style))
             if outcome.status is JobStatus.STOPPED:
@@ -101,60 +98,60 @@ class Renderer:
 
     def run_states(self, states: list) -> None:
         """`fab status`: one row per (run, host)."""
-        table = Table(title="runs", title_justify="left")
-        for column in ("run", "host", "state", "exit", "epoch", "step", "uptime", "detail"):
-            table.add_column(column, overflow="fold")
+        table = PlainTable("run", "host", "state", "exit", "epoch", "step", "uptime", "detail", title="runs")
         colors = {"running": "green", "exited": "blue", "stopped": "yellow", "lost": "red", "unreachable": "red"}
         for s in states:
             uptime = f"{s.uptime_s:.0f} s" if s.uptime_s is not None else "-"
-            table.add_row(s.run_id, s.host, Text(s.state, style=colors.get(s.state, "")), _dash(s.rc), _dash(s.epoch),
-                          _dash(s.step), uptime, neutral(s.detail or ""))
+            table.add_row(s.run_id, s.host, plain(s.state, style=colors.get(s.state, "")), _dash(s.rc), _dash(s.epoch),
+                          _dash(s.step), uptime, s.detail or "")
         with self._lock:
             self.console.print(table)
 
     def fetch_reports(self, run_id: str, home: str, reports: list) -> None:
         """Where everything landed, what was refused, and how to resume from it."""
-        table = Table(title=f"fetched run {run_id}", title_justify="left")
-        for column in ("host", "landed in", "new", "unchanged", "not overwritten", "corrupt (not kept)"):
-            table.add_column(column, overflow="fold")
+        table = PlainTable("host", "landed in", "new", "unchanged", "not overwritten", "corrupt (not kept)",
+                           title=f"fetched run {run_id}")
         for r in reports:
-            table.add_row(r.host, str(r.landed), str(len(r.new)), str(len(r.unchanged)),
-                          Text(", ".join(r.conflicts) or "-", style="yellow" if r.conflicts else ""),
-                          Text(", ".join(r.corrupt) or "-", style="red bold" if r.corrupt else ""))
+            table.add_row(r.host, r.landed, len(r.new), len(r.unchanged),
+                          plain(", ".join(r.conflicts) or "-", style="yellow" if r.conflicts else ""),
+                          plain(", ".join(r.corrupt) or "-", style="red bold" if r.corrupt else ""))
         with self._lock:
             self.console.print(table)
             for r in reports:
                 for name in r.conflicts:
-                    self.console.print(Text(f"not overwritten: {r.landed}/{name} differs from {r.host}'s copy; "
-                                            "kept yours (--force replaces it)", style="yellow"))
-            self.console.print(Text(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
-                                    f"logs and metrics: {home}/hosts/<host>/"))
-            self.console.print(Text(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
-                                    "is pushed back if the hosts lost it)"))
+                    self.console.print(plain(f"not overwritten: {r.landed}/{name} differs from {r.host}'s copy; "
+                                             "kept yours (--force replaces it)", style="yellow"))
+            self.console.print(plain(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
+                                     f"logs and metrics: {home}/hosts/<host>/"))
+            self.console.print(plain(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
+                                     "is pushed back if the hosts lost it)"))
 
     def run_report(self, run_id: str, report: Any, png: str, comm: dict | None = None) -> None:
         """`fab report`: throughput and step-time breakdown per rank, then accuracy."""
-        table = Table(title=f"run {run_id}: throughput per rank (medians over steps)", title_justify="left")
+        table = PlainTable(title=f"run {run_id}: throughput per rank (medians over steps)")
         for column in ("host", "rank", "samples/s", "step ms", "data ms", "fwd+bwd ms", "optim ms", "comm ms",
                        "peak MiB"):
             table.add_column(column, justify="right" if column not in ("host",) else "left")
         for r in report.ranks:
             rank_comm = f"{r.comm_s * 1e3:.1f}" if r.comm_s is not None else "-"
-            table.add_row(r.host, str(r.rank), f"{r.samples_per_s:.0f}", f"{r.step_s * 1e3:.1f}",
+            table.add_row(r.host, r.rank, f"{r.samples_per_s:.0f}", f"{r.step_s * 1e3:.1f}",
                           f"{r.data_s * 1e3:.1f}", f"{r.fwd_bwd_s * 1e3:.1f}", f"{r.optim_s * 1e3:.1f}", rank_comm,
                           f"{r.peak_mem_bytes / 2**20:.0f}")
         final = f"{report.final_test_acc:.4f}" if report.final_test_acc is not None else "-"
         best = f"{report.best_test_acc:.4f}" if report.best_test_acc is not None else "-"
         with self._lock:
             self.console.print(table)
-            self.console.print(Text(f"total {report.total_samples_per_s:.0f} samples/s; {len(report.epochs)} epoch(s); "
-                                    f"final test acc {final}, best {best}; resumes {report.resumes}; plot: {png}"))
+            self.console.print(plain(f"total {report.total_samples_per_s:.0f} samples/s; {len(report.epochs)} "
+                                     f"epoch(s); final test acc {final}, best {best}; resumes {report.resumes}; "
+                                     f"plot: {png}"))
             if comm is not None:
                 measured = f"{comm['measured_s'] * 1e3:.1f} ms" if comm["measured_s"] is not None else "not measured"
-                self.console.print(Text(f"comm {comm['hook']}: all-reduce {measured} per step, ring floor "
-                                        f"{comm['floor_s'] * 1e3:.1f} ms at {comm['bandwidth_mbit_s']} Mbit/s x "
-                                        f"{comm['nodes']} nodes (ratio {comm['ratio']}); recommended "
-                                        f"{comm['recommended']}: {comm['reason']}"))
+                self.console.print(plain(f"comm {comm['hook']}: all-reduce {measured} per step, ring floor "
+                                         f"{comm['floor_s'] * 1e3:.1f} ms at {comm['bandwidth_mbit_s']} Mbit/s x "
+                                         f"{comm['nodes']} nodes (ratio {comm['ratio']}); recommended "
+                                         f"{comm['recommended']}: {comm['reason']}"))
+        for line in report.skipped:
+            self.warn(line)
 
 
 def _root_cause(tail: tuple[str, ...]) -> tuple[str, ...]:
@@ -175,9 +172,11 @@ class HostProgress:
     def __init__(self, renderer: Renderer, title: str, hosts: list[str]) -> None:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-        self.progress = Progress(TextColumn(f"{title} [bold]{{task.fields[host]}}"), BarColumn(), TaskProgressColumn(),
-                                 console=renderer.console, transient=False)
-        self.tasks = {h: self.progress.add_task("", total=100, host=h) for h in hosts}
+        # No markup: the host name is a value, shown as written (deploy/render/neutral.py).
+        self.progress = Progress(TextColumn(title, markup=False),
+                                 TextColumn("{task.fields[host]}", style="bold", markup=False),
+                                 BarColumn(), TaskProgressColumn(), console=renderer.console, transient=False)
+        self.tasks = {h: self.progress.add_task("", total=100, host=one_line(h)) for h in hosts}
 
     def __enter__(self) -> HostProgress:
         self.progress.start()
