@@ -47,7 +47,7 @@ def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = N
     return {"comm": comm, "run_id": run_id, "png": str(png), "final_test_acc": report.final_test_acc,
             "best_test_acc": report.best_test_acc, "total_samples_per_s": report.total_samples_per_s,
             "resumes": report.resumes, "ranks": [asdict(r) for r in report.ranks],
-            "epochs": [asdict(e) for e in report.epochs]}
+            "epochs": [asdict(e) for e in report.epochs], "skipped": list(report.skipped)}
 
 
 def main(run: str | None, as_json: bool, project: Project) -> None:
@@ -59,5 +59,7 @@ def main(run: str | None, as_json: bool, project: Project) -> None:
     renderer = Renderer()
     if as_json:
         renderer.json(report_json(run_id, result, png, comm))
+        for line in result.skipped:
+            renderer.warn(line)
     else:
         renderer.run_report(run_id, result, str(png), comm)

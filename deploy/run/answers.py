@@ -69,8 +69,7 @@ class Answer:
         """A finite number >= 0, or None for null or a field left out."""
         if value in (None, MISSING):
             return None
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                and value >= 0):
+        if not (is_real(value) and value >= 0):
             raise self.bad(field, value, "a number >= 0 or null")
         return value
 
@@ -97,6 +96,14 @@ def from_json(text: str) -> Any:
 
 def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> bool:
+    """A finite number: a float that is neither NaN nor infinite, or a whole number a float can
+    hold (JSON gives `10**400` as an int, which math.isfinite and float() refuse with OverflowError)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return is_int(value) and abs(value) < 2**1023  # type: ignore[operator]
 
 
 def remaining_pids(host: str, answer: object) -> tuple[int, ...]:

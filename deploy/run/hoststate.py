@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshrun.deploy.run.answers import MISSING, from_json
+from meshrun.deploy.run.answers import MISSING, from_json, is_real
 
 STATES = ("running", "exited", "stopped", "lost")  # what a sound agent reports
 DETAIL_CLIP = 120
@@ -28,11 +28,12 @@ class HostState:
 
 
 def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A whole number a status cell can show (not 4000 digits of one)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63 else None
 
 
 def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if is_real(value) else None  # type: ignore[arg-type]
 
 
 def _text(value: object) -> str | None:

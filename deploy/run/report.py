@@ -5,17 +5,33 @@ Pure functions of files; no torch, no process group. Layouts accepted by ``load_
 - ``root`` holds one run dir per host (``root/<host>/metrics*.jsonl``), as fetched from hosts
   that do not share storage. Epoch records come from whichever host had rank 0; when a resume
   repeated an epoch, the record written last wins.
+
+The files come from hosts, so every line is shape-checked like any other host answer
+(deploy/run/answers.py): a line that is not JSON, not an object, nested past the recursion limit,
+not UTF-8, longer than METRICS_LINE_MAX, or a record whose fields have the wrong type (`"epoch":
+"a"`, `"loss": {}`, NaN or 10**400 for a time, `true` for a number) is skipped and counted, and
+`RunReport.skipped` says, per file, how many lines and why the first one was; no file is read past
+METRICS_FILE_MAX bytes, and only regular files are read. Never an exception.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import os
 import statistics
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
+from meshrun.deploy.inventory.shown import clip, shown, shown_path
+from meshrun.deploy.run.answers import MISSING, from_json, is_int, is_real
 from meshrun.layout import RecordKind
+
+METRICS_FILE_MAX = 64 << 20  # bytes read of one metrics file (a long run's step records: a few MiB)
+METRICS_LINE_MAX = 1 << 20  # bytes of one line; a record is under 1 KiB, an epoch's per-rank lists a few
+HOST_LABEL_MAX = 64  # characters of a host name a step record gives
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,7 @@ class RunReport:
     epochs: tuple[EpochPoint, ...]
     ranks: tuple[RankThroughput, ...]
     resumes: int
+    skipped: tuple[str, ...] = ()  # per file with unusable lines: how many, and why the first
 
     @property
     def final_test_acc(self) -> float | None:
@@ -66,15 +83,120 @@ class RunReport:
         return sum(r.samples_per_s for r in self.ranks)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a torn last line (the writer was killed) is ignored."""
-    rows = []
-    for line in path.read_text().splitlines():
+class BadLine(ValueError):
+    """Why one line of a metrics file is no record the report can use."""
+
+
+@dataclass
+class MetricsFile:
+    """One metrics file from a host, read line by line: the JSON objects in it; every other line
+    is counted with why, and said in `note`."""
+
+    path: Path
+    lines: int = 0
+    skipped: int = 0
+    first: str = ""  # `line N: why` of the first skipped line
+    unread: str = ""  # why the file, or its end, was not read
+
+    def rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(line number, object) of every line that is a JSON object."""
+        for number, raw in enumerate(self._raw_lines(), 1):
+            self.lines = number
+            if raw is None:
+                self.skip(number, f"longer than {_size(METRICS_LINE_MAX)}")
+                continue
+            try:
+                value = from_json(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                self.skip(number, "not UTF-8")
+                continue
+            if isinstance(value, dict):
+                yield number, value
+            else:
+                self.skip(number, "not JSON" if value is MISSING else f"{shown(value)} is not a JSON object")
+
+    def check(self, number: int, row: dict[str, Any], read: Callable[[dict[str, Any]], T]) -> T | None:
+        """`read(row)`, or None when the row has a wrong field (the line is counted as skipped)."""
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+            return read(row)
+        except BadLine as why:
+            self.skip(number, str(why))
+            return None
+
+    def skip(self, number: int, why: str) -> None:
+        self.skipped += 1
+        self.first = self.first or f"line {number}: {why}"
+
+    def note(self) -> tuple[str, ...]:
+        where = shown_path(self.path)
+        notes = [f"{where}: {self.unread}"] if self.unread else []
+        if self.skipped:
+            first = "the first, " if self.skipped > 1 else ""
+            notes.insert(0, f"{where}: {self.skipped} of {self.lines} line(s) skipped, not a metrics record "
+                            f"the report can use ({first}{self.first})")
+        return tuple(notes)
+
+    def _raw_lines(self) -> Iterator[bytes | None]:
+        """Each line as bytes, None for one over METRICS_LINE_MAX; a regular file only, at most
+        METRICS_FILE_MAX bytes of it (a FIFO or a device is not waited on, nor read forever)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as err:
+            self.unread = f"not read ({err.strerror})"
+            return
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self.unread = "not read: not a regular file"
+            return
+        with os.fdopen(fd, "rb") as handle:
+            budget = METRICS_FILE_MAX
+            while budget and (raw := handle.readline(min(METRICS_LINE_MAX + 1, budget))):
+                budget -= len(raw)
+                too_long = len(raw) > METRICS_LINE_MAX
+                while too_long and budget and raw and not raw.endswith(b"\n"):
+                    raw = handle.readline(min(1 << 20, budget))  # the rest of a line too long to use
+                    budget -= len(raw)
+                if not budget and not raw.endswith(b"\n"):
+                    break  # cut by the budget: not a whole line
+                yield None if too_long else raw
+            if handle.read(1):
+                self.unread = f"only its first {_size(METRICS_FILE_MAX)} are read; the rest is not in the report"
+
+
+def _size(count: int) -> str:
+    return f"{count >> 20} MiB" if count >= 1 << 20 and not count % (1 << 20) else f"{count} bytes"
+
+
+def _bad(key: str, value: object, expected: str) -> BadLine:
+    return BadLine(f"{key} is {'missing' if value is MISSING else shown(value)}; expected {expected}")
+
+
+def _whole(row: dict[str, Any], key: str, below: int = 2**63) -> int:
+    value = row.get(key, MISSING)
+    if not (is_int(value) and 0 <= value < below):
+        raise _bad(key, value, "a whole number >= 0")
+    return value
+
+
+def _number(row: dict[str, Any], key: str, low: float = -math.inf, high: float = math.inf,
+            expected: str = "a number") -> float:
+    """A finite number in [low, high]."""
+    value = row.get(key, MISSING)
+    if not (is_real(value) and low <= value <= high):
+        raise _bad(key, value, expected)
+    return float(value)
+
+
+def _loss(row: dict[str, Any], key: str) -> float:
+    """A loss: any number, NaN included (the trainer writes NaN for a test set it could not use)."""
+    value = row.get(key, MISSING)
+    if isinstance(value, float):
+        return value
+    return _number(row, key)
+
+
+def _seconds(row: dict[str, Any], key: str) -> float:
+    return _number(row, key, low=0.0, expected="a number >= 0")
 
 
 def run_dirs(root: Path) -> Iterator[tuple[str, Path]]:
@@ -86,40 +208,81 @@ def run_dirs(root: Path) -> Iterator[tuple[str, Path]]:
 
 def load_report(root: Path) -> RunReport:
     epochs: dict[int, tuple[float, EpochPoint]] = {}
-    ranks, resumes = [], 0
+    ranks, resumes, files = [], 0, []
     for host, directory in run_dirs(root):
         main = directory / "metrics.jsonl"
-        for row in read_jsonl(main) if main.exists() else []:
-            if row.get("kind") == RecordKind.EPOCH.value:
-                point = _epoch(row)
-                if point.epoch not in epochs or epochs[point.epoch][0] <= point.time:
-                    epochs[point.epoch] = (point.time, point)
-            resumes += row.get("kind") == RecordKind.RESUME.value
+        if main.exists() or main.is_symlink():
+            files.append(MetricsFile(main))
+            resumes += _read_main(files[-1], epochs)
         for path in sorted(directory.glob("metrics.rank*.jsonl")):
-            summary = _rank(host, read_jsonl(path))
+            files.append(MetricsFile(path))
+            summary = _rank(host, files[-1])
             if summary is not None:
                 ranks.append(summary)
     ordered = tuple(p for _, (_, p) in sorted(epochs.items()))
-    return RunReport(root, ordered, tuple(sorted(ranks, key=lambda r: (r.host, r.rank))), resumes)
+    return RunReport(root, ordered, tuple(sorted(ranks, key=lambda r: (r.host, r.rank))), resumes,
+                     tuple(note for f in files for note in f.note()))
+
+
+def _read_main(file: MetricsFile, epochs: dict[int, tuple[float, EpochPoint]]) -> int:
+    """Rank 0's `metrics.jsonl`: its epoch records into `epochs` (the one written last wins); the
+    number of resume records."""
+    resumes = 0
+    for number, row in file.rows():
+        kind = _kind(file, number, row)
+        point = file.check(number, row, _epoch) if kind == RecordKind.EPOCH.value else None
+        if point is not None and (point.epoch not in epochs or epochs[point.epoch][0] <= point.time):
+            epochs[point.epoch] = (point.time, point)
+        resumes += kind == RecordKind.RESUME.value
+    return resumes
+
+
+def _kind(file: MetricsFile, number: int, row: dict[str, Any]) -> str | None:
+    """The record's kind; a line without one (or not text) is skipped. Other kinds are the trainer's
+    to add: they are left alone, not counted."""
+    kind = row.get("kind", MISSING)
+    if not isinstance(kind, str):
+        file.skip(number, f"kind is {'missing' if kind is MISSING else shown(kind)}; expected text")
+        return None
+    return kind
 
 
 def _epoch(row: dict[str, Any]) -> EpochPoint:
-    return EpochPoint(row["epoch"], row["train_loss"], row["test_loss"], row["test_acc"],
-                      row["test_acc5"], row["world_size"], row["global_step"], row["time"])
+    return EpochPoint(_whole(row, "epoch"), _loss(row, "train_loss"), _loss(row, "test_loss"),
+                      _number(row, "test_acc", 0.0, 1.0, "a number from 0 to 1"),
+                      _number(row, "test_acc5", 0.0, 1.0, "a number from 0 to 1"),
+                      _whole(row, "world_size"), _whole(row, "global_step"), _number(row, "time"))
 
 
-def _rank(host: str, rows: list[dict[str, Any]]) -> RankThroughput | None:
-    steps = [r for r in rows if r.get("kind") == RecordKind.STEP.value]
-    if not steps:
+def _step(row: dict[str, Any]) -> RankThroughput:
+    """One step record, as a RankThroughput of that one record."""
+    host = row.get("host")
+    if host is not None and not isinstance(host, str):
+        raise _bad("host", host, "text")
+    return RankThroughput(clip(host, HOST_LABEL_MAX) if host else "", _whole(row, "rank", 2**31), 1,
+                          _seconds(row, "samples_per_s"), _seconds(row, "step_s"), _seconds(row, "data_s"),
+                          _seconds(row, "fwd_bwd_s"), _seconds(row, "optim_s"), _whole(row, "peak_mem_bytes"), None)
+
+
+def _rank(host: str, file: MetricsFile) -> RankThroughput | None:
+    steps: list[RankThroughput | None] = []
+    comm: list[float | None] = []
+    for number, row in file.rows():
+        kind = _kind(file, number, row)
+        if kind == RecordKind.STEP.value:
+            steps.append(file.check(number, row, _step))
+        elif kind == RecordKind.COMM.value:
+            comm.append(file.check(number, row, lambda r: _seconds(r, "comm_s")))
+    sound = [s for s in steps if s is not None]
+    measured = [c for c in comm if c is not None]
+    if not sound:
         return None
-    comm = [r["comm_s"] for r in rows if r.get("kind") == RecordKind.COMM.value]
 
     def med(key: str) -> float:
-        return statistics.median(r[key] for r in steps)
+        return statistics.median(getattr(s, key) for s in sound)
 
-    return RankThroughput(host=steps[-1].get("host") or host, rank=steps[-1]["rank"],
-                          steps=len(steps), samples_per_s=med("samples_per_s"),
-                          step_s=med("step_s"), data_s=med("data_s"), fwd_bwd_s=med("fwd_bwd_s"),
-                          optim_s=med("optim_s"),
-                          peak_mem_bytes=max(r["peak_mem_bytes"] for r in steps),
-                          comm_s=comm[-1] if comm else None)
+    return RankThroughput(host=sound[-1].host or host, rank=sound[-1].rank, steps=len(sound),
+                          samples_per_s=med("samples_per_s"), step_s=med("step_s"), data_s=med("data_s"),
+                          fwd_bwd_s=med("fwd_bwd_s"), optim_s=med("optim_s"),
+                          peak_mem_bytes=max(s.peak_mem_bytes for s in sound),
+                          comm_s=measured[-1] if measured else None)

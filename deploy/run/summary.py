@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from meshrun.deploy.run.outcome import JobOutcome
 from meshrun.deploy.run.membership import Change
 from meshrun.deploy.run.plan import LaunchPlan
-from meshrun.deploy.run.answers import from_json, is_int
+from meshrun.deploy.run.answers import from_json, is_int, is_real
 
 COUNTS = ("world_size", "restarts", "epochs_completed")  # result.json's counts (train/metrics.py)
 MAX_METRICS = 100  # of a result.json: the trainer writes a handful
@@ -41,7 +40,7 @@ class RunSummary:
 
 
 def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_real(value)  # 10**400 too: math.isfinite would raise OverflowError on it
 
 
 def trainer_result(text: str) -> dict[str, Any] | None:
