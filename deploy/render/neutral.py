@@ -26,7 +26,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-_SUSPECT = re.compile("[^\t\n -~]")  # printable ASCII, tab and newline are safe without a look
+_SUSPECT = re.compile("[^\t\n -~]+")  # runs of anything but printable ASCII, tab and newline
 
 
 @functools.lru_cache(maxsize=4096)
@@ -37,9 +37,14 @@ def _shown(char: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+def _run(match: re.Match[str]) -> str:
+    run = match.group()
+    return run if run.isprintable() else "".join(map(_shown, run))
+
+
 def neutral(text: str) -> str:
     """`text` with every non-printing character written as `\\x1b`, `\\x9b`, `\\u200b`; the rest as is."""
-    return _SUSPECT.sub(lambda match: _shown(match.group()), text)
+    return text if text.isprintable() else _SUSPECT.sub(_run, text)
 
 
 def one_line(text: str) -> str:
