@@ -128,3 +128,20 @@ def zt_inventory(zt_testbed: ZeroTier, make_inventory: Callable[..., Path]) -> P
 def wg_inventory(testbed_wg: SimCluster, make_inventory: Callable[..., Path]) -> Path:
     """A fresh inventory with the overlay up (network: wireguard)."""
     return make_inventory()
+
+
+# Fixtures that stand on the one simulated cluster of this machine (its flock allows one user).
+CLUSTER_FIXTURES = frozenset({"testbed", "testbed_wg", "zt_session", "zt_testbed", "make_inventory",
+                              "inventory", "zt_inventory", "wg_inventory"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`tests/run` uses `-n 2 --dist loadgroup`), every test that stands on the
+    simulated cluster runs in one worker, one after another, as the cluster allows; the other
+    worker takes the pure and single-machine tests meanwhile. A test marked `cluster` counts too,
+    and so does one that only asks for a cluster fixture."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("cluster") is not None or fixtures & CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("simulated-cluster"))
