@@ -18,6 +18,7 @@ RUNS_DIR = "runs"  # relative to the project on the controller and to the workdi
 ENV_RUN_ID = "MESHRUN_RUN_ID"
 ENV_HOST = "MESHRUN_HOST"
 ENV_BATCH_SIZE = "MESHRUN_BATCH_SIZE"  # this host's per-process batch size, or "auto"
+ENV_SITE = "MESHRUN_SITE"  # the inventory's `site:` of this host; unset: the host is a site of its own
 
 # The controller's ssh_config (HostName, User, Port, IdentityFile, ProxyJump); default ~/.ssh/config.
 ENV_SSH_CONFIG = "MESHRUN_SSH_CONFIG"

@@ -133,7 +133,7 @@ HOSTILE = [
      "3: keys in hosts must be names, got a mapping; use plain text keys"),
     ("hosts:\n  a: {address: 10.0.0.1, " + "x" * 1000 + ": 1}\n",
      f"2: host 'a': unknown key '{'x' * 40}'…; allowed: address, ssh_address, user, port, identity, python, "
-     "workdir, network, gpus, nproc, batch_size, env"),
+     "workdir, network, gpus, nproc, batch_size, env, site"),
     # address: the login name and the port have their own fields
     ("hosts:\n  a: {address: bob@10.0.0.1}\n", "2: host 'a', field 'address': 'bob@10.0.0.1' holds a login name; "
                                               "put the login name in `user:` and only the host in `address:`"),

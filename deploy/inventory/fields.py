@@ -199,6 +199,15 @@ def name_list(node: yaml.Node, at: Where) -> tuple[str, ...]:
     return tuple(text(item, Where(at.path, item.start_mark.line + 1, at.host, at.field)) for item in node.value)
 
 
+def site(node: yaml.Node, at: Where) -> str:
+    """A place name (`office`, `home-1`): the same letters as a host name, so it is plain text everywhere."""
+    value = written(_scalar(node, at, "a site name"))
+    if is_null(node) and not value:
+        raise at.fail("expected a site name, got nothing", "write e.g. `site: office`, or remove the line")
+    check_name(value, at, "site")
+    return value
+
+
 def check_name(name: str, at: Where, noun: str) -> None:
     if not NAME_RE.fullmatch(name):
         raise at.fail(f"{noun} name {shown(name)} has characters other than letters, digits, '.', '_' and '-'",
@@ -220,4 +229,5 @@ FIELD_READERS: Mapping[str, Callable[[yaml.Node, Where], object]] = {
     "nproc": positive_int,
     "batch_size": batch_size,
     "env": env,
+    "site": site,
 }

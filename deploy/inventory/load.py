@@ -6,6 +6,7 @@ line naming the file, line, host and field, and what to do (see `deploy.inventor
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from types import MappingProxyType
@@ -30,12 +31,13 @@ LOOKUP_ORDER = "--inventory, $MESHRUN_INVENTORY, the project's inventory/hosts.y
 
 TOP_KEYS = ("defaults", "hosts", "groups", "rendezvous", "known_hosts", "elastic")
 HOST_KEYS = ("address", "ssh_address", "user", "port", "identity", "python", "workdir", "network",
-             "gpus", "nproc", "batch_size", "env")
+             "gpus", "nproc", "batch_size", "env", "site")
 DEFAULT_KEYS = tuple(k for k in HOST_KEYS if k not in ("address", "ssh_address"))
 # user/port None: ssh_config's for the host, else root/22 (deploy.edges.sshtarget).
 BUILTIN_DEFAULTS: Mapping[str, object] = MappingProxyType(
     {"user": None, "port": None, "identity": None, "python": None, "workdir": "~/meshrun",
-     "network": Network.LAN, "gpus": None, "nproc": None, "batch_size": None, "env": ()}
+     "network": Network.LAN, "gpus": None, "nproc": None, "batch_size": None, "env": (),
+     "site": None}
 )
 
 
@@ -82,7 +84,8 @@ def load_inventory(path: Path, project: Path | None = None) -> Inventory:
     if project is not None:
         _check_local_workdirs(hosts, sections, where, project)
     names = tuple(h.name for h in hosts)
-    groups = _read_groups(sections["groups"][1], where, names) if "groups" in sections else {}
+    groups, group_sites = _read_groups(sections["groups"][1], where, names) if "groups" in sections else ({}, {})
+    hosts = _with_group_sites(hosts, sections["hosts"][1], where, group_sites)
     rdzv = _read_rendezvous(sections["rendezvous"][1], where, names) if "rendezvous" in sections else Rendezvous(None)
     known_hosts = None
     if "known_hosts" in sections:
@@ -157,20 +160,61 @@ def _is_null(node: yaml.Node) -> bool:
     return is_null(node)
 
 
-def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+GROUP_KEYS = ("hosts", "site")  # a group is a list of hosts, or `{hosts: [...], site: NAME}`
+
+
+def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...]
+                 ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, str]]]:
+    """The groups, and per host the site its group gives it: ``{host: (site, group)}``."""
     groups: dict[str, tuple[str, ...]] = {}
+    sites: dict[str, tuple[str, str]] = {}
     for name, key_node, value_node in mapping_items(node, where.at(node), "groups"):
         at = where.at(key_node, field="groups")
         fields.check_name(name, at, "group")
         if name in hosts:
             raise at.fail(f"group {shown(name)} has the same name as a host", "rename the group")
+        site, value_node = _group_site(value_node, where, name)
         members = fields.name_list(value_node, where.at(value_node, field="groups"))
         for member, member_node in zip(members, value_node.value):
             if member not in hosts:
                 raise where.at(member_node, field="groups").fail(
                     f"group {shown(name)} names unknown host {shown(member)}", f"known hosts: {listing(hosts)}")
+            if site is not None and sites.get(member, (site,))[0] != site:
+                raise where.at(member_node, field="groups").fail(
+                    f"host {shown(member)} is in group {shown(sites[member][1])} at site {shown(sites[member][0])} "
+                    f"and in group {shown(name)} at site {shown(site)}", "give the host its own `site:`, or one group")
+            if site is not None:
+                sites[member] = (site, name)
         groups[name] = members
-    return groups
+    return groups, sites
+
+
+def _group_site(node: yaml.Node, where: Where, name: str) -> tuple[str | None, yaml.Node]:
+    """(site, the list of hosts) of a group written as a list or as `{hosts: [...], site: NAME}`."""
+    if not isinstance(node, yaml.MappingNode):
+        return None, node
+    found: dict[str, yaml.Node] = {}
+    for key, key_node, value_node in mapping_items(node, where.at(node), f"group {shown(name)}"):
+        if key not in GROUP_KEYS:
+            raise unknown_key(key, GROUP_KEYS, where.at(key_node, field="groups"), f"group {shown(name)}")
+        found[key] = value_node
+    if "hosts" not in found:
+        raise where.at(node, field="groups").fail(f"group {shown(name)} has no `hosts:`",
+                                                  "write `{hosts: [gpu1, gpu2], site: office}`")
+    site = fields.site(found["site"], where.at(found["site"], field="site")) if "site" in found else None
+    return site, found["hosts"]
+
+
+def _with_group_sites(hosts: tuple[Host, ...], node: yaml.Node, where: Where,
+                      group_sites: Mapping[str, tuple[str, str]]) -> tuple[Host, ...]:
+    """A host's own `site:` wins; else its group's; else the defaults' (already merged)."""
+    out = []
+    for host, (_, _, value_node) in zip(hosts, mapping_items(node, where, "hosts")):
+        own = not _is_null(value_node) and any(k == "site" for k, _, _ in mapping_items(value_node, where, ""))
+        if host.name in group_sites and not own:
+            host = dataclasses.replace(host, site=group_sites[host.name][0])
+        out.append(host)
+    return tuple(out)
 
 
 def _read_rendezvous(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> Rendezvous:

@@ -46,6 +46,7 @@ class Host:
     nproc: int | None
     batch_size: int | str | None  # an int, "auto", or None (the config's batch size)
     env: tuple[tuple[str, str], ...]
+    site: str | None = None  # where the host is (docs/sites.md); None: a place of its own
 
     @property
     def is_local(self) -> bool:

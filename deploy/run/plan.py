@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from meshrun.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID,
+from meshrun.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID, ENV_SITE,
                            HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_LOGS, generation_rdzv_id,
                            host_dir)
 from meshrun.deploy.errors import InputError
@@ -178,6 +178,8 @@ def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple
         env.append((ENV_BATCH_SIZE, str(host.batch_size)))
     elif host.batch_size == "auto":
         env.append((ENV_BATCH_SIZE, "auto"))
+    if host.site is not None:
+        env.append((ENV_SITE, host.site))  # the trainer's sites (comm.hook=hier, docs/sites.md)
     overridden = {k for k, _ in host.env}
     return tuple((k, v) for k, v in env if k not in overridden) + host.env
 
