@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import platform
+import re
 import signal
+import subprocess
 
 import pytest
 
+from meshrun.deploy.host.facts import meshrun_identity
 from tests.cpuhog import cpu_hog
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes, wait_no_run_processes
 
 pytestmark = pytest.mark.slow
 
 
+def _dirty_project() -> dict[str, str]:
+    """ROOT as a commit plus edits: a tracked file changed and an untracked one added (both shipped).
+    Returns what summary.json's provenance.project must say, computed here by the documented rule."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "add", "-A"], cwd=ROOT, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "base"], cwd=ROOT, check=True)
+    with (ROOT / "README.md").open("a") as f:
+        f.write("\nlocal edit\n")
+    (ROOT / "scratch_note.txt").write_text("not committed\n")
+    digests = {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest() for p in ("README.md", "scratch_note.txt")}
+    lines = "".join(f"{digests[p]}  {p}\n" for p in sorted(digests))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {"commit": commit, "diff_sha256": hashlib.sha256(lines.encode()).hexdigest()}
+
+
 def test_fab_train_local_default_reaches_95_percent_and_writes_summary() -> None:
+    expected = _dirty_project()
     done = fab("train", timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_id = run_id_of(done.stdout)
@@ -27,11 +48,34 @@ def test_fab_train_local_default_reaches_95_percent_and_writes_summary() -> None
     assert "[local:0] " in log and "epoch" in log
     assert not run_processes(run_id)
 
+    # Provenance (issue 23): the dirty tree that shipped, this build, the host's versions, the config, the checkpoints.
+    prov = summary["provenance"]
+    assert prov["project"] == {"commit": expected["commit"], "dirty": True, "diff_sha256": expected["diff_sha256"],
+                               "changed_files": ["README.md", "scratch_note.txt"], "changed_count": 2}
+    build = prov["meshrun"]  # this controller's build (not compared with this process's: helpers edit the tree)
+    assert build["version"] == meshrun_identity()["version"] and re.fullmatch(r"[0-9a-f]{12}", build["build"])
+    import torch  # what the host's torch says of itself, imported (the provenance probe reads files instead)
+
+    assert prov["hosts"] == {"local": {
+        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())), "torch_error": None,
+        "meshrun": f"{build['version']} (build {build['build']})", "gpus": []}}  # no GPU on this machine
+    ckpt_dir = ROOT / "runs" / run_id / "checkpoints"
+    on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in ckpt_dir.glob("*.pt")}
+    assert on_disk and prov["checkpoints"] == {"host": "local", "files": on_disk}
+    config_line = next(json.loads(line) for line in (ROOT / "runs" / run_id / "metrics.jsonl").open()
+                       if '"kind": "config"' in line)
+    assert prov["trainer_config"] == config_line["config"] and prov["links"] is None
+
     # fab report on the same run: a table, JSON, and a real PNG with curves in it.
     shown = fab("report", "--run", run_id)
     assert shown.returncode == 0, shown.stderr
     assert "local" in shown.stdout and "samples/s" in shown.stdout
+    assert f"project: commit {expected['commit']}, dirty: 2 file(s) differ, diff sha256 {expected['diff_sha256']}" \
+        in shown.stdout
+    assert f"meshrun: {build['version']} (build {build['build']})" in shown.stdout
     data = json.loads(fab("report", "--run", run_id, "--json").stdout)
+    assert data["provenance"] == prov
     assert data["final_test_acc"] == pytest.approx(summary["metrics"]["test_acc"])
     assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["total_samples_per_s"] > 0
     png = ROOT / "runs" / run_id / "report.png"

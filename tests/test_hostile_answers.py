@@ -282,7 +282,7 @@ def test_an_unreadable_mtu_is_unknown(link: str) -> None:
 
 
 def test_gpu_lines_with_unicode_digits_are_skipped() -> None:
-    assert host_queries.parse_gpus("0, H200, \u00b2, 5\n1, H200, 10, 20\n") == ((1, "H200", 10, 20),)
+    assert host_queries.parse_gpus("0, H200, \u00b2, 5, GPU-1\n1, H200, 10, 20, GPU-2\n") == ((1, "H200", 10, 20, "GPU-2"),)
 
 
 STOP = "host 'h1': the agent's stop gave an unexpected answer: "

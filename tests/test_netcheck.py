@@ -99,8 +99,11 @@ def test_wireguard_handshakes_and_unreadable() -> None:
 
 
 def test_nvidia_smi_parse() -> None:
-    out = "0, NVIDIA H200, 1024, 143771\n1, NVIDIA H200, 0, 143771\n"
-    assert probes.parse_gpus(out) == ((0, "NVIDIA H200", 1024, 143771), (1, "NVIDIA H200", 0, 143771))
+    out = ("0, NVIDIA H200, 1024, 143771, GPU-8d2c1f3a-55e1-9b7e-4c0d-2f6a9e1b7c44\n"
+           "1, NVIDIA H200, 0, 143771, [N/A]\n")
+    assert probes.parse_gpus(out) == ((0, "NVIDIA H200", 1024, 143771, "GPU-8d2c1f3a-55e1-9b7e-4c0d-2f6a9e1b7c44"),
+                                      (1, "NVIDIA H200", 0, 143771, None))
+    assert probes.parse_gpus("0, NVIDIA H200, 1, 2, GPU-x; rm -rf /\n") == ((0, "NVIDIA H200", 1, 2, None),)
     assert probes.parse_gpus("No devices were found\n") == ()
 
 

@@ -56,6 +56,7 @@ class Gpu:
     name: str
     memory_used_mib: int
     memory_total_mib: int
+    uuid: str | None = None  # nvidia-smi's `GPU-…`: which card, across reboots and index shuffles
 
 
 @dataclass(frozen=True)

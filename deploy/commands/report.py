@@ -5,13 +5,17 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from meshrun.layout import SUMMARY
 from meshrun.deploy.edges.comm import beside_floor, load_plan
+from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import resolve_run
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.render.console import Renderer
 
 from meshrun.deploy.render.png import write_png
+from meshrun.deploy.run.answers import from_json
+from meshrun.deploy.run.provenance import report_lines
 from meshrun.deploy.run.report import RunReport, load_report
 
 
@@ -43,8 +47,19 @@ def comm_beside_floor(runs: Path, run_id: str, report: RunReport) -> dict | None
     return beside_floor(saved, measured)
 
 
-def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = None) -> dict:
-    return {"comm": comm, "run_id": run_id, "png": str(png), "final_test_acc": report.final_test_acc,
+def summary_provenance(runs: Path, run_id: str) -> dict | None:
+    """summary.json's `provenance` (None before the run ends, for a detached run, or an older run)."""
+    data = read_optional(runs / run_id / SUMMARY, RECORD_MAX, "run summary",
+                         "the file is damaged or was edited; remove it")
+    found = from_json(data.decode("utf-8", "replace")) if data is not None else None
+    provenance = found.get("provenance") if isinstance(found, dict) else None
+    return provenance if isinstance(provenance, dict) else None
+
+
+def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = None,
+                provenance: dict | None = None) -> dict:
+    return {"comm": comm, "provenance": provenance, "run_id": run_id, "png": str(png),
+            "final_test_acc": report.final_test_acc,
             "best_test_acc": report.best_test_acc, "total_samples_per_s": report.total_samples_per_s,
             "resumes": report.resumes, "ranks": [asdict(r) for r in report.ranks],
             "epochs": [asdict(e) for e in report.epochs], "skipped": list(report.skipped)}
@@ -56,10 +71,13 @@ def main(run: str | None, as_json: bool, project: Project) -> None:
     run_id = resolve_run(runs, run).run_id
     result, png = build_report(runs, run_id)
     comm = comm_beside_floor(runs, run_id, result)
+    provenance = summary_provenance(runs, run_id)
     renderer = Renderer()
     if as_json:
-        renderer.json(report_json(run_id, result, png, comm))
+        renderer.json(report_json(run_id, result, png, comm, provenance))
         for line in result.skipped:
             renderer.warn(line)
     else:
         renderer.run_report(run_id, result, str(png), comm)
+        for line in report_lines(provenance):
+            renderer.info(line)

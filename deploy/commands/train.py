@@ -18,7 +18,8 @@ from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
 from meshrun.deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
-from meshrun.deploy.commands.sync import sync_code
+from meshrun.deploy.commands.sync import code_files, sync_code
+from meshrun.deploy.edges import provenance
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
@@ -174,7 +175,8 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
-        outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer)
+        origin = provenance.at_launch(hosts, sessions, project.root, code_files(inventory, project.root), sys.executable)
+        outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin)
     return _conclude(outcome, summary, project, renderer)
 
 
@@ -208,7 +210,7 @@ def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...]
 
 
 def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, sessions: Mapping[str, Session],
-                  project: Project, renderer: Renderer) -> tuple[JobOutcome, RunSummary]:
+                  project: Project, renderer: Renderer, origin: dict) -> tuple[JobOutcome, RunSummary]:
     """Run with this controller watching; returns the outcome and the summary to write."""
     poller = RequestPoller(record, inventory, project, renderer) if plan.elastic else None
     reconnect = (lambda host: connect(host, inventory.known_hosts, project.root, PING_TIMEOUT_S))
@@ -221,7 +223,9 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
     saved_plan = comm_cmd.load_plan(project.runs, plan.run_id)
     measured = comm_cmd.read_comm_record(answering, plan) if saved_plan else None
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
-    return outcome, build_summary(plan, outcome, read_result(answering, plan), comm)
+    names = [h.host.name for h in plan.hosts]
+    made = {**origin, **provenance.at_end(answering, names, plan.run_id, saved_plan)}
+    return outcome, build_summary(plan, outcome, read_result(answering, plan), comm, made)
 
 
 def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, renderer: Renderer) -> int:

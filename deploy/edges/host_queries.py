@@ -79,19 +79,21 @@ def peer_address_for(host_name: str, rdzv_name: str, addresses: dict[str, str]) 
 
 
 COUNT_RE = re.compile(r"[0-9]{1,9}")  # a GPU index or MiB
+GPU_UUID_RE = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{1,80}")  # nvidia-smi's `GPU-8d2c…`; anything else: null
 GPU_NAME_CLIP = 80
-NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.used,memory.total", "--format=csv,noheader,nounits")
+NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.used,memory.total,uuid", "--format=csv,noheader,nounits")
 
 
-def parse_gpus(output: str) -> tuple[tuple[int, str, int, int], ...]:
-    """`nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits`
-    → (index, name, MiB used, MiB total) per GPU; lines that do not parse are skipped."""
+def parse_gpus(output: str) -> tuple[tuple[int, str, int, int, str | None], ...]:
+    """`nvidia-smi --query-gpu=index,name,memory.used,memory.total,uuid --format=csv,noheader,nounits`
+    → (index, name, MiB used, MiB total, UUID or None) per GPU; lines that do not parse are skipped."""
     gpus = []
     for line in output.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4 or not all(COUNT_RE.fullmatch(parts[i]) for i in (0, 2, 3)):
+        if len(parts) != 5 or not all(COUNT_RE.fullmatch(parts[i]) for i in (0, 2, 3)):
             continue  # `²`.isdigit() is true, but int() refuses it: ASCII digits only
-        gpus.append((int(parts[0]), parts[1][:GPU_NAME_CLIP], int(parts[2]), int(parts[3])))
+        uuid = parts[4] if GPU_UUID_RE.fullmatch(parts[4]) else None
+        gpus.append((int(parts[0]), parts[1][:GPU_NAME_CLIP], int(parts[2]), int(parts[3]), uuid))
     return tuple(gpus)
 
 

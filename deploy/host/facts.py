@@ -2,7 +2,9 @@
 
 Prints one JSON object: the interpreter, torch / torch.version.cuda / NCCL (or why torch does not
 import), the meshrun this interpreter imports (version and build, `meshrun_identity`), free disk
-in the working directory (the host's workdir), and where the tools the check runs next live. Extra places are searched for `zerotier-cli` because a non-root SSH login has no
+in the working directory (the host's workdir), and where the tools the check runs next live.
+With the argument `light` (a run's provenance, `deploy/edges/provenance.py`) torch is not imported:
+its versions are read from its installed files. Extra places are searched for `zerotier-cli` because a non-root SSH login has no
 /usr/sbin on PATH, and because a user who needs `sudo zerotier-cli` puts a wrapper in ~/bin.
 """
 
@@ -85,15 +87,53 @@ def meshrun_identity() -> dict[str, str] | None:
     return {"version": version, "build": digest.hexdigest()[:12]}
 
 
+NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+VERSION_FILE_NAMES = {"__version__": "torch", "cuda": "cuda"}
+
+
+def torch_files_facts() -> dict[str, object]:
+    """torch's version and CUDA build as its installed files say, without importing it (seconds of CPU
+    a run's provenance should not cost): `torch/version.py` holds `__version__` and `cuda` as literals,
+    and NCCL is the version of the `nvidia-nccl-*` package torch loads (null when none is installed)."""
+    import ast
+    from importlib import metadata, util
+
+    found: dict[str, object] = {"torch": None, "cuda": None, "nccl": None, "error": None}
+    try:
+        spec = util.find_spec("torch")
+        folder = list(spec.submodule_search_locations or [])[0] if spec else None
+        if folder is None:
+            return {**found, "error": "torch is not installed"}
+        with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, ValueError, SyntaxError, ImportError, IndexError) as err:
+        return {**found, "error": f"{err.__class__.__name__}: {err}"}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        key = VERSION_FILE_NAMES.get(getattr(target, "id", ""))
+        value = getattr(node, "value", None)
+        if key and isinstance(value, ast.Constant) and isinstance(value.value, (str, type(None))):
+            found[key] = value.value
+    for package in NCCL_PACKAGES:
+        try:
+            found["nccl"] = metadata.version(package)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def tool_paths() -> dict[str, str | None]:
     search = os.pathsep.join([os.environ.get("PATH", ""), *(os.path.expanduser(p) for p in EXTRA_PATH)])
     return {tool: shutil.which(tool, path=search) for tool in TOOLS}
 
 
 def main() -> None:
+    """`facts`: what the check needs (imports torch); `facts light`: a run's provenance (does not)."""
     usage = shutil.disk_usage(".")
+    versions = torch_files_facts() if sys.argv[1:] == ["light"] else torch_facts()
     facts = {"python": platform.python_version(), "executable": sys.executable, "cwd": os.getcwd(),
-             "disk_free": usage.free, **torch_facts(), "meshrun": meshrun_identity(), "tools": tool_paths()}
+             "disk_free": usage.free, **versions, "meshrun": meshrun_identity(), "tools": tool_paths()}
     print(json.dumps(facts))
 
 

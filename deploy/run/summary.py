@@ -34,6 +34,7 @@ class RunSummary:
     timeline: list[dict[str, Any]] = field(default_factory=list)  # membership changes, in order
     lost_hosts: list[str] = field(default_factory=list)
     comm: dict[str, Any] | None = None  # with --comm: hook, floor_s, measured_s, ratio (deploy/commands/comm.py)
+    provenance: dict[str, Any] | None = None  # what produced the run (deploy/run/provenance.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -60,7 +61,7 @@ def trainer_result(text: str) -> dict[str, Any] | None:
 
 
 def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,
-                  comm: dict[str, Any] | None = None) -> RunSummary:
+                  comm: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> RunSummary:
     """Combine what the controller saw with what the trainer reported (result.json), if any."""
     result = result or {}
     return RunSummary(
@@ -83,4 +84,5 @@ def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, An
                    "detail": e.detail} for e in outcome.events],
         lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST}),
         comm=comm,
+        provenance=provenance,
     )
