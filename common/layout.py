@@ -47,6 +47,11 @@ TORCHRUN_LOGS = "torchrun"
 
 AGENT_MODULE = "meshrun.deploy.host.agent"
 SCRIPT_RUNNER_MODULE = "meshrun.deploy.host.runscript"  # runs a user's --script, then leaves with os._exit
+# torchrun as meshrun starts it: the rendezvous state read as data (deploy/host/torchrun.py, which keeps its own
+# copies of the two names below: the check ships it to hosts without meshrun; tests/test_rdzv_state.py holds them equal).
+TORCHRUN_MODULE = "meshrun.deploy.host.torchrun"
+TORCHRUN_RDZV_HOST_FLAG = "--meshrun-rdzv-host"  # its own first option: the rendezvous host's inventory name
+STATE_REFUSED_EXIT = 65  # its exit status when the store held a rendezvous state no torchrun of the run wrote
 
 # The controller's lines to an agent's stdin: any line is a heartbeat; this one also asks the agent
 # to restart its worker group (a peer was cut off, see deploy/edges/launcher.py).

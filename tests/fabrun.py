@@ -140,7 +140,7 @@ def torchrun_envs(run_id: str) -> dict[str, dict[str, str]]:
             raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue  # ended meanwhile
-        if b"torch.distributed.run" in argv:
+        if b"meshrun.deploy.host.torchrun" in argv:  # torchrun as meshrun starts it
             env = dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
             envs[env["MESHRUN_HOST"]] = env
     return envs

@@ -128,6 +128,31 @@ def test_rendezvous_port_taken_by_another_process_is_detected(testbed: SimCluste
                   "holds it (a run in progress?): stop it or change `rendezvous.port`") in failing(report)
 
 
+@pytest.mark.slow
+def test_a_member_planting_a_pickle_in_the_check_store_runs_nothing_anywhere(testbed: SimCluster, inventory: Path,
+                                                                             tmp_path: Path) -> None:
+    """Issue 20: h3 plays a compromised member during the check's all-reduce: it writes into h1's
+    store a pickle that would create a file, under the check's rendezvous key and the next
+    generations' (tests/rdzv_attacker.py). Nothing runs anywhere; the all-reduce FAILs naming h1."""
+    marks = tmp_path / "planted"
+    marks.mkdir()
+    store = f"{testbed.host(1).address}:{RDZV_PORT}"
+    attacker = testbed.popen(3, [sys.executable, str(REPO / "tests" / "rdzv_attacker.py"), str(marks), "h3", "200",
+                                 store], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        report, code, _ = check_json(inventory)
+        planted = json.loads(attacker.communicate(timeout=120)[0].splitlines()[-1])
+    finally:
+        if attacker.poll() is None:
+            attacker.kill()
+            attacker.wait()
+    assert sorted(p.name for p in marks.iterdir()) == []  # on the old code: ran-h1-<pid>, ran-h2-..., ran-h3-...
+    assert planted["landed"][store] >= 1, planted
+    assert code == 1 and report["allreduce"]["status"] == "failed", report["allreduce"]
+    assert (f"meshrun: the rendezvous store on host 'h1' ({store}) holds a rendezvous state that no torchrun of "
+            "this run wrote (not JSON): refused; a member of the run may be compromised") in report["allreduce"]["detail"]
+
+
 def test_blocked_ephemeral_ports_are_detected(testbed: SimCluster, inventory: Path) -> None:
     """Only SSH and the rendezvous port open on h3: gloo/NCCL's all-to-all would fail."""
     rule = ["-p", "tcp", "-m", "conntrack", "--ctstate", "NEW", "-m", "multiport", "!", "--dports",

@@ -23,8 +23,9 @@ EFFECTS = {"subprocess", "socket", "threading", "select", "fabric", "invoke", "p
 PURE = ("meshrun.deploy.inventory", "meshrun.deploy.check", "meshrun.deploy.run")
 CONTROLLER_ONLY = ("meshrun.deploy.edges", "meshrun.deploy.commands", "meshrun.deploy.render", "meshrun.deploy.tasks", "meshrun.deploy.cli")
 # What host-side code may import beyond the standard library and the shared contract (common/): torch only in
-# the probe that is a gloo all-reduce and in the facts probe, which tries it to report its version.
-HOST_TORCH = {"meshrun.deploy.host.allreduce", "meshrun.deploy.host.facts"}
+# the probe that is a gloo all-reduce, in the facts probe, which tries it to report its version, and in meshrun's
+# torchrun entry point, which starts torch.distributed.run (it imports torch only in main()).
+HOST_TORCH = {"meshrun.deploy.host.allreduce", "meshrun.deploy.host.facts", "meshrun.deploy.host.torchrun"}
 
 
 def module_name(package: str, folder: Path, path: Path) -> str:

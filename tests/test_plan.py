@@ -49,15 +49,15 @@ def test_two_gpu_hosts_exact_plan() -> None:
         ("NCCL_IB_DISABLE", "1"), ("MESHRUN_BATCH_SIZE", "32"), ("OMP_NUM_THREADS", "1"),
     )
     assert gpu1.torchrun == (
-        PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1", "--rdzv-conf", "is_host=1",
+        PY, "-m", "meshrun.deploy.host.torchrun", "--meshrun-rdzv-host", "gpu1", "--nnodes", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1", "--rdzv-conf", "is_host=1",
         "--local-addr", "10.147.17.11", "--nproc-per-node", "2", "--max-restarts", "0",
         "--log-dir", "runs/r1/hosts/gpu1/torchrun", "--tee", "3", "--log-line-prefix-template", "[gpu1:${rank}] ",
         "-m", "meshrun.train", "dist.timeout=60", "epochs=3",
     )
     assert gpu2.torchrun == (
-        PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1",
+        PY, "-m", "meshrun.deploy.host.torchrun", "--meshrun-rdzv-host", "gpu1", "--nnodes", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.147.17.11:29400", "--rdzv-id", "r1",
         "--local-addr", "10.147.17.12", "--nproc-per-node", "1", "--max-restarts", "0",
         "--log-dir", "runs/r1/hosts/gpu2/torchrun", "--tee", "3", "--log-line-prefix-template", "[gpu2:${rank}] ",
         "-m", "meshrun.train", "dist.timeout=60", "epochs=3",
@@ -75,7 +75,7 @@ def test_local_default_is_standalone_with_controller_python() -> None:
     (only,) = plan.hosts
     assert plan.rdzv_endpoint == "standalone"
     assert only.torchrun == (
-        "/local/python", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "/local/python", "-m", "meshrun.deploy.host.torchrun", "--standalone", "--nnodes", "1",
         "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", "runs/r2/hosts/local/torchrun", "--tee", "3",
         "--log-line-prefix-template", "[local:${rank}] ", "-m", "meshrun.train", "dist.timeout=60",
     )
@@ -88,7 +88,8 @@ def test_elastic_and_script_workload() -> None:
                             elastic=ElasticBounds(1, 2))
     plan = plan_launch(Selection(hosts, Rendezvous(None, 29500)), options, {"a": "eth0", "b": "eth0"}, "/p")
     a, b = plan.hosts
-    assert a.torchrun[3:15] == ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29500",
+    assert a.torchrun[1:5] == ("-m", "meshrun.deploy.host.torchrun", "--meshrun-rdzv-host", "a")
+    assert a.torchrun[5:17] == ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29500",
                                 "--rdzv-id", "r3", "--rdzv-conf",
                                 "is_host=1,join_timeout=120,last_call_timeout=5,close_timeout=10,keep_alive_interval=2,"
                                 "keep_alive_max_attempt=3", "--local-addr",
@@ -98,8 +99,10 @@ def test_elastic_and_script_workload() -> None:
     assert a.torchrun[-5:] == ("-m", "meshrun.deploy.host.runscript", "examples/seed_main.py", "--epochs", "2")
     probe = plan_launch(Selection(hosts, Rendezvous(None, 29500)),
                         LaunchOptions("r4", Workload(script="runs/r4/probe.py", args=("30",),
-                                                     runner=("runs/r4/runscript.py",))), {}, "/p")
+                                                     runner=("runs/r4/runscript.py",)),
+                                      launcher=("runs/r4/meshrun_torchrun.py",)), {}, "/p")
     assert probe.hosts[0].torchrun[-3:] == ("runs/r4/runscript.py", "runs/r4/probe.py", "30")
+    assert probe.hosts[1].torchrun[1:4] == ("runs/r4/meshrun_torchrun.py", "--meshrun-rdzv-host", "a")
     assert ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1") in a.env
     assert not any(k == "MESHRUN_PG_TIMEOUT" for k, _ in a.env)  # the timeout reaches the trainer in argv only
     assert ("NCCL_IB_DISABLE", "1") not in a.env  # a LAN may have InfiniBand
@@ -180,6 +183,7 @@ def test_elastic_plan_carries_the_rendezvous_succession() -> None:
     assert gen2[gen2.index("--rdzv-endpoint") + 1] == "10.0.0.3:29400"
     assert gen2[gen2.index("--rdzv-id") + 1] == "r5-g2"
     assert gen2[gen2.index("--rdzv-conf") + 1].startswith("is_host=1,")  # c hosts generation 2
+    assert gen2[3:5] == ("--meshrun-rdzv-host", "c")  # named in a refused state's message
     assert not c.generations[1].torchrun[c.generations[1].torchrun.index("--rdzv-conf") + 1].startswith("is_host")
     succession = json.loads(c.agent[c.agent.index("--succession") + 1])
     assert succession == [g.as_json() for g in c.generations]

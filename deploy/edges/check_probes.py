@@ -185,10 +185,13 @@ def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
     # The probe and the script runner travel as files written through argv: the check may run before
     # `fab sync`/`fab setup`, on hosts that have no meshrun yet.
     script, runner = f"{run_dir(run_id)}/probe_allreduce.py", f"{run_dir(run_id)}/runscript.py"
-    files = ((script, (PROBE_DIR / "allreduce.py").read_text()), (runner, (PROBE_DIR / "runscript.py").read_text()))
+    launcher = f"{run_dir(run_id)}/meshrun_torchrun.py"
+    files = ((script, (PROBE_DIR / "allreduce.py").read_text()), (runner, (PROBE_DIR / "runscript.py").read_text()),
+             (launcher, (PROBE_DIR / "torchrun.py").read_text()))
     on_each(hosts, lambda h: [sessions[h.name].run([python_of(h, local_python), "-c", WRITE_FILE, path, text],
                                                    create_workdir=True, timeout=30) for path, text in files], timeout=60)
-    options = LaunchOptions(run_id, Workload(script=script, args=(str(ALLREDUCE_PG_TIMEOUT_S),), runner=(runner,)))
+    options = LaunchOptions(run_id, Workload(script=script, args=(str(ALLREDUCE_PG_TIMEOUT_S),), runner=(runner,)),
+                            launcher=(launcher,))
     plan = plan_launch(selection, options, interfaces, local_python)
     start = time.monotonic()
     launches = {launch.host.name: launch for launch in plan.hosts}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from meshrun.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STOP_GRACE_S
+from meshrun.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.run.answers import remaining_pids, said
@@ -80,6 +80,14 @@ def run_detached_agent(session: Session, launch: HostLaunch, timeout: float = 30
     """A detached start: the agent reads its env line, starts its copy, prints the pidfile and
     exits."""
     return run_fed(session, launch.agent, env_block(launch.host), timeout)
+
+
+def _end_detail(rc: int | None) -> str:
+    if rc is None:
+        return "unreachable"
+    if rc == STATE_REFUSED_EXIT:  # deploy/host/torchrun.py said which store, in the host's log
+        return "it refused the rendezvous state: a member of the run may be compromised"
+    return f"exit status {rc}"
 
 
 class JobRunner:
@@ -298,9 +306,9 @@ class JobRunner:
                 if live.done.is_set() and not live.recorded:
                     live.recorded = True
                     change = Change.LEFT if live.leaving else Change.FINISHED if live.rc == 0 else Change.LOST
-                    self._record(change, live.name, None if live.rc == 0 else
-                                 ("unreachable" if live.rc is None else f"exit status {live.rc}"))
-                    if change is not Change.FINISHED and live.name == self.head:
+                    self._record(change, live.name, None if live.rc == 0 else _end_detail(live.rc))
+                    # A refused rendezvous state fails the run: the agents do not move it on (deploy/host/agent.py).
+                    if change is not Change.FINISHED and live.name == self.head and live.rc != STATE_REFUSED_EXIT:
                         self._succeed(live, hosts)
             verdict = judge([h.view() for h in hosts], self.plan.elastic)
             if verdict.done:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
-                           PROGRESS, RUNS_DIR, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
+                           PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
 
@@ -144,7 +144,9 @@ class Supervisor:
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
         terminate_run(self.args.run_id, self.args.host, child.pid, 2, self.torchrun_start)
-        if child.returncode != 0 and watcher is not None:
+        # A refused rendezvous state (deploy/host/torchrun.py) fails the run; it is not a lost rendezvous host,
+        # even though that host's store goes down with its torchrun.
+        if child.returncode not in (0, STATE_REFUSED_EXIT) and watcher is not None:
             self.head_lost = watcher.confirm_lost()
         return child.returncode
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from meshrun.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID, ENV_SITE,
-                           HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_LOGS, generation_rdzv_id,
-                           host_dir)
+                           HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_LOGS, TORCHRUN_MODULE,
+                           TORCHRUN_RDZV_HOST_FLAG, generation_rdzv_id, host_dir)
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.model import ElasticBounds, Host
 from meshrun.deploy.inventory.selection import Selection
@@ -51,6 +51,9 @@ class LaunchOptions:
     heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
     detach: bool = False
     rdzv_id: str | None = None  # None: the run id; a resumed run needs a fresh one
+    # How torchrun is started: meshrun's entry point, which reads the rendezvous state as data
+    # (deploy/host/torchrun.py), or a path to a copy of it (the check's all-reduce probe).
+    launcher: tuple[str, ...] = ("-m", TORCHRUN_MODULE)
 
     @property
     def rendezvous_id(self) -> str:
@@ -186,13 +189,13 @@ def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple
 
 def torchrun_argv(host: Host, head: Host, endpoint: str, node_count: int, options: LaunchOptions,
                   local_python: str, rdzv_id: str | None = None) -> tuple[str, ...]:
-    argv = [python_of(host, local_python), "-m", "torch.distributed.run"]
+    argv = [python_of(host, local_python), *options.launcher]
     if endpoint == "standalone":
         argv += ["--standalone", "--nnodes", "1"]
     else:
         nnodes = f"{options.elastic.min}:{options.elastic.max}" if options.elastic else str(node_count)
-        argv += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                 "--rdzv-id", rdzv_id or options.rendezvous_id]
+        argv += [TORCHRUN_RDZV_HOST_FLAG, head.name, "--nnodes", nnodes, "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id or options.rendezvous_id]
         conf = (["is_host=1"] if host.name == head.name else []) + (list(ELASTIC_RDZV_CONF) if options.elastic else [])
         if conf:
             argv += ["--rdzv-conf", ",".join(conf)]

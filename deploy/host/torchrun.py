@@ -1,0 +1,214 @@
+"""torchrun as meshrun starts it: `torch.distributed.run`, with the rendezvous state read as data.
+
+    python -m meshrun.deploy.host.torchrun [--meshrun-rdzv-host NAME] TORCHRUN_ARGS...
+
+Why: torch's c10d rendezvous keeps its state (who is in, the ranks, everyone's heartbeats) under
+`torch.rendezvous.<rdzv-id>` in the rendezvous host's TCPStore, as a pickle, and every agent reads
+it back with `pickle.loads` on each poll and keep-alive
+(`dynamic_rendezvous._BackendRendezvousStateHolder.sync`). The store has no authentication and
+every member reaches it, so one compromised member could write a pickle there and run code in
+every other host's torchrun, which holds that host's secrets.
+
+What changes: before `torch.distributed.run.main` runs, the rendezvous module's `pickle` is
+replaced by `StateCodec`, which writes the state as JSON and reads it back as JSON only, checked
+field by field (types, sizes, UTC times) and built into torch's own `_RendezvousState` and
+`_NodeDesc`. Nothing read from the store reaches an unpickler. A whitelisting unpickler would not
+do: a state made of nothing but nested tuples (no class at all) crashes the reader when it hashes
+them (a segfault at about 100 000 levels, measured with python 3.11). Every torchrun of a meshrun
+run is started through this module (deploy/run/plan.py), so all of them speak the same format.
+
+A state that does not read (a pickle, another format, a wrong field) is refused: torch raises
+its `RendezvousStateError`, torchrun stops its workers, and this module keeps the store up for
+`REFUSAL_LINGER_S` (so every member refuses the same state rather than finding the store gone),
+then ends with one line naming the rendezvous host and `STATE_REFUSED_EXIT`, which tells the agent
+not to move the run to the next rendezvous host (deploy/host/agent.py) and the controller not to
+record a succession. Everything else torchrun does is untouched.
+
+Standard library and torch only, and self-contained: `fab check-network` ships this file to hosts
+that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG` and
+`STATE_REFUSED_EXIT` are copies of common/layout.py's names (tests/test_rdzv_state.py holds them equal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+HOST_FLAG = "--meshrun-rdzv-host"  # this module's own option, first on its argv; the rest is torchrun's
+STATE_REFUSED_EXIT = 65  # sysexits' EX_DATAERR: the store held a state nobody of this run wrote
+REFUSAL_LINGER_S = 5.0  # members read the state every second or two (torch's cache, keep-alives every 2 s)
+MAX_STATE_BYTES = 1 << 20  # a node takes about 200 bytes of state: thousands of nodes fit
+MAX_ADDR_CHARS = 1024
+MAX_NUMBER = 1 << 63
+NODE_FIELDS = ("addr", "pid", "local_id")
+# How each field of torch's `_RendezvousState` travels; a torch whose state has another field is
+# refused at start (see `StateCodec.__init__`), never guessed at.
+FIELD_KINDS = {"round": "count", "complete": "flag", "deadline": "moment", "closed": "flag",
+               "participants": "ranks", "wait_list": "nodes", "redundancy_list": "nodes",
+               "last_heartbeats": "beats"}
+
+
+class StateRefused(Exception):
+    """The bytes under the rendezvous key are not a state this codec wrote."""
+
+
+class StateCodec:
+    """Stands in for the `pickle` module inside torch's `dynamic_rendezvous` (which uses only its
+    `dumps`, `loads` and `PickleError`)."""
+
+    PickleError = StateRefused  # torch turns it into RendezvousStateError
+
+    def __init__(self, rendezvous: Any) -> None:
+        self._state_class, self._node_class = rendezvous._RendezvousState, rendezvous._NodeDesc
+        self.fields = tuple(vars(self._state_class()))
+        unknown = sorted(set(self.fields) - set(FIELD_KINDS))
+        node_fields = tuple(f.name for f in dataclasses.fields(self._node_class))
+        if unknown or node_fields != NODE_FIELDS:
+            raise StateRefused(f"this torch's rendezvous state has fields meshrun does not know "
+                               f"({', '.join(unknown) or 'node: ' + ', '.join(node_fields)})")
+        self._kinds: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+            "count": (lambda v: v, _count), "flag": (lambda v: v, _flag),
+            "moment": (lambda v: None if v is None else v.isoformat(), lambda v: None if v is None else _moment(v)),
+            "ranks": (lambda v: [[_node_json(n), r] for n, r in v.items()], lambda v: self._pairs(v, _count)),
+            "nodes": (lambda v: [_node_json(n) for n in sorted(v)], lambda v: set(self._nodes(v))),
+            "beats": (lambda v: [[_node_json(n), t.isoformat()] for n, t in v.items()],
+                      lambda v: self._pairs(v, _moment)),
+        }
+
+    def dumps(self, state: Any) -> bytes:
+        data = {name: self._kinds[FIELD_KINDS[name]][0](getattr(state, name)) for name in self.fields}
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+    def loads(self, bits: bytes) -> Any:
+        if not isinstance(bits, bytes) or len(bits) > MAX_STATE_BYTES:
+            raise StateRefused("not JSON of at most 1 MiB")
+        try:
+            data = json.loads(bits)
+        except (ValueError, RecursionError):  # UnicodeDecodeError and int digit limits are ValueErrors
+            raise StateRefused("not JSON") from None
+        if not isinstance(data, dict) or sorted(data) != sorted(self.fields):
+            raise StateRefused("not the fields of this torch's rendezvous state")
+        state = self._state_class()
+        for name in self.fields:
+            try:
+                setattr(state, name, self._kinds[FIELD_KINDS[name]][1](data[name]))
+            except (TypeError, ValueError, OverflowError) as err:
+                raise StateRefused(f"field {name!r}: {err}") from None
+        return state
+
+    def _node(self, item: Any) -> Any:
+        if type(item) is not list or len(item) != 3 or type(item[0]) is not str or len(item[0]) > MAX_ADDR_CHARS:
+            raise TypeError("a node is not [address, pid, local id]")
+        return self._node_class(item[0], _count(item[1]), _count(item[2]))
+
+    def _nodes(self, items: Any) -> list[Any]:
+        if type(items) is not list:
+            raise TypeError("not a list")
+        return [self._node(item) for item in items]
+
+    def _pairs(self, items: Any, value: Callable[[Any], Any]) -> dict[Any, Any]:
+        if type(items) is not list or not all(type(i) is list and len(i) == 2 for i in items):
+            raise TypeError("not a list of [node, value] pairs")
+        pairs = {self._node(node): value(v) for node, v in items}
+        if len(pairs) != len(items):
+            raise ValueError("a node is listed twice")
+        return pairs
+
+
+def _node_json(node: Any) -> list[Any]:
+    return [node.addr, node.pid, node.local_id]
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < MAX_NUMBER:
+        raise TypeError("not a whole number")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if type(value) is not bool:
+        raise TypeError("not true or false")
+    return value
+
+
+def _moment(value: Any) -> datetime:
+    if type(value) is not str or len(value) > 64:
+        raise TypeError("not a time")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not an ISO time") from None
+    if moment.utcoffset() is None:
+        raise ValueError("a time without its zone")
+    return moment.astimezone(timezone.utc)
+
+
+def install(rendezvous: Any) -> StateCodec:
+    """Put the codec in place of `pickle` in torch's `dynamic_rendezvous` module."""
+    current = getattr(rendezvous, "pickle", None)
+    if isinstance(current, StateCodec):
+        return current
+    if current is not pickle:  # a torch that reads its state some other way: refuse to guess
+        raise StateRefused("this torch's rendezvous does not read its state with pickle")
+    codec = StateCodec(rendezvous)
+    rendezvous.pickle = codec
+    return codec
+
+
+def refusal(exc: BaseException | None) -> StateRefused | None:
+    """The StateRefused behind what torchrun raised (torch wraps it in RendezvousStateError)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, StateRefused):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _endpoint(argv: list[str]) -> str:
+    for i, arg in enumerate(argv):
+        if arg in ("--rdzv-endpoint", "--rdzv_endpoint") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(("--rdzv-endpoint=", "--rdzv_endpoint=")):
+            return arg.split("=", 1)[1]
+    return "local"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    head = "this host"
+    if args[:1] == [HOST_FLAG] and len(args) > 1:
+        head, args = f"host {args[1]!r}", args[2:]
+    from torch.distributed import run
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    try:
+        install(dynamic_rendezvous)
+    except StateRefused as err:
+        print(f"meshrun: refusing to start torchrun: {err}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        run.main(args)
+    except Exception as exc:
+        refused = refusal(exc)
+        if refused is None:
+            raise
+        # The rendezvous host's store lives in this process (held by the traceback): kept up a while,
+        # every member reads the same state and refuses it, rather than finding the store gone, which
+        # would look like a lost rendezvous host and move the run to the next one.
+        time.sleep(REFUSAL_LINGER_S)
+        print(f"meshrun: the rendezvous store on {head} ({_endpoint(args)}) holds a rendezvous state that no "
+              f"torchrun of this run wrote ({refused}): refused; a member of the run may be compromised",
+              file=sys.stderr, flush=True)
+        return STATE_REFUSED_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
