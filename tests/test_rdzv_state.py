@@ -155,6 +155,7 @@ def test_a_crafted_state_is_refused_with_a_reason_of_our_own_words(bits: bytes, 
     assert str(refused.value) == why
 
 
+@pytest.mark.slow
 def test_the_entry_point_refuses_in_one_line_naming_the_rendezvous_host(store: TCPStore, tmp_path: Path) -> None:
     """A real torchrun started as meshrun starts it, on a store that holds a planted state: it
     starts no worker, runs nothing, and says in its last line which host's store it was."""
