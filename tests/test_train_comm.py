@@ -23,7 +23,7 @@ def test_config_rejects_start_iter_of_one_and_unknown_hooks() -> None:
     with pytest.raises(UsageError, match=r"'comm.start_iter' must be > 1 .*start_powerSGD_iter"):
         load_config(None, ("comm.start_iter=1",))
     with pytest.raises(UsageError, match=r"'comm.hook' must be one of none, fp16, bf16, powersgd, "
-                                         r"localsgd, diloco, diloco-overlap; got 'powersdg' "
+                                         r"localsgd, diloco, diloco-overlap, hier; got 'powersdg' "
                                          r"\(did you mean 'powersgd'\?\)"):
         load_config(None, ("comm.hook=powersdg",))
     assert load_config(None, ("comm.hook=bf16",)).comm.hook is CommHook.BF16

@@ -21,6 +21,11 @@ Contract:
   nothing, since its checkpoint state holds every rank's replica and inner optimizer plus the
   shared outer state (``"diloco"``). At a new world size the interrupted round is completed
   from the saved replicas instead of being dropped (``DiLoCo.restore_other_world``).
+- ``hier`` (docs/sites.md): the DDP model runs over this rank's site (``train.sites``), with DDP's
+  own gradient all-reduce inside the site, and DiLoCo-overlap between sites over the sites'
+  route; ``peers`` (the site's ranks) scale each loss to the site's exact mean. The checkpoint
+  also holds every rank's site: resumed on other sites (or another world size), the interrupted
+  round is completed from the saved replicas and a fresh round starts from the outer model.
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ from torch.distributed.algorithms.model_averaging.utils import average_parameter
 
 from meshrun.train import dist
 from meshrun.train.config import CommConfig, CommHook
-from meshrun.train.diloco import DiLoCo, DiLoCoSettings, local_mean
+from meshrun.train.diloco import DiLoCo, DiLoCoSettings, Route, local_mean
 from meshrun.train.loop import MicroStep
+from meshrun.train.sites import Sites
 
 FORMAT = 1
-DILOCO_HOOKS = (CommHook.DILOCO, CommHook.DILOCO_OVERLAP)
+DILOCO_HOOKS = (CommHook.DILOCO, CommHook.DILOCO_OVERLAP)  # replicas apart for a whole round
+OUTER_HOOKS = (*DILOCO_HOOKS, CommHook.HIER)  # an outer model and optimizer (train.diloco)
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,13 @@ class Communicator:
                  localsgd: PostLocalSGDState | None = None,
                  averager: PeriodicModelAverager | None = None,
                  diloco: DiLoCo | None = None,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, sites: Sites | None = None) -> None:
         self.hook, self.world_size, self.model = hook, world_size, model
         self.powersgd, self.localsgd, self.averager = powersgd, localsgd, averager
         self.diloco, self.optimizer = diloco, optimizer  # optimizer: DiLoCo's inner one
+        self.sites = sites
+        # The ranks DDP averages over when not all (hier: the site), for train.loop.micro_steps.
+        self.peers: tuple[int, ...] | None = sites.ranks if sites is not None else None
 
     def _local_state(self) -> dict[str, Any]:
         if self.diloco is not None and self.optimizer is not None:
@@ -88,6 +98,8 @@ class Communicator:
                "ranks": ranks}
         if self.diloco is not None:
             out["diloco"] = self.diloco.shared_state()  # the same on every rank: saved once
+        if self.sites is not None:
+            out["sites"] = list(self.sites.keys)  # per rank
         return out
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
@@ -129,8 +141,9 @@ class Communicator:
             self.diloco.stepped(samples)
 
     def scaled(self, plan: list[MicroStep]) -> list[MicroStep]:
-        """DiLoCo's inner steps use each rank's own mean loss; the others the global one."""
-        return local_mean(plan) if self.diloco is not None else plan
+        """DiLoCo's inner steps use each rank's own mean loss; the others the global one (hier:
+        the site's, through ``peers``)."""
+        return local_mean(plan) if self.diloco is not None and self.sites is None else plan
 
     def _steady(self) -> None:
         """Past the warm-up, so a probe times what the hook sends in steady state."""
@@ -168,8 +181,10 @@ def _quiet() -> Iterator[None]:
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, rank: int,
-           world_size: int, saved: SavedComm | None, log: Callable[[str], None]) -> Communicator:
-    """Register ``cfg.hook`` on the DDP ``model`` and restore its saved state when it applies."""
+           world_size: int, saved: SavedComm | None, log: Callable[[str], None],
+           sites: Sites | None = None) -> Communicator:
+    """Register ``cfg.hook`` on the DDP ``model`` and restore its saved state when it applies;
+    ``hier`` needs ``sites`` (``train.sites.build``), over whose site group ``model`` runs."""
     if not dist.active() or cfg.hook is CommHook.NONE:
         return Communicator(cfg.hook, world_size)
     if cfg.hook is CommHook.FP16:
@@ -184,8 +199,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
             start_powerSGD_iter=cfg.start_iter, use_error_feedback=True, warm_start=True)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         comm = Communicator(cfg.hook, world_size, model, powersgd=state)
-    elif cfg.hook in DILOCO_HOOKS:
-        comm = _attach_diloco(model, optimizer, cfg, world_size)
+    elif cfg.hook in OUTER_HOOKS:
+        comm = _attach_diloco(model, optimizer, cfg, world_size, sites)
     else:
         # Between averages each rank steps on its own gradients (no intra-host all-reduce:
         # torch's default subgroup is per CUDA device count, meaningless on CPU hosts).
@@ -201,15 +216,20 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
 
 
 def _attach_diloco(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig,
-                   world_size: int) -> Communicator:
-    """torch's no-communication hook for the inner steps; the outer model starts from the
-    (restored, broadcast) parameters DDP holds now."""
-    model.register_comm_hook(None, debugging_hooks.noop_hook)
+                   world_size: int, sites: Sites | None) -> Communicator:
+    """torch's no-communication hook for the inner steps (hier: DDP's own all-reduce inside the
+    site); the outer model starts from the (restored, broadcast) parameters DDP holds now."""
+    hier = cfg.hook is CommHook.HIER
+    if hier and sites is None:
+        raise ValueError("comm.hook=hier needs the sites (train.sites.build) and a DDP model over them")
+    if not hier:
+        model.register_comm_hook(None, debugging_hooks.noop_hook)
     settings = DiLoCoSettings(cfg.diloco_inner_steps, cfg.diloco_outer_lr,
                               cfg.diloco_outer_momentum, cfg.diloco_nesterov,
-                              overlap=cfg.hook is CommHook.DILOCO_OVERLAP)
-    diloco = DiLoCo(model.module, settings)
-    return Communicator(cfg.hook, world_size, model, diloco=diloco, optimizer=optimizer)
+                              overlap=cfg.hook in (CommHook.DILOCO_OVERLAP, CommHook.HIER))
+    diloco = DiLoCo(model.module, settings, sites.route if hier and sites is not None else Route())
+    return Communicator(cfg.hook, world_size, model, diloco=diloco, optimizer=optimizer,
+                        sites=sites if hier else None)
 
 
 def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
@@ -220,9 +240,11 @@ def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
     if before != comm.hook.value:
         log(f"comm: checkpoint was saved with comm.hook={before}, now {comm.hook.value}: "
             "the hook starts with a fresh state")
-    elif saved.world_size != comm.world_size and comm.diloco is not None:
+    elif comm.diloco is not None and (saved.world_size != comm.world_size or _moved(comm, saved)):
         comm.diloco.restore_other_world(saved.state["diloco"], saved.state["ranks"])
-        log(f"comm: world size changed ({saved.world_size} -> {comm.world_size}): {comm.hook.value} "
+        change = (f"world size changed ({saved.world_size} -> {comm.world_size})"
+                  if saved.world_size != comm.world_size else "the ranks' sites changed")
+        log(f"comm: {change}: {comm.hook.value} "
             f"outer state restored; the interrupted round was completed from the "
             f"{saved.world_size} saved replicas and a new round starts from the outer model")
     elif saved.world_size != comm.world_size:
@@ -232,8 +254,14 @@ def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
         comm.load_rank_state(saved.state["ranks"][rank])
         if comm.diloco is not None:
             comm.diloco.load_shared(saved.state["diloco"])
-        if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD, *DILOCO_HOOKS):
+        if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD, *OUTER_HOOKS):
             log(f"comm: {comm.hook.value} hook state restored from the checkpoint")
+
+
+def _moved(comm: Communicator, saved: SavedComm) -> bool:
+    """hier: a rank's replica belongs to its site; with other sites, no rank can take its own back."""
+    return comm.sites is not None and saved.state is not None and \
+        list(saved.state.get("sites", ())) != list(comm.sites.keys)
 
 
 def gradient_shapes(module: nn.Module) -> list[list[int]]:
@@ -241,4 +269,4 @@ def gradient_shapes(module: nn.Module) -> list[list[int]]:
     return [list(p.shape) for p in module.parameters() if p.requires_grad]
 
 
-__all__ = ["DILOCO_HOOKS", "SavedComm", "Communicator", "attach", "gradient_shapes"]
+__all__ = ["DILOCO_HOOKS", "OUTER_HOOKS", "SavedComm", "Communicator", "attach", "gradient_shapes"]

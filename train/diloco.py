@@ -17,6 +17,11 @@ Contract:
   rank continues from that anchor. Round t's local progress is thus dropped locally and reaches
   the model one round late, through the outer step at the end of round t+1 (one-step-delay
   DiLoCo: the reduce of round t runs while round t+1 computes).
+- Where the all-reduce runs is a ``Route``: flat (the default), one all-reduce over every rank;
+  hierarchical (``comm.hook=hier``, ``train.sites``), an all-reduce inside the rank's site (whose
+  replicas DDP keeps identical, so the site's sum is ``W_site * delta_site``), then one across the
+  sites' representatives (the overlapped part, the only traffic between sites), then a broadcast
+  from the representative inside the site. Both give every rank the same sum over all ranks.
 - ``flush()`` makes replicas identical (before evaluation, at the end of training): it applies
   the pending round, then syncs the partial current round synchronously. Rounds restart there.
 - State for checkpoints is plain tensors, dicts and ints (``torch.load(weights_only=True)``):
@@ -38,6 +43,34 @@ from torch import nn
 
 from meshrun.train import dist
 from meshrun.train.loop import MicroStep
+
+
+@dataclass(frozen=True)
+class Route:
+    """Process groups of the outer all-reduce; all None: flat, over the default group."""
+
+    site: torch_dist.ProcessGroup | None = None  # this rank's site (hierarchical)
+    cross: torch_dist.ProcessGroup | None = None  # the sites' representatives; None elsewhere
+    root: int = 0  # global rank of this site's representative
+
+    def start(self, buf: torch.Tensor, async_op: bool) -> torch_dist.Work | None:
+        """Begin summing ``buf`` in place over every rank; the part between sites may run on."""
+        if not dist.active():
+            return None
+        if self.site is None:
+            return torch_dist.all_reduce(buf, async_op=async_op)
+        torch_dist.all_reduce(buf, group=self.site)
+        if self.cross is not None:
+            return torch_dist.all_reduce(buf, group=self.cross, async_op=async_op)
+        return None
+
+    def finish(self, buf: torch.Tensor, work: torch_dist.Work | None) -> torch.Tensor:
+        """Wait for ``start``'s work; hierarchical: the representative's sum reaches its site."""
+        if work is not None:
+            work.wait()
+        if self.site is not None and dist.active():
+            torch_dist.broadcast(buf, src=self.root, group=self.site)
+        return buf
 
 
 @dataclass(frozen=True)
@@ -77,8 +110,8 @@ def weighted_sum(anchor: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
 class DiLoCo:
     """Outer model (anchor), outer optimizer and round bookkeeping for one rank."""
 
-    def __init__(self, module: nn.Module, settings: DiLoCoSettings) -> None:
-        self.settings = settings
+    def __init__(self, module: nn.Module, settings: DiLoCoSettings, route: Route = Route()) -> None:
+        self.settings, self.route = settings, route
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.buffers = [b for b in module.buffers() if b.is_floating_point()]
         self.anchor = [p.detach().clone() for p in self.params]
@@ -89,6 +122,7 @@ class DiLoCo:
         self.samples = 0  # this rank's real samples in the current round
         self._work: torch_dist.Work | None = None
         self._pending: torch.Tensor | None = None  # overlap: the previous round's reduce buffer
+        self._landed = True  # the pending buffer holds the sum over every rank
 
     def stepped(self, samples: int) -> None:
         """After one inner optimizer step with ``samples`` real samples on this rank."""
@@ -101,12 +135,15 @@ class DiLoCo:
         """End the round (collective): see the module docstring for both variants."""
         mine = weighted_sum(self.anchor, self.params, self.buffers, self.samples)
         if self.settings.overlap:
-            work = torch_dist.all_reduce(mine, async_op=True) if dist.active() else None
+            work = self.route.start(mine, async_op=True)
             self._apply_pending()
-            self._work, self._pending = work, mine
+            self._work, self._pending, self._landed = work, mine, False
         else:
-            self._apply(dist.all_reduce_sum(mine))
+            self._apply(self._reduced(mine))
         self._restart()
+
+    def _reduced(self, mine: torch.Tensor) -> torch.Tensor:
+        return self.route.finish(mine, self.route.start(mine, async_op=False))
 
     def flush(self) -> None:
         """Make every replica the outer model (collective): the pending round, then the
@@ -116,7 +153,7 @@ class DiLoCo:
         mine = weighted_sum(self.anchor, self.params, self.buffers, self.samples)
         self._apply_pending()
         if self.inner_step > 0:
-            self._apply(dist.all_reduce_sum(mine))
+            self._apply(self._reduced(mine))
         self._restart()
 
     def _apply_pending(self) -> None:
@@ -126,10 +163,11 @@ class DiLoCo:
             self._apply(reduced)
 
     def wait(self) -> torch.Tensor | None:
-        """The previous round's reduced buffer (overlap), waiting for its all-reduce."""
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
+        """The previous round's reduced buffer (overlap), waiting for its all-reduce (collective
+        on a hierarchical route: the sum is broadcast inside each site)."""
+        if self._pending is not None and not self._landed:
+            self.route.finish(self._pending, self._work)
+            self._work, self._landed = None, True
         return self._pending
 
     @torch.no_grad()
@@ -167,7 +205,7 @@ class DiLoCo:
             a.copy_(saved)
         self.outer.load_state_dict(state["outer"])
         self.inner_step = state["inner_step"]
-        self._work, self._pending = None, state["pending"]
+        self._work, self._pending, self._landed = None, state["pending"], True
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's replica: its parameters and floating buffers, samples in the round."""
@@ -193,4 +231,4 @@ class DiLoCo:
         self._restart()
 
 
-__all__ = ["DiLoCoSettings", "DiLoCo", "local_mean", "weighted_sum"]
+__all__ = ["Route", "DiLoCoSettings", "DiLoCo", "local_mean", "weighted_sum"]

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as torch_dist
 
-from meshrun.layout import ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID
+from meshrun.layout import ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID, ENV_SITE
 from meshrun.train.safe_load import UnsafeCheckpoint, load_bytes
 from meshrun.train.config import Backend
 from meshrun.train.errors import UsageError
@@ -41,6 +41,7 @@ class DistEnv:
     host: str = ""
     batch_size: int | None = None  # MESHRUN_BATCH_SIZE: per-process batch for this host
     batch_auto: bool = False  # MESHRUN_BATCH_SIZE=auto: size this rank by the probe
+    site: str = ""  # MESHRUN_SITE: the inventory's site of this host ("": none declared)
 
     @property
     def is_main(self) -> bool:
@@ -66,6 +67,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         host=env.get(ENV_HOST, ""),
         batch_size=_int(env, ENV_BATCH_SIZE, 0) if batch and not auto else None,
         batch_auto=auto,
+        site=env.get(ENV_SITE, ""),
     )
     if record.batch_size is not None and record.batch_size < 1:
         raise UsageError(f"environment variable MESHRUN_BATCH_SIZE={batch!r} must be >= 1 "

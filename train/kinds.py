@@ -55,3 +55,4 @@ class CommHook(str, enum.Enum):
     LOCALSGD = "localsgd"
     DILOCO = "diloco"  # H local steps, then an outer Nesterov step (train.diloco)
     DILOCO_OVERLAP = "diloco-overlap"  # the same, outer all-reduce hidden behind the next round
+    HIER = "hier"  # DDP inside each site, diloco-overlap between sites (train.sites, docs/sites.md)

@@ -57,17 +57,23 @@ class MicroStep:
     window_real: int  # real samples of the whole optimizer step, all ranks
 
 
-def micro_steps(steps: Sequence[GlobalStep], rank: int, accum: int) -> list[MicroStep]:
+def micro_steps(steps: Sequence[GlobalStep], rank: int, accum: int,
+                peers: Sequence[int] | None = None) -> list[MicroStep]:
     """Group the epoch's remaining steps into optimizer steps of ``accum`` micro-steps (the last
-    one may be shorter) and give each micro-step its loss scale (see module docstring)."""
+    one may be shorter) and give each micro-step its loss scale (see module docstring).
+    ``peers``: the ranks DDP averages over when that is not every rank (``comm.hook=hier``: this
+    rank's site), so the scale is ``len(peers) / their real samples``: the site's exact mean."""
     world = len(steps[0].per_rank) if steps else 1
     out = []
     for start in range(0, len(steps), accum):
         window = steps[start:start + accum]
         total = sum(s.real for s in window)
+        scale = world / total
+        if peers is not None:
+            mine = sum(s.per_rank[r].real for s in window for r in peers)
+            scale = len(peers) / mine if mine else 0.0
         for j, step in enumerate(window):
-            out.append(MicroStep(step.per_rank[rank].real, world / total, j == len(window) - 1,
-                                 total))
+            out.append(MicroStep(step.per_rank[rank].real, scale, j == len(window) - 1, total))
     return out
 
 

@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader, Subset, default_collate
 
 from meshrun.layout import launch_rdzv_id
 from meshrun.train import balance, dist, perf, state
-from meshrun.train import comm
+from meshrun.train import comm, sites
 from meshrun.train.checkpoint import Checkpointer, open_site, restore_agreed
-from meshrun.train.config import Precision, TrainConfig, to_dict
+from meshrun.train.config import CommHook, Precision, TrainConfig, to_dict
 from meshrun.train.data import build_datasets
 from meshrun.train.dist import DistEnv
 from meshrun.train.errors import InjectedFailure, UsageError
@@ -98,15 +98,22 @@ class Trainer:
         self.batches = balance.resolve_batch_sizes(env, cfg.data, cfg.autobatch, self.module,
                                                    self._probe_batch, device)
         model = self.module
+        places = None
         if dist.active():
             ids = [device.index] if device.type == "cuda" else None
+            # hier: DDP over this rank's site; the outer all-reduce between sites (docs/sites.md).
+            places = sites.build(env) if cfg.comm.hook is CommHook.HIER else None
             # DiLoCo replicas keep their own buffers between syncs (no broadcast per forward;
             # still one at construction, so all start equal).
             model = DistributedDataParallel(
                 self.module, device_ids=ids, bucket_cap_mb=cfg.comm.bucket_cap_mb,
-                forward_sync_buffers=cfg.comm.hook not in comm.DILOCO_HOOKS)
+                forward_sync_buffers=cfg.comm.hook not in comm.DILOCO_HOOKS,
+                process_group=places.group if places is not None else None)
         self.comm = comm.attach(model, optimizer, cfg.comm, env.rank, env.world_size,
-                                self._comm_saved, console.line)
+                                self._comm_saved, console.line, places)
+        if places is not None:
+            console.line(f"comm: hier: {places.describe()}; DDP inside each site, diloco-overlap between "
+                         f"sites every {cfg.comm.diloco_inner_steps} steps")
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
         self._build_loaders()
         self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
@@ -219,7 +226,8 @@ class Trainer:
         self.sampler.set_epoch(epoch, self.pos.consumed)
         self.loader_seed.manual_seed(hash((self.cfg.seed, epoch, self.pos.consumed, self.env.rank)))
         steps, n = self.sampler.steps, len(self.data.train)
-        plan = self.comm.scaled(micro_steps(steps, self.env.rank, self.cfg.optim.accum_steps))
+        plan = self.comm.scaled(micro_steps(steps, self.env.rank, self.cfg.optim.accum_steps,
+                                            self.comm.peers))
         offset = -(-self.pos.consumed // self.sampler.global_batch)
         self.console.start_epoch(epoch, len(steps), offset)
         tally = EpochTally(self.device, n, self.sampler.order[:self.pos.consumed], self.env.is_main)

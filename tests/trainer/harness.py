@@ -17,7 +17,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[2]
 _TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "MESHRUN_RUN_ID",
-                  "MESHRUN_BATCH_SIZE")
+                  "MESHRUN_BATCH_SIZE", "MESHRUN_SITE")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -44,10 +44,12 @@ def train(run_dir: Path, *overrides: str, nproc: int = 2, config: Path | None = 
 
 
 def train_hosts(base: Path, hosts: tuple[tuple[str, int], ...], *overrides: str,
-                timeout: float = 600) -> dict[str, subprocess.CompletedProcess[str]]:
+                timeout: float = 600, envs: dict[str, dict[str, str]] | None = None
+                ) -> dict[str, subprocess.CompletedProcess[str]]:
     """Simulated hosts on this machine, started the way the controller starts real ones: one
     ``torchrun --nnodes`` per host (static rendezvous on 127.0.0.1), each with its own
-    ``MESHRUN_HOST`` and run dir ``base/<host>/run``; output in ``base/<host>/out|err``."""
+    ``MESHRUN_HOST`` (plus ``envs[host]``, e.g. MESHRUN_SITE) and run dir ``base/<host>/run``;
+    output in ``base/<host>/out|err``."""
     port, procs = free_port(), {}
     try:
         for node, (host, nproc) in enumerate(hosts):
@@ -59,7 +61,7 @@ def train_hosts(base: Path, hosts: tuple[tuple[str, int], ...], *overrides: str,
                     "--run-dir", str(home / "run"), *overrides]
             # Files, not pipes: a full pipe would stall one host, and with it the collectives.
             with open(home / "out", "w") as out, open(home / "err", "w") as err:
-                procs[host] = subprocess.Popen(argv, cwd=home, env=clean_env(MESHRUN_HOST=host),
+                procs[host] = subprocess.Popen(argv, cwd=home, env=clean_env(MESHRUN_HOST=host, **(envs or {}).get(host, {})),
                                                stdout=out, stderr=err, text=True)
         codes = {host: proc.wait(timeout=timeout) for host, proc in procs.items()}
     finally:

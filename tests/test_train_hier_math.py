@@ -1,0 +1,166 @@
+"""comm.hook=hier on real gloo process groups (3 ranks, sites 2 + 1, uneven and varying batches):
+inside a site DDP's step is exactly the step on the site's joined batch, and every H steps the
+outer Nesterov step uses the sample-weighted mean of the sites' pseudo-gradients: equal, to 1e-6,
+to one process computing it all in float64 from the same data, synchronous and overlapped (one
+round late) alike.
+
+The ranks run the trainer's own pieces: train.sites.build (torch new_group per site and for the
+representatives), DDP over the site group, train.comm.attach, train.loop's micro_steps (site
+scaling), forward_backward and optimizer_step.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+import torch.nn.functional as F
+from torch import nn
+
+from meshrun.train import comm, sites
+from meshrun.train.config import CommConfig, CommHook
+from meshrun.train.dist import DistEnv
+from meshrun.train.loop import MicroStep, StepParts, forward_backward, micro_steps, optimizer_step
+from meshrun.train.sampler import GlobalStep, RankBatch
+from tests.test_train_diloco_math import LR, MU, Outer, batch, batch_size, close  # uneven, varying
+from tests.trainer.harness import spawn
+
+KEYS = ("office", "home", "office")  # sites 2 + 1; the office's ranks are not adjacent
+SITES = ((0, 2), (1,))
+WORLD, H, STEPS = 3, 3, 8  # rounds end after steps 3 and 6, then a flush of a 2-step round
+INNER_LR, INNER_MU = 0.1, 0.9
+
+
+def network() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def params(module: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def global_steps() -> list[GlobalStep]:
+    out = []
+    for step in range(STEPS):
+        sizes = [batch_size(r, step) for r in range(WORLD)]
+        out.append(GlobalStep(tuple(RankBatch(tuple(range(n)), n) for n in sizes), sum(sizes)))
+    return out
+
+
+def _run(rank: int, places: sites.Sites, overlap: bool) -> dict:
+    module = network()
+    optimizer = torch.optim.SGD(module.parameters(), lr=INNER_LR, momentum=INNER_MU)
+    model = nn.parallel.DistributedDataParallel(module, process_group=places.group)
+    cfg = CommConfig(hook=CommHook.HIER, diloco_inner_steps=H, diloco_outer_lr=LR, diloco_outer_momentum=MU)
+    communicator = comm.attach(model, optimizer, cfg, rank, WORLD, None, print, places)
+    if not overlap:
+        communicator.diloco.settings = type(communicator.diloco.settings)(H, LR, MU, True, overlap=False)
+    plan = communicator.scaled(micro_steps(global_steps(), rank, 1, communicator.peers))
+    parts = StepParts(model, optimizer, None, None, torch.device("cpu"), 0.0)
+    records = []
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        forward_backward(parts, x, y, plan[step].real, plan[step].scale, plan[step].sync)
+        optimizer_step(parts)
+        before = params(module)
+        communicator.stepped(len(y))
+        records.append({"before": before, "after": params(module)})
+    communicator.consensus()
+    return {"records": records, "flushed": params(module), "peers": list(communicator.peers)}
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                  world_size=world)
+    places = sites.build(DistEnv(launched=True, rank=rank, world_size=world, site=KEYS[rank]))
+    result = {"sync": _run(rank, places, False), "overlap": _run(rank, places, True),
+              "keys": list(places.keys)}
+    torch.save(result, Path(out) / f"rank{rank}.pt")
+    torch_dist.destroy_process_group()
+
+
+def reference(overlap: bool) -> tuple[list[list[list[torch.Tensor]]], list[list[torch.Tensor]], list[torch.Tensor]]:
+    """One process, float64: per step, each site's parameters after its inner step ("before"
+    the outer step) and every rank's parameters after it; then the flushed model."""
+    start = network().double()
+    outer = Outer(params(start))
+    models = [copy.deepcopy(start) for _ in SITES]
+    opts = [torch.optim.SGD(m.parameters(), lr=INNER_LR, momentum=INNER_MU) for m in models]
+    weights, pending = [0] * len(SITES), None
+    inner, after = [], []
+
+    def round_mean() -> list[torch.Tensor]:
+        total = sum(weights)
+        return [sum(w * (a - p) for w, p in zip(weights, ps)) / total
+                for a, *ps in zip(outer.x, *(params(m) for m in models))]
+
+    def restart() -> None:
+        for m in models:
+            with torch.no_grad():
+                for p, a in zip(m.parameters(), outer.x):
+                    p.copy_(a)
+        weights[:] = [0] * len(SITES)
+
+    for step in range(STEPS):
+        for s, ranks in enumerate(SITES):  # the site's joined batch, its mean loss
+            x = torch.cat([batch(r, step)[0] for r in ranks]).double()
+            y = torch.cat([batch(r, step)[1] for r in ranks])
+            F.cross_entropy(models[s](x), y).backward()
+            opts[s].step()
+            opts[s].zero_grad()
+            weights[s] += len(y)
+        inner.append([params(m) for m in models])
+        if (step + 1) % H == 0:
+            g = round_mean()
+            if overlap:
+                if pending is not None:
+                    outer.step(pending)
+                pending = g
+            else:
+                outer.step(g)
+            restart()
+        after.append([t.clone() for t in outer.x] if (step + 1) % H == 0 else None)
+    g = round_mean()  # the flush: the pending round, then the partial one
+    if pending is not None:
+        outer.step(pending)
+    outer.step(g)
+    return inner, after, outer.x
+
+
+def test_layout_orders_sites_by_their_lowest_rank() -> None:
+    assert sites.layout(["office", "home", "office"]) == ((0, 2), (1,))
+    assert sites.layout(["host:a"] * 3) == ((0, 1, 2),)
+    assert sites.site_key(DistEnv(launched=True, host="gpu3")) == "host:gpu3"
+    assert sites.site_key(DistEnv(launched=True, host="gpu3", site="home")) == "home"
+
+
+def test_site_peers_scale_each_loss_to_the_sites_mean() -> None:
+    steps = global_steps()[:1]  # sizes 2, 5, 3
+    assert micro_steps(steps, 0, 1, (0, 2)) == [MicroStep(2, 2 / 5, True, 10)]
+    assert micro_steps(steps, 1, 1, (1,)) == [MicroStep(5, 1 / 5, True, 10)]
+    assert micro_steps(steps, 0, 1) == [MicroStep(2, 3 / 10, True, 10)]
+
+
+@pytest.mark.slow
+def test_hierarchical_update_equals_the_one_process_reference(tmp_path: Path) -> None:
+    spawn(_worker, WORLD, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    assert ranks[0]["keys"] == list(KEYS)
+    site_of = {r: s for s, members in enumerate(SITES) for r in members}
+    for variant in ("sync", "overlap"):
+        inner, after, flushed = reference(variant == "overlap")
+        for r in range(WORLD):
+            got = ranks[r][variant]
+            assert got["peers"] == list(SITES[site_of[r]])
+            for step, rec in enumerate(got["records"]):
+                assert close(rec["before"], inner[step][site_of[r]]) <= 1e-6, (variant, r, step)
+                expected = after[step] if after[step] is not None else rec["before"]
+                assert close(rec["after"], expected) <= 1e-6, (variant, r, step)
+            assert close(got["flushed"], flushed) <= 1e-6, (variant, r)
+        # The two sites really trained apart inside a round, and the office's ranks together.
+        mid = [ranks[r][variant]["records"][1]["after"] for r in range(WORLD)]
+        assert close(mid[0], mid[1]) > 1e-3 and close(mid[0], mid[2]) == 0.0
