@@ -102,17 +102,24 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
     "comm": "gradient communication: none|fp16|bf16|powersgd|localsgd|diloco|diloco-overlap, or auto (measure "
             "bandwidth and RTT, pick by the floor)",
     "firewall": "fab firewall up on the hosts for the run's duration (down afterwards, whatever happens)",
-})
+    "notify": "POST the run's events as JSON to this http(s) URL (repeatable; a secret: never shown or recorded)",
+    "idle_warn": "warn when a host stays idle (under 10% GPU use; CPU hosts: of a core per run process) this many minutes (default 10; decimals allowed)",
+    "idle_stop": "stop the run when a host stays idle this many minutes",
+}, iterable=["notify"])
 @guarded
 def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DEFAULT_PG_TIMEOUT_S,
-          detach=False, skip_checks=False, no_sync=False, resume="", comm="", firewall=False, project="", runs_dir="", debug=False):
+          detach=False, skip_checks=False, no_sync=False, resume="", comm="", firewall=False, notify=None,
+          idle_warn="", idle_stop="", project="", runs_dir="", debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
     from meshrun.deploy.commands.train import TrainRequest, main
+    from meshrun.deploy.run.idle import policy_from_flags
     from meshrun.deploy.run.plan import Workload
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
+    idle = policy_from_flags(idle_warn, idle_stop)
     request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None, int(timeout),
-                           detach, skip_checks, no_sync, resume or None, comm or None, firewall)
+                           detach, skip_checks, no_sync, resume or None, comm or None, firewall, tuple(notify or ()),
+                           idle)
     where = _project(project, runs_dir)
     if not firewall:
         _exit(main(request, where))

@@ -17,6 +17,7 @@ import pytest
 
 from tests.fabrun import REPO, ROOT, FabProcess, fab, run_id_of, run_processes
 from tests.testbed import network
+from tests.webhook import Receiver
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -41,15 +42,41 @@ def clean_accuracy(inventory: Path) -> float:
     return summary_of(run_id_of(done.stdout))["metrics"]["test_acc"]
 
 
+def _argv_holding(text: str, but: int) -> list[int]:
+    """Processes of this machine (every simulated host's too) whose argv holds `text`, but pid `but`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int(entry.name) != but and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def test_a_killed_host_is_survived(testbed, inventory: Path) -> None:
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
+    """Also the run's notifications (issue 23): a real webhook receiver gets each event once, in order."""
+    receiver = Receiver()
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url, "--", *TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
+        on_argv = _argv_holding("s3cr3t-token", but=run.proc.pid)  # the URL is on no host's command line
         killed_at = time.time()
         assert testbed.kill_processes(3)  # everything of the run on h3, its sshd sessions too
         assert run.finish(timeout=400) == 0, run.output[-3000:]
     finally:
         run.close()
+        receiver.close()
+    assert on_argv == []
+    print("notified", [(b["event"], b.get("host")) for b in receiver.bodies])
+    assert [(b["event"], b.get("host")) for b in receiver.bodies] == [
+        ("started", None), ("host_lost", "h3"), ("finished", None)]
+    assert receiver.bodies[0]["hosts"] == ["h1", "h2", "h3"] and receiver.bodies[0]["run_id"] == run_id
+    assert receiver.bodies[-1]["text"].startswith(f"meshrun run {run_id}: finished after ")
+    assert receiver.paths == ["/hook/s3cr3t-token"] * len(receiver.bodies)
+    assert "s3cr3t-token" not in run.output
+    leaked = [p for p in (ROOT / "runs" / run_id).rglob("*") if p.is_file() and b"s3cr3t-token" in p.read_bytes()]
+    assert leaked == []
     assert "meshrun: h3 lost" in run.output
     assert "now world size 2, lr " in run.output  # the batch policy's log after the change
     summary = summary_of(run_id)
@@ -84,7 +111,9 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
     timeout); h3's agent, hearing no heartbeat, stops its run; after the heal h3 is started again."""
     # Longer than the other faults' runs: h3 is away ~40 s (its agent's 30 s heartbeat timeout),
     # and there must be training left when it comes back.
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *LONG_TRAIN)
+    receiver = Receiver()  # issue 23: the run's notifications, h3's loss and return among them
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url, "--",
+                     *LONG_TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
         with testbed.link_cut(3):
@@ -100,6 +129,11 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
         assert run.finish(timeout=400) == 0, run.output[-3000:]
     finally:
         run.close()
+        receiver.close()
+    print("notified", [(b["event"], b.get("host"), b.get("detail")) for b in receiver.bodies])
+    assert [(b["event"], b.get("host")) for b in receiver.bodies] == [
+        ("started", None), ("host_lost", "h3"), ("host_back", "h3"), ("finished", None)]
+    assert "came back" in receiver.bodies[2]["detail"] and receiver.bodies[2]["world_size"] == 3
     summary = summary_of(run_id)
     assert summary["status"] == "succeeded" and summary["lost_hosts"] == ["h3"]
     events = [(e["event"], e["host"], e["detail"]) for e in summary["timeline"]]

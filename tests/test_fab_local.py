@@ -106,3 +106,20 @@ def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: flo
             assert "every host is clean" in fab_run.output
     finally:
         fab_run.close()
+
+
+def test_an_idle_run_is_warned_about_then_stopped() -> None:
+    """Issue 23, item 3: a script that sleeps after its first seconds of work. The local host's run
+    processes use almost no CPU: a WARN after --idle-warn (3 s here), then --idle-stop (9 s) stops
+    the run; the summary says why and lists the warning."""
+    done = fab("train", "--skip-checks", "--script", "tests/idle_worker.py", "--idle-warn", "0.05",
+               "--idle-stop", "0.15", timeout=240)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    run_id = run_id_of(done.stdout)
+    out = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines; warnings go to stderr
+    assert "now sleeping" in out and "host 'local' idle: its run's processes under 10% utilisation for" in out
+    assert "stopping the run: host 'local' idle for" in out
+    summary = json.loads((ROOT / "runs" / run_id / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["reason"].startswith("host 'local' idle for ")
+    assert [w["host"] for w in summary["idle"]] == ["local"] and summary["idle"][0]["idle_s"] >= 3
+    assert not run_processes(run_id)

@@ -20,13 +20,18 @@ from meshrun.deploy.commands.check import preflight
 from meshrun.deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
 from meshrun.deploy.commands.sync import code_files, sync_code
 from meshrun.deploy.edges import provenance
+from meshrun.deploy.host.notify import Sender
+from meshrun.deploy.run import notify
+from meshrun.deploy.run.idle import IdlePolicy
+from meshrun.deploy.edges.idle import IdleWatcher
+from meshrun import events
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner, run_detached_agent
-from meshrun.deploy.run.membership import split_brain_risk
+from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
 from meshrun.deploy.render.console import Renderer
@@ -36,6 +41,8 @@ from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_h
 from meshrun.deploy.run.answers import detached_record
 from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
 from meshrun.deploy.edges.transport import Session, connect
+
+NOTIFY_CLOSE_S = 10.0  # what the last event may add to the end of a run, at most
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class TrainRequest:
     resume: str | None = None  # an earlier run id: same run directory, fresh rendezvous
     comm: str | None = None  # a comm hook, or "auto" (deploy/commands/comm.py)
     firewall: bool = False  # bracketed by `fab firewall` (deploy/commands/firewall.around_run)
+    notify: tuple[str, ...] = ()  # webhook receivers (secrets: never printed, logged or recorded)
+    idle: IdlePolicy = IdlePolicy()  # when a host counts as idle, and --idle-stop
 
 
 def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest:
@@ -92,11 +101,16 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
     return None
 
 
-def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session]) -> None:
-    """Start each host's agent in the background; it outlives this controller by design."""
+def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...] = ()) -> None:
+    """Start each host's agent in the background; it outlives this controller by design. With receivers,
+    the agents send the run's events (the rendezvous host's agent alone: deploy/host/notify.py)."""
+    names = [h.host.name for h in plan.hosts]
+    head = next(h.host.name for h in plan.hosts if h.is_rendezvous_host)
+
     def start(host: Host) -> dict:
         launch = next(h for h in plan.hosts if h.host.name == host.name)
-        result = run_detached_agent(sessions[host.name], launch)
+        block = notify.agent_block(dict(host.env), urls, head, names)
+        result = run_detached_agent(sessions[host.name], launch, block=block)
         try:
             record = result.last_json()
         except (ValueError, IndexError):
@@ -158,6 +172,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
+    urls = notify.receivers(request.notify, inventory.notify)  # checked before any host is contacted
     elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
     if elastic is not None and (risk := split_brain_risk(elastic, len(hosts))):
         renderer.warn(risk)
@@ -171,13 +186,20 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
         record = _record(request, inventory, hosts, plan, options, project)
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
         if request.detach:
-            start_detached(plan, sessions)
+            start_detached(plan, sessions, urls)
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
         origin = provenance.at_launch(hosts, sessions, project.root, code_files(inventory, project.root), sys.executable)
-        outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin)
-    return _conclude(outcome, summary, project, renderer)
+        sender = Sender(urls, renderer.warn)
+        sender.send(notify.started(run_id, time.time(), [h.name for h in hosts], plan.world_size))
+        outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin, sender,
+                                         request.idle)
+    status = _conclude(outcome, summary, project, renderer)
+    sender.send(notify.ended(run_id, outcome.ended, summary.status, summary.duration_s, summary.reason,
+                             summary.failed_host))
+    sender.close(NOTIFY_CLOSE_S)
+    return status
 
 
 def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inventory,
@@ -210,12 +232,11 @@ def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...]
 
 
 def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, sessions: Mapping[str, Session],
-                  project: Project, renderer: Renderer, origin: dict) -> tuple[JobOutcome, RunSummary]:
+                  project: Project, renderer: Renderer, origin: dict, sender: Sender,
+                  policy: IdlePolicy) -> tuple[JobOutcome, RunSummary]:
     """Run with this controller watching; returns the outcome and the summary to write."""
     poller = RequestPoller(record, inventory, project, renderer) if plan.elastic else None
-    reconnect = (lambda host: connect(host, inventory.known_hosts, project.root, PING_TIMEOUT_S))
-    outcome = JobRunner(plan, sessions, renderer.log_line, project.run_home(plan.run_id), sys.executable, poller,
-                        renderer.membership, reconnect).run()
+    outcome, idle = _watched(plan, inventory, sessions, project, renderer, poller, sender, policy)
     lost = outcome.unreachable()
     answering = {name: session for name, session in sessions.items() if name not in lost}
     if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
@@ -225,7 +246,41 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
     names = [h.host.name for h in plan.hosts]
     made = {**origin, **provenance.at_end(answering, names, plan.run_id, saved_plan)}
-    return outcome, build_summary(plan, outcome, read_result(answering, plan), comm, made)
+    summary = build_summary(plan, outcome, read_result(answering, plan), comm, made)
+    return outcome, dataclasses.replace(summary, idle=idle)
+
+
+def _watched(plan: LaunchPlan, inventory: Inventory, sessions: Mapping[str, Session], project: Project,
+             renderer: Renderer, poller: RequestPoller | None, sender: Sender,
+             policy: IdlePolicy) -> tuple[JobOutcome, list[dict]]:
+    """The JobRunner, its membership changes shown and sent, its hosts watched for idleness."""
+    reconnect = (lambda host: connect(host, inventory.known_hosts, project.root, PING_TIMEOUT_S))
+
+    def membership(event: MembershipEvent) -> None:
+        renderer.membership(event)
+        if (body := notify.membership(plan.run_id, event)) is not None:
+            sender.send(body)
+
+    def tell(host: str, now: float, idle_s: float, stopping: bool) -> None:
+        sender.send(events.idle(plan.run_id, now, host, idle_s, policy.threshold, stopping))
+
+    watcher = IdleWatcher(policy, tuple(h.host for h in plan.hosts), sessions, plan.run_id, sys.executable,
+                          renderer.warn, tell)
+
+    def requests(runner: JobRunner) -> None:
+        if poller is not None:
+            poller(runner)
+        watcher.check(runner)
+
+    watcher.start()
+    try:
+        outcome = JobRunner(plan, sessions, renderer.log_line, project.run_home(plan.run_id), sys.executable,
+                            requests, membership, reconnect).run()  # type: ignore[arg-type]
+    finally:
+        watcher.close()
+    if watcher.stop_reason is not None:
+        outcome = dataclasses.replace(outcome, reason=watcher.stop_reason)
+    return outcome, watcher.warnings
 
 
 def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, renderer: Renderer) -> int:

@@ -76,10 +76,11 @@ def start_agent(session: Session, launch: HostLaunch) -> Stream:
     return stream
 
 
-def run_detached_agent(session: Session, launch: HostLaunch, timeout: float = 30) -> CommandResult:
-    """A detached start: the agent reads its env line, starts its copy, prints the pidfile and
-    exits."""
-    return run_fed(session, launch.agent, env_block(launch.host), timeout)
+def run_detached_agent(session: Session, launch: HostLaunch, timeout: float = 30,
+                       block: bytes | None = None) -> CommandResult:
+    """A detached start: the agent reads its env line (`block`, else the host's env block), starts its
+    copy, prints the pidfile and exits."""
+    return run_fed(session, launch.agent, block or env_block(launch.host), timeout)
 
 
 def _end_detail(rc: int | None) -> str:

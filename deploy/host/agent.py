@@ -30,6 +30,8 @@ from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV
                            PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
+from meshrun.deploy.host.notify import AgentNotices
+from meshrun.events import NOTIFY_KEY
 
 
 
@@ -66,6 +68,9 @@ class Supervisor:
         (self.dir / EXIT_RECORD).unlink(missing_ok=True)  # a resumed run reuses this directory
         env = dict(os.environ)
         env.update(kv.split("=", 1) for kv in self.args.env)
+        spec = self.args.secret_env.pop(NOTIFY_KEY, None)  # a detached run's receivers: never in the env
+        self.notices = AgentNotices(spec if self.args.heartbeat_timeout == 0 else None, self.args.run_id,
+                                    self.args.host, lambda line: self.emit(f"meshrun-agent: {line}\n".encode()))
         env.update(self.args.secret_env)  # the inventory's `env`, read from stdin, never argv
         # Our own tags are set last: the sweep in `stop` relies on them.
         env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host})
@@ -79,22 +84,26 @@ class Supervisor:
                        else (Generation("", "", tuple(self.args.command)),))
         index = min(self.args.generation, len(generations) - 1)  # a host rejoining after a succession
         self.peers = PeerWatcher(parse_peers(self.args.peers)) if self.args.peers else None
+        self.notices.started(generations[index].head)
         while True:
             rc = self.run_generation(generations[index], index, env)
             if rc == 0 or self.stop_reason is not None or not self.head_lost or index + 1 >= len(generations):
                 break
             index += 1
+            self.notices.moved(generations[index - 1].head, generations[index].head)
             self.emit(f"meshrun-agent: rendezvous host '{generations[index - 1].head}' lost; the run goes on "
                       f"under a new rendezvous on '{generations[index].head}' (generation {index})\n".encode())
         if self.peers is not None:
             self.peers.stop()
         write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
                                              "generation": index})
+        self.notices.ended(rc, self.stop_reason, generations[index].head)
         return rc
 
     def run_generation(self, generation: Generation, index: int, env: dict[str, str]) -> int:
         """torchrun for one rendezvous, watched until it ends, we must stop, or its host is lost."""
         self.head_lost = False
+        self.head = generation.head
         try:
             child = subprocess.Popen(generation.torchrun, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True,
@@ -135,6 +144,7 @@ class Supervisor:
             lost_peers = self.peers.take_lost() if self.peers is not None else []
             if lost_peers:  # detached: no controller to send `restart` for a cut peer
                 self.emit(f"meshrun-agent: peer(s) {', '.join(lost_peers)} stopped answering\n".encode())
+                self.notices.lost(lost_peers, self.head)
                 self.restart_workers()
             if watcher is not None and watcher.lost:
                 self.head_lost = True

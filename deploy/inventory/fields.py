@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Callable, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -231,3 +232,36 @@ FIELD_READERS: Mapping[str, Callable[[yaml.Node, Where], object]] = {
     "env": env,
     "site": site,
 }
+
+
+URL_MAX = 2048
+
+
+def url_problem(url: object) -> str | None:
+    """Why `url` is not a webhook receiver meshrun posts to (`notify:`, `--notify`), or None. The
+    reason never quotes the URL: it often holds a token."""
+    if not isinstance(url, str) or not url:
+        return "empty"
+    if len(url) > URL_MAX or not url.isprintable() or any(c.isspace() for c in url):
+        return "not a URL (too long, or spaces or control characters in it)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        return "not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http(s) URL with a host"
+    return None
+
+
+def notify_urls(node: yaml.Node, at: Where) -> tuple[str, ...]:
+    """`notify:`: one receiver URL or a list of them. A bad one is named by its line, never quoted."""
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    urls = []
+    for item in items:
+        problem = url_problem(written(item)) if isinstance(item, yaml.ScalarNode) else "not text"
+        if problem:
+            raise at.at(item).fail(f"{problem} (the value is not shown: it may hold a token)",
+                                   "write an http:// or https:// URL")
+        urls.append(written(item))
+    return tuple(urls)

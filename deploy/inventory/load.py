@@ -29,7 +29,7 @@ LOOKUP_ORDER = "--inventory, $MESHRUN_INVENTORY, the project's inventory/hosts.y
                "~/.config/meshrun/inventory.yaml"
 
 
-TOP_KEYS = ("defaults", "hosts", "groups", "rendezvous", "known_hosts", "elastic")
+TOP_KEYS = ("defaults", "hosts", "groups", "rendezvous", "known_hosts", "elastic", "notify")
 HOST_KEYS = ("address", "ssh_address", "user", "port", "identity", "python", "workdir", "network",
              "gpus", "nproc", "batch_size", "env", "site")
 DEFAULT_KEYS = tuple(k for k in HOST_KEYS if k not in ("address", "ssh_address"))
@@ -92,7 +92,9 @@ def load_inventory(path: Path, project: Path | None = None) -> Inventory:
         text = fields.path_text(sections["known_hosts"][1], where.at(sections["known_hosts"][0], field="known_hosts"))
         known_hosts = localpaths.controller_file(text, path, project)
     elastic = _read_elastic(sections["elastic"][1], where) if "elastic" in sections else None
-    return Inventory(path, hosts, MappingProxyType(groups), rdzv, known_hosts, elastic)
+    notify = fields.notify_urls(sections["notify"][1], where.at(sections["notify"][0], field="notify")) \
+        if "notify" in sections else ()
+    return Inventory(path, hosts, MappingProxyType(groups), rdzv, known_hosts, elastic, notify)
 
 
 def _read_fields(node: yaml.Node, where: Where, host: str | None, allowed: tuple[str, ...], what: str,

@@ -85,6 +85,7 @@ class Inventory:
     rendezvous: Rendezvous
     known_hosts: Path | None
     elastic: ElasticBounds | None
+    notify: tuple[str, ...] = ()  # webhook receivers of every run (secrets: never shown or recorded)
 
     def host(self, name: str) -> Host:
         return next(h for h in self.hosts if h.name == name)

@@ -35,6 +35,7 @@ class RunSummary:
     lost_hosts: list[str] = field(default_factory=list)
     comm: dict[str, Any] | None = None  # with --comm: hook, floor_s, measured_s, ratio (deploy/commands/comm.py)
     provenance: dict[str, Any] | None = None  # what produced the run (deploy/run/provenance.py)
+    idle: list[dict[str, Any]] = field(default_factory=list)  # idle warnings: time, host, idle_s, threshold
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

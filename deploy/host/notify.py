@@ -1,0 +1,156 @@
+"""Webhook delivery, standard library only: the controller of an attached run and the agent of a
+detached one both send through a `Sender`.
+
+A receiver is an HTTP(S) URL the user gave (`fab train --notify URL`, the inventory's `notify:`);
+each event is one POST of a JSON object with a `text` line (what Slack-style and ntfy-style
+receivers show) and structured fields. Delivery never holds up what sent it: `send` puts the event
+on a bounded queue and returns; one background thread posts it to each receiver with a 5 s timeout
+and a few tries, and an event that finds the queue full is dropped (and counted). A URL is a secret
+(it often carries a token): it is never printed, logged or put in an error; receivers are named by
+their position, `receiver #1`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Callable
+
+from meshrun import events
+
+POST_TIMEOUT_S = 5.0
+TRIES = 3
+RETRY_PAUSE_S = 1.0  # then twice that
+QUEUE_BOUND = 64
+USER_AGENT = "meshrun-notify"
+CLOSE_WAIT_S = 10.0  # what the last event may add to the end of a run, at most
+SPEC_KEY = events.NOTIFY_KEY
+MAX_URLS, MAX_HOSTS = 8, 1024
+
+Report = Callable[[str], None]  # a one-line account of an event that was not delivered
+
+
+def _why(err: BaseException) -> str:
+    """What went wrong, without the URL: an HTTP status, or the error's class and errno/reason kind."""
+    if isinstance(err, urllib.error.HTTPError):
+        return f"HTTP {err.code}"
+    if isinstance(err, urllib.error.URLError):
+        reason = err.reason
+        return f"{reason.__class__.__name__}" + (f" errno {reason.errno}" if getattr(reason, "errno", None) else "")
+    return err.__class__.__name__
+
+
+def _retryable(err: BaseException) -> bool:
+    return not isinstance(err, urllib.error.HTTPError) or err.code >= 500 or err.code == 429
+
+
+def post(url: str, body: dict, timeout: float = POST_TIMEOUT_S) -> None:
+    """One POST of `body` as JSON; raises what urllib raises (the caller names no URL)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": USER_AGENT})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310 - http(s) only, checked on entry
+        answer.read(4096)
+
+
+class Sender:
+    """Posts events to every receiver from one daemon thread; `send` never blocks."""
+
+    def __init__(self, urls: tuple[str, ...], report: Report | None = None, tries: int = TRIES,
+                 pause_s: float = RETRY_PAUSE_S) -> None:
+        self.urls, self.report, self.tries, self.pause_s = urls, report, tries, pause_s
+        self.queue: queue.Queue[dict | None] = queue.Queue(QUEUE_BOUND)
+        self.dropped = 0
+        self.thread = threading.Thread(target=self._deliver, name="meshrun-notify", daemon=True)
+        if urls:
+            self.thread.start()
+
+    def send(self, body: dict) -> None:
+        if not self.urls:
+            return
+        try:
+            self.queue.put_nowait(body)
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self, wait_s: float) -> None:
+        """Let what is queued go out for at most `wait_s` seconds, then leave the thread behind."""
+        if not self.urls:
+            return
+        try:
+            self.queue.put(None, timeout=wait_s)
+        except queue.Full:
+            return
+        self.thread.join(wait_s)
+
+    def _deliver(self) -> None:
+        while (body := self.queue.get()) is not None:
+            for number, url in enumerate(self.urls, 1):
+                self._post(number, url, body)
+
+    def _post(self, number: int, url: str, body: dict) -> None:
+        for attempt in range(self.tries):
+            try:
+                post(url, body)
+                return
+            except (OSError, ValueError, http.client.HTTPException) as err:  # URLError, HTTPError: OSErrors
+                if attempt + 1 == self.tries or not _retryable(err):
+                    if self.report is not None:
+                        self.report(f"notify: '{body.get('event')}' not delivered to receiver #{number} ({_why(err)})")
+                    return
+                time.sleep(self.pause_s * (attempt + 1))
+
+
+class AgentNotices:
+    """A detached run's events, sent by one agent only: the one on the rendezvous host of the current
+    generation (`spec`, from the controller on stdin: {"urls": [...], "head": first rendezvous host,
+    "hosts": [...]}). Every agent makes one; only that agent's calls post anything, so each event
+    goes out once, whichever host sees it. A spec of the wrong shape sends nothing."""
+
+    def __init__(self, spec: str | None, run_id: str, host: str, report: Report | None = None) -> None:
+        found = _spec(spec)
+        self.urls, self.head, self.hosts = found if found else ((), "", [])
+        self.run_id, self.host = run_id, host
+        self.sender = Sender(self.urls, report) if self.urls else None
+        self.started_at = time.time()
+
+    def _send(self, head: str, body: dict) -> None:
+        if self.sender is not None and (head or self.head) == self.host:
+            self.sender.send(body)
+
+    def started(self, head: str) -> None:
+        self._send(head, events.started(self.run_id, time.time(), self.hosts, None))
+
+    def lost(self, peers: list[str], head: str) -> None:
+        for peer in peers:
+            self._send(head, events.host_event("host_lost", self.run_id, time.time(), peer, None, "stopped answering"))
+
+    def moved(self, old: str, head: str) -> None:
+        self._send(head, events.host_event("rendezvous_moved", self.run_id, time.time(), head, None, f"{old} lost"))
+
+    def ended(self, rc: int, stop_reason: str | None, head: str) -> None:
+        status = "stopped" if stop_reason else "succeeded" if rc == 0 else "failed"
+        reason = stop_reason or (None if rc == 0 else f"{self.host}: exit status {rc}")
+        now = time.time()
+        self._send(head, events.ended(self.run_id, now, status, now - self.started_at, reason,
+                                      None if rc == 0 or stop_reason else self.host))
+        if self.sender is not None:
+            self.sender.close(CLOSE_WAIT_S)
+
+
+def _spec(text: str | None) -> tuple[tuple[str, ...], str, list[str]] | None:
+    try:
+        spec = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(spec, dict):
+        return None
+    urls, head, hosts = spec.get("urls"), spec.get("head"), spec.get("hosts")
+    if not (isinstance(urls, list) and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls)
+            and isinstance(head, str) and isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)):
+        return None
+    return tuple(urls[:MAX_URLS]), head, hosts[:MAX_HOSTS]

@@ -1,0 +1,83 @@
+"""Idle detection's rule (deploy/run/idle.py) by exact equality; the real run is
+tests/test_fab_local.py::test_an_idle_run_is_warned_about_then_stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.host import usage
+from meshrun.deploy.run import idle
+from meshrun.deploy.run.idle import IdlePolicy, Usage
+
+
+def test_utilisation_from_two_answers() -> None:
+    assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 15.0, 2, None)) == 0.5
+    assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 5.5, 2, None)) == 0.025
+    assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(10, 6.0, 2, None)) is None  # no time passed
+    assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 1.0, 2, None)) is None  # restarted processes
+    assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 5.0, 0, None)) is None  # nothing running
+    assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 5.0, 2, (0, 50))) == 0.25  # GPUs win
+
+
+def test_the_rule_warns_once_per_spell_and_stops_once() -> None:
+    policy = IdlePolicy(threshold=0.1, warn_s=30, stop_s=60)
+    series = [(0, 0.9), (10, 0.05), (20, 0.0), (40, 0.02), (45, 0.5), (50, 0.0), (79, 0.0), (80, 0.0),
+              (100, None), (110, 0.01), (130, 0.0)]
+    assert idle.actions_over(series, policy) == [(40, "warn"), (80, "warn"), (110, "stop")]
+    assert idle.actions_over(series, IdlePolicy(0.1, 30, None)) == [(40, "warn"), (80, "warn")]
+    assert idle.actions_over([(0, 0.0), (5, 0.0)], IdlePolicy(0.1, 30, 5)) == [(5, "stop")]
+    assert idle.actions_over([(0, 0.0), (30, 0.0)], IdlePolicy(0.1, 30, 30)) == [(30, "warn"), (30, "stop")]
+    assert idle.actions_over([(t, 0.1) for t in range(0, 100, 10)], policy) == []  # at the threshold: busy
+
+
+def test_flags_and_sampling() -> None:
+    assert idle.policy_from_flags("", "") == IdlePolicy(0.1, 600.0, None)
+    assert idle.policy_from_flags("0.5", "30") == IdlePolicy(0.1, 30.0, 1800.0)
+    for bad in ("0", "-1", "1e3", "²", "1.", ".5", "x", "99999999"):
+        with pytest.raises(InputError, match="--idle-stop"):
+            idle.policy_from_flags("", bad)
+    assert IdlePolicy(0.1, 600, None).sample_s == 10.0
+    assert IdlePolicy(0.1, 3, 9).sample_s == 1.0
+    assert IdlePolicy(0.1, 600, 30).sample_s == 5.0
+
+
+def test_usage_answers_are_shape_checked() -> None:
+    assert idle.read_usage("h1", 'noise\n{"time": 5.5, "cpu_s": 2, "procs": 3, "gpu_util": [10, 20]}') == \
+        Usage(5.5, 2.0, 3, (10, 20))
+    assert idle.read_usage("h1", '{"time": 5, "cpu_s": 2, "procs": 3, "gpu_util": null}') == Usage(5.0, 2.0, 3, None)
+    for bad, why in [('{"time": 5, "cpu_s": -1, "procs": 3}', "cpu_s is -1"),
+                     ('{"time": 5, "cpu_s": 1, "procs": "3"}', "procs is '3'"),
+                     ('{"time": 5, "cpu_s": 1, "procs": 3, "gpu_util": [101]}', "gpu_util is [101]"),
+                     ('{"cpu_s": 1, "procs": 3}', "time is None"), ("[1]", "the answer is [1]")]:
+        with pytest.raises(MeshrunError) as err:
+            idle.read_usage("h1", bad)
+        assert str(err.value).startswith(f"host 'h1': the usage probe gave an unexpected answer: {why}"), err.value
+
+
+def test_the_usage_probe_counts_the_tagged_processes_cpu() -> None:
+    """The host probe on real processes: a busy and a sleeping one carrying the run's tags."""
+    env = {**os.environ, "MESHRUN_RUN_ID": "r-usage", "MESHRUN_HOST": "h1"}
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend=time.time()+30\nwhile time.time()<end: pass"],
+                            env=env)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        first = usage.usage("r-usage", "h1")
+        time.sleep(1.0)
+        second = usage.usage("r-usage", "h1")
+        busy_s, sleeper_s = usage.cpu_seconds(busy.pid), usage.cpu_seconds(sleeper.pid)
+    finally:
+        for proc in (busy, sleeper):
+            proc.kill()
+            proc.wait()
+    assert first["procs"] == second["procs"] == 2 and first["gpu_util"] is None  # no nvidia-smi here
+    util = idle.utilisation(idle.read_usage("h1", json.dumps(first)), idle.read_usage("h1", json.dumps(second)))
+    assert util is not None and 0 < util <= 1.0  # one of two processes busy: about 0.5, less on a loaded machine
+    assert busy_s is not None and sleeper_s is not None and busy_s > sleeper_s
+    assert usage.cpu_seconds(busy.pid) is None  # gone
