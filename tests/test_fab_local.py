@@ -14,6 +14,7 @@ import pytest
 from meshrun.deploy.host.facts import meshrun_identity
 from tests.cpuhog import cpu_hog
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes, wait_no_run_processes
+from tests.webhook import Receiver
 
 pytestmark = pytest.mark.slow
 
@@ -112,8 +113,12 @@ def test_an_idle_run_is_warned_about_then_stopped() -> None:
     """Issue 23, item 3: a script that sleeps after its first seconds of work. The local host's run
     processes use almost no CPU: a WARN after --idle-warn (3 s here), then --idle-stop (9 s) stops
     the run; the summary says why and lists the warning."""
-    done = fab("train", "--skip-checks", "--script", "tests/idle_worker.py", "--idle-warn", "0.05",
-               "--idle-stop", "0.15", timeout=240)
+    receiver = Receiver()  # and the run's notifications: the idle warning, the stop
+    try:
+        done = fab("train", "--skip-checks", "--script", "tests/idle_worker.py", "--idle-warn", "0.05",
+                   "--idle-stop", "0.15", "--notify", receiver.url, timeout=240)
+    finally:
+        receiver.close()
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     run_id = run_id_of(done.stdout)
     out = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines; warnings go to stderr
@@ -123,3 +128,6 @@ def test_an_idle_run_is_warned_about_then_stopped() -> None:
     assert summary["status"] == "stopped" and summary["reason"].startswith("host 'local' idle for ")
     assert [w["host"] for w in summary["idle"]] == ["local"] and summary["idle"][0]["idle_s"] >= 3
     assert not run_processes(run_id)
+    assert [(b["event"], b.get("host"), b.get("stopping")) for b in receiver.bodies] == [
+        ("started", None, None), ("idle", "local", False), ("idle", "local", True), ("stopped", None, None)]
+    assert receiver.bodies[-1]["reason"] == summary["reason"]
