@@ -99,8 +99,8 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
     "detach": "start the run and return its id", "skip_checks": "skip the pre-flight checks",
     "no_sync": "do not sync the code first", "debug": DEBUG_HELP,
     "resume": "continue an earlier run (its id) from its newest checkpoint, on its hosts by default",
-    "comm": "gradient communication: none|fp16|bf16|powersgd|localsgd|diloco|diloco-overlap, or auto (measure "
-            "bandwidth and RTT, pick by the floor)",
+    "comm": "gradient communication: none|fp16|bf16|powersgd|localsgd|diloco|diloco-overlap|hier (DDP inside each "
+            "site, DiLoCo between sites), or auto (measure bandwidth and RTT, pick by the floor)",
     "firewall": "fab firewall up on the hosts for the run's duration (down afterwards, whatever happens)",
     "notify": "POST the run's events as JSON to this http(s) URL (repeatable; a secret: never shown or recorded)",
     "idle_warn": "warn when a host stays idle (under 10% GPU use; CPU hosts: of a core per run process) this many minutes (default 10; decimals allowed)",

@@ -64,15 +64,26 @@ def describe(workload: Workload, root: Path) -> Gradients:
                                   int(comm.get("diloco_inner_steps", 8))))
 
 
-def measure_links(selection: Selection, sessions: Mapping[str, Session]) -> tuple[float | None, float]:
-    """(bytes/s per node, round trip in seconds) from the check-network link probe; bandwidth None
-    when there is nothing to measure (one host). The RTT is the TCP handshake of the slowest link."""
+Matrix = tuple[tuple[str, str, float | None, float | None], ...]  # (source, target, Mbit/s, RTT ms)
+
+
+def measure_links(selection: Selection, sessions: Mapping[str, Session]) -> tuple[float | None, float, Matrix]:
+    """(bytes/s per node, round trip in seconds, the pairwise matrix) from the check-network link
+    probe; bandwidth None when there is nothing to measure (one host). The RTT is the TCP
+    handshake of the slowest link."""
     hosts, head = selection.hosts, selection.head
     facts = gather_facts(hosts, head, sessions, {}, sys.executable)
     _, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, BANDWIDTH_S, sys.executable)
     peers = [link for link in links if not link.rendezvous]
     return (commplan.node_bandwidth((link.source, link.mbit_s) for link in peers),
-            commplan.link_rtt(link.connect_ms for link in peers))
+            commplan.link_rtt(link.connect_ms for link in peers),
+            tuple((link.source, link.target, link.mbit_s, link.connect_ms) for link in peers))
+
+
+def site_map(selection: Selection) -> dict[str, str]:
+    """Each host's site; a host without one is a place of its own, as the trainer counts it
+    (train/sites.py)."""
+    return {h.name: h.site or f"host:{h.name}" for h in selection.hosts}
 
 
 def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
@@ -80,8 +91,10 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
     """The workload with `comm.hook=...` first among its overrides (the user's own overrides
     after it still win), and the plan behind it (None when no link could be measured)."""
     gradients = describe(workload, root)
-    bandwidth, rtt_s = measure_links(selection, sessions)
-    plan = (commplan.plan(bandwidth, len(selection.hosts), gradients.shapes, gradients.settings, rtt_s=rtt_s)
+    bandwidth, rtt_s, matrix = measure_links(selection, sessions)
+    sites = commplan.site_links(matrix, site_map(selection))
+    plan = (dataclasses.replace(commplan.plan(bandwidth, len(selection.hosts), gradients.shapes, gradients.settings,
+                                              rtt_s=rtt_s, sites=sites), links=matrix)
             if bandwidth else None)
     if comm == AUTO:
         if plan is None:
@@ -92,8 +105,10 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
             renderer.info(f"comm: auto: {plan.reason}: comm.hook={hook.value}")
     else:
         hook = Hook(comm)
+        floor = plan.floor_of(hook) if plan is not None else None
         if plan is not None:
-            renderer.info(f"comm: comm.hook={hook.value}, floor {plan.floor_of(hook).floor_s * 1e3:.1f} ms per step "
+            at = f"floor {floor.floor_s * 1e3:.1f} ms per step" if floor is not None else "no floor"
+            renderer.info(f"comm: comm.hook={hook.value}, {at} "
                           f"(recommended: {plan.recommended.value}; {plan.reason})")
     return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *workload.args)), plan
 
@@ -110,6 +125,7 @@ def plan_json(plan: CommPlan) -> dict[str, Any]:
     out = dataclasses.asdict(plan)
     out["recommended"] = plan.recommended.value
     out["floors"] = [{**dataclasses.asdict(f), "hook": f.hook.value} for f in plan.floors]
+    out["links"] = [{"source": a, "target": b, "mbit_s": m, "rtt_ms": r} for a, b, m, r in plan.links]
     return out
 
 

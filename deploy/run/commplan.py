@@ -18,9 +18,18 @@ estimated from the parameter shapes the trainer prints (``python -m meshrun.trai
 - ``diloco`` / ``diloco-overlap``: one all-reduce of the pseudo-gradient (S) every H inner steps,
   so S/H and its latency amortized; the overlapped variant can also hide it behind the next round.
 
-The recommendation is the most exact hook whose floor fits the budget per step (default
-``DEFAULT_BUDGET_S``), in the order none, fp16, powersgd, localsgd, diloco; when none fits, the
-hook with the lowest floor. Nothing here touches the network.
+- ``hier`` (with two sites or more, docs/sites.md): inside each site DDP's all-reduce of S every
+  step over the largest site's hosts at the slowest site's measured bandwidth and RTT (one
+  latency term per bucket), plus, per round, one in-site all-reduce and one broadcast of S; between
+  sites one all-reduce of S across the K site representatives every H steps at the slowest
+  measured link between sites (one latency term per round). ``floor_s`` is their sum per step
+  (``inside_s`` + ``between_s``); the overlap can hide ``between_s`` behind the next round.
+
+With sites the flat hooks' ring crosses the links between sites, so their floors use the slower
+of the two measured bandwidths and RTTs. The recommendation is the most exact hook whose floor
+fits the budget per step (default ``DEFAULT_BUDGET_S``), in the order none, fp16, powersgd,
+hier (exact inside each site; only with sites, and some site of two hosts or more), localsgd,
+diloco; when none fits, the hook with the lowest floor. Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 DEFAULT_BUDGET_S = 0.05  # communication per step we accept without compressing further
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
@@ -46,9 +55,11 @@ class Hook(str, Enum):
     LOCALSGD = "localsgd"
     DILOCO = "diloco"
     DILOCO_OVERLAP = "diloco-overlap"
+    HIER = "hier"
 
 
 PREFERENCE = (Hook.NONE, Hook.FP16, Hook.POWERSGD, Hook.LOCALSGD, Hook.DILOCO)  # most exact first
+SITE_PREFERENCE = (Hook.NONE, Hook.FP16, Hook.POWERSGD, Hook.HIER, Hook.LOCALSGD, Hook.DILOCO)
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,32 @@ class HookFloor:
     bytes_per_step: float  # S_hook: what each rank contributes to the all-reduce per step
     floor_s: float  # ring all-reduce floor per step at the measured bandwidth and RTT
     latency_s: float = 0.0  # the part of floor_s that is latency (RTT-bound ring steps)
+    inside_s: float | None = None  # hier: the part inside the sites
+    between_s: float | None = None  # hier: the part between sites (overlapped with the next round)
+
+
+@dataclass(frozen=True)
+class LinkStats:
+    bandwidth_bytes_s: float  # per node, as node_bandwidth
+    rtt_s: float  # the slowest link's round trip
+
+
+@dataclass(frozen=True)
+class SiteLinks:
+    """The measured links, split into those inside a site and those between sites."""
+
+    sites: tuple[tuple[str, tuple[str, ...]], ...]  # (site, its hosts), in host order
+    inside: LinkStats | None  # None: no site has two measured hosts
+    between: LinkStats | None  # None: one site, or no link between sites measured
+
+    @property
+    def largest(self) -> int:
+        return max(len(hosts) for _, hosts in self.sites)
+
+    @property
+    def places(self) -> bool:
+        """Sites worth a hierarchy: two or more, one with two hosts or more, measured between."""
+        return len(self.sites) > 1 and self.largest > 1 and self.between is not None
 
 
 @dataclass(frozen=True)
@@ -77,9 +114,11 @@ class CommPlan:
     floors: tuple[HookFloor, ...]
     recommended: Hook
     reason: str
+    site_links: SiteLinks | None = None  # with sites declared: what the floors inside and between used
+    links: tuple[tuple[str, str, float | None, float | None], ...] = ()  # (source, target, Mbit/s, RTT ms)
 
-    def floor_of(self, hook: Hook) -> HookFloor:
-        return next(f for f in self.floors if f.hook is hook)
+    def floor_of(self, hook: Hook) -> HookFloor | None:
+        return next((f for f in self.floors if f.hook is hook), None)
 
 
 def ring_floor_s(nbytes: float, nodes: int, bandwidth_bytes_s: float) -> float:
@@ -141,28 +180,88 @@ def hook_floor(hook: Hook, shapes: Sequence[Sequence[int]], settings: HookSettin
     return HookFloor(hook, nbytes, ring_floor_s(nbytes, nodes, bandwidth_bytes_s) + latency, latency)
 
 
+def hier_floor(shapes: Sequence[Sequence[int]], settings: HookSettings, sites: SiteLinks) -> HookFloor:
+    """``hier`` per optimizer step (module docstring): inside the sites, then between them."""
+    full = float(GRAD_BYTES * sum(math.prod(s) for s in shapes))
+    h, n, k = settings.diloco_inner_steps, sites.largest, len(sites.sites)
+    inside = latency_in = 0.0
+    if sites.inside is not None:
+        step = ring_floor_s(full, n, sites.inside.bandwidth_bytes_s)
+        latency_in = latency_floor_s(n, sites.inside.rtt_s, collectives_per_step(Hook.NONE, full, settings))
+        per_round = 2 * ring_floor_s(full, n, sites.inside.bandwidth_bytes_s) + latency_floor_s(n, sites.inside.rtt_s, 2)
+        inside = step + latency_in + per_round / h
+        latency_in += latency_floor_s(n, sites.inside.rtt_s, 2) / h
+    latency_x = between = 0.0
+    if sites.between is not None:
+        latency_x = latency_floor_s(k, sites.between.rtt_s) / h
+        between = ring_floor_s(full, k, sites.between.bandwidth_bytes_s) / h + latency_x
+    return HookFloor(Hook.HIER, full / h, inside + between, latency_in + latency_x, inside, between)
+
+
 def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
          settings: HookSettings = HookSettings(), budget_s: float = DEFAULT_BUDGET_S,
-         rtt_s: float = 0.0) -> CommPlan:
+         rtt_s: float = 0.0, sites: SiteLinks | None = None) -> CommPlan:
     shapes = [tuple(s) for s in shapes]
-    floors = tuple(hook_floor(h, shapes, settings, nodes, bandwidth_bytes_s, rtt_s) for h in Hook)
+    if sites is not None and sites.between is not None:  # the flat ring crosses the links between sites
+        bandwidth_bytes_s = min(bandwidth_bytes_s, sites.between.bandwidth_bytes_s)
+        rtt_s = max(rtt_s, sites.between.rtt_s)
+    flat = [h for h in Hook if h is not Hook.HIER]
+    floors = tuple(hook_floor(h, shapes, settings, nodes, bandwidth_bytes_s, rtt_s) for h in flat)
+    preference = SITE_PREFERENCE if sites is not None and sites.places else PREFERENCE
+    if sites is not None:  # `--comm hier` may run on any sites (a host without one is its own)
+        floors += (hier_floor(shapes, settings, sites),)
     by_hook = {f.hook: f for f in floors}
-    fits = [h for h in PREFERENCE if by_hook[h].floor_s <= budget_s]
+    fits = [h for h in preference if by_hook[h].floor_s <= budget_s]
     mbit = bandwidth_bytes_s * 8 / 1e6
     if fits:
         chosen = fits[0]
-        skipped = [h for h in PREFERENCE[:PREFERENCE.index(chosen)]]
-        why = "".join(f"{h.value} {_ms(by_hook[h].floor_s)} > budget; " for h in skipped)
-        reason = (f"{why}{chosen.value} {_ms(by_hook[chosen].floor_s)} <= budget "
-                  f"{_ms(budget_s)} per step")
+        skipped = [h for h in preference[:preference.index(chosen)]]
+        why = "".join(f"{_floor(by_hook[h])} > budget; " for h in skipped)
+        reason = f"{why}{_floor(by_hook[chosen])} <= budget {_ms(budget_s)} per step"
     else:
-        chosen = min(PREFERENCE, key=lambda h: by_hook[h].floor_s)
+        chosen = min(preference, key=lambda h: by_hook[h].floor_s)
         reason = (f"no hook fits the budget {_ms(budget_s)} per step; {chosen.value} has the "
                   f"lowest floor, {_ms(by_hook[chosen].floor_s)}")
     gradient = GRAD_BYTES * sum(math.prod(s) for s in shapes)
-    reason = (f"{gradient / 1e6:.2f} MB of gradients, {nodes} nodes, {mbit:.1f} Mbit/s per node, "
+    where = f" ({_sites_text(sites)})" if sites is not None and sites.places else ""
+    reason = (f"{gradient / 1e6:.2f} MB of gradients, {nodes} nodes{where}, {mbit:.1f} Mbit/s per node, "
               f"RTT {_ms(rtt_s)}: " + reason)
-    return CommPlan(nodes, bandwidth_bytes_s, rtt_s, gradient, budget_s, floors, chosen, reason)
+    return CommPlan(nodes, bandwidth_bytes_s, rtt_s, gradient, budget_s, floors, chosen, reason, sites)
+
+
+def _floor(floor: HookFloor) -> str:
+    if floor.inside_s is None or floor.between_s is None:
+        return f"{floor.hook.value} {_ms(floor.floor_s)}"
+    return f"{floor.hook.value} {_ms(floor.floor_s)} ({_ms(floor.inside_s)} inside + {_ms(floor.between_s)} between)"
+
+
+def _sites_text(sites: SiteLinks) -> str:
+    between = sites.between
+    assert between is not None
+    text = f"{len(sites.sites)} sites of {'+'.join(str(len(h)) for _, h in sites.sites)}, between them " \
+           f"{between.bandwidth_bytes_s * 8 / 1e6:.1f} Mbit/s, RTT {_ms(between.rtt_s)}"
+    if sites.inside is not None:
+        text += f"; inside {sites.inside.bandwidth_bytes_s * 8 / 1e6:.1f} Mbit/s, RTT {_ms(sites.inside.rtt_s)}"
+    return text
+
+
+def site_links(links: Iterable[tuple[str, str, float | None, float | None]],
+               site_of: Mapping[str, str]) -> SiteLinks | None:
+    """Measured links ``(source, target, Mbit/s, RTT ms)`` split by ``site_of`` (every host of the
+    run, in host order). None without hosts."""
+    links = list(links)
+    sites: dict[str, list[str]] = {}
+    for host, site in site_of.items():
+        sites.setdefault(site, []).append(host)
+    if not sites:
+        return None
+    inner = [(a, m, r) for a, b, m, r in links if site_of.get(a) == site_of.get(b) is not None]
+    cross = [(a, m, r) for a, b, m, r in links if a in site_of and b in site_of and site_of[a] != site_of[b]]
+    between_b = node_bandwidth((a, m) for a, m, _ in cross)
+    between = None if between_b is None else LinkStats(between_b, link_rtt(r for _, _, r in cross))
+    inside_b = node_bandwidth((a, m) for a, m, _ in inner)
+    inside = None if inside_b is None else LinkStats(inside_b, link_rtt(r for _, _, r in inner))
+    return SiteLinks(tuple((s, tuple(h)) for s, h in sites.items()), inside, between)
 
 
 def node_bandwidth(links: Iterable[tuple[str, float | None]]) -> float | None:

@@ -1,0 +1,81 @@
+"""deploy/run/commplan.py with sites (docs/sites.md): the measured matrix split into links inside
+and between sites, the hierarchical floor (inside + between), the flat hooks judged on the link
+between sites, and `auto`'s choice with its reason, by exact equality."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from meshrun.deploy.run.commplan import (GRAD_BYTES, Hook, HookFloor, HookSettings, LinkStats, SiteLinks, plan,
+                                         site_links)
+from tests.test_commplan import DIGITS
+
+SITES = {"a1": "office", "a2": "office", "b1": "home"}
+LAN, HOME = (1000.0, 0.5), (20.0, 40.0)  # Mbit/s, RTT ms
+
+
+def matrix(sites: dict[str, str]) -> list[tuple[str, str, float, float]]:
+    return [(a, b, *(LAN if sites[a] == sites[b] else HOME)) for a in sites for b in sites if a != b]
+
+
+def test_links_split_inside_and_between_sites() -> None:
+    got = site_links(matrix(SITES), SITES)
+    assert got == SiteLinks((("office", ("a1", "a2")), ("home", ("b1",))), LinkStats(125e6, 0.0005),
+                            LinkStats(2.5e6, 0.04))
+    assert got.places and got.largest == 2
+    alone = {"a1": "host:a1", "b1": "host:b1"}  # no site declared: each host its own
+    assert site_links(matrix(alone), alone) == SiteLinks(
+        (("host:a1", ("a1",)), ("host:b1", ("b1",))), None, LinkStats(2.5e6, 0.04))
+    one = {"a1": "office", "a2": "office"}
+    assert site_links(matrix(one), one) == SiteLinks((("office", ("a1", "a2")),), LinkStats(125e6, 0.0005), None)
+
+
+def test_two_sites_choose_hier_and_say_why() -> None:
+    s = HookSettings(powersgd_rank=4, localsgd_period=4, diloco_inner_steps=8)
+    sites = site_links(matrix(SITES), SITES)
+    got = plan(125e6, 3, DIGITS, s, budget_s=0.05, rtt_s=0.0005, sites=sites)
+    full = GRAD_BYTES * (256 * 64 + 256 + 128 * 256 + 128 + 10 * 128 + 10)
+    # Flat hooks ride the slow link: 2.5 MB/s and 40 ms.
+    assert (got.bandwidth_bytes_s, got.rtt_s) == (2.5e6, 0.04)
+    assert got.floor_of(Hook.NONE) == HookFloor(Hook.NONE, full, 4 / 3 * full / 2.5e6 + 2 * 0.04, 2 * 0.04)
+    # hier: DDP over 2 office hosts every step (+ the round's in-site sum and broadcast, over H),
+    # one all-reduce of the pseudo-gradient between the 2 sites every H = 8 steps.
+    inside = full / 125e6 + 0.0005 + (2 * full / 125e6 + 2 * 0.0005) / 8
+    between = full / 2.5e6 / 8 + 0.04 / 8
+    assert got.floor_of(Hook.HIER) == HookFloor(Hook.HIER, full / 8, inside + between,
+                                                 0.0005 + 2 * 0.0005 / 8 + 0.04 / 8, inside, between)
+    assert got.recommended is Hook.HIER
+    assert got.reason == (
+        "0.20 MB of gradients, 3 nodes (2 sites of 2+1, between them 20.0 Mbit/s, RTT 40.0 ms; inside 1000.0 "
+        "Mbit/s, RTT 0.5 ms), 20.0 Mbit/s per node, RTT 40.0 ms: none 188.4 ms > budget; fp16 134.2 ms > budget; "
+        "powersgd 168.0 ms > budget; hier 17.8 ms (2.7 ms inside + 15.2 ms between) <= budget 50.0 ms per step")
+
+
+def test_a_fast_link_between_sites_keeps_plain_ddp() -> None:
+    sites = site_links([(a, b, 1000.0, 0.5) for a in SITES for b in SITES if a != b], SITES)
+    got = plan(125e6, 3, DIGITS, HookSettings(), budget_s=0.05, rtt_s=0.0005, sites=sites)
+    assert got.recommended is Hook.NONE and got.floor_of(Hook.HIER) is not None
+
+
+def test_hosts_without_sites_offer_hier_but_never_choose_it() -> None:
+    """Each host its own site: hier is flat DiLoCo-overlap there, so auto keeps the flat order."""
+    alone = {"a1": "host:a1", "a2": "host:a2", "b1": "host:b1"}
+    sites = site_links(matrix(alone), alone)
+    got = plan(2.5e6, 3, DIGITS, HookSettings(), budget_s=0.05, rtt_s=0.04, sites=sites)
+    assert not sites.places and got.recommended is not Hook.HIER
+    assert got.reason.startswith("0.20 MB of gradients, 3 nodes, 20.0 Mbit/s per node")
+    assert plan(2.5e6, 3, DIGITS, HookSettings(), budget_s=0.05, rtt_s=0.04).floor_of(Hook.HIER) is None
+
+
+def test_commplan_json_holds_the_sites_and_the_matrix(tmp_path) -> None:
+    from meshrun.deploy.edges.comm import beside_floor, load_plan, save_plan
+
+    links = tuple(matrix(SITES))
+    got = plan(125e6, 3, DIGITS, HookSettings(), budget_s=0.05, rtt_s=0.0005, sites=site_links(links, SITES))
+    save_plan(tmp_path, "r1", dataclasses.replace(got, links=links), "hier")
+    saved = load_plan(tmp_path, "r1")
+    assert saved["links"][0] == {"source": "a1", "target": "a2", "mbit_s": 1000.0, "rtt_ms": 0.5}
+    assert saved["site_links"]["sites"] == [["office", ["a1", "a2"]], ["home", ["b1"]]]
+    hier = next(f for f in saved["floors"] if f["hook"] == "hier")
+    assert (hier["inside_s"], hier["between_s"]) == (got.floor_of(Hook.HIER).inside_s, got.floor_of(Hook.HIER).between_s)
+    assert beside_floor(saved, None)["floor_s"] == got.floor_of(Hook.HIER).floor_s
