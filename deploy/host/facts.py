@@ -1,8 +1,8 @@
 """Host-side fact probe for `fab check-network`; stdlib only, run as `python -c <this file>`.
 
-Prints one JSON object: the interpreter, torch / torch.version.cuda / NCCL (or why torch does not
-import), the meshrun this interpreter imports (version and build, `meshrun_identity`), free disk
-in the working directory (the host's workdir), and where the tools the check runs next live.
+Prints one JSON object: the interpreter, torch / torch.version.cuda / NCCL (read from torch's files,
+imported only where they do not tell; or why torch is missing), the meshrun this interpreter
+imports (version and build, `meshrun_identity`), free disk in the working directory (the host's workdir), and where the tools the check runs next live.
 With the argument `light` (a run's provenance, `deploy/edges/provenance.py`) torch is not imported:
 its versions are read from its installed files. Extra places are searched for `zerotier-cli` because a non-root SSH login has no
 /usr/sbin on PATH, and because a user who needs `sudo zerotier-cli` puts a wrapper in ~/bin.
@@ -20,9 +20,23 @@ from typing import Iterator
 
 EXTRA_PATH = ("~/bin", "/usr/sbin", "/usr/local/sbin", "/sbin")
 TOOLS = ("nvidia-smi", "zerotier-cli", "wg", "ping")
+NOT_INSTALLED = "torch is not installed"
 
 
 def torch_facts() -> dict[str, object]:
+    """torch's versions as its installed files say (`torch_files_facts`): importing torch costs
+    seconds of CPU per host, and check-network's all-reduce imports it anyway (a torch that is
+    installed but does not import fails there, naming the host). Imported only where the files do
+    not tell: no literal version, or a CUDA build whose NCCL is no package of its own (linked in)."""
+    found = torch_files_facts()
+    if found["torch"] is None and found["error"] == NOT_INSTALLED:
+        return {**found, "error": "ModuleNotFoundError: No module named 'torch'"}
+    if found["torch"] is not None and not (found["cuda"] and found["nccl"] is None):
+        return found
+    return imported_torch_facts()
+
+
+def imported_torch_facts() -> dict[str, object]:
     try:
         import torch
     except Exception as err:  # noqa: BLE001 - any import failure is the fact we report
@@ -103,7 +117,7 @@ def torch_files_facts() -> dict[str, object]:
         spec = util.find_spec("torch")
         folder = list(spec.submodule_search_locations or [])[0] if spec else None
         if folder is None:
-            return {**found, "error": "torch is not installed"}
+            return {**found, "error": NOT_INSTALLED}
         with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
             tree = ast.parse(f.read())
     except (OSError, ValueError, SyntaxError, ImportError, IndexError) as err:
@@ -129,7 +143,8 @@ def tool_paths() -> dict[str, str | None]:
 
 
 def main() -> None:
-    """`facts`: what the check needs (imports torch); `facts light`: a run's provenance (does not)."""
+    """`facts`: what the check needs (torch imported only where its files do not tell);
+    `facts light`: a run's provenance (never imports torch)."""
     usage = shutil.disk_usage(".")
     versions = torch_files_facts() if sys.argv[1:] == ["light"] else torch_facts()
     facts = {"python": platform.python_version(), "executable": sys.executable, "cwd": os.getcwd(),

@@ -1,0 +1,232 @@
+"""P8: the control plane at N = 3, 8, 16 and 32 simulated hosts (tests/testbed, needs root).
+
+For each N, in one run, every host starts one process of the lightest real workload
+(bench/barrier_probe.py: a torchrun c10d rendezvous, one gloo barrier, exit), and we measure:
+
+- bare: N parallel `ssh host torchrun ...`, the same rendezvous flags meshrun plans (the baseline);
+- check: `fab check-network` (SSH, facts, links, the gloo all-reduce);
+- train: `fab train --script bench/barrier_probe.py` on the default path (pre-flight and sync
+  included; one untimed run first, as a user's previous run) and `--no-sync --skip-checks`, each
+  from the command's start to the LAST rank past its barrier;
+- status / stop: a detached run of bench/hold_probe.py (barrier, then sleep): `fab status --run`,
+  then `fab stop --run` until every host is reported clean;
+- fetch: `fab fetch-checkpoints --run` of the default-path run (logs and records of N hosts).
+
+Each is printed in seconds and as a ratio to bare at the same N, with the controller's peak RSS,
+its most threads and its most open SSH connections at once (sampled every 0.2 s from /proc and
+`ss`). Goals at N = 32 (issue 21): launch/bare <= 1.1, check/bare <= 1.5, stop <= 15 s,
+status <= 5 s, RSS <= 500 MB. The last line: `P8 N=32 launch RATIO check RATIO stop SECONDS`.
+
+Usage: sudo .venv/bin/python bench/scale.py [--sizes 3,8,16,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from meshrun.deploy.run.shell import remote_command  # noqa: E402
+from tests.testbed import SimCluster  # noqa: E402
+from tests.testbed.lock import exclusive  # noqa: E402
+
+PROBE = "bench/barrier_probe.py"
+HOLD = "bench/hold_probe.py"
+BARRIER_RE = re.compile(r"BARRIER rank=(\d+) t=([\d.]+)")
+RUN_RE = re.compile(r"^run (\d{8}-\d{6}-[0-9a-f]{4})", re.M)
+FAST = ("--no-sync", "--skip-checks")
+TASK_TIMEOUT_S = 900
+
+
+@dataclass
+class Usage:
+    """What the controller process held at its most while a command ran."""
+    rss_mb: float = 0.0
+    threads: int = 0
+    ssh: int = 0
+
+
+@dataclass
+class Timed:
+    started: float  # time.time() at the command's start
+    seconds: float  # to the command's end
+    output: str
+    usage: Usage
+
+    def to_last_barrier(self, world: int) -> Timed:
+        """The same command, timed from its start to the LAST rank past its barrier."""
+        return Timed(self.started, last_barrier(self.output, world) - self.started, self.output, self.usage)
+
+
+def _sample(pid: int, usage: Usage, done: threading.Event) -> None:
+    while not done.is_set():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        usage.rss_mb = max(usage.rss_mb, int(fields.get("VmHWM", "0 kB").split()[0]) / 1024)
+        usage.threads = max(usage.threads, int(fields.get("Threads", "0")))
+        ss = subprocess.run(["ss", "-Htnp", "state", "established", "( dport = :22 )"],
+                            capture_output=True, text=True, timeout=10).stdout
+        usage.ssh = max(usage.ssh, ss.count(f"pid={pid},"))
+        done.wait(0.2)
+
+
+def fab(*args: str, env: dict[str, str]) -> Timed:
+    """`fab ARGS` from the repository, timed, with its controller's peak use sampled."""
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "fabric", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    usage, done = Usage(), threading.Event()
+    sampler = threading.Thread(target=_sample, args=(proc.pid, usage, done), daemon=True)
+    sampler.start()
+    try:
+        output, _ = proc.communicate(timeout=TASK_TIMEOUT_S)
+    finally:
+        done.set()
+        proc.kill()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{output[-3000:]}")
+    return Timed(start, time.time() - start, output, usage)
+
+
+def last_barrier(output: str, world: int) -> float:
+    times = {int(r): float(t) for r, t in BARRIER_RE.findall(output)}
+    if len(times) != world:
+        raise RuntimeError(f"saw {len(times)} of {world} ranks past the barrier:\n{output[-2000:]}")
+    return max(times.values())
+
+
+def run_id_of(output: str) -> str:
+    found = RUN_RE.search(output)
+    if found is None:
+        raise RuntimeError(f"no run id in:\n{output[-2000:]}")
+    return found.group(1)
+
+
+def bare_launch(cluster: SimCluster, n: int) -> float:
+    """What a user types by hand on every host, in parallel: one torchrun each."""
+    run_id, head = "bare-" + secrets.token_hex(3), cluster.host(1).address
+    start = time.time()
+
+    def one(i: int) -> str:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:29400", "--rdzv-id", run_id,
+                "--local-addr", cluster.host(i).address, *(["--rdzv-conf", "is_host=1"] if i == 1 else []), PROBE]
+        done = subprocess.run(cluster.ssh_argv(i, remote_command("~/meshrun", argv)), capture_output=True,
+                              text=True, timeout=TASK_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(done.stdout[-1500:] + done.stderr[-1500:])
+        return done.stdout
+
+    with ThreadPoolExecutor(n) as pool:
+        outputs = list(pool.map(one, range(1, n + 1)))
+    return last_barrier("".join(outputs), n) - start
+
+
+def wait_running(run_id: str, n: int, env: dict[str, str]) -> None:
+    """Until every host of a detached run says its workers run (the status we time comes after)."""
+    deadline = time.monotonic() + TASK_TIMEOUT_S
+    while time.monotonic() < deadline:
+        rows = json.loads(fab("status", "--run", run_id, "--json", env=env).output or "[]")
+        states = [row.get("state") for row in rows]
+        if len(states) == n and all(s == "running" for s in states):
+            return
+        time.sleep(1)
+    raise RuntimeError(f"run {run_id}: not every host running after {TASK_TIMEOUT_S} s")
+
+
+def measure(cluster: SimCluster, n: int) -> dict[str, Timed | float]:
+    inventory = cluster.write_inventory(Path(tempfile.mkdtemp(prefix="meshrun-p8-")) / "hosts.yaml")
+    # A private cache: the pre-flight pass the default path reuses is the one stored here.
+    env = {**os.environ, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="meshrun-p8-cache-")}
+    inv = ("--inventory", str(inventory))
+    fab("sync", *inv, env=env)
+    out: dict[str, Timed | float] = {"bare": bare_launch(cluster, n)}
+    out["check"] = fab("check-network", *inv, env=env)
+    fab("train", *inv, "--script", PROBE, env=env)  # the user's previous run
+    for name, flags in (("train", ()), ("train_fast", FAST)):
+        out[name] = fab("train", *inv, *flags, "--script", PROBE, env=env).to_last_barrier(n)
+    detached = fab("train", *inv, *FAST, "--detach", "--script", HOLD, env=env)
+    hold = run_id_of(detached.output)
+    wait_running(hold, n, env)
+    out["status"] = fab("status", "--run", hold, env=env)
+    out["stop"] = fab("stop", "--run", hold, env=env)
+    out["fetch"] = fab("fetch-checkpoints", "--run", run_id_of(out["train"].output), env=env)  # type: ignore[union-attr]
+    return out
+
+
+COLUMNS = ("check", "train", "train_fast", "status", "stop", "fetch")
+
+
+def print_table(results: dict[int, dict[str, Timed | float]]) -> None:
+    print(f"{'N':>3} {'bare s':>7} " + " ".join(f"{c + ' s (x)':>17}" for c in COLUMNS)
+          + f" {'peak RSS MB':>11} {'threads':>7} {'ssh':>4}")
+    for n, row in results.items():
+        bare = row["bare"]
+        assert isinstance(bare, float)
+        timed = [row[c] for c in COLUMNS]
+        cells = " ".join(f"{t.seconds:>8.1f} ({t.seconds / bare:>5.2f})" for t in timed)  # type: ignore[union-attr]
+        rss = max(t.usage.rss_mb for t in timed)  # type: ignore[union-attr]
+        threads = max(t.usage.threads for t in timed)  # type: ignore[union-attr]
+        ssh = max(t.usage.ssh for t in timed)  # type: ignore[union-attr]
+        print(f"{n:>3} {bare:>7.1f} {cells} {rss:>11.0f} {threads:>7} {ssh:>4}")
+    slopes = slope_lines(results)
+    for line in slopes:
+        print(line)
+    last = max(results)
+    row = results[last]
+    bare = row["bare"]
+    print(f"P8 N={last} launch {row['train'].seconds / bare:.2f} check {row['check'].seconds / bare:.2f} "  # type: ignore
+          f"stop {row['stop'].seconds:.1f}")  # type: ignore[union-attr]
+
+
+def slope_lines(results: dict[int, dict[str, Timed | float]]) -> list[str]:
+    """Seconds per added host, least squares over the sizes measured (docs/scale.md quotes them)."""
+    sizes = sorted(results)
+    if len(sizes) < 2:
+        return []
+    lines = []
+    for name in ("bare", *COLUMNS):
+        ys = [results[n][name] if name == "bare" else results[n][name].seconds for n in sizes]  # type: ignore
+        mx, my = sum(sizes) / len(sizes), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(sizes, ys)) / sum((x - mx) ** 2 for x in sizes)
+        lines.append(f"slope {name}: {slope:.2f} s per added host")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="3,8,16,32", help="host counts, comma-separated")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    cluster = SimCluster("/tmp/meshrun-testbed")
+    results: dict[int, dict[str, Timed | float]] = {}
+    with exclusive():
+        for n in sizes:
+            print(f"testbed: {n} hosts up in {cluster.up(n):.1f} s", flush=True)
+            try:
+                results[n] = measure(cluster, n)
+            finally:
+                print(f"testbed: down in {cluster.down().seconds:.1f} s", flush=True)
+    print_table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The fact probe reads torch's versions from its files: check-network imports torch once per host
+(in its all-reduce), not twice. Each case runs the probe as check-network ships it (`python -c
+<source>`) against a stand-in torch whose `__init__` leaves a mark when it is imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshrun.deploy.host import facts
+
+SOURCE = Path(facts.__file__).read_text()
+VERSION_PY = "__version__ = '9.1.0+cu999'\ndebug = False\ncuda: Optional[str] = {cuda}\ngit_version = 'abc'\n"
+
+
+def probe(tmp_path: Path, version_py: str | None, nccl: str | None = None) -> tuple[dict, bool]:
+    """(the probe's answer, whether the stand-in torch was imported)."""
+    site = tmp_path / "site"
+    mark = tmp_path / "imported"
+    if version_py is not None:
+        (site / "torch").mkdir(parents=True)
+        (site / "torch" / "__init__.py").write_text(
+            f"open({str(mark)!r}, 'w').close()\n__version__ = '9.1.0-imported'\n"
+            "class version: cuda = '99.0'\n"
+            "class cuda:\n    class nccl:\n        version = staticmethod(lambda: (3, 1, 4))\n")
+        (site / "torch" / "version.py").write_text(version_py)
+    if nccl is not None:
+        info = site / f"nvidia_nccl_cu13-{nccl}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-nccl-cu13\nVersion: {nccl}\n")
+    site.mkdir(exist_ok=True)
+    # -S: this venv's own torch and NCCL package stay out of sight; PYTHONPATH: the stand-ins.
+    done = subprocess.run([sys.executable, "-S", "-c", SOURCE], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    return {k: answer.get(k) for k in ("torch", "cuda", "nccl", "error")}, mark.exists()
+
+
+def test_a_cpu_build_is_read_from_its_files_not_imported(tmp_path: Path) -> None:
+    assert probe(tmp_path, VERSION_PY.format(cuda="None")) == (
+        {"torch": "9.1.0+cu999", "cuda": None, "nccl": None, "error": None}, False)
+
+
+def test_a_cuda_build_takes_nccl_from_its_package(tmp_path: Path) -> None:
+    assert probe(tmp_path, VERSION_PY.format(cuda="'99.0'"), nccl="2.30.7") == (
+        {"torch": "9.1.0+cu999", "cuda": "99.0", "nccl": "2.30.7", "error": None}, False)
+
+
+@pytest.mark.parametrize("version_py, why", [
+    (VERSION_PY.format(cuda="'99.0'"), "a CUDA build whose NCCL is linked in: only torch can say"),
+    ("__version__ = compute()\n", "a version that is no literal"),
+    ("this is not python(\n", "a version file that does not parse"),
+])
+def test_torch_is_imported_only_where_its_files_do_not_tell(tmp_path: Path, version_py: str, why: str) -> None:
+    answer, imported = probe(tmp_path, version_py)
+    assert imported, why
+    assert answer == {"torch": "9.1.0-imported", "cuda": "99.0", "nccl": "3.1.4", "error": None}
+
+
+def test_no_torch_is_named_as_before(tmp_path: Path) -> None:
+    assert probe(tmp_path, None) == ({"torch": None, "cuda": None, "nccl": None,
+                                      "error": "ModuleNotFoundError: No module named 'torch'"}, False)
