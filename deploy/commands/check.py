@@ -12,6 +12,7 @@ from typing import Mapping
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.check.exposure import exposure_findings, with_findings
 from meshrun.deploy.check.findings import Level
+from meshrun.deploy.check.sites import site_findings
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.edges.wheel import controller_identity
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
@@ -59,8 +60,11 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
             allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable)
     finally:
         close_all(sessions)
+    places = (site_findings([h.name for h in hosts], {h.name: h.site for h in hosts},
+                            [(k.source, k.target, k.mbit_s, k.connect_ms) for k in links if not k.rendezvous])
+              if request.bandwidth else [])  # measured places the inventory does not declare (docs/sites.md)
     report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started),
-                           meshrun_findings(facts, str(controller_identity())) + exposure_findings(exposure))
+                           meshrun_findings(facts, str(controller_identity())) + exposure_findings(exposure) + places)
     if request.json:
         renderer.json(asdict(report))
     else:

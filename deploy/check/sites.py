@@ -1,0 +1,118 @@
+"""Sites the measured links suggest (`fab check-network --bandwidth`, docs/sites.md). Pure.
+
+Each unordered pair of hosts gets its best measured bandwidth (either direction) and its
+smallest handshake RTT. The hosts are joined by single linkage, closest pairs first, and cut at
+the widest gap of at least ``BANDWIDTH_GAP`` (5x) between consecutive bandwidths, else of at least
+``RTT_GAP`` (10x) between consecutive RTTs; a cut counts only when every measured link between
+two clusters is that much slower than every measured link inside one (otherwise the hosts do
+not fall into places). When the clusters differ from the inventory's sites (a host without
+`site:` is a place of its own), a WARN gives the `site:` lines that would declare them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from meshrun.deploy.check.findings import Finding, warn
+
+BANDWIDTH_GAP = 5.0  # x: a link this much slower than the LAN is between places
+RTT_GAP = 10.0
+MIN_RTT_MS = 0.001  # a handshake measured as 0 ms is this close
+
+Pair = frozenset[str]
+Link = tuple[str, str, "float | None", "float | None"]  # (source, target, Mbit/s, RTT ms)
+
+
+def pair_stats(links: Iterable[Link]) -> dict[Pair, tuple[float | None, float | None]]:
+    """Per unordered pair: (best Mbit/s, smallest RTT ms) of its measured directions."""
+    out: dict[Pair, tuple[float | None, float | None]] = {}
+    for source, target, mbit, rtt in links:
+        if source == target:
+            continue
+        key = frozenset((source, target))
+        best, fastest = out.get(key, (None, None))
+        if mbit is not None and mbit > 0:
+            best = mbit if best is None else max(best, mbit)
+        if rtt is not None and rtt >= 0:
+            fastest = rtt if fastest is None else min(fastest, rtt)
+        out[key] = (best, fastest)
+    return out
+
+
+def clusters(hosts: Sequence[str], links: Iterable[Link]) -> tuple[tuple[str, ...], ...] | None:
+    """The places the links show, in host order, or None when they show one place."""
+    stats = pair_stats(links)
+    bandwidth = {p: b for p, (b, _) in stats.items() if b is not None and p <= set(hosts)}
+    found = _split(hosts, bandwidth, BANDWIDTH_GAP)
+    if found is None:
+        nearness = {p: 1.0 / max(r, MIN_RTT_MS) for p, (_, r) in stats.items() if r is not None and p <= set(hosts)}
+        found = _split(hosts, nearness, RTT_GAP)
+    return found
+
+
+def _split(hosts: Sequence[str], closeness: Mapping[Pair, float], gap: float) -> tuple[tuple[str, ...], ...] | None:
+    values = sorted(set(closeness.values()), reverse=True)
+    cuts = [(values[i] / values[i + 1], values[i]) for i in range(len(values) - 1) if values[i] >= gap * values[i + 1]]
+    if not cuts:
+        return None
+    _, threshold = max(cuts)
+    parts = _components(hosts, [p for p, v in closeness.items() if v >= threshold])
+    if len(parts) < 2:
+        return None
+    place = {h: i for i, part in enumerate(parts) for h in part}
+    inside = [v for p, v in closeness.items() if len({place[h] for h in p}) == 1]
+    between = [v for p, v in closeness.items() if len({place[h] for h in p}) == 2]
+    if inside and between and min(inside) < gap * max(between):
+        return None
+    return parts
+
+
+def _components(hosts: Sequence[str], edges: Iterable[Pair]) -> tuple[tuple[str, ...], ...]:
+    root = {h: h for h in hosts}
+
+    def find(h: str) -> str:
+        while root[h] != h:
+            h = root[h]
+        return h
+
+    for edge in edges:
+        a, b = sorted(edge)
+        root[find(b)] = find(a)
+    parts: dict[str, list[str]] = {}
+    for h in hosts:
+        parts.setdefault(find(h), []).append(h)
+    return tuple(tuple(part) for part in parts.values())
+
+
+def declared(hosts: Sequence[str], sites: Mapping[str, str | None]) -> tuple[tuple[str, ...], ...]:
+    """The inventory's places, in host order: a host without `site:` is one of its own."""
+    places: dict[str, list[str]] = {}
+    for h in hosts:
+        places.setdefault(sites.get(h) or f"host:{h}", []).append(h)
+    return tuple(tuple(p) for p in places.values())
+
+
+def site_lines(found: Sequence[Sequence[str]], sites: Mapping[str, str | None]) -> tuple[str, ...]:
+    """One `host: {site: NAME}` line per host: a place keeps the site most of its hosts declare
+    (when no other place took it), else `site-N`."""
+    used: set[str] = set()
+    lines = []
+    for n, place in enumerate(found, 1):
+        names = [sites[h] for h in place if sites.get(h)]
+        name = max(sorted(set(names)), key=names.count) if names else None
+        if name is None or name in used:
+            name = f"site-{n}"
+        used.add(name)
+        lines += [f"{h}: {{site: {name}}}" for h in place]
+    return tuple(lines)
+
+
+def site_findings(hosts: Sequence[str], sites: Mapping[str, str | None], links: Iterable[Link]) -> list[Finding]:
+    """A WARN when the measured places are not the inventory's sites; nothing otherwise."""
+    found = clusters(hosts, links)
+    if found is None or set(found) == set(declared(hosts, sites)):
+        return []
+    shown = " | ".join(", ".join(place) for place in found)
+    return [warn("cluster", f"the measured links fall into {len(found)} places ({shown}; >= {BANDWIDTH_GAP:g}x "
+                            f"bandwidth or >= {RTT_GAP:g}x RTT between them) that the inventory's sites do not "
+                            f"declare; write: {'; '.join(site_lines(found, sites))} (docs/sites.md)")]
