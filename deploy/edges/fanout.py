@@ -1,9 +1,11 @@
 """Run one function per host in parallel. Partial failure is data: each host maps to its
-result or to the MeshrunError it raised. A hung host costs at most `timeout`.
+result or to the MeshrunError it raised. A hung host costs at most `timeout` and one thread of a
+bounded pool.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from typing import Callable, Generic, Iterable, TypeVar
@@ -32,30 +34,57 @@ class HostResults(dict, Generic[T]):
         return dict(self)
 
 
-def on_each(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | None = None) -> HostResults[T]:
-    """fn(host) on every host in parallel threads. Other exceptions than MeshrunError propagate."""
+FANOUT_WORKERS = 64  # threads of one fan-out at most: 32 hosts run at once, 1000 in waves
+
+
+def on_each(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | None = None,
+            workers: int = FANOUT_WORKERS) -> HostResults[T]:
+    """fn(host) on every host in parallel, on at most `workers` threads that take hosts in order.
+    `timeout` bounds each wave of `workers` hosts (the whole fan-out waits at most that many
+    times): a host that never answers holds one thread, never serialises the others, and is an
+    error naming it. Other exceptions than MeshrunError propagate."""
     hosts = list(hosts)
     results: dict[str, T | MeshrunError] = {}
     crashes: list[BaseException] = []
+    turns: queue.SimpleQueue[Host] = queue.SimpleQueue()
+    for host in hosts:
+        turns.put(host)
+    changed = threading.Condition()
 
-    def work(host: Host) -> None:
-        try:
-            results[host.name] = fn(host)
-        except MeshrunError as err:
-            results[host.name] = err
-        except BaseException as err:  # a bug: re-raised in the caller's thread below
-            crashes.append(err)
+    def work() -> None:
+        while not crashes:
+            try:
+                host = turns.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcome: T | MeshrunError = fn(host)
+            except MeshrunError as err:
+                outcome = err
+            except BaseException as err:  # a bug: re-raised in the caller's thread below
+                with changed:
+                    crashes.append(err)
+                    changed.notify_all()
+                return
+            with changed:
+                results[host.name] = outcome
+                changed.notify_all()
 
+    threads = min(max(1, workers), len(hosts))
     # Daemon threads: a host that never answers must not keep the controller alive.
-    threads = [threading.Thread(target=work, args=(h,), daemon=True, name=f"host-{h.name}") for h in hosts]
-    for t in threads:
-        t.start()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for t in threads:
-        t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    for n in range(threads):
+        threading.Thread(target=work, daemon=True, name=f"fanout-{n}").start()
+    waves = -(-len(hosts) // threads) if hosts else 0
+    deadline = None if timeout is None else time.monotonic() + timeout * waves
+    with changed:
+        while len(results) < len(hosts) and not crashes:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            changed.wait(left)
     if crashes:
         raise crashes[0]
     for host in hosts:
         if host.name not in results:
-            results[host.name] = MeshrunError(f"host '{host.name}': no answer within {timeout:.0f} s")
+            results[host.name] = MeshrunError(f"host '{host.name}': no answer within {timeout:g} s")
     return HostResults((h.name, results[h.name]) for h in hosts)
