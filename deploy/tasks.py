@@ -103,7 +103,7 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
             "site, DiLoCo between sites), or auto (measure bandwidth and RTT, pick by the floor)",
     "firewall": "fab firewall up on the hosts for the run's duration (down afterwards, whatever happens)",
     "notify": "POST the run's events as JSON to this http(s) URL (repeatable; a secret: never shown or recorded)",
-    "idle_warn": "warn when a host stays idle (under 10% GPU use; CPU hosts: of a core per run process) this many minutes (default 10; decimals allowed)",
+    "idle_warn": "warn when a host stays idle (under 10% GPU use; CPU hosts: its busiest run process under 10% of a core) this many minutes (default 10; decimals allowed)",
     "idle_stop": "stop the run when a host stays idle this many minutes",
 }, iterable=["notify"])
 @guarded
@@ -130,13 +130,16 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DE
 
 
 @task(help={**PROJECT_FLAGS, "run": "run id (default: every recorded run that may still be running)", "json": "print JSON for scripts",
+            "watch": "a live view of the run (default: the newest that may still be running), every 2 s; Ctrl-C leaves it",
+            "frames": "with --watch: print this many frames, then exit (for scripts; default: until Ctrl-C)",
             "debug": DEBUG_HELP})
 @guarded
-def status(c, run="", json=False, project="", runs_dir="", debug=False):
+def status(c, run="", json=False, watch=False, frames="", project="", runs_dir="", debug=False):
     """Runs, hosts, state, epoch/step and uptime, read from the hosts."""
     from meshrun.deploy.commands.status import main
+    from meshrun.deploy.run.watchview import parse_frames
 
-    main(run or None, bool(json), _project(project, runs_dir))
+    main(run or None, bool(json), _project(project, runs_dir), bool(watch), parse_frames(frames))
 
 
 @task(help={**PROJECT_FLAGS, "run": RUN_HELP, "follow": "keep printing new lines until Ctrl-C", "lines": "lines per host",

@@ -94,6 +94,12 @@ def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: flo
     try:
         run_id = run_id_of(fab_run.wait_for(r"\[local:0\] epoch 1 ", timeout=120))
         assert run_processes(run_id)
+        if sig == signal.SIGINT:  # issue 23, item 1: the live view of the same run, two frames, read only
+            view = fab("status", "--watch", "--frames", "6", "--run", run_id, timeout=90)
+            assert view.returncode == 0, view.stdout + view.stderr
+            frames = view.stdout.split(f"run {run_id} — ")[1:]
+            assert len(frames) == 6 and all(re.search(r"│ local +│ running +│ 0 +│ \d+ +│ \d+ +│", f) for f in frames)
+            assert any(re.search(r"│ CPU \d+% +│ \d+ s ago", f) for f in frames), view.stdout  # two usage answers
         with cpu_hog():  # the bound must hold on a loaded machine
             if sig == signal.SIGINT:
                 fab_run.signal_group(sig)  # what a terminal's Ctrl-C does

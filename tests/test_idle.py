@@ -24,6 +24,11 @@ def test_utilisation_from_two_answers() -> None:
     assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 1.0, 2, None)) is None  # restarted processes
     assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 5.0, 0, None)) is None  # nothing running
     assert idle.utilisation(Usage(10, 5.0, 2, None), Usage(20, 5.0, 2, (0, 50))) == 0.25  # GPUs win
+    # With each process's CPU time: the busiest process that lived through both answers.
+    before = Usage(10, 6.0, 3, None, ((1, 1.0), (2, 2.0), (3, 3.0)))
+    assert idle.utilisation(before, Usage(20, 14.0, 3, None, ((1, 1.5), (2, 9.0), (4, 3.5)))) == 0.7
+    assert idle.utilisation(before, Usage(20, 4.0, 1, None, ((9, 4.0),))) is None  # all restarted
+    assert idle.utilisation(before, Usage(20, 6.0, 0, None, ())) is None  # nothing running
 
 
 def test_the_rule_warns_once_per_spell_and_stops_once() -> None:
@@ -52,10 +57,14 @@ def test_usage_answers_are_shape_checked() -> None:
     assert idle.read_usage("h1", 'noise\n{"time": 5.5, "cpu_s": 2, "procs": 3, "gpu_util": [10, 20]}') == \
         Usage(5.5, 2.0, 3, (10, 20))
     assert idle.read_usage("h1", '{"time": 5, "cpu_s": 2, "procs": 3, "gpu_util": null}') == Usage(5.0, 2.0, 3, None)
+    assert idle.read_usage("h1", '{"time": 5, "cpu_s": 2, "procs": 2, "per_pid": {"12": 1.5, "7": 0.5}}') == \
+        Usage(5.0, 2.0, 2, None, ((7, 0.5), (12, 1.5)))
     for bad, why in [('{"time": 5, "cpu_s": -1, "procs": 3}', "cpu_s is -1"),
                      ('{"time": 5, "cpu_s": 1, "procs": "3"}', "procs is '3'"),
                      ('{"time": 5, "cpu_s": 1, "procs": 3, "gpu_util": [101]}', "gpu_util is [101]"),
-                     ('{"cpu_s": 1, "procs": 3}', "time is None"), ("[1]", "the answer is [1]")]:
+                     ('{"cpu_s": 1, "procs": 3}', "time is None"), ("[1]", "the answer is [1]"),
+                     ('{"time": 5, "cpu_s": 1, "procs": 1, "per_pid": {"x": 1}}', "per_pid is {'x': 1}"),
+                     ('{"time": 5, "cpu_s": 1, "procs": 1, "per_pid": {"1": -1}}', "per_pid is {'1': -1}")]:
         with pytest.raises(MeshrunError) as err:
             idle.read_usage("h1", bad)
         assert str(err.value).startswith(f"host 'h1': the usage probe gave an unexpected answer: {why}"), err.value
@@ -78,6 +87,28 @@ def test_the_usage_probe_counts_the_tagged_processes_cpu() -> None:
             proc.wait()
     assert first["procs"] == second["procs"] == 2 and first["gpu_util"] is None  # no nvidia-smi here
     util = idle.utilisation(idle.read_usage("h1", json.dumps(first)), idle.read_usage("h1", json.dumps(second)))
-    assert util is not None and 0 < util <= 1.0  # one of two processes busy: about 0.5, less on a loaded machine
+    assert util is not None and 0 < util  # the busy one: about 1, less on a loaded machine
+    assert sorted(pid for pid, _ in idle.read_usage("h1", json.dumps(second)).per_pid) == sorted([busy.pid, sleeper.pid])
     assert busy_s is not None and sleeper_s is not None and busy_s > sleeper_s
     assert usage.cpu_seconds(busy.pid) is None  # gone
+
+
+def test_watch_rows_say_when_a_host_stops_answering() -> None:
+    """`fab status --watch`'s rows (deploy/run/watchview.py): a host silent for 10 s is not answering,
+    whatever it said last; the busy cell comes from two usage answers."""
+    from meshrun.deploy.run.hoststate import HostState
+    from meshrun.deploy.run.watchview import HostSeen, WatchRow, parse_frames, rows
+
+    state = HostState("r1", "h1", "running", epoch=3, step=120, generation=1)
+    seen = {"h1": HostSeen(state, Usage(20, 0, 2, None, ((5, 9.0),)), Usage(18, 0, 2, None, ((5, 8.0),)), 100.0),
+            "h2": HostSeen(HostState("r1", "h2", "running", epoch=3, step=120), None, None, 89.0, "timed out"),
+            "h3": HostSeen(state, Usage(20, 0, 1, (80, 90)), None, 99.0)}
+    assert rows(["h1", "h2", "h3", "h4"], seen, 100.0) == [
+        WatchRow("h1", "running", "1", "3", "120", "CPU 50%", "0 s ago", ""),
+        WatchRow("h2", "not answering", "-", "3", "120", "-", "11 s ago", "timed out"),
+        WatchRow("h3", "running", "1", "3", "120", "GPU 85%", "1 s ago", ""),
+        WatchRow("h4", "asking", "-", "-", "-", "-", "never", "")]
+    assert parse_frames("") == 0 and parse_frames("3") == 3
+    for bad in ("0", "x", "-1", "²", "10001"):
+        with pytest.raises(InputError, match="--frames"):
+            parse_frames(bad)

@@ -8,11 +8,17 @@ from meshrun.deploy.edges.agents import host_states
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import live_records, load_record
 from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.edges.records import RunRecord, resolve_run
+from meshrun.deploy.edges.watch import RunWatch
+from meshrun.deploy.render.watch import watch as show
+from meshrun.deploy.run.watchview import REFRESH_S
 
 
-def main(run: str | None, as_json: bool, project: Project) -> None:
+def main(run: str | None, as_json: bool, project: Project, watch: bool = False, frames: int = 0) -> None:
     """A named run, else every recorded run that may still be running: finished and stale runs
     are not asked about, so their hosts (perhaps long gone) are never contacted."""
+    if watch:
+        return _watch(resolve_run(project.runs, run, live_only=True), project, frames)
     records = [load_record(project.runs, run)] if run else live_records(project.runs)
     states = [state for record in records for state in host_states(record, project.root)]
     renderer = Renderer()
@@ -22,3 +28,14 @@ def main(run: str | None, as_json: bool, project: Project) -> None:
         renderer.info("no run may still be running; name an older one with --run ID")
     else:
         renderer.run_states(states)
+
+
+def _watch(record: RunRecord, project: Project, frames: int) -> None:
+    """`--watch`: the live view until Ctrl-C, which leaves the view and never touches the run."""
+    watcher = RunWatch(record, project.root)
+    try:
+        show(f"run {record.run_id}", watcher.rows, REFRESH_S, frames)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        watcher.close()

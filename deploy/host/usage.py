@@ -2,7 +2,7 @@
 Standard library only. Prints one JSON object:
 
     {"time": now, "cpu_s": CPU seconds (user + system) of the run's live processes, "procs": how many,
-     "gpu_util": [percent per GPU the run's workers see] or null}
+     "per_pid": {pid: CPU seconds} (at most 256), "gpu_util": [percent per GPU the run's workers see] or null}
 
 The run's processes are found by their environment tags (`procs.tagged_pids`), never by name. GPU
 utilisation comes from nvidia-smi where there is one: the GPUs named by the workers'
@@ -22,6 +22,7 @@ import time
 from meshrun.deploy.host.procs import tagged_pids
 
 NVIDIA_SMI_TIMEOUT_S = 10
+MAX_PIDS = 256
 GPU_QUERY = ("--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits")
 
 
@@ -70,8 +71,9 @@ def gpu_util(pids: list[int]) -> list[int] | None:
 
 def usage(run_id: str, host: str) -> dict:
     pids = sorted(tagged_pids(run_id, host))
-    times = [t for t in map(cpu_seconds, pids) if t is not None]
-    return {"time": time.time(), "cpu_s": round(sum(times), 3), "procs": len(times), "gpu_util": gpu_util(pids)}
+    per_pid = {str(pid): t for pid in pids if (t := cpu_seconds(pid)) is not None}
+    return {"time": time.time(), "cpu_s": round(sum(per_pid.values()), 3), "procs": len(per_pid),
+            "per_pid": dict(list(per_pid.items())[:MAX_PIDS]), "gpu_util": gpu_util(pids)}
 
 
 if __name__ == "__main__":

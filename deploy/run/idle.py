@@ -3,8 +3,8 @@ the rule that turns a series of them into a WARN (once per idle spell) and, with
 a stop.
 
 Utilisation is the mean GPU utilisation of the run's GPUs where the host reports one, else the CPU
-time the run's processes used per process and second between two answers (a sleeping worker: 0;
-one busy on a core: 1). A host is idle while its utilisation stays under the threshold; a spell
+time the busiest of the run's processes used per second between two answers (all asleep: 0; one
+busy on a core: 1). On a CPU host shared with other work, a starved worker's share drops too. A host is idle while its utilisation stays under the threshold; a spell
 ends at the first sample at or above it.
 """
 
@@ -20,6 +20,7 @@ DEFAULT_THRESHOLD = 0.10  # of a GPU, or of a core per process
 DEFAULT_WARN_MINUTES = 10.0
 MAX_MINUTES = 7 * 24 * 60
 GPU_LIMIT = 64  # GPUs read from one answer
+PID_LIMIT = 256  # run processes read from one answer
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Usage:
     cpu_s: float
     procs: int
     gpu_util: tuple[int, ...] | None
+    per_pid: tuple[tuple[int, float], ...] = ()  # (pid, CPU seconds) of each run process
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,12 @@ def read_usage(host: str, text: str) -> Usage:
         raise reader.bad("procs", procs, "a count")
     if gpus is not None and not (isinstance(gpus, list) and all(is_int(g) and 0 <= g <= 100 for g in gpus)):
         raise reader.bad("gpu_util", gpus, "null or a list of percentages")
-    return Usage(float(now), float(cpu), procs, tuple(gpus[:GPU_LIMIT]) if gpus else None)
+    per_pid = answer.get("per_pid", {})
+    if not (isinstance(per_pid, dict) and len(per_pid) <= PID_LIMIT and all(
+            k.isascii() and k.isdigit() and len(k) < 10 and is_real(v) and v >= 0 for k, v in per_pid.items())):
+        raise reader.bad("per_pid", per_pid, f"an object of at most {PID_LIMIT} pid: CPU seconds")
+    return Usage(float(now), float(cpu), procs, tuple(gpus[:GPU_LIMIT]) if gpus else None,
+                 tuple(sorted((int(k), float(v)) for k, v in per_pid.items())))
 
 
 def utilisation(before: Usage, now: Usage) -> float | None:
@@ -76,10 +83,15 @@ def utilisation(before: Usage, now: Usage) -> float | None:
     compared (no time passed, nothing of the run running, its processes restarted)."""
     if now.gpu_util:
         return sum(now.gpu_util) / len(now.gpu_util) / 100
-    elapsed, used = now.time - before.time, now.cpu_s - before.cpu_s
-    if elapsed <= 0 or now.procs == 0 or used < 0 or not is_real(used):
+    elapsed = now.time - before.time
+    if elapsed <= 0:
         return None
-    return used / elapsed / now.procs
+    earlier = dict(before.per_pid)
+    shares = [(cpu - earlier[pid]) / elapsed for pid, cpu in now.per_pid if pid in earlier and cpu >= earlier[pid]]
+    if now.per_pid or before.per_pid:
+        return max(shares) if shares else None  # no process of the run lived through both answers
+    used = now.cpu_s - before.cpu_s  # an answer without per_pid (an older host): the mean per process
+    return None if now.procs == 0 or used < 0 else used / elapsed / now.procs
 
 
 @dataclass

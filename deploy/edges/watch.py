@@ -1,0 +1,80 @@
+"""`fab status --watch`: one SSH session per host, opened once and reused, and one question in
+flight per host at a time (the agent's status and the usage probe). Asking never blocks the view:
+`rows()` returns at once with what each host last said; a host that stops answering is shown so
+after `watchview.NOT_ANSWERING_S` while the others keep updating. Watching only reads: it starts,
+stops and writes nothing on a host, so any number of people may watch a run."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from meshrun.deploy.edges.agents import run_hosts
+from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.edges.transport import Session, connect
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.host import usage as usage_probe
+from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.answers import said
+from meshrun.deploy.run.hoststate import parse_status
+from meshrun.deploy.run.idle import read_usage
+from meshrun.deploy.run.plan import agent_verb_argv, python_of
+from meshrun.deploy.run.watchview import HostSeen, WatchRow, rows
+
+ASK_TIMEOUT_S = 5.0
+
+
+class RunWatch:
+    def __init__(self, record: RunRecord, root: Path) -> None:
+        self.record, self.root = record, root
+        self.hosts, self.inventory = run_hosts(record, root)
+        self.sessions: dict[str, Session] = {}
+        self.seen = {h.name: HostSeen() for h in self.hosts}
+        self.asking: set[str] = set()
+        self.lock = threading.Lock()
+
+    def rows(self) -> list[WatchRow]:
+        """Start a question to every host that has none in flight; the rows as last answered."""
+        for host in self.hosts:
+            with self.lock:
+                if host.name in self.asking:
+                    continue
+                self.asking.add(host.name)
+            threading.Thread(target=self._ask, args=(host,), daemon=True, name=f"watch-{host.name}").start()
+        with self.lock:
+            return rows([h.name for h in self.hosts], dict(self.seen), time.time())
+
+    def _ask(self, host: Host) -> None:
+        try:
+            session = self.sessions.get(host.name) or connect(host, self.inventory.known_hosts, self.root,
+                                                              ASK_TIMEOUT_S)
+            self.sessions[host.name] = session
+            status = session.run(agent_verb_argv(host, "status", self.record.run_id, sys.executable),
+                                 timeout=ASK_TIMEOUT_S)
+            state = parse_status(self.record.run_id, host.name, status.stdout) if status.ok else None
+            probe = session.run([python_of(host, sys.executable), "-m", usage_probe.__name__, self.record.run_id,
+                                 host.name], timeout=ASK_TIMEOUT_S)
+            found = read_usage(host.name, probe.stdout) if probe.ok else None
+            with self.lock:
+                old = self.seen[host.name]
+                self.seen[host.name] = HostSeen(state, found or old.usage, old.usage if found else old.before,
+                                                time.time(), None if status.ok else said(status.stderr.strip()[-120:]))
+        except MeshrunError as err:
+            dropped = self.sessions.pop(host.name, None)
+            if dropped is not None:
+                dropped.close()
+            with self.lock:
+                self.seen[host.name] = replace(self.seen[host.name], error=said(str(err), 160))
+        finally:
+            with self.lock:
+                self.asking.discard(host.name)
+
+    def close(self) -> None:
+        for session in list(self.sessions.values()):
+            try:
+                session.close()
+            except MeshrunError:
+                pass
