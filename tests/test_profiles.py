@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _testbed_unavailable
-from tests.testbed import SimCluster, latency, measure
+from tests.testbed import SimCluster, latency, measure, network
 from tests.testbed.delayer import DelayLine, QueueSpec, parse_queue, poll_timeout_ms
 from tests.testbed.latency import Profile
 from tests.testbed.layout import Host, StatePaths
@@ -34,6 +34,8 @@ def test_profile_table() -> None:
         Profile("lan", rate_mbit=None, rtt_ms=0.0, loss=0.0),
         Profile("home", rate_mbit=20, rtt_ms=40.0, loss=0.0),
         Profile("far", rate_mbit=50, rtt_ms=150.0, loss=0.0),
+        Profile("two-site", rate_mbit=20, rtt_ms=40.0, loss=0.0, sites=2),
+        Profile("two-site-far", rate_mbit=50, rtt_ms=150.0, loss=0.0, sites=2),
     )
     far = latency.lookup("far")
     assert (far.tc_rate, far.peer_delay_ms, far.controller_delay_ms) == ("50mbit", 75.0, 150.0)
@@ -44,7 +46,7 @@ def test_profile_table() -> None:
 
 
 def test_lookup_refuses_unknown_names_and_bad_loss() -> None:
-    with pytest.raises(ValueError, match="unknown profile 'wan'; known: lan, home, far"):
+    with pytest.raises(ValueError, match="unknown profile 'wan'; known: lan, home, far, two-site, two-site-far"):
         latency.lookup("wan")
     for loss in (-0.1, 1.0):
         with pytest.raises(ValueError, match="loss must be in"):
@@ -64,6 +66,46 @@ def test_rules_queue_eth0_ingress_controller_first() -> None:
         [*ipt, "-D", "INPUT", "-i", "eth0", "-j", "MRT-DELAY"],
         [*ipt, "-F", "MRT-DELAY"],
         [*ipt, "-X", "MRT-DELAY"],
+    ]
+
+
+def test_two_sites_split_the_hosts_and_queue_only_the_other_site() -> None:
+    hosts = [Host(1), Host(2), Host(3)]
+    assert latency.places(hosts, 2) == [[Host(1), Host(2)], [Host(3)]]
+    assert latency.places([*hosts, Host(4)], 2) == [[Host(1), Host(2)], [Host(3), Host(4)]]
+    ipt = ["iptables", "-w", "10", "-t", "mangle"]
+    queue = ["-j", "NFQUEUE", "--queue-bypass", "--queue-num"]
+    assert latency.site_rules(Host(1), hosts, 2) == [
+        [*ipt, "-N", "MRT-DELAY"],
+        [*ipt, "-A", "MRT-DELAY", "-s", "10.77.0.13", *queue, "1"],
+        [*ipt, "-I", "INPUT", "-i", "eth0", "-j", "MRT-DELAY"],
+    ]
+    assert latency.site_rules(Host(3), hosts, 2) == [
+        [*ipt, "-N", "MRT-DELAY"],
+        [*ipt, "-A", "MRT-DELAY", "-s", "10.77.0.1", *queue, "2"],  # the controller sits in the first site
+        [*ipt, "-A", "MRT-DELAY", "-s", "10.77.0.11", *queue, "1"],
+        [*ipt, "-A", "MRT-DELAY", "-s", "10.77.0.12", *queue, "1"],
+        [*ipt, "-I", "INPUT", "-i", "eth0", "-j", "MRT-DELAY"],
+    ]
+
+
+def test_two_sites_shape_only_the_traffic_between_sites() -> None:
+    inside = ["ip", "netns", "exec", "mrt3"]
+    assert network.between_argv(Host(3), ["10.77.0.11"], "20mbit") == [
+        ["tc", "qdisc", "replace", "dev", "mrt3h", "root", "handle", "1:", "htb", "default", "10"],
+        ["tc", "class", "add", "dev", "mrt3h", "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit",
+         "quantum", "60000"],
+        ["tc", "class", "add", "dev", "mrt3h", "parent", "1:", "classid", "1:20", "htb", "rate", "20mbit",
+         "burst", "64kb", "quantum", "60000"],
+        ["tc", "filter", "add", "dev", "mrt3h", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
+         "ip", "src", "10.77.0.11/32", "flowid", "1:20"],
+        [*inside, "tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"],
+        [*inside, "tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit",
+         "quantum", "60000"],
+        [*inside, "tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", "20mbit",
+         "burst", "64kb", "quantum", "60000"],
+        [*inside, "tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+         "match", "ip", "dst", "10.77.0.11/32", "flowid", "1:20"],
     ]
 
 
@@ -168,6 +210,29 @@ def test_profile_rtt_and_throughput(profiled_bed: SimCluster, name: str) -> None
         assert_near(transfer.received_bits_per_second / 1e6, profile.rate_mbit,
                     "TCP h1 -> h2 (Mbit/s)")
     assert_nothing_left(bed)
+
+
+@pytest.mark.cluster
+def test_two_site_profile_shapes_and_delays_only_between_sites(profiled_bed: SimCluster) -> None:
+    """h1, h2 in one place, h3 in the other: the LAN inside, `home` (20 Mbit/s, 40 ms) between."""
+    bed = profiled_bed
+    h3 = bed.host(3).address
+    with bed.profile("two-site") as profile:
+        inside, between = measure.ping(bed, 1, H2), measure.ping(bed, 1, h3)
+        controller_near, controller_far = measure.ping(None, 0, H2), measure.ping(None, 0, h3)
+        lan = measure.iperf(bed, 2, 1, H2, seconds=2, omit=0)
+        wan = measure.iperf(bed, 3, 1, h3, seconds=5, omit=2)
+    print(f"two-site: RTT inside {inside.median_ms:.2f} ms, between {between.median_ms:.1f} ms; TCP inside "
+          f"{lan.received_bits_per_second / 1e6:.0f} Mbit/s, between {wan.received_bits_per_second / 1e6:.1f} Mbit/s")
+    assert [p.lost for p in (inside, between, controller_near, controller_far)] == [0, 0, 0, 0]
+    assert inside.median_ms < 1.0 and controller_near.median_ms < 1.0
+    assert_near(between.median_ms, profile.rtt_ms, "RTT h1 <-> h3 (ms)")
+    assert_near(controller_far.median_ms, profile.rtt_ms, "RTT controller <-> h3 (ms)")
+    assert_near(wan.received_bits_per_second / 1e6, profile.rate_mbit, "TCP h1 -> h3 (Mbit/s)")
+    assert lan.received_bits_per_second > 10 * profile.rate_mbit * 1e6  # inside: unshaped
+    assert_nothing_left(bed)
+    for h in bed.hosts:
+        assert "htb" not in bed.exec(h.index, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
 
 
 @pytest.mark.cluster

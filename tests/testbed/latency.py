@@ -5,6 +5,14 @@
 | lan     | unshaped (~10 Gbit/s veth)      | < 0.2 ms          | none                   |
 | home    | 20 Mbit/s                       | 40 ms             | 20 ms                  |
 | far     | 50 Mbit/s                       | 150 ms            | 75 ms                  |
+| two-site | between sites 20 Mbit/s, inside unshaped | 40 ms between sites, < 0.2 ms inside | 20 ms, from the other site only |
+| two-site-far | between sites 50 Mbit/s, inside unshaped | 150 ms between sites | 75 ms, from the other site only |
+
+The two-site profiles split the hosts into two places, the first half (rounded up) and the rest
+(3 hosts: h1, h2 | h3; 4: h1, h2 | h3, h4): links inside a place are the unshaped LAN, every
+packet between places is shaped (htb with one u32 filter per address of the other place, on
+both ends of each veth) and delayed by the delayer of the host it enters. The controller sits
+in the first place: its packets to the second place are delayed by the full RTT.
 
 Any profile takes an optional loss rate p: each packet entering a host is
 dropped with probability p, so a round trip between two hosts is lost with
@@ -68,6 +76,7 @@ class Profile:
     rate_mbit: int | None  # per host link, both directions; None: unshaped
     rtt_ms: float  # round trip between two hosts (and between controller and a host)
     loss: float = 0.0  # probability that a packet entering a host is dropped
+    sites: int = 1  # > 1: rate and RTT apply only between that many places (places())
 
     @property
     def tc_rate(self) -> str | None:
@@ -92,7 +101,34 @@ PROFILES: tuple[Profile, ...] = (
     Profile("lan", rate_mbit=None, rtt_ms=0.0),
     Profile("home", rate_mbit=20, rtt_ms=40.0),
     Profile("far", rate_mbit=50, rtt_ms=150.0),
+    Profile("two-site", rate_mbit=20, rtt_ms=40.0, sites=2),
+    Profile("two-site-far", rate_mbit=50, rtt_ms=150.0, sites=2),
 )
+
+
+def places(all_hosts: list[Host], sites: int) -> list[list[Host]]:
+    """The hosts in `sites` contiguous places, the first ones rounded up: 3 hosts, 2 places: 2 + 1."""
+    size = -(-len(all_hosts) // sites)
+    return [all_hosts[i:i + size] for i in range(0, len(all_hosts), size)]
+
+
+def elsewhere(host: Host, all_hosts: list[Host], sites: int) -> list[Host]:
+    """The hosts of the other places (all other hosts for a single-place profile)."""
+    mine = next(place for place in places(all_hosts, sites) if host in place)
+    return [h for h in all_hosts if h not in mine] if sites > 1 else [h for h in all_hosts if h != host]
+
+
+def site_rules(host: Host, all_hosts: list[Host], sites: int) -> list[list[str]]:
+    """`rules()` for a profile of places: only packets from the other places (and, for a host
+    outside the first place, from the controller) are queued."""
+    queue = ["-j", "NFQUEUE", "--queue-bypass", "--queue-num"]
+    first = places(all_hosts, sites)[0]
+    out = [[*IPTABLES, "-N", CHAIN]]
+    if host not in first:
+        out.append([*IPTABLES, "-A", CHAIN, "-s", GATEWAY, *queue, str(CONTROLLER_QUEUE)])
+    out += [[*IPTABLES, "-A", CHAIN, "-s", h.address, *queue, str(PEER_QUEUE)]
+            for h in elsewhere(host, all_hosts, sites)]
+    return [*out, [*IPTABLES, "-I", "INPUT", "-i", NS_IFNAME, "-j", CHAIN]]
 
 
 def lookup(name: str, loss: float | None = None) -> Profile:
@@ -207,7 +243,9 @@ def _apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, python: s
            max_seconds: float) -> None:
     profile_file(paths).write_text(json.dumps(asdict(profile)) + "\n")
     for h in all_hosts:
-        if profile.tc_rate is not None:
+        if profile.tc_rate is not None and profile.sites > 1:
+            network.shape_between(h, [o.address for o in elsewhere(h, all_hosts, profile.sites)], profile.tc_rate)
+        elif profile.tc_rate is not None:
             network.shape(h, profile.tc_rate)
     if not profile.needs_delayer:
         return
@@ -216,7 +254,7 @@ def _apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, python: s
             for h in all_hosts}
     for h in all_hosts:
         _wait_ready(h, paths, pids[h.index])
-        for argv in rules():
+        for argv in (site_rules(h, all_hosts, profile.sites) if profile.sites > 1 else rules()):
             run(_in(h, argv))
 
 

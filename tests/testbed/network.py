@@ -94,6 +94,26 @@ def shape(host: Host, rate: str) -> None:
          "tc", "qdisc", "replace", "dev", NS_IFNAME, *_tbf(rate)])
 
 
+def between_argv(host: Host, others: list[str], rate: str) -> list[list[str]]:
+    """htb on both ends of the host's veth: traffic to (inside, egress of eth0) or from (the root
+    end, egress towards the host) the `others` addresses at `rate`, everything else unshaped."""
+    out = []
+    for prefix, dev, side in (([], host.veth, "src"), (["ip", "netns", "exec", host.netns], NS_IFNAME, "dst")):
+        out += [[*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+                [*prefix, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+                 "rate", "10gbit", "quantum", "60000"],
+                [*prefix, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb",
+                 "rate", rate, "burst", "64kb", "quantum", "60000"]]
+        out += [[*prefix, "tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+                 "u32", "match", "ip", side, f"{address}/32", "flowid", "1:20"] for address in others]
+    return out
+
+
+def shape_between(host: Host, others: list[str], rate: str) -> None:
+    for argv in between_argv(host, others, rate):
+        run(argv)
+
+
 def unshape(host: Host) -> None:
     run(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False)
     run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", NS_IFNAME, "root"],
