@@ -100,6 +100,8 @@ def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: flo
             frames = view.stdout.split(f"run {run_id} — ")[1:]
             assert len(frames) == 6 and all(re.search(r"│ local +│ running +│ 0 +│ \d+ +│ \d+ +│", f) for f in frames)
             assert any(re.search(r"│ CPU \d+% +│ \d+ s ago", f) for f in frames), view.stdout  # two usage answers
+            rows = json.loads(fab("status", "--watch", "--json", "--run", run_id, timeout=60).stdout)
+            assert [(r["host"], r["state"], r["generation"]) for r in rows] == [("local", "running", "0")]
         with cpu_hog():  # the bound must hold on a loaded machine
             if sig == signal.SIGINT:
                 fab_run.signal_group(sig)  # what a terminal's Ctrl-C does

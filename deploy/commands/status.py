@@ -18,7 +18,7 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
     """A named run, else every recorded run that may still be running: finished and stale runs
     are not asked about, so their hosts (perhaps long gone) are never contacted."""
     if watch:
-        return _watch(resolve_run(project.runs, run, live_only=True), project, frames)
+        return _watch(resolve_run(project.runs, run, live_only=True), project, frames, as_json)
     records = [load_record(project.runs, run)] if run else live_records(project.runs)
     states = [state for record in records for state in host_states(record, project.root)]
     renderer = Renderer()
@@ -30,10 +30,14 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
         renderer.run_states(states)
 
 
-def _watch(record: RunRecord, project: Project, frames: int) -> None:
-    """`--watch`: the live view until Ctrl-C, which leaves the view and never touches the run."""
+def _watch(record: RunRecord, project: Project, frames: int, as_json: bool = False) -> None:
+    """`--watch`: the live view until Ctrl-C, which leaves the view and never touches the run;
+    with `--json`, its rows once (after two rounds of questions, so `busy` has two answers)."""
     watcher = RunWatch(record, project.root)
     try:
+        if as_json:
+            Renderer().json([asdict(r) for r in watcher.snapshot(REFRESH_S)])
+            return
         show(f"run {record.run_id}", watcher.rows, REFRESH_S, frames)
     except KeyboardInterrupt:
         pass

@@ -47,6 +47,14 @@ class RunWatch:
         with self.lock:
             return rows([h.name for h in self.hosts], dict(self.seen), time.time())
 
+    def snapshot(self, refresh_s: float, rounds: int = 2) -> list[WatchRow]:
+        """The rows after `rounds` rounds of questions, `refresh_s` apart (for --json)."""
+        self.rows()
+        for _ in range(rounds):
+            time.sleep(refresh_s)
+            found = self.rows()
+        return found
+
     def _ask(self, host: Host) -> None:
         try:
             session = self.sessions.get(host.name) or connect(host, self.inventory.known_hosts, self.root,
