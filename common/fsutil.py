@@ -1,9 +1,13 @@
-"""Crash-safe file replacement.
+"""Crash-safe file replacement, and the one bounded reader of files a person or a host wrote.
 
 ``torch.save`` and ``open(..., "w")`` are not atomic: a crash leaves a truncated file under the
 final name. Here every write goes to a temp file in the same directory (same filesystem, so the
 rename is atomic), is fsynced, renamed over the target with ``os.replace``, and then the
 directory is fsynced so the rename itself survives a power loss.
+
+``read_regular`` reads a file that someone else named (an inventory, a known_hosts, a run record, a
+trainer config): a FIFO would block the reader forever and ``/dev/zero`` never ends, so only a regular
+file is read, and at most one byte past its limit.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -74,3 +79,60 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             sha.update(block)
     return sha.hexdigest()
+
+
+class FileRefused(OSError):
+    """A file that is not read: not a regular file, or larger than the limit. `str()` says which, in words
+    (`is a FIFO, not a regular file`); `too_large` tells the two apart."""
+
+    def __init__(self, reason: str, too_large: bool = False) -> None:
+        super().__init__(reason)
+        self.too_large = too_large
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(mode: int) -> str | None:
+    """`is a FIFO, not a regular file` (a directory, a device, ...) for a file mode that is not a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    return f"is {kind}, not a regular file"
+
+
+def size_text(limit: int) -> str:
+    """`1 MiB`, `64 KiB` or `100 bytes`, for messages about a limit."""
+    for shift, unit in ((20, "MiB"), (10, "KiB")):
+        if limit >= 1 << shift and limit % (1 << shift) == 0:
+            return f"{limit >> shift} {unit}"
+    return f"{limit} bytes"
+
+
+def read_regular(path: Path | str, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes; else FileRefused. It is
+    opened without blocking (a FIFO waits for a writer otherwise) and judged by fstat on that same open
+    file; at most `limit + 1` bytes are read, so a file that grows meanwhile is refused too. Any other
+    OSError (FileNotFoundError, PermissionError, a name too long) is the caller's to word."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        problem = not_regular(os.fstat(fd).st_mode)
+        if problem is not None:
+            raise FileRefused(problem)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise FileRefused(f"is larger than {size_text(limit)}", too_large=True)
+    return b"".join(chunks)

@@ -8,7 +8,14 @@ read back, unsplit and unjoined, by `deploy.cli.remainder()`.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from fabric.executor import Executor
+from invoke.exceptions import Exit, ParseError
+
+# invoke's words for a flag given without its value: "Flag <Argument: lines (l)> needed value and was not given one!"
+_NEEDED_VALUE = re.compile(r"Flag <Argument: ([A-Za-z0-9_]+)[^>]*> needed value")
 
 
 class MeshrunExecutor(Executor):
@@ -18,6 +25,22 @@ class MeshrunExecutor(Executor):
             return super().expand_calls(calls, apply_hosts)
         finally:
             self.core.remainder = saved
+
+
+def bad_flags_exit_2(program: Any) -> None:
+    """A task flag invoke cannot parse (unknown, or given without its value) is bad input: one line and
+    exit status 2, as every other bad input (invoke prints it and exits 1)."""
+    parse_tasks = program.parse_tasks
+
+    def parse_tasks_or_exit_2() -> None:
+        try:
+            parse_tasks()
+        except ParseError as err:
+            needed = _NEEDED_VALUE.match(str(err))
+            text = f"--{needed.group(1).replace('_', '-')} needs a value" if needed else str(err).rstrip("!")
+            raise Exit(f"error: {text}; see --help", code=2) from None
+
+    program.parse_tasks = parse_tasks_or_exit_2
 
 
 def adopt_running_fab() -> None:
@@ -30,3 +53,4 @@ def adopt_running_fab() -> None:
     program = getattr(sys.modules.get("fabric.main"), "program", None)
     if program is not None and getattr(program, "executor_class", None) is Executor:
         program.executor_class = MeshrunExecutor
+        bad_flags_exit_2(program)

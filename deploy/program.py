@@ -11,10 +11,11 @@ from invoke import Collection
 
 from meshrun import __version__
 from meshrun.deploy import tasks
-from meshrun.deploy.fabexec import MeshrunExecutor
+from meshrun.deploy.fabexec import MeshrunExecutor, bad_flags_exit_2
 
 program = Fab(name="meshrun", binary="meshrun", version=__version__,
               namespace=Collection.from_module(tasks), executor_class=MeshrunExecutor, config_class=Config)
+bad_flags_exit_2(program)
 
 
 def main() -> None:

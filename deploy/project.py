@@ -8,12 +8,14 @@ Found once per command: `--project DIR`, else the git root of the current direct
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshrun.layout import RUNS_DIR
 from meshrun.deploy.errors import InputError
+from meshrun.deploy.inputfiles import flag_path_stat
 
 PROJECT_HELP = "the project to run (default: the git repository holding the current directory)"
 RUNS_DIR_HELP = "where this controller records runs (default: the project's runs/)"
@@ -33,12 +35,14 @@ def find_project(project_arg: str | None, runs_arg: str | None, cwd: Path | None
     here = Path(cwd or os.getcwd())
     if project_arg:
         root = (here / Path(project_arg).expanduser()).resolve()
-        if not root.is_dir():
+        found = flag_path_stat("--project", root)
+        if found is None or not stat.S_ISDIR(found.st_mode):
             raise InputError(f"--project {project_arg}: no such directory; name your project's checkout")
     else:
         root = git_root(here)
     runs = (here / Path(runs_arg).expanduser()).resolve() if runs_arg else root / RUNS_DIR
-    if runs.exists() and not runs.is_dir():
+    found = flag_path_stat("--runs-dir", runs)
+    if found is not None and not stat.S_ISDIR(found.st_mode):
         raise InputError(f"--runs-dir {runs}: exists and is not a directory; name a directory for run records")
     return Project(root, runs)
 
@@ -61,7 +65,7 @@ def relative_to_project(path: str, project: Project, flag: str, packaged_ok: boo
     name the project lacks passes through: the trainer then looks among its shipped configs
     (and says which exist if it is none of them)."""
     candidate = Path(path).expanduser()
-    if packaged_ok and candidate.name == path and not (project.root / path).exists():
+    if packaged_ok and candidate.name == path and flag_path_stat(flag, project.root / path) is None:
         return path
     full = (candidate if candidate.is_absolute() else project.root / candidate).resolve()
     try:
@@ -69,6 +73,7 @@ def relative_to_project(path: str, project: Project, flag: str, packaged_ok: boo
     except ValueError:
         raise InputError(f"{flag} {path}: not inside the project {project.root}; only the project's files "
                          "reach the hosts (move it in, or pass --project)") from None
-    if not full.is_file():
+    found = flag_path_stat(flag, full)
+    if found is None or not stat.S_ISREG(found.st_mode):
         raise InputError(f"{flag} {path}: no such file in the project {project.root}")
     return inside.as_posix()

@@ -4,6 +4,9 @@ Every behaviour lives in `deploy/commands/<task>.py`, imported lazily so that `-
 
 Tasks that act on many hosts declare `hosts` themselves: a Fabric task without it is cloned per
 host and run one host after another, which would start torchrun on gpu1 and never on gpu2.
+
+Every flag is text or a switch: invoke would convert a number flag itself and end a bad value in a
+traceback, so numbers are read by `deploy/run/flags.py` (one line, exit status 2, before any host).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from meshrun.layout import DEFAULT_PG_TIMEOUT_S
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S
 from meshrun.deploy.project import PROJECT_HELP, RUNS_DIR_HELP, Project, find_project
 from meshrun.deploy.inventory.load import LOOKUP_ORDER
+from meshrun.deploy.run import flags
 
 adopt_running_fab()  # `fab train ... -- ARGS`: the arguments after -- go to the script, not to Fabric
 
@@ -27,6 +31,7 @@ HOSTS_HELP = "hosts, groups or host:0,1 (GPU override), comma-separated; default
 INVENTORY_HELP = f"inventory YAML (default, first found: {LOOKUP_ORDER.split(', ', 1)[1]})"
 DEBUG_HELP = "show tracebacks of internal errors"
 RUN_HELP = "run id (default: the newest run)"
+DEFAULT_LOG_LINES = 50
 
 
 # Every task takes these two: which project it works on, and where its runs are recorded.
@@ -45,26 +50,29 @@ def _project(project: str, runs_dir: str) -> Project:
 @task(help={**PROJECT_FLAGS, 
     "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP, "json": "print the facts and verdicts as JSON",
     "bandwidth": "also measure each link's throughput (about 1 s per link)",
-    "timeout": "SSH connect timeout per host in seconds: what a dead host costs", "debug": DEBUG_HELP,
+    "timeout": f"SSH connect timeout per host in seconds (default {DEFAULT_CONNECT_TIMEOUT_S:g}): what a dead host costs",
+    "debug": DEBUG_HELP,
 })
 @guarded
-def check_network(c, hosts="", inventory="", json=False, bandwidth=False, timeout=DEFAULT_CONNECT_TIMEOUT_S, project="", runs_dir="", debug=False):
+def check_network(c, hosts="", inventory="", json=False, bandwidth=False, timeout="", project="", runs_dir="", debug=False):
     """Pre-flight check: SSH, versions, GPUs, overlay, all-to-all ports, MTU, and a gloo all-reduce."""
     from meshrun.deploy.commands.check import CheckRequest, main
 
-    _exit(main(CheckRequest(inventory or None, hosts or None, bool(json), bool(bandwidth), float(timeout)), _project(project, runs_dir)))
+    seconds = flags.connect_timeout(timeout, DEFAULT_CONNECT_TIMEOUT_S)
+    _exit(main(CheckRequest(inventory or None, hosts or None, bool(json), bool(bandwidth), seconds), _project(project, runs_dir)))
 
 
 @task(help={**PROJECT_FLAGS, 
     "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP, "yes": "trust new keys without asking (check the fingerprints!)",
-    "timeout": "connect timeout per host in seconds", "debug": DEBUG_HELP,
+    "timeout": f"connect timeout per host in seconds (default {DEFAULT_CONNECT_TIMEOUT_S:g})", "debug": DEBUG_HELP,
 })
 @guarded
-def trust(c, hosts="", inventory="", yes=False, timeout=DEFAULT_CONNECT_TIMEOUT_S, project="", runs_dir="", debug=False):
+def trust(c, hosts="", inventory="", yes=False, timeout="", project="", runs_dir="", debug=False):
     """Show each host's SSH key fingerprint and add new keys to the inventory's known_hosts (asks first)."""
     from meshrun.deploy.commands.trust import TrustRequest, main
 
-    _exit(main(TrustRequest(inventory or None, hosts or None, bool(yes), float(timeout)), _project(project, runs_dir)))
+    seconds = flags.connect_timeout(timeout, DEFAULT_CONNECT_TIMEOUT_S)
+    _exit(main(TrustRequest(inventory or None, hosts or None, bool(yes), seconds), _project(project, runs_dir)))
 
 
 @task(help={**PROJECT_FLAGS, "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP,
@@ -76,7 +84,8 @@ def setup(c, hosts="", inventory="", base="python3", reuse_site="", project="", 
     """Prepare each remote host's Python: <workdir>/.venv with this meshrun and the project's requirements (idempotent)."""
     from meshrun.deploy.commands.setup import main
 
-    main(inventory or None, hosts or None, base, reuse_site or None, _project(project, runs_dir))
+    reuse = flags.host_program("--reuse-site", reuse_site) if reuse_site else None
+    main(inventory or None, hosts or None, flags.host_program("--base", base), reuse, _project(project, runs_dir))
 
 
 @task(help={**PROJECT_FLAGS, "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP,
@@ -95,7 +104,8 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
     "config": "trainer config YAML in the project, or the name of a shipped one (default digits.yaml)",
     "script": "run this torchrun-compatible script of the project instead of the trainer; its arguments go after --",
     "nnodes": "elastic bounds MIN:MAX (default: the inventory's `elastic`, else fixed)",
-    "timeout": "process-group timeout in seconds: how long a lost peer may stall a collective",
+    "timeout": f"process-group timeout in whole seconds (default {DEFAULT_PG_TIMEOUT_S}): how long a lost peer may "
+               "stall a collective",
     "detach": "start the run and return its id", "skip_checks": "skip the pre-flight checks",
     "no_sync": "do not sync the code first", "debug": DEBUG_HELP,
     "resume": "continue an earlier run (its id) from its newest checkpoint, on its hosts by default",
@@ -107,7 +117,7 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
     "idle_stop": "stop the run when a host stays idle this many minutes",
 }, iterable=["notify"])
 @guarded
-def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DEFAULT_PG_TIMEOUT_S,
+def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout="",
           detach=False, skip_checks=False, no_sync=False, resume="", comm="", firewall=False, notify=None,
           idle_warn="", idle_stop="", project="", runs_dir="", debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
@@ -117,7 +127,8 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=DE
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
     idle = policy_from_flags(idle_warn, idle_stop)
-    request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None, int(timeout),
+    request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None,
+                           flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S),
                            detach, skip_checks, no_sync, resume or None, comm or None, firewall, tuple(notify or ()),
                            idle)
     where = _project(project, runs_dir)
@@ -142,14 +153,14 @@ def status(c, run="", json=False, watch=False, frames="", project="", runs_dir="
     main(run or None, bool(json), _project(project, runs_dir), bool(watch), parse_frames(frames))
 
 
-@task(help={**PROJECT_FLAGS, "run": RUN_HELP, "follow": "keep printing new lines until Ctrl-C", "lines": "lines per host",
+@task(help={**PROJECT_FLAGS, "run": RUN_HELP, "follow": "keep printing new lines until Ctrl-C", "lines": f"lines per host (default {DEFAULT_LOG_LINES})",
             "debug": DEBUG_HELP})
 @guarded
-def logs(c, run="", follow=False, lines=50, project="", runs_dir="", debug=False):
+def logs(c, run="", follow=False, lines="", project="", runs_dir="", debug=False):
     """Show a run's logs from every host, prefixed [host:rank]."""
     from meshrun.deploy.commands.logs import main
 
-    main(run or None, bool(follow), int(lines), _project(project, runs_dir))
+    main(run or None, bool(follow), flags.log_lines(lines, DEFAULT_LOG_LINES), _project(project, runs_dir))
 
 
 @task(help={**PROJECT_FLAGS, "run": RUN_HELP, "debug": DEBUG_HELP})

@@ -203,8 +203,8 @@ def test_size_cap(tmp_path: Path) -> None:
     path.write_text(A + "#" * (MAX_BYTES - len(A)) + "\n")
     assert str(load_error(path)) == (f"{path}: larger than 1 MiB, too large for an inventory; "
                                      "check that --inventory names the inventory")
-    assert str(load_error(Path("/dev/zero"))) == ("/dev/zero: larger than 1 MiB, too large for an inventory; "
-                                                  "check that --inventory names the inventory")
+    assert str(load_error(Path("/dev/zero"))) == ("/dev/zero: is a character device, not a regular file; "
+                                                  "pass the inventory's YAML file")
 
 
 @pytest.mark.parametrize("data,expected", [

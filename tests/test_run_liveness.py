@@ -13,12 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from meshrun.deploy.edges.records import RunRecord, may_be_running
 from meshrun.layout import HEARTBEAT_TIMEOUT_S, LAUNCH_RECORD, SUMMARY
+from tests.trap import dialled, listening_trap
 
 MESHRUN = str(Path(sys.executable).parent / "meshrun")
 NOW = 1_800_000_000.0
@@ -45,14 +47,9 @@ def test_which_runs_may_still_be_running(case: str, run: RunRecord, has_summary:
 
 
 @pytest.fixture
-def trap() -> socket.socket:
+def trap() -> Iterator[socket.socket]:
     """A port that stands for every host of the recorded runs: any task that dials them lands here."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
-    yield listener
-    listener.close()
+    yield from listening_trap()
 
 
 def dead_pid() -> int:
@@ -90,15 +87,6 @@ def project(tmp_path: Path, trap: socket.socket) -> Path:
 def meshrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
     return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
-
-
-def dialled(trap: socket.socket) -> bool:
-    try:
-        conn, _ = trap.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
 
 
 def test_status_logs_and_stop_leave_finished_and_stale_runs_alone(project: Path, trap: socket.socket) -> None:

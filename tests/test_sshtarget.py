@@ -13,7 +13,7 @@ import pytest
 
 from meshrun.deploy.edges import sshargv, sshtarget
 from meshrun.deploy.edges.sshtarget import Hop, SshTarget
-from meshrun.deploy.errors import InputError
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.model import Host, Network
 
 CONFIG = """\
@@ -150,3 +150,54 @@ def test_an_inventory_silent_on_user_and_port_leaves_them_to_ssh_config(tmp_path
     assert (resolve(hosts["gpu2"], config).target.user, resolve(hosts["gpu2"], config).target.port) == ("alice", 2202)
     assert (resolve(hosts["cpu3"], config).target.user, resolve(hosts["cpu3"], config).target.port) == ("bob", 2022)
     assert (resolve(hosts["gpu2"], "").target.user, resolve(hosts["gpu2"], "").target.port) == ("root", 22)
+
+
+FIX = "fix ssh_config or set it in the inventory"
+
+
+@pytest.mark.parametrize("block,expected", [
+    ("Port abc", "Port 'abc' for Host 'gpu1' is not a port number (1-65535)"),  # was int(): an internal error
+    ("Port 0", "Port '0' for Host 'gpu1' is not a port number (1-65535)"),
+    ("Port 70000", "Port '70000' for Host 'gpu1' is not a port number (1-65535)"),
+    ("Port ٣", "Port '٣' for Host 'gpu1' is not a port number (1-65535)"),  # int('٣') is 3
+    ("HostName -oProxyCommand=touch/tmp/x", "HostName '-oProxyCommand=touch/tmp/x' for Host 'gpu1' is not a host name or IP address"),
+    ("User -oProxyCommand=x", "User '-oProxyCommand=x' for Host 'gpu1' is not a login name"),
+    ("User a;b", "User 'a;b' for Host 'gpu1' is not a login name"),
+    ("ProxyJump -oProxyCommand=x", "ProxyJump '-oProxyCommand=x' for Host 'gpu1' is not [user@]host[:port] with a login "
+                                   "name and a host name or address"),
+    ("ProxyJump bastion:²", "ProxyJump 'bastion:²' for Host 'gpu1' is not [user@]host[:port] with a port 1-65535"),
+    ("ProxyJump -l@bastion", "ProxyJump '-l@bastion' for Host 'gpu1' is not [user@]host[:port] with a login name and a "
+                             "host name or address"),
+    ("ProxyJump j\nHost j\n  Port x", "Port 'x' for Host 'j' is not a port number (1-65535)"),  # a jump host's own
+    ("ProxyJump j\nHost j\n  HostName -x", "HostName '-x' for Host 'j' is not a host name or IP address"),
+])
+def test_an_ssh_config_value_meshrun_uses_is_checked(block: str, expected: str) -> None:
+    """Each value is one line naming the file, the Host block and the field (exit status 2); a HostName or a
+    jump host that ssh would read as an option (`-o…`: rsync's ssh gets it as an argument) never gets there."""
+    with pytest.raises(InputError) as info:
+        resolve(host("gpu1", "10.0.0.1"), f"Host gpu1\n  {block}\n")
+    assert (str(info.value), info.value.exit_code) == (f"host 'gpu1': /cfg: {expected}; {FIX}", 2)
+
+
+def test_check_all_refuses_before_any_host_and_skips_local_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "config"
+    config.write_text("Host 10.0.0.2\n  Port abc\n")
+    monkeypatch.setenv("MESHRUN_SSH_CONFIG", str(config))
+    with pytest.raises(InputError) as info:
+        sshtarget.check_all([host("gpu1", "10.0.0.1"), host("gpu2", "10.0.0.2")])
+    assert str(info.value) == f"host 'gpu2': {config}: Port 'abc' for Host '10.0.0.2' is not a port number (1-65535); {FIX}"
+    sshtarget.check_all([host("gpu1", "10.0.0.1"), host("me", "local")])
+
+
+def test_a_key_file_that_is_no_regular_file_is_named_as_such(home: Path) -> None:
+    """paramiko reads every IdentityFile itself: a FIFO would block it, /dev/zero fill memory. Named, not
+    called missing."""
+    import os
+
+    os.mkfifo(home / "fifo")
+    for key, what in ((home / "fifo", "is a FIFO, not a regular file"),
+                      (Path("/dev/zero"), "is a character device, not a regular file")):
+        with pytest.raises(MeshrunError) as err:
+            sshtarget.check_keys(resolve(host("gpu1", "10.0.0.1", identity=str(key)), ""))
+        assert str(err.value) == (f"host 'gpu1': SSH key {key} for 10.0.0.1 {what}; it is set by `identity` in the "
+                                  "inventory: point it at your private key")

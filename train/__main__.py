@@ -1,7 +1,9 @@
-"""``python -m meshrun.train [--config PATH] [--run-dir DIR] [--describe] [key=value ...]``, alone or under torchrun.
+"""``python -m meshrun.train [--config PATH] [--run-dir DIR] [--describe|--check] [key=value ...]``, alone or under torchrun.
 
 ``--describe`` prints the model's gradient shapes as one JSON object and trains nothing (the
-controller uses it to size gradient communication, see deploy/run/commplan.py).
+controller uses it to size gradient communication, see deploy/run/commplan.py). ``--check`` loads
+the config with its overrides and exits, importing no torch: the controller runs it before any
+host is contacted (deploy/edges/trainercheck.py), so a typo costs no connection.
 
 Exit status: 0 on success; 2 for a usage error (one line on stderr, no traceback); 3 when a
 ``debug.stop_after_*`` option stopped the run; 1 (with a traceback) for anything else.
@@ -15,12 +17,15 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meshrun import layout
-from meshrun.train import dist
 from meshrun.train.config import TrainConfig, load_config
 from meshrun.train.errors import InjectedFailure, UsageError
 from meshrun.train.render import make_console
+
+if TYPE_CHECKING:
+    from meshrun.train import dist
 
 EXIT_USAGE = 2
 EXIT_INJECTED = 3
@@ -34,12 +39,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="output directory (default: runs/<MESHRUN_RUN_ID or 'local'>)")
     parser.add_argument("--describe", action="store_true",
                         help="print the model's parameter count and gradient shapes as JSON; no training")
+    parser.add_argument("--check", action="store_true",
+                        help="check the config and the overrides, then exit (0: valid; 2: one line on stderr)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted config overrides, e.g. optim.lr=0.05 epochs=3")
     return parser.parse_args(argv)
 
 
 def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
+    from meshrun.train import dist
     from meshrun.train.trainer import Trainer  # heavy imports after the config is known to be valid
 
     device = dist.pick_device(env)
@@ -74,8 +82,12 @@ def describe(cfg: TrainConfig) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        env = dist.read_env()
         cfg = load_config(args.config, tuple(args.overrides))
+        if args.check:
+            return 0
+        from meshrun.train import dist  # torch: only once the config is known to be valid
+
+        env = dist.read_env()
         if args.describe:
             print(json.dumps(describe(cfg)), flush=True)
             return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from meshrun.fsutil import read_regular
 from meshrun.layout import DEFAULT_PG_TIMEOUT_S
 from meshrun.train.kinds import (Backend, CommHook, DatasetKind, ModelKind, OptimizerKind,  # noqa: F401 - re-exported
                          Precision, ScheduleKind)
@@ -26,6 +28,7 @@ from meshrun.train.errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "digits.yaml"
+CONFIG_MAX = 1 << 20  # a config is a page of YAML; read as a regular file of at most this many bytes
 
 
 @dataclass(frozen=True)
@@ -171,12 +174,14 @@ def load_config(path: Path | None = None, overrides: tuple[str, ...] = ()) -> Tr
     bare name that is no file here but one of the shipped configs (``cifar10_toy.yaml``) means
     that one, so a user project can name them without copying them in."""
     path = DEFAULT_CONFIG if path is None else path
-    if not path.exists() and path.name == str(path) and (CONFIG_DIR / path.name).is_file():
+    if path.name == str(path) and not os.path.lexists(path) and (CONFIG_DIR / path.name).is_file():
         path = CONFIG_DIR / path.name
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(read_regular(path, CONFIG_MAX).decode("utf-8")) or {}
     except FileNotFoundError:
         raise UsageError(f"config file {path} not found; ship-in configs: {_shipped()}") from None
+    except (OSError, UnicodeDecodeError) as err:  # a FIFO, a device, too large, a name too long, not UTF-8
+        raise UsageError(f"config file {path}: cannot be read ({err}); name a YAML file") from None
     except yaml.YAMLError as err:
         raise UsageError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
     if not isinstance(raw, dict):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import shutil
+from stat import S_ISDIR
 from pathlib import Path
 
 from meshrun.layout import CHECKPOINTS, HOSTS, run_dir
+from meshrun.deploy.edges.agents import run_hosts
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.fetch import FetchReport, Staging, fetch_argv, place, prepare_staging, remove_staging, \
     skip_lines, stage_verified, transfer, verify_checkpoints
 from meshrun.deploy.edges.records import RunRecord, resolve_run
-from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inputfiles import flag_path_stat
+from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.render.console import HostProgress, Renderer
 from meshrun.deploy.run.shell import local_workdir
@@ -21,8 +25,7 @@ INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) fo
 
 def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer) -> list[FetchReport]:
     """Fetch every host of the run in parallel, then assemble the newest checkpoints."""
-    inventory = load_inventory(Path(record.inventory), root)
-    hosts = tuple(inventory.host(name) for name in record.hosts)
+    hosts, inventory = run_hosts(record, root)  # hosts gone from the inventory, bad ssh_config: one line
     home = dest / record.run_id
 
     def one(host: Host, bars: HostProgress) -> FetchReport:
@@ -70,9 +73,13 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
 def main(run: str | None, dest: str | None, force: bool, project: Project) -> int:
     """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum or
     its manifest had lines meshrun does not accept; what did pass is fetched all the same."""
-    record = resolve_run(project.runs, run)
     renderer = Renderer()
+    record = resolve_run(project.runs, run, warn=renderer.warn)
     destination = Path(dest).expanduser().resolve() if dest else project.runs
+    found = flag_path_stat("--dest", destination)
+    if found is not None and not S_ISDIR(found.st_mode):
+        raise InputError(with_path("--dest ", destination, ": exists and is not a directory; name a directory to "
+                                   "fetch runs into"))
     reports = fetch_run(record, project.root, destination, force, renderer)
     renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports)
     for line in [line for r in reports for line in skip_lines(r.host, r.skipped)]:

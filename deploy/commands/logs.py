@@ -53,4 +53,5 @@ def _follow(hosts: tuple[Host, ...], sessions: dict[str, Session], record: RunRe
 
 
 def main(run: str | None, follow: bool, lines: int, project: Project) -> None:
-    show_logs(resolve_run(project.runs, run, live_only=True), project.root, Renderer(), follow, lines)
+    renderer = Renderer()
+    show_logs(resolve_run(project.runs, run, live_only=True, warn=renderer.warn), project.root, renderer, follow, lines)

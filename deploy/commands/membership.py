@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrun.fsutil import read_regular
 from meshrun.deploy.edges.sessions import training_interfaces
 from meshrun.deploy.project import Project
 from meshrun.deploy.commands.firewall import admit
@@ -26,13 +27,17 @@ from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.launcher import JobRunner, run_detached_agent
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
+from meshrun.deploy.run.answers import from_json
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, at_generation, plan_launch
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, controller_alive, load_record
 from meshrun.deploy.inventory.selection import Selection, select_hosts
+from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.transport import Session, connect
 
 ANSWER_TIMEOUT_S = 180.0
+REQUEST_MAX = 64 << 10  # a request or an answer: one host name and a message
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,11 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
         options = dataclasses.replace(options, detach=True)
     members = tuple(inventory.host(h) for h in record.hosts)
     joiner = select_hosts(inventory, name).hosts[0]
-    head = next(h for h in members if f"{h.address}:" in record.rdzv_endpoint)
+    head = next((h for h in members if record.rdzv_endpoint.rpartition(":")[0] == h.address), None)
+    if head is None:
+        raise InputError(f"run {record.run_id}: its rendezvous {shown(record.rdzv_endpoint)} is no member's address "
+                         f"in {record.inventory}; was the inventory changed?")
+    sshtarget.check_all((joiner, head))  # a bad ssh_config value is one line before any host is contacted
     if record.firewall:  # the joiner last: it must answer
         admit(inventory, (*(h for h in record.hosts if h != name), name), head.name, project, renderer)
     session = connect(joiner, inventory.known_hosts, project.root)
@@ -103,10 +112,31 @@ def submit(project: Project, record: RunRecord, action: str, host: str) -> dict:
     deadline = time.monotonic() + ANSWER_TIMEOUT_S
     while time.monotonic() < deadline:
         if answer.exists():
-            return json.loads(answer.read_text())
+            return _answer(answer)
         time.sleep(0.2)
     raise MeshrunError(f"run {record.run_id}: its controller did not answer the {action} of '{host}' within "
                        f"{ANSWER_TIMEOUT_S:.0f} s; is `fab train` still running? (fab status --run {record.run_id})")
+
+
+def _request_data(path: Path) -> dict | None:
+    """{"action": "join"|"leave", "host": name} from a request file, or None: the controller reads these files
+    while it runs a job, so a FIFO, a huge file or a wrong shape must neither block nor crash it."""
+    try:
+        data = from_json(read_regular(path, REQUEST_MAX).decode("utf-8", "replace"))
+    except OSError:
+        return None
+    ok = isinstance(data, dict) and data.get("action") in ("join", "leave") and isinstance(data.get("host"), str)
+    return data if ok else None
+
+
+def _answer(path: Path) -> dict:
+    try:
+        data = from_json(read_regular(path, REQUEST_MAX).decode("utf-8", "replace"))
+    except OSError as err:
+        data = {"ok": False, "message": f"unreadable answer {path} ({err})"}
+    if not (isinstance(data, dict) and isinstance(data.get("ok"), bool) and isinstance(data.get("message"), str)):
+        return {"ok": False, "message": f"the controller's answer {path.name} is not one it writes"}
+    return data
 
 
 class RequestPoller:
@@ -127,7 +157,10 @@ class RequestPoller:
             if path.name.endswith(".done.json") or path in self.seen:
                 continue
             self.seen.add(path)
-            data = json.loads(path.read_text())
+            data = _request_data(path)
+            if data is None:  # not a request `fab join|leave` wrote: never a reason to stop the run
+                self.renderer.warn(f"ignored {path.name} in {path.parent}: not a join or leave request")
+                continue
             request = Request(data["action"], data["host"], path)
             threading.Thread(target=self._handle, args=(runner, request), daemon=True).start()
 

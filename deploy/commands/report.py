@@ -68,7 +68,7 @@ def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = N
 def main(run: str | None, as_json: bool, project: Project) -> None:
     runs = project.runs
     """`fab report [--run ID] [--json]`."""
-    run_id = resolve_run(runs, run).run_id
+    run_id = resolve_run(runs, run, warn=Renderer().warn).run_id
     result, png = build_report(runs, run_id)
     comm = comm_beside_floor(runs, run_id, result)
     provenance = summary_provenance(runs, run_id)

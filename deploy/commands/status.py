@@ -19,9 +19,9 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
     are not asked about, so their hosts (perhaps long gone) are never contacted."""
     if watch:
         return _watch(resolve_run(project.runs, run, live_only=True), project, frames, as_json)
-    records = [load_record(project.runs, run)] if run else live_records(project.runs)
-    states = [state for record in records for state in host_states(record, project.root)]
     renderer = Renderer()
+    records = [load_record(project.runs, run)] if run else live_records(project.runs, renderer.warn)
+    states = [state for record in records for state in host_states(record, project.root)]
     if as_json:
         renderer.json([asdict(s) for s in states])
     elif not records:

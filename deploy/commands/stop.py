@@ -11,8 +11,8 @@ from meshrun.deploy.render.console import Renderer
 
 def main(run: str | None, project: Project) -> int:
     """Exit status 1 when a host could not be reached or still has run processes."""
-    record = resolve_run(project.runs, run, live_only=True)
     renderer = Renderer()
+    record = resolve_run(project.runs, run, live_only=True, warn=renderer.warn)
     dirty = []
     results = stop_run(record, project.root)
     for host in results:

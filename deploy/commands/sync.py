@@ -7,6 +7,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.sessions import sessions_to
 from meshrun.deploy.edges.datasync import DataResult, DataSpec, build_manifest, parse_data_flag, sync_data
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
@@ -32,6 +33,7 @@ def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rendere
               files: bytes | None = None) -> dict[str, SyncResult]:
     """Sync to every host; raises one MeshrunError naming each host that failed."""
     files = code_files(inventory, root) if files is None else files
+    sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
         results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update),
                           timeout=SYNC_TIMEOUT_S)

@@ -26,6 +26,7 @@ from meshrun.deploy.run.idle import IdlePolicy
 from meshrun.deploy.edges.idle import IdleWatcher
 from meshrun import events
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inputfiles import read_input
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
@@ -40,6 +41,7 @@ from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
 from meshrun.deploy.run.answers import detached_record
 from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
+from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
 
 NOTIFY_CLOSE_S = 10.0  # what the last event may add to the end of a run, at most
@@ -148,7 +150,7 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
     manifest = local / CHECKPOINT_MANIFEST
     if not manifest.is_file() or is_project_itself(head, project.root):
         return
-    text = manifest.read_bytes()
+    text = read_input(manifest, MANIFEST_MAX_BYTES, "checkpoint manifest", "fetch the run again: fab fetch-checkpoints")
     ours, theirs = newest_listed_step(text), hosts_newest_step(sessions, [h.name for h in selection.hosts], run_id)
     if ours <= theirs:
         renderer.info(f"resume: the hosts already hold step {theirs} (fetched: {ours}); nothing pushed")
@@ -169,6 +171,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     request = _with_project_paths(_with_resumed_defaults(request, project), project)
     if request.comm:
         comm_cmd.parse_comm(request.comm, request.workload)
+    check_trainer_args(request.workload, request.pg_timeout_s, project.root)  # before any host is contacted
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head

@@ -92,6 +92,7 @@ def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm:
           project_root: Path) -> int:
     inventory = load_inventory(inventory_path(request.inventory, project_root), project_root)
     hosts = tuple(h for h in select_hosts(inventory, request.hosts).hosts if not h.is_local)
+    sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     path = inventory.known_hosts or USER_KNOWN_HOSTS.expanduser()
     results = on_each(hosts, lambda h: offers_for(h, inventory.known_hosts, request.timeout),
                       timeout=request.timeout * (1 + sshtarget.MAX_HOPS) + 5)

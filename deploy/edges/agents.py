@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from meshrun.layout import STOP_GRACE_S
+from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.sessions import sessions_to
@@ -25,7 +26,9 @@ def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventor
     missing = [h for h in record.hosts if h not in known]
     if missing:
         raise MeshrunError(f"run {record.run_id}: host(s) {', '.join(missing)} are no longer in {record.inventory}")
-    return tuple(known[h] for h in record.hosts), inventory
+    hosts = tuple(known[h] for h in record.hosts)
+    sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
+    return hosts, inventory
 
 
 def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from meshrun.layout import run_dir
-from meshrun.deploy.edges import host_queries as probes
+from meshrun.deploy.edges import host_queries as probes, sshtarget
 
 from meshrun.deploy.check import wireguard
 from meshrun.deploy.check.answers import facts_of, link_results, listener_of
@@ -51,6 +51,7 @@ def probe_argv(python: str, probe: str, *args: str) -> list[str]:
 def open_sessions(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
                   timeout: float) -> tuple[dict[str, Session], dict[str, MeshrunError]]:
     """Sessions to the hosts that answer; the others with their error. A dead host costs `timeout`."""
+    sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     results = on_each(hosts, lambda h: connect(h, inventory.known_hosts, root, timeout), timeout=timeout + 5)
     return results.ok, results.failed
 

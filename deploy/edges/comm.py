@@ -22,7 +22,9 @@ from meshrun.deploy.edges.sessions import reachable_results
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.check_probes import gather_facts, probe_pairs
 from meshrun.deploy.inventory.selection import Selection
-from meshrun.deploy.run.answers import from_json
+from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
+from meshrun.deploy.inventory.shown import with_path
+from meshrun.deploy.run.answers import from_json, is_real
 from meshrun.deploy.run.plan import LaunchPlan, Workload
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.transport import Session, last_json_line
@@ -170,5 +172,24 @@ def beside_floor(saved: Mapping[str, Any], measured_s: float | None) -> dict[str
 
 
 def load_plan(runs: Path, run_id: str) -> dict[str, Any] | None:
+    """The run's commplan.json (None without one), shaped as `save_plan` writes it, else one line."""
     path = runs / run_id / COMM_PLAN
-    return json.loads(path.read_text()) if path.exists() else None
+    fix = "the file is damaged or was edited; remove it (the report then leaves the floors out)"
+    data = read_optional(path, RECORD_MAX, "comm plan", fix)
+    if data is None:
+        return None
+    saved = from_json(data.decode("utf-8", "replace"))
+    if not _plan_shaped(saved):
+        raise InputError(with_path("comm plan ", path, f" is not the shape meshrun writes; {fix}"))
+    return saved
+
+
+def _plan_shaped(saved: object) -> bool:
+    """What `beside_floor` reads: three texts, finite numbers >= 0, and a floor for the hook that ran."""
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(k), str) for k in ("hook", "recommended", "reason")):
+        return False
+    numbers = [saved.get("bandwidth_bytes_s"), saved.get("nodes"), saved.get("rtt_s", 0.0)]
+    floors = saved.get("floors")
+    return (all(is_real(n) and n >= 0 for n in numbers) and isinstance(floors, list)
+            and all(isinstance(f, dict) and isinstance(f.get("hook"), str) and is_real(f.get("floor_s")) for f in floors)
+            and any(f["hook"] == saved["hook"] for f in floors))

@@ -10,20 +10,25 @@ more. Local hashes are cached by (size, mtime) so an unchanged dataset is not re
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from stat import S_ISDIR
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.shell import local_workdir
 from meshrun.deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from meshrun.deploy.edges.transport import Session
-from meshrun.fsutil import sha256_file
+from meshrun.fsutil import read_regular, sha256_file
 
 MANIFEST = "MANIFEST.sha256"
 CACHE = ".meshrun-hash-cache.json"
+CACHE_MAX = 256 << 20  # about a million files' hashes
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ def parse_data_flag(value: str) -> DataSpec:
     if not colon or not source or not dest:
         raise InputError(f"--data '{value}': expected SRC:DEST, e.g. --data ~/datasets/cifar10:data/cifar10")
     path = Path(source).expanduser()
-    if not path.is_dir():
+    found = flag_path_stat("--data", path)  # a name too long for the system is one line too
+    if found is None or not S_ISDIR(found.st_mode):
         raise InputError(f"--data: {path} is not a directory; point SRC at the local dataset directory")
     if dest.startswith("~"):
         raise InputError(f"--data: DEST '{dest}' is relative to each host's workdir, or absolute; drop the ~")
@@ -55,16 +61,19 @@ def parse_data_flag(value: str) -> DataSpec:
 def build_manifest(source: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under `source`, reusing cached hashes of unchanged files."""
     cache_path = source / CACHE
-    try:
-        cache = json.loads(cache_path.read_text())
-    except (OSError, ValueError):
+    try:  # meshrun's own file, but in the user's folder: any shape, or a FIFO, means no cache
+        cache = json.loads(read_regular(cache_path, CACHE_MAX))
+    except (OSError, ValueError, RecursionError):
+        cache = {}
+    if not isinstance(cache, dict) or not all(isinstance(v, dict) for v in cache.values()):
         cache = {}
     manifest, fresh = {}, {}
     for path in sorted(p for p in source.rglob("*") if p.is_file() and p.name not in (MANIFEST, CACHE)):
         rel = path.relative_to(source).as_posix()
         stat = path.stat()
         key = f"{stat.st_size}:{stat.st_mtime_ns}"
-        digest = cache.get(rel, {}).get(key) or sha256_file(path)
+        cached = cache.get(rel, {}).get(key)
+        digest = cached if isinstance(cached, str) and SHA256_RE.fullmatch(cached) else sha256_file(path)
         manifest[rel], fresh[rel] = digest, {key: digest}
     cache_path.write_text(json.dumps(fresh))
     (source / MANIFEST).write_text("".join(f"{d}  {r}\n" for r, d in manifest.items()))

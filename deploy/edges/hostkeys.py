@@ -1,6 +1,11 @@
 """SSH host keys, enforced. Fabric accepts unknown and changed keys silently (AutoAddPolicy, no
 known_hosts); meshrun loads the system and the inventory's known_hosts and rejects unknown keys.
 A changed key is always an error naming the host and both fingerprints.
+
+Both files are read here, not by paramiko: each must be a regular file of at most KNOWN_HOSTS_MAX bytes
+(`known_hosts: /dev/zero` or a FIFO would fill memory or hang), and a line that is not a key is skipped,
+as OpenSSH does (paramiko's own reader stops with an exception on bad base64 or a malformed key). Of
+two lines for one host and key type, the first wins: ~/.ssh/known_hosts, then the inventory's.
 """
 
 from __future__ import annotations
@@ -10,8 +15,13 @@ import hashlib
 from pathlib import Path
 
 import paramiko
+from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
-from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inputfiles import KNOWN_HOSTS_MAX, read_optional
+
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+KNOWN_HOSTS_FIX = "point `known_hosts:` at the file `fab trust` writes, or remove it"
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -42,17 +52,36 @@ class RejectUnknown(paramiko.MissingHostKeyPolicy):
         raise UnknownHostKey(hostname, key)
 
 
+def pinned_keys(keys: paramiko.HostKeys, project_file: Path | None) -> paramiko.HostKeys:
+    """Add ~/.ssh/known_hosts (skipped when it cannot be read: the inventory's file may still vouch) and
+    the inventory's file, if it exists (one that cannot be read is bad input), to `keys`."""
+    try:
+        _add_lines(keys, read_optional(Path(USER_KNOWN_HOSTS).expanduser(), KNOWN_HOSTS_MAX, "known_hosts", ""))
+    except InputError:
+        pass
+    if project_file is not None:
+        _add_lines(keys, read_optional(project_file, KNOWN_HOSTS_MAX, "known_hosts", KNOWN_HOSTS_FIX))
+    return keys
+
+
+def _add_lines(keys: paramiko.HostKeys, data: bytes | None) -> None:
+    for line in (data or b"").decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = HostKeyEntry.from_line(line)
+        except (paramiko.SSHException, InvalidHostKey, ValueError):  # bad base64, a malformed or short key
+            continue
+        for name in entry.hostnames if entry is not None else ():
+            known = keys.lookup(name)
+            if known is None or entry.key.get_name() not in known:
+                keys.add(name, entry.key.get_name(), entry.key)
+
+
 def load_known_hosts(client: paramiko.SSHClient, project_file: Path | None) -> None:
     """System known_hosts (~/.ssh/known_hosts) plus the inventory's file, if it exists."""
-    try:
-        client.load_system_host_keys()
-    except (OSError, paramiko.SSHException):
-        pass  # no or unreadable ~/.ssh/known_hosts: the project file may still vouch
-    if project_file is not None and project_file.exists():
-        try:
-            client.get_host_keys().load(str(project_file))
-        except (OSError, paramiko.SSHException) as err:
-            raise MeshrunError(f"{project_file}: cannot read known_hosts ({err}); fix or remove the file", 2) from None
+    pinned_keys(client.get_host_keys(), project_file)
     client.set_missing_host_key_policy(RejectUnknown())
 
 
@@ -85,8 +114,8 @@ def append_known_host(path: Path, name: str, key: paramiko.PKey) -> None:
     """Add one `name keytype base64` line, creating the file; never rewrites existing lines."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = f"{name} {key.get_name()} {key.get_base64()}\n"
-    existing = path.read_text() if path.exists() else ""
-    if existing and not existing.endswith("\n"):
+    existing = read_optional(path, KNOWN_HOSTS_MAX, "known_hosts", KNOWN_HOSTS_FIX) or b""
+    if existing and not existing.endswith(b"\n"):
         line = "\n" + line
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
@@ -94,11 +123,4 @@ def append_known_host(path: Path, name: str, key: paramiko.PKey) -> None:
 
 def known_keys(project_file: Path | None, name: str) -> dict[str, paramiko.PKey]:
     """Key type → key recorded for `name` in ~/.ssh/known_hosts and the inventory's file."""
-    keys = paramiko.HostKeys()
-    for path in (Path("~/.ssh/known_hosts").expanduser(), project_file):
-        if path is not None and path.exists():
-            try:
-                keys.load(str(path))
-            except (OSError, paramiko.SSHException) as err:
-                raise MeshrunError(f"{path}: cannot read known_hosts ({err}); fix or remove the file", 2) from None
-    return dict(keys.lookup(name) or {})
+    return dict(pinned_keys(paramiko.HostKeys(), project_file).lookup(name) or {})

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrun.fsutil import read_regular
+from meshrun.deploy.inputfiles import RECORD_MAX
 from meshrun.deploy.edges.check_probes import FACTS_TIMEOUT_S, probe_argv
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host
@@ -55,9 +57,9 @@ def host_stamps(hosts: tuple[Host, ...], sessions: Mapping[str, Session], local_
 def load_pass(path: Path) -> StoredPass:
     """The stored pass (NOTHING when there is none or it cannot be read)."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_regular(path, RECORD_MAX))  # a FIFO or /dev/zero here is no pass
         return StoredPass(str(record["key"]), float(record["at"]), tuple(str(w) for w in record["warnings"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return NOTHING
 
 

@@ -1,19 +1,31 @@
 """The controller's record of each run: `runs/<run_id>/launch.json`, so later tasks
-(`fab status`, `logs`, `stop`, `fetch-checkpoints`, `join`) know where a run lives."""
+(`fab status`, `logs`, `stop`, `fetch-checkpoints`, `join`) know where a run lives.
+
+A record is a file anyone with the folder could have edited or copied, and its fields become hosts to
+dial, an inventory to read and argv on hosts: it is read as a regular file of at most 1 MiB and
+checked field by field, and one whose `run_id` is not its folder's name is refused (a task naming
+the run), or left out with a warning (a task listing runs), never trusted.
+"""
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from meshrun.fsutil import atomic_write_bytes, atomic_write_json
 from meshrun.layout import DEFAULT_PG_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, SUMMARY
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
+from meshrun.deploy.inventory.fields import NAME_RE
+from meshrun.deploy.inventory.shown import shown, with_path
+from meshrun.deploy.run.answers import from_json, is_int, is_real
 from meshrun.deploy.run.summary import RunSummary
+
+RECORD_FIX = "the run record is damaged or was edited; restore it, or remove the run's folder"
+Warn = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -43,31 +55,76 @@ def load_record(runs: Path, run_id: str) -> RunRecord:
         raise InputError(f"--run {shown(run_id)}: not a run id (letters, digits, '.', '_', '-'; no '..'); "
                          "list runs with `fab status`")
     path = runs / run_id / LAUNCH_RECORD
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"run '{run_id}': no {path}; list runs with `fab status`") from None
-    except ValueError as err:
-        raise InputError(f"{path}: unreadable ({err}); the run record is damaged") from None
-    elastic = data.get("elastic")
-    return RunRecord(data["run_id"], data["inventory"], tuple(data["hosts"]), data["started"], data["detached"],
-                     data["rdzv_endpoint"], data.get("rdzv_id", data["run_id"]),
-                     tuple(elastic) if elastic else None, data.get("workload", {}), data.get("pg_timeout_s", DEFAULT_PG_TIMEOUT_S),
-                     data.get("controller_pid"), data.get("firewall") is True)
+    data = read_optional(path, RECORD_MAX, "run record", RECORD_FIX)
+    if data is None:
+        raise InputError(f"run '{run_id}': no {path}; list runs with `fab status`")
+    return record_from(from_json(data.decode("utf-8", "replace")), run_id, path)
 
 
-def all_records(runs: Path) -> list[RunRecord]:
-    """Every recorded run, newest first."""
+def record_from(data: Any, run_id: str, path: Path) -> RunRecord:
+    """The record `data` (launch.json's JSON) holds for the folder `run_id`, every field checked."""
+    def bad(field_name: str, expected: str) -> InputError:
+        return InputError(with_path("", path, f": {field_name} is not {expected}; {RECORD_FIX}"))
+
+    if not isinstance(data, dict):
+        raise InputError(with_path("", path, f": not a JSON object; {RECORD_FIX}"))
+    if data.get("run_id") != run_id:
+        got = data.get("run_id")
+        raise InputError(with_path("", path, f": run_id {shown(got)} is not its folder's name {shown(run_id)}; "
+                                   f"{RECORD_FIX}"))
+    hosts, elastic, work = data.get("hosts"), data.get("elastic"), data.get("workload", {})
+    checks = [
+        ("inventory", isinstance(data.get("inventory"), str) and data["inventory"].isprintable(), "a path"),
+        ("hosts", isinstance(hosts, list) and hosts != [] and all(isinstance(h, str) and NAME_RE.fullmatch(h)
+                                                                 for h in hosts), "a list of host names"),
+        ("started", is_real(data.get("started")), "a time"),
+        ("detached", isinstance(data.get("detached"), bool), "true or false"),
+        ("rdzv_endpoint", isinstance(data.get("rdzv_endpoint"), str) and data["rdzv_endpoint"].isprintable(),
+         "host:port"),
+        ("rdzv_id", data.get("rdzv_id", "") == "" or isinstance(data["rdzv_id"], str) and is_run_id(data["rdzv_id"]),
+         "a rendezvous id"),
+        ("elastic", elastic is None or (isinstance(elastic, list) and len(elastic) == 2 and all(map(is_int, elastic))
+                                        and 1 <= elastic[0] <= elastic[1]), "null or [MIN, MAX]"),
+        ("workload", _workload_ok(work), "the trainer's or a script's workload"),
+        ("pg_timeout_s", is_int(data.get("pg_timeout_s", 1)) and data.get("pg_timeout_s", 1) >= 1, "whole seconds"),
+        ("controller_pid", data.get("controller_pid") is None or is_int(data["controller_pid"])
+         and data["controller_pid"] > 0, "null or a process id"),
+        ("firewall", isinstance(data.get("firewall", False), bool), "true or false"),
+    ]
+    for name, ok, expected in checks:
+        if not ok:
+            raise bad(name, expected)
+    return RunRecord(run_id, data["inventory"], tuple(hosts), data["started"], data["detached"],
+                     data["rdzv_endpoint"], data.get("rdzv_id", run_id), tuple(elastic) if elastic else None, work,
+                     data.get("pg_timeout_s", DEFAULT_PG_TIMEOUT_S), data.get("controller_pid"),
+                     data.get("firewall") is True)
+
+
+def _workload_ok(work: object) -> bool:
+    """`{"script": str|null, "config": str|null, "args": [str, ...]}` (plan.Workload's fields)."""
+    return (isinstance(work, dict) and all(work.get(k) is None or isinstance(work[k], str) for k in ("script", "config"))
+            and isinstance(work.get("args", []), list) and all(isinstance(a, str) for a in work.get("args", [])))
+
+
+def all_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
+    """Every recorded run, newest first; a damaged record is left out (`warn` says which and why)."""
     found = sorted(runs.glob(f"*/{LAUNCH_RECORD}"), reverse=True)
-    return [load_record(runs, p.parent.name) for p in found]
+    records = []
+    for path in found:
+        try:
+            records.append(load_record(runs, path.parent.name))
+        except InputError as err:
+            if warn is not None:
+                warn(f"{err}; left out")
+    return records
 
 
-def resolve_run(runs: Path, run_id: str | None, live_only: bool = False) -> RunRecord:
+def resolve_run(runs: Path, run_id: str | None, live_only: bool = False, warn: Warn | None = None) -> RunRecord:
     """The named run, else the newest one (with `live_only`, the newest that may still be running:
     a task never contacts the hosts of a finished or stale run unless the user names it)."""
     if run_id:
         return load_record(runs, run_id)
-    records = live_records(runs) if live_only else all_records(runs)
+    records = live_records(runs, warn) if live_only else all_records(runs, warn)
     if not records:
         if live_only and all_records(runs):
             raise InputError("no recorded run may still be running; name one with --run ID "
@@ -97,10 +154,10 @@ def may_be_running(record: RunRecord, has_summary: bool, attached_controller_ali
     return attached_controller_alive or now - record.started < HEARTBEAT_TIMEOUT_S + 5
 
 
-def live_records(runs: Path) -> list[RunRecord]:
+def live_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
     """Recorded runs that may still be running, newest first."""
     now = time.time()
-    return [r for r in all_records(runs)
+    return [r for r in all_records(runs, warn)
             if may_be_running(r, (runs / r.run_id / SUMMARY).exists(), controller_alive(r), now)]
 
 

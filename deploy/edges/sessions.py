@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.edges.host_queries import peer_address_for, route_interface
@@ -32,6 +33,7 @@ def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], arg
 
 def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:
     """An open session per host, or one error naming every host that failed."""
+    sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     results = on_each(hosts, lambda h: connect(h, inventory.known_hosts, root), timeout=30)
     if results.failed:
         close_all(results.ok)

@@ -10,7 +10,11 @@ Which `Host` block applies: `ssh_address` when the inventory gives one (as `ssh 
 would); else the host's inventory name when ssh_config has a block that says something about
 that name (as `ssh gpu1` would); else `address`. The inventory wins wherever it speaks
 (`user`, `port`, `identity`); ssh_config fills in where it is silent; then root and 22.
-The file is $MESHRUN_SSH_CONFIG, else ~/.ssh/config.
+The file is $MESHRUN_SSH_CONFIG, else ~/.ssh/config (/dev/null: none). It is read as a regular file of
+at most 1 MiB, and every value meshrun uses from it is checked as the inventory's own are: HostName an
+address (never `-o…`, which ssh would read as an option), User a login name, Port ASCII digits from 1 to
+65535, IdentityFile printable, and each ProxyJump hop the same; a bad one is one line naming the file,
+the Host block and the field (exit status 2). `check_all` resolves every host before any is contacted.
 """
 
 from __future__ import annotations
@@ -18,16 +22,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable
 
 import paramiko
 
 from meshrun.layout import ENV_SSH_CONFIG
 from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inputfiles import SSH_CONFIG_MAX, read_optional, regular_file_problem
+from meshrun.deploy.inventory.fields import ADDRESS_RE, USER_RE
 from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.inventory.shown import clip, shown, with_path
 
 DEFAULT_USER = "root"
 DEFAULT_PORT = 22
 MAX_HOPS = 8  # a longer ProxyJump chain is a mistake, not a network
+KEY_MAX = 1 << 20  # a private key file: a few kB
 CONNECT_TIMEOUT_S = 10.0  # what a dead host costs: paramiko's and rsync's ssh alike
 DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa")
 # A name no Host pattern but `*` (or a negation) can match: what ssh_config says about every host.
@@ -63,13 +72,24 @@ def config_path() -> Path:
 
 
 def load_config(path: Path) -> paramiko.SSHConfig:
-    """The parsed file, or an empty config when there is none."""
-    if not path.exists():
+    """The parsed file, or an empty config when there is none (or it is /dev/null, as for `ssh -F`)."""
+    fix = f"fix the file or set {ENV_SSH_CONFIG}"
+    data = None if str(path) == os.devnull else read_optional(path, SSH_CONFIG_MAX, "ssh_config", fix)
+    if data is None:
         return paramiko.SSHConfig()
     try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as err:
-        raise InputError(f"{path}: cannot read ssh_config ({err}); fix the file or set {ENV_SSH_CONFIG}") from None
+        return paramiko.SSHConfig.from_text(data.decode("utf-8"))
+    except (UnicodeDecodeError, paramiko.ConfigParseError) as err:
+        raise InputError(with_path("", path, f": cannot read ssh_config ({clip(str(err), 80)}); {fix}")) from None
+
+
+def check_all(hosts: Iterable[Host]) -> None:
+    """Resolve every remote host now: a bad ssh_config value is one line before any host is contacted."""
+    path = config_path()
+    config = load_config(path)
+    for host in hosts:
+        if not host.is_local:
+            resolve(host, config, path)
 
 
 def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | None = None) -> SshTarget:
@@ -80,13 +100,16 @@ def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | N
     alias = _alias(host, config)
     options = config.lookup(alias)
     _refuse_proxycommand(host.name, alias, options, path)
+    said = Said(host.name, alias, path)
     hostname = options["hostname"]
     if not host.ssh_address and alias == host.name and hostname == host.name:
         hostname = host.address  # the block names the host but sets no HostName
-    identities = (os.path.expanduser(host.identity),) if host.identity else _config_keys(options)
+    else:
+        said.check("HostName", hostname)
+    identities = (os.path.expanduser(host.identity),) if host.identity else _config_keys(options, said)
     where = "`identity` in the inventory" if host.identity else f"IdentityFile for Host {alias} in {path}"
-    target = Hop(alias, hostname, host.user or options.get("user") or DEFAULT_USER,
-                 host.port or int(options.get("port", DEFAULT_PORT)), identities, where)
+    target = Hop(alias, hostname, host.user or said.user(options) or DEFAULT_USER,
+                 host.port or said.port(options) or DEFAULT_PORT, identities, where)
     jumps = tuple(_jump(host.name, spec, config, path, target) for spec in _jump_specs(host, options, path))
     return SshTarget(host.name, jumps, target, path)
 
@@ -107,8 +130,44 @@ def _alias(host: Host, config: paramiko.SSHConfig) -> str:
     return host.name if named_says else host.address
 
 
-def _config_keys(options: paramiko.config.SSHConfigDict) -> tuple[str, ...]:
-    return tuple(os.path.expanduser(k) for k in options.get("identityfile", []))
+@dataclass(frozen=True)
+class Said:
+    """What one Host block of ssh_config says, checked as the inventory's own values are."""
+
+    host: str  # the inventory host's name
+    alias: str  # the Host block looked up
+    path: Path
+
+    def fail(self, key: str, value: str, expected: str) -> InputError:
+        return InputError(with_path(f"host '{self.host}': ", self.path, f": {key} {shown(value)} for Host "
+                                    f"{shown(self.alias)} is not {expected}; fix ssh_config or set it in the inventory"))
+
+    def check(self, key: str, value: str) -> str:
+        if key == "HostName" and not (ADDRESS_RE.fullmatch(value) and not value.startswith("-")):
+            raise self.fail(key, value, "a host name or IP address")
+        if key == "User" and not USER_RE.fullmatch(value):
+            raise self.fail(key, value, "a login name")
+        if key == "IdentityFile" and not (value.isprintable() and value.strip()):
+            raise self.fail(key, value, "a key file's path")
+        return value
+
+    def user(self, options: paramiko.config.SSHConfigDict) -> str | None:
+        return self.check("User", options["user"]) if "user" in options else None
+
+    def port(self, options: paramiko.config.SSHConfigDict) -> int | None:
+        return port_number(options["port"], lambda: self.fail("Port", options["port"], "a port number (1-65535)")) \
+            if "port" in options else None
+
+
+def port_number(text: str, refuse: Callable[[], InputError]) -> int:
+    """ASCII digits from 1 to 65535 (`int()` would take '٣' and ' 22')."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 5 and 0 < int(text) < 65536):
+        raise refuse()
+    return int(text)
+
+
+def _config_keys(options: paramiko.config.SSHConfigDict, said: Said) -> tuple[str, ...]:
+    return tuple(os.path.expanduser(said.check("IdentityFile", k)) for k in options.get("identityfile", []))
 
 
 def _jump_specs(host: Host, options: paramiko.config.SSHConfigDict, path: Path) -> list[str]:
@@ -122,16 +181,18 @@ def _jump_specs(host: Host, options: paramiko.config.SSHConfigDict, path: Path) 
 def _jump(host_name: str, spec: str, config: paramiko.SSHConfig, path: Path, target: Hop) -> Hop:
     """`[user@]host[:port]` (or ssh://...) of a ProxyJump list, itself looked up in ssh_config.
     A jump host's own ProxyJump is not followed: list every hop in the target's ProxyJump."""
-    user, name, port = _split_spec(spec.removeprefix("ssh://"))
+    user, name, port = _split_spec(spec.removeprefix("ssh://"), Said(host_name, target.label, path))
     options = config.lookup(name)
     _refuse_proxycommand(host_name, name, options, path)
-    keys = _config_keys(options)
+    said = Said(host_name, name, path)
+    keys = _config_keys(options, said)
     where = f"IdentityFile for Host {name} in {path}" if keys else target.identity_from
-    return Hop(name, options["hostname"], user or options.get("user") or DEFAULT_USER,
-               port or int(options.get("port", DEFAULT_PORT)), keys or target.identities, where)
+    return Hop(name, said.check("HostName", options["hostname"]), user or said.user(options) or DEFAULT_USER,
+               port or said.port(options) or DEFAULT_PORT, keys or target.identities, where)
 
 
-def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
+def _split_spec(spec: str, said: Said) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` of one ProxyJump hop, each part checked (`said`: the target's Host block)."""
     user, _, rest = spec.rpartition("@")
     port: int | None = None
     if rest.startswith("["):
@@ -142,9 +203,9 @@ def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
     else:
         name, port_text = rest, ""
     if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise InputError(f"ProxyJump {spec!r}: port {port_text!r} is not a port number")
-        port = int(port_text)
+        port = port_number(port_text, lambda: said.fail("ProxyJump", spec, "[user@]host[:port] with a port 1-65535"))
+    if user and not USER_RE.fullmatch(user) or not (ADDRESS_RE.fullmatch(name) and not name.startswith("-")):
+        raise said.fail("ProxyJump", spec, "[user@]host[:port] with a login name and a host name or address")
     return user or None, name, port
 
 
@@ -154,8 +215,9 @@ def check_keys(target: SshTarget, count: int | None = None) -> None:
     ~/.ssh/id_* (paramiko would blame sshd)."""
     for hop in target.hops[:count]:
         for key in hop.identities:
-            if not Path(key).is_file():
-                raise MeshrunError(f"host '{target.host}': SSH key {key} for {hop.label} does not exist; it is set by "
+            problem = regular_file_problem(Path(key), KEY_MAX) or (None if Path(key).is_file() else "does not exist")
+            if problem is not None:  # paramiko would read a FIFO for ever, /dev/zero into memory
+                raise MeshrunError(f"host '{target.host}': SSH key {key} for {hop.label} {problem}; it is set by "
                                    f"{hop.identity_from}: point it at your private key")
         if not hop.identities and not has_default_key():
             raise MeshrunError(f"host '{target.host}': no SSH key to offer {hop.label} (no `identity` in the "

@@ -15,6 +15,7 @@ from typing import Mapping
 import yaml
 
 from meshrun.deploy.errors import InputError
+from meshrun.deploy.inputfiles import KNOWN_HOSTS_MAX, regular_file_problem
 from meshrun.deploy.inventory import fields, localpaths
 from meshrun.deploy.inventory.model import (DEFAULT_RDZV_PORT, ElasticBounds, Host, Inventory, Network,
                                      Rendezvous)
@@ -91,6 +92,9 @@ def load_inventory(path: Path, project: Path | None = None) -> Inventory:
     if "known_hosts" in sections:
         text = fields.path_text(sections["known_hosts"][1], where.at(sections["known_hosts"][0], field="known_hosts"))
         known_hosts = localpaths.controller_file(text, path, project)
+        if (problem := regular_file_problem(known_hosts, KNOWN_HOSTS_MAX)) is not None:  # /dev/zero, a FIFO
+            raise where.at(sections["known_hosts"][0], field="known_hosts").fail(
+                f"{shown(text)} {problem}", "point it at the file `fab trust` writes (it may not exist yet)")
     elastic = _read_elastic(sections["elastic"][1], where) if "elastic" in sections else None
     notify = fields.notify_urls(sections["notify"][1], where.at(sections["notify"][0], field="notify")) \
         if "notify" in sections else ()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from meshrun.fsutil import FileRefused, read_regular
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.shown import CLIP, shown, with_path
 
@@ -139,19 +140,21 @@ def _short_tag(tag: str) -> str:
 
 
 def read_text(path: Path) -> str:
-    """The file's text: at most MAX_BYTES, UTF-8, no control characters. Errors name the file (and line)."""
+    """The file's text: a regular file of at most MAX_BYTES, UTF-8, no control characters. Errors name the file
+    (and line)."""
     try:
-        with open(path, "rb") as stream:
-            data = stream.read(MAX_BYTES + 1)
+        data = read_regular(path, MAX_BYTES)  # a FIFO is refused, not waited on; /dev/zero is not read
     except FileNotFoundError:
         raise InputError(with_path("", path, ": inventory file not found; create it (examples in inventory/) "
                                    "or pass --inventory PATH / set MESHRUN_INVENTORY")) from None
-    except OSError as err:  # a directory, no permission, an I/O error
+    except FileRefused as err:
+        if err.too_large:
+            raise InputError(with_path("", path, f": larger than {MAX_BYTES >> 20} MiB, too large for an inventory; "
+                                       "check that --inventory names the inventory")) from None
+        raise InputError(with_path("", path, f": {err}; pass the inventory's YAML file")) from None
+    except OSError as err:  # no permission, a name too long, an I/O error
         raise InputError(with_path("", path, f": cannot read the inventory ({err.__class__.__name__}); "
                                    "pass a readable UTF-8 YAML file")) from None
-    if len(data) > MAX_BYTES:
-        raise InputError(with_path("", path, f": larger than {MAX_BYTES >> 20} MiB, too large for an inventory; "
-                                   "check that --inventory names the inventory"))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -219,10 +219,14 @@ def _workload_argv(options: LaunchOptions) -> list[str]:
         # The runner ends a finished script with os._exit: torch 2.14.1's gloo teardown abort
         # would otherwise fail a run that did all its work (docs/scripts.md).
         return [*work.runner, work.script, *work.args]
-    argv = ["-m", "meshrun.train"]  # it finds its run directory from MESHRUN_RUN_ID
-    if work.config is not None:
-        argv += ["--config", work.config]
-    return argv + [f"dist.timeout={options.pg_timeout_s}", *work.args]
+    return ["-m", "meshrun.train", *trainer_args(work, options.pg_timeout_s)]  # its run dir comes from MESHRUN_RUN_ID
+
+
+def trainer_args(work: Workload, pg_timeout_s: int) -> list[str]:
+    """The built-in trainer's arguments: its config, the process-group timeout, the user's overrides
+    (the controller checks the same ones first: deploy/edges/trainercheck.py)."""
+    config = ["--config", work.config] if work.config is not None else []
+    return [*config, f"dist.timeout={pg_timeout_s}", *work.args]
 
 
 def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], ...],

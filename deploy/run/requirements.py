@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrun.deploy.errors import InputError
+from meshrun.deploy.inputfiles import read_input
+from meshrun.deploy.inventory.shown import one_line, with_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -17,6 +19,7 @@ else:  # pragma: no cover - Python 3.10 controllers get tomli from meshrun's dep
     import tomli as tomllib
 
 REQUIREMENTS_FILE = "requirements.txt"
+PYPROJECT_MAX = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,14 @@ def project_requirements(root: Path) -> Requirements:
     path = root / "pyproject.toml"
     if not path.is_file():
         return Requirements()
+    fix = f"fix it, or declare the project's requirements in {REQUIREMENTS_FILE}"
+    data = read_input(path, PYPROJECT_MAX, "the project's", fix)
     try:
-        project = tomllib.loads(path.read_text()).get("project") or {}
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: not valid TOML ({err}); fix it, or declare the project's requirements in "
-                         f"{REQUIREMENTS_FILE}") from None
+        project = tomllib.loads(data.decode("utf-8")).get("project") or {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise InputError(with_path("", path, f": not valid TOML ({one_line(str(err), 80)}); {fix}")) from None
+    if not isinstance(project, dict):
+        raise InputError(with_path("", path, f": [project] is not a table; {fix}"))
     deps = project.get("dependencies") or []
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         raise InputError(f"{path}: [project].dependencies must be a list of requirement strings")
