@@ -60,7 +60,7 @@ def test_a_killed_host_is_survived(testbed, inventory: Path) -> None:
     run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url, "--", *TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
-        on_argv = _argv_holding("s3cr3t-token", but=run.proc.pid)  # the URL is on no host's command line
+        on_argv = _argv_holding(receiver.token, but=run.proc.pid)  # the URL is on no host's command line
         killed_at = time.time()
         assert testbed.kill_processes(3)  # everything of the run on h3, its sshd sessions too
         assert run.finish(timeout=400) == 0, run.output[-3000:]
@@ -73,9 +73,9 @@ def test_a_killed_host_is_survived(testbed, inventory: Path) -> None:
         ("started", None), ("host_lost", "h3"), ("finished", None)]
     assert receiver.bodies[0]["hosts"] == ["h1", "h2", "h3"] and receiver.bodies[0]["run_id"] == run_id
     assert receiver.bodies[-1]["text"].startswith(f"meshrun run {run_id}: finished after ")
-    assert receiver.paths == ["/hook/s3cr3t-token"] * len(receiver.bodies)
-    assert "s3cr3t-token" not in run.output
-    leaked = [p for p in (ROOT / "runs" / run_id).rglob("*") if p.is_file() and b"s3cr3t-token" in p.read_bytes()]
+    assert receiver.paths == [f"/hook/{receiver.token}"] * len(receiver.bodies)
+    assert receiver.token not in run.output
+    leaked = [p for p in (ROOT / "runs" / run_id).rglob("*") if p.is_file() and receiver.token.encode() in p.read_bytes()]
     assert leaked == []
     assert "meshrun: h3 lost" in run.output
     assert "now world size 2, lr " in run.output  # the batch policy's log after the change

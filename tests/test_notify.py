@@ -72,7 +72,7 @@ def test_sender_delivers_in_order_and_retries_a_failing_receiver() -> None:
             sender.send(notify.started(f"r{i}", 1.0, ["h1"], 1))
         sender.close(30)
         assert [b["run_id"] for b in ok.bodies] == ["r0", "r1", "r2"] == [b["run_id"] for b in flaky.bodies]
-        assert ok.paths == ["/hook/s3cr3t-token"] * 3 and reports == []
+        assert ok.paths == [f"/hook/{ok.token}"] * 3 and reports == []
     finally:
         ok.close()
         flaky.close()
@@ -159,7 +159,7 @@ def test_a_detached_runs_events_come_once_from_the_rendezvous_hosts_agent(tmp_pa
         agents = []
         for host in ("h1", "h2"):
             block = notify.agent_block({"FOO": "bar"}, (receiver.url,), "h1", ["h1", "h2"])
-            assert block is not None and b"s3cr3t-token" in block
+            assert block is not None and receiver.token.encode() in block
             agents.append(_detached_agent(tmp_path / host, host, block, f"env > env.txt; exit {exit_code}"))
         for host_dir in agents:
             _wait_for_exit(host_dir)
@@ -171,8 +171,8 @@ def test_a_detached_runs_events_come_once_from_the_rendezvous_hosts_agent(tmp_pa
         assert receiver.bodies[1]["reason"] == "h1: exit status 3" and receiver.bodies[1]["failed_host"] == "h1"
     for host in ("h1", "h2"):
         seen = (tmp_path / host / "env.txt").read_text()
-        assert "FOO=bar" in seen and "MESHRUN_NOTIFY" not in seen and "s3cr3t-token" not in seen
-        assert not [p for p in (tmp_path / host).rglob("*") if p.is_file() and b"s3cr3t-token" in p.read_bytes()]
+        assert "FOO=bar" in seen and "MESHRUN_NOTIFY" not in seen and receiver.token not in seen
+        assert not [p for p in (tmp_path / host).rglob("*") if p.is_file() and receiver.token.encode() in p.read_bytes()]
 
 
 def test_agent_notices_take_only_a_sound_spec() -> None:

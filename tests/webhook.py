@@ -4,6 +4,7 @@ JSON body POSTed to it (tests/test_notify.py, tests/test_elastic.py)."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -39,7 +40,8 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/s3cr3t-token"
+        self.token = f"hook-secret-{os.urandom(8).hex()}"  # unique: tests running beside this one post elsewhere
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/{self.token}"
 
     def events(self) -> list[str]:
         return [b["event"] for b in self.bodies]
