@@ -46,6 +46,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -128,6 +129,7 @@ class Run:
     steps: int
     wall_s: float
     epochs_run: int = 1
+    host_bytes_per_step: tuple[float, ...] = ()  # per host h1..hN (bench/sites.py: h3's is all between sites)
 
 
 def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs: int, first: bool,
@@ -156,13 +158,15 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
             hit, hit_epoch = elapsed, r["epoch"]
     first_start = epochs_[0]["time"] - epochs_[0]["train_seconds"] - epochs_[0]["eval_seconds"]
     train_end = epochs_[-1]["time"] - epochs_[-1]["eval_seconds"]
-    sent = sum(sampler.at(i, train_end) - sampler.at(i, first_start) for i in range(1, HOSTS + 1))
+    per_host = [sampler.at(i, train_end) - sampler.at(i, first_start) for i in range(1, HOSTS + 1)]
+    sent = sum(per_host)
     total_steps = epochs_[-1]["global_step"]
     median = per_step[len(per_step) // 2] if per_step else float("nan")
     if steps_per_epoch != STEPS_PER_EPOCH:  # a P2-only run: its accuracy says nothing
         hit = hit_epoch = None
     return Run(hook, shape, comm_s, median, hit, hit_epoch, epochs_[-1]["test_acc"],
-               sent / HOSTS / total_steps, total_steps, time.time() - started, len(epochs_))
+               sent / HOSTS / total_steps, total_steps, time.time() - started, len(epochs_),
+               tuple(b / total_steps for b in per_host))
 
 
 def main() -> int:
@@ -185,28 +189,36 @@ def main() -> int:
         cluster.up(HOSTS)
         try:
             inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-wan.yaml"))
-            hit_epoch: dict[str, int] = {}
-            for profile in ["lan", *profiles]:
-                for method in (far_methods if profile == "far" else methods):
-                    epochs = args.epochs if profile == "lan" else hit_epoch.get(method, args.epochs)
-                    steps = STEPS_PER_EPOCH
-                    if profile != "lan" and method == "none" and not args.none_to_target:
-                        epochs, steps = 1, P2_ONLY_STEPS
-                    with cluster.profile(profile):
-                        run = one_run(cluster, inventory, method, profile, epochs, first=not runs,
-                                      steps_per_epoch=steps)
-                    runs.append(run)
-                    if profile == "lan" and run.hit_epoch is not None:
-                        hit_epoch[method] = run.hit_epoch
-                    print(f"  {profile:>5} {method:>14}: comm {run.comm_s * 1e3:7.1f} ms, step "
-                          f"{run.step_s * 1e3:7.1f} ms, to {TARGET:.2f}: {run.time_to_target} (epoch {run.hit_epoch}), "
-                          f"final {run.final_acc:.4f}, {run.bytes_per_step / 1e3:.0f} kB/step/host "
-                          f"({run.wall_s:.0f} s)", flush=True)
+            plan = [(p, far_methods if p == "far" else methods) for p in ["lan", *profiles]]
+            runs = run_all(cluster, inventory, plan, args.epochs, args.none_to_target, lambda run: (
+                f"comm {run.comm_s * 1e3:7.1f} ms, step {run.step_s * 1e3:7.1f} ms, to {TARGET:.2f}: "
+                f"{run.time_to_target} (epoch {run.hit_epoch}), final {run.final_acc:.4f}, "
+                f"{run.bytes_per_step / 1e3:.0f} kB/step/host ({run.wall_s:.0f} s)"))
         finally:
             cluster.down()
     print(f"bench total {time.time() - started:.0f} s")
     report(runs, methods, profiles)
     return 0
+
+
+def run_all(cluster: SimCluster, inventory: Path, plan: list[tuple[str, list[str]]], epochs: int,
+            none_to_target: bool, show: Callable[[Run], str]) -> list[Run]:
+    """Each (profile, its methods) in order, lan first: off lan a method stops at the epoch where
+    its lan run reached the target; `none` off lan runs P2_ONLY_STEPS unless `none_to_target`."""
+    runs: list[Run] = []
+    hit_epoch: dict[str, int] = {}
+    for profile, methods in plan:
+        for method in methods:
+            count, steps = (epochs if profile == "lan" else hit_epoch.get(method, epochs)), STEPS_PER_EPOCH
+            if profile != "lan" and method == "none" and not none_to_target:
+                count, steps = 1, P2_ONLY_STEPS
+            with cluster.profile(profile):
+                run = one_run(cluster, inventory, method, profile, count, first=not runs, steps_per_epoch=steps)
+            runs.append(run)
+            if profile == "lan" and run.hit_epoch is not None:
+                hit_epoch[method] = run.hit_epoch
+            print(f"  {profile:>8} {method:>14}: {show(run)}", flush=True)
+    return runs
 
 
 def floor_of(method: str, profile: str) -> tuple[float, float]:
