@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -119,6 +120,11 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
         with testbed.link_cut(3):
             cut_at = time.monotonic()
             run.wait_for(r"meshrun: h3 lost", timeout=60)
+            # Issue 23, item 1: the live view shows the cut host as not answering, the others running.
+            view = fab("status", "--watch", "--frames", "5", "--run", run_id, timeout=90, env={"COLUMNS": "200"})
+            last = view.stdout.split(f"run {run_id} — ")[-1]
+            assert view.returncode == 0 and re.search(r"│ h3 +│ not answering +│", last), view.stdout + view.stderr
+            assert all(re.search(rf"│ {h} +│ running +│", last) for h in ("h1", "h2")), view.stdout
             # h3's agent stops its own run once the controller has been silent 30 s.
             deadline = cut_at + 75
             while [p for p in run_processes(run_id) if _on_host(p, "h3")] and time.monotonic() < deadline:

@@ -37,6 +37,13 @@ class WatchRow:
     detail: str
 
 
+DETAIL_CLIP = 80
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= DETAIL_CLIP else text[:DETAIL_CLIP - 1] + "…"
+
+
 def _cell(value: object) -> str:
     return "-" if value is None else str(value)
 
@@ -57,10 +64,10 @@ def row(host: str, seen: HostSeen, now: float) -> WatchRow:
     if silent is None or silent >= NOT_ANSWERING_S:
         shown = "not answering" if seen.answered_at is not None or seen.error else "asking"
         return WatchRow(host, shown, "-", _cell(state and state.epoch), _cell(state and state.step), "-",
-                        "never" if silent is None else f"{silent:.0f} s ago", seen.error or "")
+                        "never" if silent is None else f"{silent:.0f} s ago", _clip(seen.error or ""))
     return WatchRow(host, state.state if state else "unknown", _cell(state and state.generation),
                     _cell(state and state.epoch), _cell(state and state.step), busy_text(seen.before, seen.usage),
-                    f"{silent:.0f} s ago", (state.detail if state else None) or "")
+                    f"{silent:.0f} s ago", _clip((state.detail if state else None) or ""))
 
 
 def rows(hosts: list[str], seen: dict[str, HostSeen], now: float) -> list[WatchRow]:
