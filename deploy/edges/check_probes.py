@@ -30,7 +30,7 @@ from meshrun.deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, Ho
                              ProbeStatus, RendezvousFacts, errored_links, link_targets)
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
 from meshrun.deploy.edges.host_queries import peer_address_for
-from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, run_fed
+from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, first_line, run_fed
 from meshrun.deploy.edges.transport import Session, Stream, connect
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
@@ -137,7 +137,7 @@ def start_listener(session: Session, host: Host, rdzv_port: int | None, lifetime
     argv = probe_argv(python_of(host, local_python), "links", "listen", host.address,
                       str(rdzv_port) if rdzv_port is not None else "-", str(lifetime))
     stream = session.start(argv)
-    line = stream.readline().decode(errors="replace")
+    line = first_line(stream, host.name, "the link probe's listener", FACTS_TIMEOUT_S).decode(errors="replace")
     answer = probes.parse_json_object(line)
     try:
         if answer is not None and isinstance(answer.get("error"), str):

@@ -16,6 +16,7 @@ from meshrun.deploy.check.exposure import (ExposureProbe, ExposureResult, Exposu
 from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.edges.host_queries import parse_json_object
+from meshrun.deploy.edges.stdinfeed import first_line
 from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
@@ -54,7 +55,8 @@ def _probe_host(session: Session, host: Host, rdzv_port: int | None, local_pytho
     stream = session.start(probe_argv(python_of(host, local_python), "links", "canary",
                                       str(rdzv_port) if rdzv_port is not None else "-", str(CANARY_LIFETIME_S)))
     try:
-        answer = parse_json_object(stream.readline().decode(errors="replace"))
+        answer = parse_json_object(first_line(stream, host.name, "the exposure probe", CANARY_LIFETIME_S)
+                                   .decode(errors="replace"))
         if answer is None or "ports" not in answer:
             raise MeshrunError(f"host '{host.name}': the exposure probe did not start")
         ephemeral, rendezvous = canary_ports(host.name, answer, rdzv_port)

@@ -125,7 +125,7 @@ class JobRunner:
         try:
             try:
                 for live in self.hosts:
-                    self._start(live, Change.STARTED)
+                    self._start_first(live)
                 threading.Thread(target=self._watch_links, daemon=True).start()
                 verdict = self._wait()
                 if verdict.failed:
@@ -177,6 +177,21 @@ class JobRunner:
         live.stream = start_agent(live.session, live.launch)
         threading.Thread(target=self._read, args=(live,), daemon=True, name=f"log-{live.name}").start()
         self._record(change, live.name)
+
+    def _start_first(self, live: _Live) -> None:
+        """Start a host of the launch. One whose start fails (its sshd never answers, its link
+        dropped) is lost there and then: the run stops, or goes on without it, as for any lost
+        host, and its log says why."""
+        try:
+            self._start(live, Change.STARTED)
+        except MeshrunError as err:
+            line = f"[{live.name}] meshrun: {err}"
+            with open(live.log, "a", encoding="utf-8") as log:
+                log.write(line + "\n")
+            live.tail.append(line)
+            self.sink(live.name, line)
+            live.lost = live.seen_down = True
+            live.done.set()
 
     def _record(self, change: Change, host: str, detail: str | None = None) -> None:
         with self.lock:
@@ -253,6 +268,8 @@ class JobRunner:
         rendezvous restart each other's workers for ever)."""
         try:
             self._rejoin(live)
+        except MeshrunError:
+            live.seen_down = True  # it did not answer after all: it stays lost, and may be tried again
         finally:
             live.rejoining = False
 
@@ -271,11 +288,11 @@ class JobRunner:
                     timeout=STOP_GRACE_S + 25)
         generation = self.generation()
         fresh = _Live(at_generation(live.launch, generation), session, live.log)
-        live.replaced = True
         self.rejoins[live.name] = self.rejoins.get(live.name, 0) + 1
+        fresh.stream = start_agent(fresh.session, fresh.launch)  # MeshrunError: `live` stays lost (a try spent)
+        live.replaced = True
         with self.lock:
             self.hosts.append(fresh)
-        fresh.stream = start_agent(fresh.session, fresh.launch)
         threading.Thread(target=self._read, args=(fresh,), daemon=True, name=f"log-{fresh.name}").start()
         self._record(Change.JOINED, fresh.name, f"came back after being lost (generation {generation})")
 

@@ -2,6 +2,8 @@
 
 Both kinds take an argv. For SSH it is quoted into one string by `deploy.run.shell`; locally it
 goes to subprocess as is. Connection failures become one-line MeshrunErrors naming the host.
+Every command has a deadline from the moment it is asked for, the SSH request that starts it
+included (deploy/edges/sshexec.py), and what it prints is capped (deploy/edges/capped.py).
 """
 
 from __future__ import annotations
@@ -9,16 +11,19 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import fabric
-import invoke
 import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from meshrun.deploy.edges import hostkeys, sshtarget
+from meshrun.deploy.edges.capped import Capped, read_line
+from meshrun.deploy.edges.localproc import run_bounded
+from meshrun.deploy.edges.sshexec import SshErrors, SshStream, Unanswered, collect, drop, left, open_command
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.shell import local_workdir, remote_command
@@ -78,7 +83,7 @@ class LocalStream:
 
     def readline(self) -> bytes:
         assert self.proc.stdout is not None
-        return self.proc.stdout.readline()
+        return read_line(self.proc.stdout.readline)
 
     def send(self, data: bytes) -> bool:
         try:
@@ -119,14 +124,14 @@ class LocalSession:
     def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
         if create_workdir:
             self.cwd.mkdir(parents=True, exist_ok=True)
+        out, err = Capped(), Capped()
         try:
-            done = subprocess.run(list(argv), cwd=self.cwd, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s") from None
-        except OSError as err:
-            return CommandResult(127, "", f"{argv[0]}: {err.strerror}")
-        return CommandResult(done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
+            rc = run_bounded(argv, timeout=timeout, on_stdout=out.feed, on_stderr=err.feed, cwd=self.cwd)
+        except OSError as error:
+            return CommandResult(127, "", f"{argv[0]}: {error.strerror}")
+        if rc is None:
+            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s")
+        return CommandResult(rc, out.text(), err.text())
 
     def start(self, argv: Sequence[str]) -> LocalStream:
         proc = subprocess.Popen(list(argv), cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -140,53 +145,17 @@ class LocalSession:
         pass
 
 
-class SshStream:
-    def __init__(self, channel: paramiko.Channel) -> None:
-        self.channel = channel
-        self.out = channel.makefile("rb")
-
-    def readline(self) -> bytes:
-        try:
-            return self.out.readline()
-        except (OSError, EOFError, paramiko.SSHException):
-            return b""
-
-    def send(self, data: bytes) -> bool:
-        try:
-            self.channel.sendall(data)
-            return True
-        except (OSError, EOFError, paramiko.SSHException):
-            return False
-
-    def close_stdin(self) -> None:
-        try:
-            self.channel.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-
-    def poll(self) -> int | None:
-        return self.channel.recv_exit_status() if self.channel.exit_status_ready() else None
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if not self.channel.status_event.wait(timeout):
-            return None
-        return self.channel.recv_exit_status()
-
-    def abandon(self) -> None:
-        self.channel.close()
-
-
 class _Connection(fabric.Connection):
-    """Fabric's Connection, except that opening a channel gives up after `_channel_timeout`: Fabric's
-    own create_session waits paramiko's default of an hour, and over a cut link (no reset) every
-    `run` would hang there before invoke's command timeout even starts. Agent forwarding, the one
-    other thing Fabric's version does, is never enabled by meshrun."""
+    """Fabric's Connection, except that reaching a host through a ProxyJump hop gives up after
+    `_channel_timeout`: Fabric asks the hop for the direct-tcpip channel with paramiko's default
+    of an hour, and a hop that never answers would hold the connect that long."""
 
     _channel_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
 
-    @fabric.connection.opens
-    def create_session(self) -> paramiko.Channel:
-        return self.transport.open_session(timeout=self._channel_timeout)
+    def open_gateway(self) -> paramiko.Channel:
+        self.gateway.open()
+        return self.gateway.transport.open_channel("direct-tcpip", (self.host, int(self.port)), ("", 0),
+                                                   timeout=self._channel_timeout)
 
 
 def _connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hosts: Path | None,
@@ -257,27 +226,41 @@ class SshSession:
                                "open? (fab check-network)") from None
 
     def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
-        command = remote_command(self.host.workdir, argv, create_workdir=create_workdir)
+        """`argv` run on the host, all of it within `timeout` s from now: the request to start it
+        answered (at most EXEC_ANSWER_S), its output read (capped) and its exit status."""
+        deadline = time.monotonic() + timeout
+        channel = self._command(argv, remote_command(self.host.workdir, argv, create_workdir=create_workdir),
+                                deadline)
         try:
-            # in_stream=False: never forward this process's own stdin to the host.
-            result = self.conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
-        except invoke.CommandTimedOut:
-            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s") from None
-        except (paramiko.SSHException, OSError, EOFError, invoke.ThreadException) as err:
-            # Fabric reconnects a dropped connection on its own; a host that is gone fails here.
+            channel.shutdown_write()  # nothing is fed to it: a command that reads stdin sees EOF
+        except SshErrors as err:
             raise self._lost(err) from None
-        return CommandResult(result.exited, result.stdout, result.stderr)
+        output = collect(channel, deadline)
+        if output is None:
+            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s")
+        return CommandResult(output.rc, output.stdout, output.stderr)
 
     def start(self, argv: Sequence[str]) -> SshStream:
-        transport = self.conn.client.get_transport()
-        assert transport is not None, "start() before open()"
-        try:
-            channel = transport.open_session(timeout=self.timeout)
-            channel.set_combine_stderr(True)
-            channel.exec_command(remote_command(self.host.workdir, argv))
-        except (paramiko.SSHException, OSError, EOFError) as err:
-            raise self._lost(err) from None
+        """`argv` started on the host (stderr merged into stdout); the start is answered within
+        the session's connect timeout or it is a MeshrunError."""
+        channel = self._command(argv, remote_command(self.host.workdir, argv), time.monotonic() + self.timeout,
+                                combine_stderr=True)
         return SshStream(channel)
+
+    def _command(self, argv: Sequence[str], command: str, deadline: float,
+                 combine_stderr: bool = False) -> paramiko.Channel:
+        try:
+            if not self.conn.is_connected:  # dropped: connect again, as Fabric's own run did
+                self.open()
+            transport = self.conn.client.get_transport()
+            assert transport is not None
+            return open_command(transport, command, deadline, combine_stderr)
+        except Unanswered as err:
+            raise MeshrunError(f"host '{self.host.name}': its sshd accepted the connection but did not answer the "
+                               f"request to {err.what} `{argv[0]}` within {err.seconds:.0f} s; is the host overloaded "
+                               f"or its sshd stuck? (fab check-network --hosts {self.host.name})") from None
+        except SshErrors as err:
+            raise self._lost(err) from None
 
     def _lost(self, err: BaseException) -> MeshrunError:
         return MeshrunError(f"host '{self.host.name}': SSH connection lost ({err.__class__.__name__}: {err}); "
@@ -288,15 +271,15 @@ class SshSession:
         transport = self.conn.client.get_transport()
         if transport is None or not transport.is_active():
             return False
+        deadline = time.monotonic() + timeout
         try:
-            channel = transport.open_session(timeout=timeout)
-            try:
-                channel.exec_command("true")
-                return channel.status_event.wait(timeout)
-            finally:
-                channel.close()
-        except (OSError, EOFError, paramiko.SSHException):
+            channel = open_command(transport, "true", deadline)
+        except (Unanswered, *SshErrors):
             return False
+        try:
+            return channel.status_event.wait(left(deadline))
+        finally:
+            drop(channel)
 
     def close(self) -> None:
         for conn in reversed(self.chain):

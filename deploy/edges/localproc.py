@@ -1,0 +1,113 @@
+"""Processes the controller starts (rsync and its ssh, `address: local` commands), each with a
+deadline from the moment it starts, its stdout and stderr read at the same time (a process
+that fills one pipe while nobody reads it waits for ever), and never left running.
+
+Each runs in a process group of its own: at its deadline the whole group gets SIGTERM, then
+SIGKILL — rsync's ssh child too, which holds the stderr pipe and would outlive rsync. Groups
+still running when this controller exits (Ctrl-C included: KeyboardInterrupt ends the program)
+are killed on the way out.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+TERM_GRACE_S = 2.0  # rsync removes its temp file on SIGTERM; then SIGKILL
+DRAIN_WAIT_S = 5.0  # a child that left the group may hold a pipe open: stop reading after this
+POLL_S = 0.05
+
+Sink = Callable[[bytes], None]
+_live: set[int] = set()
+_live_lock = threading.Lock()
+
+
+def run_bounded(argv: Sequence[str], *, timeout: float, on_stdout: Sink, on_stderr: Sink, stdin: bytes | None = None,
+                cwd: Path | None = None, sweep_group: bool = False) -> int | None:
+    """Run `argv` to its end, at most `timeout` seconds; its output goes to the sinks as it comes.
+    Returns the exit status, or None when it was killed at its deadline. `sweep_group`: once
+    the process exits, kill what it left in its group (rsync's ssh). OSError when it cannot start."""
+    deadline = time.monotonic() + timeout
+    proc = subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    with _live_lock:
+        _live.add(proc.pid)
+    try:
+        pumps = [_thread(_drain, proc.stdout, on_stdout), _thread(_drain, proc.stderr, on_stderr)]
+        if stdin is not None:
+            pumps.append(_thread(_feed, proc.stdin, stdin))
+        exited = _exited_by(proc, deadline)
+        if not exited:
+            _kill_group(proc.pid, signal.SIGTERM)
+            _exited_by(proc, time.monotonic() + TERM_GRACE_S)
+        if not exited or sweep_group:
+            _kill_group(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still ours
+        rc = proc.wait()
+        drained = time.monotonic() + DRAIN_WAIT_S
+        for pump in pumps:
+            pump.join(max(0.0, drained - time.monotonic()))
+        return rc if exited else None
+    finally:
+        with _live_lock:
+            _live.discard(proc.pid)
+
+
+def _thread(target: Callable[..., None], *args: object) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def _drain(pipe, sink: Sink) -> None:  # type: ignore[no-untyped-def]
+    with pipe:
+        while data := pipe.read1(65536):
+            sink(data)
+
+
+def _feed(pipe, data: bytes) -> None:  # type: ignore[no-untyped-def]
+    try:
+        with pipe:
+            pipe.write(data)
+    except (BrokenPipeError, OSError):
+        pass  # it exited or closed its stdin: what it said about that is on its stderr
+
+
+def _exited_by(proc: subprocess.Popen, deadline: float) -> bool:
+    """Whether `proc` has exited by `deadline`, left unreaped (a zombie keeps its group id)."""
+    if not hasattr(os, "waitid"):  # macOS before Python 3.13: reaped here, its group swept just after
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    while True:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """At exit (Ctrl-C too): no group started here outlives this controller."""
+    with _live_lock:
+        groups = list(_live)
+    for pgid in groups:
+        _kill_group(pgid, signal.SIGTERM)

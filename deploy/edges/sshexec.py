@@ -1,0 +1,154 @@
+"""Commands over an open SSH connection, each with a deadline from the moment it is asked for.
+
+paramiko waits for sshd's answer to "run this" with no limit of its own (`Channel.exec_command`
+waits in `_wait_for_event`), and invoke's command timer starts only once that wait is over: a
+host whose sshd accepts the connection and then never answers would hold the caller for ever.
+Here the channel is opened with a timeout, the exec request is made from a thread the caller
+waits for at most EXEC_ANSWER_S (never past its deadline), and the output is read until the
+deadline; a channel given up on is closed from a thread of its own (closing can block on a
+dead link). What is read is bounded (deploy/edges/capped.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import paramiko
+
+from meshrun.deploy.edges.capped import Capped, read_line
+from meshrun.deploy.edges.sshtarget import CONNECT_TIMEOUT_S
+
+# sshd answers "open a channel" and "run this" at once, before the command does anything: a host
+# that has not within this bound is stuck, whatever the command's own time limit.
+EXEC_ANSWER_S = CONNECT_TIMEOUT_S
+RECV_BYTES = 32768
+SshErrors = (OSError, EOFError, paramiko.SSHException)
+
+
+class Unanswered(Exception):
+    """sshd did not answer a request: `what` it was asked (`run`, `open a channel for`), `seconds` waited."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(what)
+        self.what, self.seconds = what, seconds
+
+
+@dataclass(frozen=True)
+class Output:
+    rc: int  # -1 when the channel closed without an exit status
+    stdout: str
+    stderr: str
+
+
+def left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def open_command(transport: paramiko.Transport, command: str, deadline: float,
+                 combine_stderr: bool = False) -> paramiko.Channel:
+    """A channel running `command`: opened, and the command started, each answered within
+    EXEC_ANSWER_S and before `deadline`. Raises Unanswered, or paramiko's errors of a lost link."""
+    wait = min(EXEC_ANSWER_S, left(deadline))
+    try:
+        channel = transport.open_session(timeout=wait)
+    except paramiko.SSHException:
+        if transport.is_active():  # paramiko's "Timeout opening channel."
+            raise Unanswered("open a channel for", wait) from None
+        raise
+    channel.set_combine_stderr(combine_stderr)
+    _exec(channel, command, min(EXEC_ANSWER_S, left(deadline)))
+    return channel
+
+
+def _exec(channel: paramiko.Channel, command: str, wait: float) -> None:
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            channel.exec_command(command)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            failed.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=ask, daemon=True, name="ssh-exec").start()
+    if not done.wait(wait):
+        drop(channel)  # ends the waiting thread too: a closed channel wakes its waiters
+        raise Unanswered("run", wait)
+    if failed:
+        raise failed[0]
+
+
+def drop(channel: paramiko.Channel) -> None:
+    """Close `channel` without waiting for the close to be sent."""
+    threading.Thread(target=channel.close, daemon=True, name="ssh-drop").start()
+
+
+def collect(channel: paramiko.Channel, deadline: float) -> Output | None:
+    """The command's stdout, stderr (each capped) and exit status, read at the same time; None
+    when the deadline came first (the channel is then dropped)."""
+    out, err = Capped(), Capped()
+    readers = [_reader(channel.recv, out), _reader(channel.recv_stderr, err)]
+    for reader in readers:
+        reader.join(left(deadline))
+    if any(r.is_alive() for r in readers) or not channel.status_event.wait(left(deadline)):
+        drop(channel)
+        return None
+    rc = channel.recv_exit_status()
+    drop(channel)
+    return Output(rc, out.text(), err.text())
+
+
+def _reader(recv: Callable[[int], bytes], sink: Capped) -> threading.Thread:
+    def read() -> None:
+        try:
+            while data := recv(RECV_BYTES):
+                sink.feed(data)
+        except SshErrors:
+            pass
+
+    thread = threading.Thread(target=read, daemon=True, name="ssh-read")
+    thread.start()
+    return thread
+
+
+class SshStream:
+    """A started command's merged output by line (each line capped), and its stdin."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self.channel = channel
+        self.out = channel.makefile("rb")
+
+    def readline(self) -> bytes:
+        try:
+            return read_line(self.out.readline)
+        except SshErrors:
+            return b""
+
+    def send(self, data: bytes) -> bool:
+        try:
+            self.channel.sendall(data)
+            return True
+        except SshErrors:
+            return False
+
+    def close_stdin(self) -> None:
+        try:
+            self.channel.shutdown_write()
+        except SshErrors:
+            pass
+
+    def poll(self) -> int | None:
+        return self.channel.recv_exit_status() if self.channel.exit_status_ready() else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self.channel.status_event.wait(timeout):
+            return None
+        return self.channel.recv_exit_status()
+
+    def abandon(self) -> None:
+        drop(self.channel)
