@@ -15,7 +15,7 @@ import pytest
 
 from meshrun.layout import checkpoint_name, checkpoint_step, is_checkpoint_name
 from meshrun.deploy.edges.datasync import DataSpec, rsync_data_argv
-from meshrun.deploy.edges.fetch import Staging, fetch_argv, skip_lines
+from meshrun.deploy.edges.fetch import REPORTED_SKIPS, Skips, Staging, fetch_argv, skip_lines
 from meshrun.deploy.edges.sync import push_dir_argv, remote_spec, rsync_argv, ssh_argv
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.run.manifest import (MANIFEST_MAX_BYTES, Manifest, ManifestEntry, RefusedLine, manifest_text,
@@ -89,9 +89,14 @@ def test_refusals_read_one_line_each_and_stop_at_twenty() -> None:
                      for n in range(1, 21)] + ["host 'h2': checkpoints/MANIFEST.sha256: 3 more lines ignored"]
     assert refusal_lines("h2", Manifest((), (), too_big=True), "m") == [
         f"host 'h2': m is larger than {MANIFEST_MAX_BYTES} bytes; ignored, no checkpoint of this host is verified"]
-    assert skip_lines("h1", ["logs", "a\\nb"]) == [
+    assert skip_lines("h1", Skips(["logs", "a\\nb"], 23)) == [
         "host 'h1': logs is not a regular file (a link, device or pipe); not brought home",
-        "host 'h1': a\\nb is not a regular file (a link, device or pipe); not brought home"]
+        "host 'h1': a\\nb is not a regular file (a link, device or pipe); not brought home",
+        "host 'h1': 21 more non-regular files not brought home"]
+    skips = Skips()
+    for n in range(REPORTED_SKIPS + 5):
+        skips.add(f"p{n}")
+    assert (skips.names, skips.total) == ([f"p{n}" for n in range(REPORTED_SKIPS)], REPORTED_SKIPS + 5)
 
 
 def test_shown_text_cannot_drive_a_terminal() -> None:
@@ -113,19 +118,19 @@ def test_every_rsync_protects_its_arguments_and_brackets_ipv6(tmp_path: Path) ->
     v6 = host("fd00::2", "/srv/mesh run $(x)")
     ssh = shlex.join(ssh_argv(v6, kh))  # how ssh is called is sshargv's own subject
     assert rsync_argv(v6, root, kh) == [
-        "rsync", "--protect-args", "--archive", "--compress", "--mkpath", "--files-from=-", "--from0",
+        "rsync", "--protect-args", "--timeout=60", "--archive", "--compress", "--mkpath", "--files-from=-", "--from0",
         "--info=progress2", "--no-inc-recursive", "-e", ssh, f"{root}/", "[fd00::2]:/srv/mesh run $(x)/"]
     assert push_dir_argv(host(), tmp_path / "ck", "runs/r1/checkpoints", root, kh) == [
-        "rsync", "--protect-args", "--archive", "--no-links", "--no-devices", "--no-specials", "--mkpath",
-        "--ignore-existing", "-e", shlex.join(ssh_argv(host(), kh)), f"{tmp_path / 'ck'}/", "10.0.0.2:meshrun/runs/r1/checkpoints/"]
+        "rsync", "--protect-args", "--timeout=60", "--archive", "--no-links", "--no-devices", "--no-specials",
+        "--mkpath", "--ignore-existing", "-e", shlex.join(ssh_argv(host(), kh)), f"{tmp_path / 'ck'}/", "10.0.0.2:meshrun/runs/r1/checkpoints/"]
     assert rsync_data_argv(v6, DataSpec(tmp_path / "data", "data/c10"), root, kh, checksum=True, files=["a"]) == [
-        "rsync", "--protect-args", "--archive", "--mkpath", "--itemize-changes", "--exclude",
+        "rsync", "--protect-args", "--timeout=60", "--archive", "--mkpath", "--itemize-changes", "--exclude",
         ".meshrun-hash-cache.json", "--checksum", "--files-from=-", "--from0", "-e", ssh, f"{tmp_path / 'data'}/",
         "[fd00::2]:/srv/mesh run $(x)/data/c10/"]
     staging = Staging(tmp_path / "in")
     assert fetch_argv(host("fe80::1%eth0"), "r1", staging, root, kh) == [
-        "rsync", "--protect-args", "--recursive", "--times", "--no-links", "--no-devices", "--no-specials",
-        "--chmod=D755,F644", "--partial-dir=.rsync-partial", f"--temp-dir={tmp_path / 'in/tmp'}",
+        "rsync", "--protect-args", "--timeout=60", "--recursive", "--times", "--no-links", "--no-devices",
+        "--no-specials", "--chmod=D755,F644", "--partial-dir=.rsync-partial", f"--temp-dir={tmp_path / 'in/tmp'}",
         "--info=progress2", "--no-inc-recursive", "-e", shlex.join(ssh_argv(host("fe80::1%eth0"), kh)),
         "[fe80::1%eth0]:meshrun/runs/r1/",
         f"{tmp_path / 'in/tree'}/"]
@@ -136,10 +141,10 @@ def test_every_rsync_protects_its_arguments_and_brackets_ipv6(tmp_path: Path) ->
 def test_local_hosts_get_the_same_flags(tmp_path: Path) -> None:
     local = host("local", str(tmp_path / "wd"))
     argv = fetch_argv(local, "r1", Staging(tmp_path / "in"), tmp_path, None)
-    assert argv[:12] == ["rsync", "--protect-args", "--recursive", "--times", "--no-links", "--no-devices",
-                         "--no-specials", "--chmod=D755,F644", "--partial-dir=.rsync-partial",
+    assert argv[:13] == ["rsync", "--protect-args", "--timeout=60", "--recursive", "--times", "--no-links",
+                         "--no-devices", "--no-specials", "--chmod=D755,F644", "--partial-dir=.rsync-partial",
                          f"--temp-dir={tmp_path / 'in/tmp'}", "--info=progress2", "--no-inc-recursive"]
-    assert argv[12:] == [f"{tmp_path / 'wd/runs/r1'}/", f"{tmp_path / 'in/tree'}/"]
+    assert argv[13:] == [f"{tmp_path / 'wd/runs/r1'}/", f"{tmp_path / 'in/tree'}/"]
 
 
 FAKE_SSH = """#!/bin/sh

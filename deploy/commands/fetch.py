@@ -10,8 +10,8 @@ from meshrun.layout import CHECKPOINTS, HOSTS, run_dir
 from meshrun.deploy.edges.agents import run_hosts
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.fetch import FetchReport, Staging, fetch_argv, place, prepare_staging, remove_staging, \
-    skip_lines, stage_verified, transfer, verify_checkpoints
+from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S, FetchReport, Staging, fetch_argv, place, prepare_staging, \
+    remove_staging, skip_lines, stage_verified, transfer, verify_checkpoints
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inputfiles import flag_path_stat
@@ -21,6 +21,7 @@ from meshrun.deploy.render.console import HostProgress, Renderer
 from meshrun.deploy.run.shell import local_workdir
 
 INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) for the assembly
+PLACE_S = 600  # after the transfer: hashing and placing what came, on this machine's disk
 
 
 def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer) -> list[FetchReport]:
@@ -44,7 +45,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         return report
 
     with HostProgress(renderer, "fetch", list(record.hosts)) as bars:
-        results = on_each(hosts, lambda h: one(h, bars), timeout=3600).require_all()
+        results = on_each(hosts, lambda h: one(h, bars), timeout=FETCH_TIMEOUT_S + PLACE_S).require_all()
     reports = list(results.values())
     _assemble_checkpoints(home, reports, force)
     incoming = home / INCOMING

@@ -3,7 +3,6 @@ project (the host side is deploy/host/setup.py; the wheel, deploy/edges/wheel.py
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sessions import sessions_to
 from meshrun.deploy.edges.sync import push_dir_argv
 from meshrun.deploy.edges.transport import Session
@@ -27,6 +27,7 @@ from meshrun.deploy.run.requirements import Requirements, project_requirements
 from meshrun.deploy.edges import host_queries as probes
 
 SETUP_TIMEOUT_S = 3600  # a first install downloads torch
+WHEEL_PUSH_TIMEOUT_S = 600  # meshrun's wheel is a few hundred kB
 WHEELS = ".venv/meshrun-wheels"  # in the host's workdir, beside the venv that installs them
 PATH_CLIP = 1000  # characters of the venv interpreter's path a host reports: it is run there as argv[0]
 
@@ -61,10 +62,8 @@ def setup_argv(request: SetupRequest, force: bool = False) -> list[str]:
 def setup_host(host: Host, session: Session, request: SetupRequest, root: Path, inventory: Inventory) -> SetupResult:
     """Push the wheel, run the host side, then check that the venv imports this controller's build."""
     push = push_dir_argv(host, request.wheel.parent, f"{WHEELS}/{request.identity.build}", root, inventory.known_hosts)
-    done = subprocess.run(push, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise MeshrunError(f"host '{host.name}': could not push meshrun's wheel (rsync exit {done.returncode}): "
-                           f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}")
+    run_rsync(push, host=host.name, what="pushing meshrun's wheel", timeout=WHEEL_PUSH_TIMEOUT_S,
+              hint=f"check `fab check-network --hosts {host.name}`")
     result = _run_setup(host, session, request, force=False)
     seen = installed_identity(session, result.python)
     if seen != request.identity:  # the stamp said done, but the venv holds something else: once more
@@ -110,7 +109,7 @@ def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rende
     with sessions_to(hosts, inventory, root) as sessions:
         sync_code(hosts, inventory, root, renderer)
         results = on_each(hosts, lambda h: setup_host(h, sessions[h.name], request, root, inventory),
-                          timeout=SETUP_TIMEOUT_S + 60)
+                          timeout=WHEEL_PUSH_TIMEOUT_S + SETUP_TIMEOUT_S + 60)
     return results.require_all()
 
 

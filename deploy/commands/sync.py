@@ -21,6 +21,7 @@ from meshrun.deploy.render.console import HostProgress, Renderer
 from meshrun.deploy.edges.sync import SyncResult, project_files, sync_host
 
 SYNC_TIMEOUT_S = 900
+FANOUT_MARGIN_S = 30  # rsync is stopped at its own deadline: its message, not the fan-out's, says why
 
 
 def code_files(inventory: Inventory, root: Path) -> bytes:
@@ -35,8 +36,8 @@ def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rendere
     files = code_files(inventory, root) if files is None else files
     sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
-        results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update),
-                          timeout=SYNC_TIMEOUT_S)
+        results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update,
+                                                     SYNC_TIMEOUT_S), timeout=SYNC_TIMEOUT_S + FANOUT_MARGIN_S)
     return results.require_all()
 
 
@@ -45,7 +46,8 @@ def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec
     manifest = build_manifest(spec.source)
     with sessions_to(hosts, inventory, root) as sessions:
         results = on_each(hosts, lambda h: sync_data(h, sessions[h.name], python_of(h, sys.executable), spec, manifest,
-                                                     root, inventory.known_hosts), timeout=SYNC_TIMEOUT_S)
+                                                     root, inventory.known_hosts, SYNC_TIMEOUT_S),
+                          timeout=SYNC_TIMEOUT_S + FANOUT_MARGIN_S)
     return results.require_all()
 
 

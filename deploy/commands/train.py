@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -37,9 +36,11 @@ from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
+from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S
+from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
-from meshrun.deploy.run.answers import detached_record
+from meshrun.deploy.run.answers import detached_record, said
 from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
 from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
@@ -156,13 +157,14 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
         renderer.info(f"resume: the hosts already hold step {theirs} (fetched: {ours}); nothing pushed")
         return
     argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", project.root, inventory.known_hosts)
-    done = subprocess.run(argv, capture_output=True, text=True)
+    run_rsync(argv, host=head.name, what=f"pushing the checkpoints of {run_id}", timeout=FETCH_TIMEOUT_S,
+              hint=f"check `fab check-network --hosts {head.name}`")
     written = sessions[head.name].run([python_of(head, sys.executable), "-c", WRITE_FILE,
                                        f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}",
-                                       text.decode("ascii", "replace")], timeout=30) if done.returncode == 0 else None
-    if done.returncode != 0 or written is None or not written.ok:
-        reason = done.stderr.strip()[-300:] if done.returncode != 0 else (written.stderr.strip()[-300:] if written else "")
-        raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: {reason}")
+                                       text.decode("ascii", "replace")], timeout=30)
+    if not written.ok:
+        raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: "
+                           f"{said(written.stderr.strip()[-300:])}")
     renderer.info(f"resume: pushed checkpoints up to step {ours} to {head.name}")
 
 

@@ -13,7 +13,7 @@ import json
 import re
 import shlex
 from stat import S_ISDIR
-import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.shell import local_workdir
+from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from meshrun.deploy.edges.transport import Session
 from meshrun.fsutil import read_regular, sha256_file
@@ -82,7 +83,7 @@ def build_manifest(source: Path) -> dict[str, str]:
 
 def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | None, checksum: bool,
                     files: list[str] | None = None) -> list[str]:
-    argv = ["rsync", PROTECT_ARGS, "--archive", "--mkpath", "--itemize-changes", "--exclude", CACHE]
+    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--mkpath", "--itemize-changes", "--exclude", CACHE]
     if checksum:
         argv.append("--checksum")
     if files is not None:
@@ -95,19 +96,28 @@ def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | 
                    remote_spec(host.ssh_host, f"{dest}/")]
 
 
-def changed_files(itemized: str) -> tuple[str, ...]:
-    """Files rsync sent, from its --itemize-changes lines (`<f+++++++++ name` to a remote host,
-    `>f...` for a local copy)."""
-    return tuple(line.split(" ", 1)[1] for line in itemized.splitlines() if line.startswith(("<f", ">f")))
+def changed_file(line: str) -> str | None:
+    """The file rsync sent, from one --itemize-changes line (`<f+++++++++ name` to a remote host,
+    `>f...` for a local copy); None for other lines."""
+    return line.split(" ", 1)[1] if line.startswith(("<f", ">f")) and " " in line else None
 
 
-def _rsync(argv: list[str], host: str, stdin: bytes | None = None) -> str:
-    done = subprocess.run(argv, input=stdin, capture_output=True)
-    if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        raise MeshrunError(f"host '{host}': data sync failed (rsync exit {done.returncode}): "
-                           f"{lines[-1] if lines else 'no message'}")
-    return done.stdout.decode(errors="replace")
+def _rsync(argv: list[str], host: str, deadline: float, stdin: bytes | None = None) -> tuple[str, ...]:
+    """Run one data rsync before `deadline`; the files it sent."""
+    sent: list[str] = []
+
+    def on_line(line: bytes) -> None:
+        name = changed_file(line.decode(errors="replace"))
+        if name is not None:
+            sent.append(name)
+
+    run_rsync(argv, host=host, what="data sync", timeout=_left(deadline), stdin=stdin, on_line=on_line,
+              hint=f"check `fab check-network --hosts {host}`")
+    return tuple(sent)
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 # Runs on the host with its python: checks DEST against DEST/MANIFEST.sha256, prints failing names as JSON.
@@ -131,11 +141,11 @@ print(json.dumps(bad))
 """
 
 
-def verify(session: Session, python: str, dest: str, manifest: dict[str, str]) -> tuple[str, ...]:
+def verify(session: Session, python: str, dest: str, manifest: dict[str, str], timeout: float) -> tuple[str, ...]:
     """The manifest's names the host says fail. Only those: the answer is the host's, and a name
     the manifest does not list (`../../.ssh/id_ed25519`, terminal escapes) must never become a
     file the controller sends or a line it prints."""
-    result = session.run([python, "-c", VERIFY, dest], timeout=3600)
+    result = session.run([python, "-c", VERIFY, dest], timeout=timeout)
     try:
         answer = result.last_json()
     except (ValueError, IndexError):
@@ -150,14 +160,17 @@ def listed_only(names: list[object], manifest: dict[str, str]) -> tuple[str, ...
 
 
 def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifest: dict[str, str], root: Path,
-              known_hosts: Path | None) -> DataResult:
-    """Send what changed, verify everything against the manifest, resend and re-verify what fails."""
-    sent = changed_files(_rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False), host.name))
-    bad = verify(session, python, spec.dest, manifest)
+              known_hosts: Path | None, timeout: float) -> DataResult:
+    """Send what changed, verify everything against the manifest, resend and re-verify what fails;
+    all of it within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    sent = _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False), host.name, deadline)
+    bad = verify(session, python, spec.dest, manifest, _left(deadline))
     if bad:
         files = b"\0".join(b.encode() for b in bad) + b"\0"
-        _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=True, files=list(bad)), host.name, files)
-        still = verify(session, python, spec.dest, manifest)
+        _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=True, files=list(bad)), host.name, deadline,
+               files)
+        still = verify(session, python, spec.dest, manifest, _left(deadline))
         if still:
             raise MeshrunError(f"host '{host.name}': data files still corrupt after a second transfer: "
                                f"{', '.join(still)}; check the host's disk")

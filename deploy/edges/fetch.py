@@ -19,15 +19,14 @@ import re
 import shlex
 import shutil
 import stat
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from meshrun.fsutil import fsync_dir, sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
+from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
-from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, manifest_text, parse_manifest, refusal_lines, shown
 from meshrun.deploy.run.shell import local_workdir
@@ -35,6 +34,21 @@ from meshrun.deploy.run.shell import local_workdir
 PARTIAL_DIR = ".rsync-partial"  # relative, so rsync also refuses to take one from the host
 SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')
 REPORTED_SKIPS = 20
+FETCH_TIMEOUT_S = 3600  # one host's whole transfer (checkpoints of a large model over a slow link)
+
+
+@dataclass
+class Skips:
+    """What a fetch did not bring home for not being a regular file: the first REPORTED_SKIPS
+    names and how many in all (a host can serve a million pipes)."""
+
+    names: list[str] = field(default_factory=list)
+    total: int = 0
+
+    def add(self, name: str) -> None:
+        self.total += 1
+        if len(self.names) < REPORTED_SKIPS:
+            self.names.append(name)
 
 
 @dataclass
@@ -48,7 +62,7 @@ class FetchReport:
     newest_step: int = -1
     verified: dict[str, str] = field(default_factory=dict)  # checkpoint name -> sha256, checked this fetch
     refused: list[str] = field(default_factory=list)  # manifest lines and files not acted on, one line each
-    skipped: list[str] = field(default_factory=list)  # not regular files on the host: not brought home
+    skipped: Skips = field(default_factory=Skips)  # not regular files on the host: not brought home
 
 
 @dataclass(frozen=True)
@@ -68,8 +82,8 @@ class Staging:
 
 def fetch_argv(host: Host, run_id: str, staging: Staging, root: Path, known_hosts: Path | None) -> list[str]:
     """rsync the host's run directory into the staging tree: regular files only, resumable."""
-    argv = ["rsync", PROTECT_ARGS, "--recursive", "--times", "--no-links", "--no-devices", "--no-specials",
-            "--chmod=D755,F644", f"--partial-dir={PARTIAL_DIR}", f"--temp-dir={staging.tmp}",
+    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--recursive", "--times", "--no-links", "--no-devices",
+            "--no-specials", "--chmod=D755,F644", f"--partial-dir={PARTIAL_DIR}", f"--temp-dir={staging.tmp}",
             "--info=progress2", "--no-inc-recursive"]
     if host.is_local:
         source = f"{local_workdir(host.workdir, root) / run_dir(run_id)}/"
@@ -91,40 +105,31 @@ def prepare_staging(staging: Staging) -> None:
                 path.unlink()
 
 
-def transfer(argv: list[str], host: str, progress: Callable[[str, int], None]) -> list[str]:
-    """Run the fetch rsync; returns the names of what it skipped for not being a regular file."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    skipped: list[str] = []
-    pending = b""
-    for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
-        *lines, pending = re.split(rb"[\r\n]", pending + chunk)
-        for line in lines:
-            _read_line(line, host, progress, skipped)
-    _read_line(pending, host, progress, skipped)
-    err = proc.stderr.read().decode(errors="replace").strip().splitlines()
-    if proc.wait() != 0:
-        raise MeshrunError(f"host '{host}': fetch failed (rsync exit {proc.returncode}): "
-                           f"{shown(err[-1]) if err else 'no message'}; run the same fetch again to resume")
+def transfer(argv: list[str], host: str, progress: Callable[[str, int], None],
+             timeout: float = FETCH_TIMEOUT_S) -> Skips:
+    """Run the fetch rsync; returns what it skipped for not being a regular file."""
+    skipped = Skips()
+    run_rsync(argv, host=host, what="fetch", timeout=timeout, hint="run the same fetch again to resume",
+              on_line=lambda line: _read_line(line, host, progress, skipped))
     progress(host, 100)
     return skipped
 
 
-def _read_line(line: bytes, host: str, progress: Callable[[str, int], None], skipped: list[str]) -> None:
+def _read_line(line: bytes, host: str, progress: Callable[[str, int], None], skipped: Skips) -> None:
     match = PROGRESS_RE.search(line + b" ")
     if match:
         progress(host, int(match.group(1)))
     found = SKIPPED_RE.match(line)
     if found:
-        skipped.append(shown(found.group(1).decode("utf-8", "backslashreplace")))
+        skipped.add(shown(found.group(1).decode("utf-8", "backslashreplace")))
 
 
-def skip_lines(host: str, skipped: list[str]) -> list[str]:
+def skip_lines(host: str, skipped: Skips) -> list[str]:
     """One report line per skipped item (at most REPORTED_SKIPS, then a count)."""
     lines = [f"host '{host}': {name} is not a regular file (a link, device or pipe); not brought home"
-             for name in skipped[:REPORTED_SKIPS]]
-    if len(skipped) > REPORTED_SKIPS:
-        lines.append(f"host '{host}': {len(skipped) - REPORTED_SKIPS} more non-regular files not brought home")
+             for name in skipped.names]
+    if skipped.total > len(skipped.names):
+        lines.append(f"host '{host}': {skipped.total - len(skipped.names)} more non-regular files not brought home")
     return lines
 
 

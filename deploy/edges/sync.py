@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.shell import local_workdir
@@ -27,6 +28,7 @@ from meshrun.deploy.run.syncset import shippable
 # (3.2.7 renamed it --secluded-args and keeps this one as its alias).
 PROTECT_ARGS = "--protect-args"
 PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
+GIT_TIMEOUT_S = 120  # `git ls-files` of a large project on a slow disk
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ def project_files(root: Path, private: tuple[Path, ...] = ()) -> bytes:
     inventory in use, its known_hosts and identity files)."""
     try:
         done = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                              capture_output=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as err:
+                              capture_output=True, check=True, timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
         raise MeshrunError(f"{root}: cannot list the project's files with git ({err}); "
                            "meshrun syncs a git checkout: run it from the repository") from None
     # Deleted-but-tracked files are still listed by git; rsync would fail on them.
@@ -78,8 +80,8 @@ def remote_spec(address: str, path: str) -> str:
 def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None) -> list[str]:
     """Copy the files listed on stdin from `root` to the host's workdir (or `dest` there)."""
     target = dest if dest is not None else remote_path(host.workdir)
-    argv = ["rsync", PROTECT_ARGS, "--archive", "--compress", "--mkpath", "--files-from=-", "--from0",
-            "--info=progress2", "--no-inc-recursive"]
+    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--compress", "--mkpath", "--files-from=-",
+            "--from0", "--info=progress2", "--no-inc-recursive"]
     if host.is_local:
         return argv + [f"{root}/", f"{target}/"]
     # rsync splits -e itself and honours quotes, so a shlex-joined argv survives.
@@ -91,38 +93,29 @@ def is_project_itself(host: Host, root: Path) -> bool:
 
 
 def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
-              progress: Callable[[str, int], None]) -> SyncResult:
-    """rsync the listed files to `host`; `progress(host, percent)` as rsync reports it."""
+              progress: Callable[[str, int], None], timeout: float) -> SyncResult:
+    """rsync the listed files to `host` within `timeout` s; `progress(host, percent)` as rsync reports it."""
     count = files.count(b"\0")
     if is_project_itself(host, root):
         return SyncResult(host.name, True, count)
     argv = rsync_argv(host, root, known_hosts,
                       str(local_workdir(host.workdir, root)) if host.is_local else None)
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    proc.stdin.write(files)
-    proc.stdin.close()
-    for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
-        for match in PROGRESS_RE.finditer(chunk):
+
+    def on_line(line: bytes) -> None:
+        for match in PROGRESS_RE.finditer(line + b" "):
             progress(host.name, int(match.group(1)))
-    err = proc.stderr.read().decode(errors="replace").strip()
-    if proc.wait() != 0:
-        raise MeshrunError(f"host '{host.name}': code sync failed (rsync exit {proc.returncode}): "
-                           f"{_last_line(err)}; check `fab check-network --hosts {host.name}`")
+
+    run_rsync(argv, host=host.name, what="code sync", timeout=timeout, stdin=files, on_line=on_line,
+              hint=f"check `fab check-network --hosts {host.name}`")
     progress(host.name, 100)
     return SyncResult(host.name, False, count)
-
-
-def _last_line(text: str) -> str:
-    lines = [l for l in text.splitlines() if l.strip()]
-    return lines[-1] if lines else "no message"
 
 
 def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None) -> list[str]:
     """rsync a local directory to `dest` (relative to the host's workdir), never replacing files there;
     regular files only (the folder may hold what hosts sent: links would point into this machine)."""
-    argv = ["rsync", PROTECT_ARGS, "--archive", "--no-links", "--no-devices", "--no-specials", "--mkpath",
-            "--ignore-existing"]
+    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--no-links", "--no-devices", "--no-specials",
+            "--mkpath", "--ignore-existing"]
     if host.is_local:
         return argv + [f"{local_dir}/", f"{local_workdir(host.workdir, root) / dest}/"]
     target = f"{remote_path(host.workdir)}/{dest}"

@@ -27,6 +27,11 @@ from pathlib import Path
 VENV = Path(".venv")
 STAMP = VENV / "meshrun-installed"
 PTH = "meshrun-reuse-site.pth"
+# Each step has a time limit, within the controller's own for the whole setup (an hour): a pip
+# that hangs on a dead index must not keep running here after the controller gave up.
+PIP_TIMEOUT_S = 3000  # a first torch download
+VENV_TIMEOUT_S = 600
+PROBE_TIMEOUT_S = 120  # an interpreter answering one question (torch's import on a cold disk)
 
 
 class SetupFailed(Exception):
@@ -39,14 +44,19 @@ def venv_python() -> Path:
 
 def site_packages(python: str) -> str:
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=PROBE_TIMEOUT_S).stdout.strip()
 
 
 def pip(what: str, *args: str) -> float:
     """Run the venv's pip; the seconds it took. A failure raises with pip's last lines."""
     started = time.monotonic()
-    done = subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True)
+    try:
+        done = subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+                              capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SetupFailed(f"pip did not finish installing {what} within {PIP_TIMEOUT_S} s; is the package index "
+                          "reachable from the host?") from None
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(("note:", "hint:"))]
         raise SetupFailed(f"pip could not install {what}: " + " | ".join(lines[-3:]))
@@ -70,7 +80,8 @@ def make_venv(reuse_site: str | None, actions: list[str]) -> None:
     if not venv_python().exists():
         # With --reuse-site, pip and setuptools come from the reused env too (newer than ensurepip's).
         without_pip = ["--without-pip"] if reuse_site else []
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *without_pip, str(VENV)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *without_pip, str(VENV)], check=True,
+                       timeout=VENV_TIMEOUT_S)
         actions.append(f"created venv {VENV.resolve()}")
     if reuse_site:
         target = Path(site_packages(str(venv_python()))) / PTH
@@ -110,13 +121,16 @@ def main() -> int:
     try:
         make_venv(args.reuse_site, actions)
         install(args, actions)
-    except (SetupFailed, subprocess.CalledProcessError, OSError) as err:
+    except (SetupFailed, subprocess.SubprocessError, OSError) as err:
         print(json.dumps({"error": str(err), "actions": actions}))
         return 1
-    torch = subprocess.run([str(venv_python()), "-c", "import torch; print(torch.__version__)"],
-                           capture_output=True, text=True)
-    print(json.dumps({"actions": actions, "python": os.path.abspath(venv_python()),
-                      "torch": torch.stdout.strip() if torch.returncode == 0 else None}))
+    try:
+        torch = subprocess.run([str(venv_python()), "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        version = torch.stdout.strip() if torch.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        version = None
+    print(json.dumps({"actions": actions, "python": os.path.abspath(venv_python()), "torch": version}))
     return 0
 
 

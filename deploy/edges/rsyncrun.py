@@ -1,0 +1,70 @@
+"""Running rsync for the code sync, the data sync, fetches and pushes: within a deadline, its
+stdout read line by line while its stderr is read at the same time (about 3000 unreadable files
+write more than a pipe holds), the last lines of stderr kept for the message, and rsync and its
+ssh never left running (deploy/edges/localproc.py).
+
+Every rsync argv carries `io_timeout_option()`: rsync's own I/O timeout, so a host that accepts
+the connection and then sends nothing (its sshd never starts the command, or its rsync is stuck)
+ends the transfer after RSYNC_IO_TIMEOUT_S, however long the whole transfer may take. rsync
+sends keep-alives while it works, so an honest host that is busy never meets it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from meshrun.deploy.edges.capped import LineSplitter, TailLines
+from meshrun.deploy.edges.localproc import run_bounded
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.run.answers import said
+
+RSYNC_IO_TIMEOUT_S = 60
+RSYNC_TIMEOUT_EXIT = 30  # rsync's exit status for "timeout in data send/receive"
+ERR_LINES = 20  # of rsync's stderr, kept for the message
+MESSAGE_CHARS = 1000  # of those lines in the message: the newest that fit
+
+
+def io_timeout_option() -> str:
+    return f"--timeout={RSYNC_IO_TIMEOUT_S}"
+
+
+def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint: str, stdin: bytes | None = None,
+              on_line: Callable[[bytes], None] | None = None) -> None:
+    """Run rsync to its end within `timeout` s, each line of its stdout (split at \\n and \\r) to
+    `on_line`. A failure is one MeshrunError: `host '<host>': <what> failed (rsync exit N): <the
+    last lines of its stderr>; <hint>`."""
+    lines, errors = LineSplitter(b"\r\n"), TailLines(ERR_LINES)
+
+    def out(data: bytes) -> None:
+        for line in lines.feed(data):
+            if on_line is not None:
+                on_line(line)
+
+    try:
+        rc = run_bounded(argv, timeout=timeout, on_stdout=out, on_stderr=errors.feed, stdin=stdin, sweep_group=True)
+    except OSError as err:
+        raise MeshrunError(f"host '{host}': {what}: cannot run {argv[0]} here ({err.strerror}); install rsync") from None
+    for line in lines.flush():
+        if on_line is not None:
+            on_line(line)
+    if rc == 0:
+        return
+    said_last = stderr_tail(errors.text())
+    if rc is None:
+        raise MeshrunError(f"host '{host}': {what} did not finish within {timeout:.0f} s; rsync was stopped "
+                           f"({said_last}); {hint}")
+    why = f"rsync exit {rc}" + (f": no data from the host for {RSYNC_IO_TIMEOUT_S} s" if rc == RSYNC_TIMEOUT_EXIT else "")
+    raise MeshrunError(f"host '{host}': {what} failed ({why}): {said_last}; {hint}")
+
+
+def stderr_tail(lines: Sequence[str]) -> str:
+    """rsync's last stderr lines on one line, newest last, escaped; as many as fit in MESSAGE_CHARS."""
+    shown: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        text = said(line.strip(), MESSAGE_CHARS)
+        if shown and size + len(text) + 3 > MESSAGE_CHARS:
+            break
+        shown.insert(0, text)
+        size += len(text) + 3
+    return " | ".join(shown) if shown else "no message"
