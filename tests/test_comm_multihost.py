@@ -7,6 +7,7 @@ One test function runs all hooks in turn (one cluster, code synced once) to stay
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,27 @@ def test_comm_flag_rejects_unknown_hooks_and_scripts(tmp_path: Path) -> None:
                                     "diloco, diloco-overlap") in bad.stderr
     script = fab("train", "--comm", "fp16", "--script", "bench/barrier_probe.py")
     assert script.returncode == 2 and "--comm applies to the built-in trainer, not to --script" in script.stderr
+
+
+def test_hier_trains_by_site_and_records_the_matrix(testbed, make_inventory) -> None:
+    """`--comm hier` on h1, h2 at `office` and h3 at `home`: the inventory's sites reach every rank
+    (MESHRUN_SITE), the trainer builds them, and commplan.json holds the measured matrix, the
+    sites and hier's floor."""
+    sites = {"h1": "office", "h2": "office", "h3": "home"}
+    inventory = make_inventory(host_overrides={h: {"site": s} for h, s in sites.items()})
+    done = fab("train", "--inventory", str(inventory), "--skip-checks", "--comm", "hier", "--", *TRAIN, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "comm: comm.hook=hier, floor " in done.stdout
+    assert re.search(r"comm: hier: 2 sites: (office|home) ranks \[[0-2](, [0-2])?\], (office|home) ranks \[", done.stdout)
+    run_id = run_id_of(done.stdout)
+    plan = json.loads((ROOT / "runs" / run_id / "commplan.json").read_text())
+    assert plan["hook"] == "hier" and plan["site_links"]["sites"] == [["office", ["h1", "h2"]], ["home", ["h3"]]]
+    assert sorted((k["source"], k["target"]) for k in plan["links"]) == sorted(
+        (a, b) for a in sites for b in sites if a != b)
+    hier = next(f for f in plan["floors"] if f["hook"] == "hier")
+    assert hier["floor_s"] == hier["inside_s"] + hier["between_s"] > 0
+    summary = summary_of(run_id)
+    assert summary["comm"]["hook"] == "hier" and summary["world_size"] == 3
+    # It learns (87.5 % when written): 6 epochs are 12 outer steps; the accuracy bar against plain
+    # DDP is tests/test_train_hier.py's, at digits' 20 epochs.
+    assert summary["metrics"]["test_acc"] >= 0.8, summary["metrics"]
