@@ -9,6 +9,7 @@ show it), `event`, `run_id` and `time`, plus the fields of its kind:
     host_lost|host_back|host_joined|host_left   host, world_size, detail
     rendezvous_moved           host (the new rendezvous host), world_size, detail
     idle                       host, idle_s, threshold, stopping (--idle-stop)
+    checkpoint                 step, host (with --every-checkpoint: the newest step a host lists)
 
 `world_size` is null where the sender does not know it (a detached run's agent).
 """
@@ -57,3 +58,7 @@ def idle(run_id: str, time: float, host: str, idle_s: float, threshold: float, s
     then = "; stopping the run (--idle-stop)" if stopping else ""
     return body("idle", run_id, time, f"host {host} idle for {idle_s:.0f} s (under {threshold:.0%} utilisation){then}",
                 host=host, idle_s=round(idle_s, 1), threshold=threshold, stopping=stopping)
+
+
+def checkpoint(run_id: str, time: float, step: int, host: str) -> dict[str, Any]:
+    return body("checkpoint", run_id, time, f"checkpoint at step {step} (on {host})", step=step, host=host)

@@ -115,11 +115,12 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
     "notify": "POST the run's events as JSON to this http(s) URL (repeatable; a secret: never shown or recorded)",
     "idle_warn": "warn when a host stays idle (under 10% GPU use; CPU hosts: its busiest run process under 10% of a core) this many minutes (default 10; decimals allowed)",
     "idle_stop": "stop the run when a host stays idle this many minutes",
+    "every_checkpoint": "with --notify: also an event for each newer checkpoint a host lists (checked every few seconds)",
 }, iterable=["notify"])
 @guarded
 def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout="",
           detach=False, skip_checks=False, no_sync=False, resume="", comm="", firewall=False, notify=None,
-          idle_warn="", idle_stop="", project="", runs_dir="", debug=False):
+          idle_warn="", idle_stop="", every_checkpoint=False, project="", runs_dir="", debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
     from meshrun.deploy.commands.train import TrainRequest, main
     from meshrun.deploy.run.idle import policy_from_flags
@@ -130,7 +131,7 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=""
     request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None,
                            flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S),
                            detach, skip_checks, no_sync, resume or None, comm or None, firewall, tuple(notify or ()),
-                           idle)
+                           idle, bool(every_checkpoint))
     where = _project(project, runs_dir)
     if not firewall:
         _exit(main(request, where))

@@ -113,8 +113,8 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
     # Longer than the other faults' runs: h3 is away ~40 s (its agent's 30 s heartbeat timeout),
     # and there must be training left when it comes back.
     receiver = Receiver()  # issue 23: the run's notifications, h3's loss and return among them
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url, "--",
-                     *LONG_TRAIN)
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url,
+                     "--every-checkpoint", "--", *LONG_TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
         with testbed.link_cut(3):
@@ -136,10 +136,13 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
     finally:
         run.close()
         receiver.close()
-    print("notified", [(b["event"], b.get("host"), b.get("detail")) for b in receiver.bodies])
-    assert [(b["event"], b.get("host")) for b in receiver.bodies] == [
+    print("notified", [(b["event"], b.get("host"), b.get("detail") or b.get("step")) for b in receiver.bodies])
+    steps = [b["step"] for b in receiver.bodies if b["event"] == "checkpoint"]
+    assert steps and steps == sorted(set(steps)) and all(s % 5 == 0 for s in steps), steps  # every_steps=5
+    bodies = [b for b in receiver.bodies if b["event"] != "checkpoint"]
+    assert [(b["event"], b.get("host")) for b in bodies] == [
         ("started", None), ("host_lost", "h3"), ("host_back", "h3"), ("finished", None)]
-    assert "came back" in receiver.bodies[2]["detail"] and receiver.bodies[2]["world_size"] == 3
+    assert "came back" in bodies[2]["detail"] and bodies[2]["world_size"] == 3
     summary = summary_of(run_id)
     assert summary["status"] == "succeeded" and summary["lost_hosts"] == ["h3"]
     events = [(e["event"], e["host"], e["detail"]) for e in summary["timeline"]]

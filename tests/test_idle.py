@@ -112,3 +112,23 @@ def test_watch_rows_say_when_a_host_stops_answering() -> None:
     for bad in ("0", "x", "-1", "²", "10001"):
         with pytest.raises(InputError, match="--frames"):
             parse_frames(bad)
+
+
+def test_checkpoint_steps_in_usage_answers(tmp_path, monkeypatch) -> None:
+    """--every-checkpoint's source: the newest step the host's own manifest lists, in the trainer's
+    exact names only; shape-checked on the controller."""
+    from meshrun import events
+
+    monkeypatch.chdir(tmp_path)
+    assert usage.newest_checkpoint("r1") is None
+    folder = tmp_path / "runs" / "r1" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "MANIFEST.sha256").write_text(f"{'a' * 64}  ckpt-step000000010.pt\n{'b' * 64}  best.pt\n"
+                                            f"{'c' * 64}  ckpt-step000000005.pt\n{'d' * 64}  ckpt-step99.pt\n")
+    assert usage.newest_checkpoint("r1") == 10
+    assert idle.read_usage("h1", '{"time": 1, "cpu_s": 0, "procs": 0, "checkpoint": 10}').checkpoint == 10
+    with pytest.raises(MeshrunError, match="checkpoint is 'x'"):
+        idle.read_usage("h1", '{"time": 1, "cpu_s": 0, "procs": 0, "checkpoint": "x"}')
+    assert events.checkpoint("r1", 5.0, 10, "h2") == {
+        "text": "meshrun run r1: checkpoint at step 10 (on h2)", "event": "checkpoint", "run_id": "r1", "time": 5.0,
+        "step": 10, "host": "h2"}

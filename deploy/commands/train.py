@@ -63,6 +63,7 @@ class TrainRequest:
     firewall: bool = False  # bracketed by `fab firewall` (deploy/commands/firewall.around_run)
     notify: tuple[str, ...] = ()  # webhook receivers (secrets: never printed, logged or recorded)
     idle: IdlePolicy = IdlePolicy()  # when a host counts as idle, and --idle-stop
+    every_checkpoint: bool = False  # a `checkpoint` notification for each newer step a host lists
 
 
 def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest:
@@ -199,7 +200,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
         sender = Sender(urls, renderer.warn)
         sender.send(notify.started(run_id, time.time(), [h.name for h in hosts], plan.world_size))
         outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin, sender,
-                                         request.idle)
+                                         request.idle, request.every_checkpoint)
     status = _conclude(outcome, summary, project, renderer)
     sender.send(notify.ended(run_id, outcome.ended, summary.status, summary.duration_s, summary.reason,
                              summary.failed_host))
@@ -238,10 +239,10 @@ def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...]
 
 def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, sessions: Mapping[str, Session],
                   project: Project, renderer: Renderer, origin: dict, sender: Sender,
-                  policy: IdlePolicy) -> tuple[JobOutcome, RunSummary]:
+                  policy: IdlePolicy, every_checkpoint: bool = False) -> tuple[JobOutcome, RunSummary]:
     """Run with this controller watching; returns the outcome and the summary to write."""
     poller = RequestPoller(record, inventory, project, renderer) if plan.elastic else None
-    outcome, idle = _watched(plan, inventory, sessions, project, renderer, poller, sender, policy)
+    outcome, idle = _watched(plan, inventory, sessions, project, renderer, poller, sender, policy, every_checkpoint)
     lost = outcome.unreachable()
     answering = {name: session for name, session in sessions.items() if name not in lost}
     if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
@@ -257,7 +258,7 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
 
 def _watched(plan: LaunchPlan, inventory: Inventory, sessions: Mapping[str, Session], project: Project,
              renderer: Renderer, poller: RequestPoller | None, sender: Sender,
-             policy: IdlePolicy) -> tuple[JobOutcome, list[dict]]:
+             policy: IdlePolicy, every_checkpoint: bool) -> tuple[JobOutcome, list[dict]]:
     """The JobRunner, its membership changes shown and sent, its hosts watched for idleness."""
     reconnect = (lambda host: connect(host, inventory.known_hosts, project.root, PING_TIMEOUT_S))
 
@@ -269,8 +270,11 @@ def _watched(plan: LaunchPlan, inventory: Inventory, sessions: Mapping[str, Sess
     def tell(host: str, now: float, idle_s: float, stopping: bool) -> None:
         sender.send(events.idle(plan.run_id, now, host, idle_s, policy.threshold, stopping))
 
+    def checkpoint(host: str, now: float, step: int) -> None:
+        sender.send(events.checkpoint(plan.run_id, now, step, host))
+
     watcher = IdleWatcher(policy, tuple(h.host for h in plan.hosts), sessions, plan.run_id, sys.executable,
-                          renderer.warn, tell)
+                          renderer.warn, tell, checkpoint if every_checkpoint else None)
 
     def requests(runner: JobRunner) -> None:
         if poller is not None:

@@ -1,7 +1,8 @@
 """Idle detection for an attached run: a thread asks each host how busy the run is there
 (`deploy/host/usage.py`, every few seconds), feeds the pure rule (`deploy/run/idle.py`), and
 warns once per idle spell (a console line, a notification, the summary's `idle`); with
-`--idle-stop` it asks the JobRunner to stop the run. A host that does not answer, or answers out
+`--idle-stop` it asks the JobRunner to stop the run. The same answers carry the newest checkpoint
+step each host lists: a newer one than any seen is passed on (`--every-checkpoint`). A host that does not answer, or answers out
 of shape, is skipped for that round: idleness is never judged from silence (a lost host is the
 membership rules' business)."""
 
@@ -29,9 +30,11 @@ class IdleStop(KeyboardInterrupt):
 class IdleWatcher:
     def __init__(self, policy: rules.IdlePolicy, hosts: tuple[Host, ...], sessions: Mapping[str, Session],
                  run_id: str, local_python: str, warn: Callable[[str], None],
-                 tell: Callable[[str, float, float, bool], None]) -> None:
+                 tell: Callable[[str, float, float, bool], None],
+                 on_checkpoint: Callable[[str, float, int], None] | None = None) -> None:
         self.policy, self.hosts, self.sessions, self.run_id = policy, hosts, sessions, run_id
-        self.local_python, self.warn, self.tell = local_python, warn, tell
+        self.local_python, self.warn, self.tell, self.on_checkpoint = local_python, warn, tell, on_checkpoint
+        self.newest_checkpoint = -1
         self.states = {h.name: rules.IdleState() for h in hosts}
         self.last: dict[str, rules.Usage] = {}
         self.warnings: list[dict[str, Any]] = []
@@ -66,6 +69,10 @@ class IdleWatcher:
 
     def _judge(self, name: str, now: rules.Usage) -> None:
         before, self.last[name] = self.last.get(name), now
+        if now.checkpoint is not None and now.checkpoint > self.newest_checkpoint:
+            self.newest_checkpoint = now.checkpoint
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(name, now.time, now.checkpoint)
         util = rules.utilisation(before, now) if before is not None else None
         state = self.states[name]
         for action in rules.step(state, self.policy, now.time, util):

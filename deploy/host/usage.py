@@ -2,7 +2,8 @@
 Standard library only. Prints one JSON object:
 
     {"time": now, "cpu_s": CPU seconds (user + system) of the run's live processes, "procs": how many,
-     "per_pid": {pid: CPU seconds} (at most 256), "gpu_util": [percent per GPU the run's workers see] or null}
+     "per_pid": {pid: CPU seconds} (at most 256), "gpu_util": [percent per GPU the run's workers see] or null,
+     "checkpoint": the newest step this host's checkpoint manifest lists, or null}
 
 The run's processes are found by their environment tags (`procs.tagged_pids`), never by name. GPU
 utilisation comes from nvidia-smi where there is one: the GPUs named by the workers'
@@ -19,10 +20,12 @@ import subprocess
 import sys
 import time
 
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
 from meshrun.deploy.host.procs import tagged_pids
 
 NVIDIA_SMI_TIMEOUT_S = 10
 MAX_PIDS = 256
+MANIFEST_READ = 1 << 20  # the trainer's manifest is a few hundred bytes
 GPU_QUERY = ("--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits")
 
 
@@ -69,11 +72,23 @@ def gpu_util(pids: list[int]) -> list[int] | None:
     return found or None
 
 
+def newest_checkpoint(run_id: str) -> int | None:
+    """The newest periodic checkpoint the run's manifest here lists (the trainer's exact names only)."""
+    try:
+        with open(f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}", "rb") as f:
+            text = f.read(MANIFEST_READ).decode("ascii", "replace")
+    except OSError:
+        return None
+    steps = [checkpoint_step(line.split("  ", 1)[1]) for line in text.splitlines() if "  " in line]
+    return max((s for s in steps if s is not None), default=None)
+
+
 def usage(run_id: str, host: str) -> dict:
     pids = sorted(tagged_pids(run_id, host))
     per_pid = {str(pid): t for pid in pids if (t := cpu_seconds(pid)) is not None}
     return {"time": time.time(), "cpu_s": round(sum(per_pid.values()), 3), "procs": len(per_pid),
-            "per_pid": dict(list(per_pid.items())[:MAX_PIDS]), "gpu_util": gpu_util(pids)}
+            "per_pid": dict(list(per_pid.items())[:MAX_PIDS]), "gpu_util": gpu_util(pids),
+            "checkpoint": newest_checkpoint(run_id)}
 
 
 if __name__ == "__main__":

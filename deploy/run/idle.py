@@ -30,6 +30,7 @@ class Usage:
     procs: int
     gpu_util: tuple[int, ...] | None
     per_pid: tuple[tuple[int, float], ...] = ()  # (pid, CPU seconds) of each run process
+    checkpoint: int | None = None  # the newest step the host's checkpoint manifest lists
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,11 @@ def read_usage(host: str, text: str) -> Usage:
     if not (isinstance(per_pid, dict) and len(per_pid) <= PID_LIMIT and all(
             k.isascii() and k.isdigit() and len(k) < 10 and is_real(v) and v >= 0 for k, v in per_pid.items())):
         raise reader.bad("per_pid", per_pid, f"an object of at most {PID_LIMIT} pid: CPU seconds")
+    step = answer.get("checkpoint")
+    if not (step is None or is_int(step) and 0 <= step < 10**9):
+        raise reader.bad("checkpoint", step, "null or a step number")
     return Usage(float(now), float(cpu), procs, tuple(gpus[:GPU_LIMIT]) if gpus else None,
-                 tuple(sorted((int(k), float(v)) for k, v in per_pid.items())))
+                 tuple(sorted((int(k), float(v)) for k, v in per_pid.items())), step)
 
 
 def utilisation(before: Usage, now: Usage) -> float | None:
