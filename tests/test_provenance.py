@@ -62,9 +62,16 @@ def test_checkpoints_and_links() -> None:
     manifest = parse_manifest(f"{A}  ckpt-step000000010.pt\n{B}  best.pt\n{A}  ../../etc/passwd\n".encode())
     assert rules.checkpoint_files(manifest) == {"ckpt-step000000010.pt": A, "best.pt": B}
     saved = {"hook": "none", "nodes": 3, "bandwidth_bytes_s": 1e8, "rtt_s": 0.001, "gradient_bytes": 400,
-             "floors": [], "reason": "x"}
+             "floors": [], "reason": "x",
+             "links": [{"source": "h1", "target": "h2", "mbit_s": 940.5, "rtt_ms": 0.3, "extra": 1},
+                       {"source": "h1", "target": "h3", "mbit_s": None, "rtt_ms": None},
+                       {"source": "h2", "target": 3, "mbit_s": 1, "rtt_ms": 1}, "junk",
+                       {"source": "h2", "target": "h3", "mbit_s": -1, "rtt_ms": 1}]}
     assert rules.link_facts(saved) == {"hook": "none", "nodes": 3, "bandwidth_bytes_s": 1e8, "rtt_s": 0.001,
-                                       "gradient_bytes": 400}
+                                       "gradient_bytes": 400, "matrix": [
+                                           {"source": "h1", "target": "h2", "mbit_s": 940.5, "rtt_ms": 0.3},
+                                           {"source": "h1", "target": "h3", "mbit_s": None, "rtt_ms": None}]}
+    assert rules.link_facts({"hook": "none"})["matrix"] == []
     assert rules.link_facts(None) is None
 
 

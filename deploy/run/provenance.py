@@ -5,7 +5,7 @@
      "meshrun": {"version", "build"},
      "hosts": {name: {"python", "torch", "cuda", "nccl", "meshrun", "gpus": [{"index", "name", "uuid"}]}
                | {"error": why}},
-     "links": commplan.json's measurement | null, "trainer_config": {...} | null,
+     "links": commplan.json's measurement and pairwise "matrix" | null, "trainer_config": {...} | null,
      "checkpoints": {"host", "files": {name: sha256}} | null}
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from meshrun.deploy.check.answers import facts_of
 from meshrun.deploy.check.verdicts import Gpu
-from meshrun.deploy.run.answers import from_json
+from meshrun.deploy.run.answers import from_json, is_real
 from meshrun.deploy.run.manifest import Manifest
 
 CHANGED_SHOWN = 100  # files named in `changed_files`; `changed_count` counts them all
@@ -25,6 +25,8 @@ CONFIG_KIND = '"kind": "config"'  # what grep looks for in metrics.jsonl (train/
 CONFIG_MAX_CHARS = 64 * 1024  # of one config record: the trainer's is a few hundred bytes
 CONFIG_MAX_DEPTH = 6
 LINK_FIELDS = ("hook", "nodes", "bandwidth_bytes_s", "rtt_s", "gradient_bytes")
+MATRIX_FIELDS = ("source", "target", "mbit_s", "rtt_ms")
+MATRIX_MAX = 4096  # pairs: 64 hosts
 
 
 def porcelain_paths(status: bytes) -> list[str]:
@@ -90,8 +92,19 @@ def trainer_config(lines: str) -> dict[str, Any] | None:
 
 
 def link_facts(saved_plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What `--comm` measured (commplan.json, already shape-checked by its loader)."""
-    return None if saved_plan is None else {k: saved_plan.get(k) for k in LINK_FIELDS}
+    """What `--comm` measured (commplan.json): its summary numbers and the pairwise matrix
+    (`links`: source, target, mbit_s, rtt_ms), each entry kept only in that shape."""
+    if saved_plan is None:
+        return None
+    links = saved_plan.get("links") if isinstance(saved_plan.get("links"), list) else []
+    matrix = [{k: link[k] for k in MATRIX_FIELDS} for link in links[:MATRIX_MAX] if _matrix_entry(link)]
+    return {**{k: saved_plan.get(k) for k in LINK_FIELDS}, "matrix": matrix}
+
+
+def _matrix_entry(link: object) -> bool:
+    return (isinstance(link, dict) and all(isinstance(link.get(k), str) and 0 < len(link[k]) <= 64
+                                           for k in ("source", "target"))
+            and all(link.get(k) is None or is_real(link.get(k)) and link[k] >= 0 for k in ("mbit_s", "rtt_ms")))
 
 
 def _text(value: object, limit: int = 80) -> str:
