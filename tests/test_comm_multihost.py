@@ -7,6 +7,7 @@ One test function runs all hooks in turn (one cluster, code synced once) to stay
 from __future__ import annotations
 
 import json
+import platform
 import re
 from pathlib import Path
 
@@ -74,6 +75,14 @@ def test_hier_trains_by_site_and_records_the_matrix(testbed, make_inventory) -> 
     assert hier["floor_s"] == hier["inside_s"] + hier["between_s"] > 0
     summary = summary_of(run_id)
     assert summary["comm"]["hook"] == "hier" and summary["world_size"] == 3
+    # Issue 23: the provenance holds the measured matrix and, with --skip-checks, each host's versions.
+    prov = summary["provenance"]
+    assert prov["links"]["matrix"] == [{k: link[k] for k in ("source", "target", "mbit_s", "rtt_ms")}
+                                       for link in plan["links"]] and prov["links"]["hook"] == "hier"
+    assert sorted(prov["hosts"]) == ["h1", "h2", "h3"]
+    assert all(h["python"] == platform.python_version() and h["torch"] and h["gpus"] == []
+               and h["meshrun"] == f"{prov['meshrun']['version']} (build {prov['meshrun']['build']})"
+               for h in prov["hosts"].values()), prov["hosts"]
     # It learns (87.5 % when written): 6 epochs are 12 outer steps; the accuracy bar against plain
     # DDP is tests/test_train_hier.py's, at digits' 20 epochs.
     assert summary["metrics"]["test_acc"] >= 0.8, summary["metrics"]
