@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -133,15 +134,56 @@ def wg_inventory(testbed_wg: SimCluster, make_inventory: Callable[..., Path]) ->
 # Fixtures that stand on the one simulated cluster of this machine (its flock allows one user).
 CLUSTER_FIXTURES = frozenset({"testbed", "testbed_wg", "zt_session", "zt_testbed", "make_inventory",
                               "inventory", "zt_inventory", "wg_inventory"})
+CLUSTER_GROUP = "simulated-cluster"
+# Where the workers list the cluster tests they collected, for the controller's scheduler.
+CLUSTER_LIST_ENV = "MESHRUN_CLUSTER_TESTS_FILE"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def _on_the_cluster(item: pytest.Item) -> bool:
+    """A test marked `cluster`, or one that asks for a cluster fixture (directly or not)."""
+    return item.get_closest_marker("cluster") is not None or bool(
+        set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`tests/run` runs `-n 2 --dist loadgroup`), the controller names a file
+    before its workers start (they inherit the environment) where they list the cluster tests."""
+    if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="meshrun-cluster-tests-")
+        os.close(fd)
+        os.environ[CLUSTER_LIST_ENV] = path
+        config.add_cleanup(lambda: os.unlink(path))
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`tests/run` uses `-n 2 --dist loadgroup`), every test that stands on the
-    simulated cluster runs in one worker, one after another, as the cluster allows; the other
-    worker takes the pure and single-machine tests meanwhile. A test marked `cluster` counts too,
-    and so does one that only asks for a cluster fixture."""
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("cluster") is not None or fixtures & CLUSTER_FIXTURES:
-            item.add_marker(pytest.mark.xdist_group("simulated-cluster"))
+    path = os.environ.get(CLUSTER_LIST_ENV)
+    if path and hasattr(config, "workerinput"):
+        listed = "".join(item.nodeid + "\n" for item in items if _on_the_cluster(item))
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False) as tmp:
+            tmp.write(listed)
+        os.replace(tmp.name, path)  # every worker collects the same tests: the same list
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Every simulated-cluster test runs in one worker, one after another, as the one cluster of a
+    machine allows; the other worker takes the pure and single-machine tests meanwhile. (xdist's
+    own `xdist_group` mark cannot do it under pytest 9: xdist 3.8 renames the test through an
+    attribute pytest 9 no longer reads, and the group's tests spread over both workers.)"""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterTestsTogether(LoadScopeScheduling):
+        """Work units: the cluster tests as one (the largest, so it starts first), every other
+        test alone."""
+
+        cluster: frozenset[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.cluster is None:  # read once: the workers have collected when scheduling starts
+                self.cluster = frozenset(Path(os.environ[CLUSTER_LIST_ENV]).read_text().splitlines())
+            return CLUSTER_GROUP if nodeid in self.cluster else nodeid
+
+    return ClusterTestsTogether(config, log)
