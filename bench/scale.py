@@ -90,18 +90,18 @@ def fab(*args: str, env: dict[str, str]) -> Timed:
     """`fab ARGS` from the repository, timed, with its controller's peak use sampled."""
     start = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "fabric", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env)
     usage, done = Usage(), threading.Event()
     sampler = threading.Thread(target=_sample, args=(proc.pid, usage, done), daemon=True)
     sampler.start()
     try:
-        output, _ = proc.communicate(timeout=TASK_TIMEOUT_S)
+        output, errors = proc.communicate(timeout=TASK_TIMEOUT_S)
     finally:
         done.set()
         proc.kill()
     sampler.join()
     if proc.returncode != 0:
-        raise RuntimeError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{output[-3000:]}")
+        raise RuntimeError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{output[-3000:]}{errors[-3000:]}")
     return Timed(start, time.time() - start, output, usage)
 
 
