@@ -174,7 +174,7 @@ def measure(cluster: SimCluster, n: int) -> dict[str, Timed | float]:
 COLUMNS = ("check", "train", "train_fast", "status", "stop", "fetch")
 
 
-def print_table(results: dict[int, dict[str, Timed | float]]) -> None:
+def print_table(results: dict[int, dict[str, Timed | float]], last_line: bool = True) -> None:
     print(f"{'N':>3} {'bare s':>7} " + " ".join(f"{c + ' s (x)':>17}" for c in COLUMNS)
           + f" {'peak RSS MB':>11} {'threads':>7} {'ssh':>4}")
     for n, row in results.items():
@@ -185,9 +185,10 @@ def print_table(results: dict[int, dict[str, Timed | float]]) -> None:
         rss = max(t.usage.rss_mb for t in timed)  # type: ignore[union-attr]
         threads = max(t.usage.threads for t in timed)  # type: ignore[union-attr]
         ssh = max(t.usage.ssh for t in timed)  # type: ignore[union-attr]
-        print(f"{n:>3} {bare:>7.1f} {cells} {rss:>11.0f} {threads:>7} {ssh:>4}")
-    slopes = slope_lines(results)
-    for line in slopes:
+        print(f"{n:>3} {bare:>7.1f} {cells} {rss:>11.0f} {threads:>7} {ssh:>4}", flush=True)
+    if not last_line:
+        return
+    for line in slope_lines(results):
         print(line)
     last = max(results)
     row = results[last]
@@ -217,15 +218,23 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     cluster = SimCluster("/tmp/meshrun-testbed")
     results: dict[int, dict[str, Timed | float]] = {}
+    failures: dict[int, str] = {}
     with exclusive():
         for n in sizes:
             print(f"testbed: {n} hosts up in {cluster.up(n):.1f} s", flush=True)
             try:
                 results[n] = measure(cluster, n)
+                print_table({n: results[n]}, last_line=False)  # each size as it is measured
+            except RuntimeError as err:  # a task that fails at this size is a finding, not the end
+                failures[n] = str(err).splitlines()[0]
+                print(f"N={n}: {failures[n]}", flush=True)
             finally:
                 print(f"testbed: down in {cluster.down().seconds:.1f} s", flush=True)
-    print_table(results)
-    return 0
+    if results:
+        print_table(results)
+    for n, why in failures.items():
+        print(f"P8 N={n} FAILED: {why}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
