@@ -30,7 +30,6 @@ from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV
                            PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
-from meshrun.deploy.host.notify import AgentNotices
 from meshrun.events import NOTIFY_KEY
 
 
@@ -69,6 +68,8 @@ class Supervisor:
         env = dict(os.environ)
         env.update(kv.split("=", 1) for kv in self.args.env)
         spec = self.args.secret_env.pop(NOTIFY_KEY, None)  # a detached run's receivers: never in the env
+        from meshrun.deploy.host.notify import AgentNotices  # urllib: only a run sends, status and stop never do
+
         self.notices = AgentNotices(spec if self.args.heartbeat_timeout == 0 else None, self.args.run_id,
                                     self.args.host, lambda line: self.emit(f"meshrun-agent: {line}\n".encode()))
         env.update(self.args.secret_env)  # the inventory's `env`, read from stdin, never argv
