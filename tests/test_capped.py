@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Iterator
@@ -79,6 +81,46 @@ def test_a_local_command_reads_both_pipes_at_once_and_keeps_its_answer_bounded(t
     assert result.stdout.startswith("o" * ANSWER_HEAD_BYTES + "\n" + f"[… {cut} bytes cut]\n")
     assert len(result.stderr.encode()) < ANSWER_MAX_BYTES + 100
     assert run_bounded(["sleep", "30"], timeout=0.5, on_stdout=print, on_stderr=print) is None
+
+
+CHILD_OF_A_KILLED_CONTROLLER = '''
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from meshrun.deploy.edges.localproc import run_bounded
+
+def out(data):
+    sys.stdout.buffer.write(data); sys.stdout.flush()
+
+with ThreadPoolExecutor(2) as pool:  # started from a worker thread, as the fan-out starts rsync
+    pool.submit(run_bounded, ["sh", "-c", "echo $$; exec sleep 60"], timeout=120, on_stdout=out, on_stderr=out)
+'''
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_controller_killed_outright_takes_its_local_commands_with_it() -> None:
+    """SIGKILL runs no exit handler: the child (in a group of its own, so a signal to the
+    controller's group misses it) still goes with its parent. Before, it ran on: a fetch's rsync
+    went on writing into the staging tree under the next fetch (CI, test_fetch_hostile)."""
+    controller = subprocess.Popen([sys.executable, "-c", CHILD_OF_A_KILLED_CONTROLLER], stdout=subprocess.PIPE)
+    try:
+        assert controller.stdout is not None
+        child = int(controller.stdout.readline())
+        assert _alive(child)
+        controller.kill()
+        controller.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), f"pid {child} outlived its controller"
+    finally:
+        controller.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def load_inventory_local(tmp_path: Path):  # type: ignore[no-untyped-def]

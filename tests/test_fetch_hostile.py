@@ -150,7 +150,7 @@ def refetch_is_clean(run_id: str, name: str, digest: str) -> None:
     assert "not overwritten: " not in done.stdout
     assert sorted(tree(home / "hosts/h2")) == ["checkpoints/MANIFEST.sha256", f"checkpoints/{name}", "metrics.jsonl"]
     assert sha256((home / "checkpoints" / name).read_bytes()) == digest
-    assert not (home / ".incoming").exists()
+    assert not (home / ".incoming").exists(), sorted(str(p.relative_to(home)) for p in (home / ".incoming").rglob("*"))
 
 
 def test_fetch_killed_mid_transfer_resumes_cleanly(testbed, inventory: Path) -> None:

@@ -201,7 +201,8 @@ def stage_verified(source: Path, digests: dict[str, str], out: Path) -> None:
 
 
 def remove_staging(staging: Staging) -> None:
-    """The staged copy goes once placed; partial transfers stay so the next fetch resumes."""
+    """The staged copy goes once placed; partial transfers stay so the next fetch resumes, and
+    an emptied partial dir goes with the rest."""
     shutil.rmtree(staging.tmp, ignore_errors=True)
     for top, dirs, files in os.walk(staging.tree, topdown=False):
         if PARTIAL_DIR in Path(top).relative_to(staging.tree).parts:
@@ -209,7 +210,7 @@ def remove_staging(staging: Staging) -> None:
         for name in files:
             Path(top, name).unlink()
         for name in dirs:
-            if name != PARTIAL_DIR and not os.listdir(Path(top, name)):
+            if not os.listdir(Path(top, name)):
                 Path(top, name).rmdir()
     for path in (staging.tree, staging.root):
         if path.is_dir() and not any(path.iterdir()):

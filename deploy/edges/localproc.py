@@ -5,12 +5,18 @@ that fills one pipe while nobody reads it waits for ever), and never left runnin
 Each runs in a process group of its own: at its deadline the whole group gets SIGTERM, then
 SIGKILL — rsync's ssh child too, which holds the stderr pipe and would outlive rsync. Groups
 still running when this controller exits (Ctrl-C included: KeyboardInterrupt ends the program)
-are killed on the way out.
+are killed on the way out. A controller killed outright (SIGKILL, a closed terminal, the OOM
+killer) runs no exit handler: on Linux each child is also started with PR_SET_PDEATHSIG, so the
+kernel sends it SIGTERM when the thread that started it goes (rsync then keeps its partial file
+for the next fetch, and its ssh sees its pipes close); without that, a fetch's rsync would go on
+writing into the staging tree under the next fetch.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -24,6 +30,7 @@ DRAIN_WAIT_S = 5.0  # a child that left the group may hold a pipe open: stop rea
 POLL_S = 0.05
 
 Sink = Callable[[bytes], None]
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _live: set[int] = set()
 _live_lock = threading.Lock()
 
@@ -35,7 +42,8 @@ def run_bounded(argv: Sequence[str], *, timeout: float, on_stdout: Sink, on_stde
     the process exits, kill what it left in its group (rsync's ssh). OSError when it cannot start."""
     deadline = time.monotonic() + timeout
     proc = subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_DIE_WITH_PARENT)
     with _live_lock:
         _live.add(proc.pid)
     try:
@@ -56,6 +64,30 @@ def run_bounded(argv: Sequence[str], *, timeout: float, on_stdout: Sink, on_stde
     finally:
         with _live_lock:
             _live.discard(proc.pid)
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """The function a child runs before exec to get SIGTERM when its parent thread goes (Linux),
+    resolved here, before any fork: the child only calls it (no lookup, no allocation)."""
+    if not os.uname().sysname == "Linux":
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    option, sig, zero = ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGTERM), ctypes.c_ulong(0)
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(option, sig, zero, zero, zero)
+        if os.getppid() != parent:  # it went between the fork and the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    return die_with_parent
+
+
+_DIE_WITH_PARENT = _parent_death_signal()
 
 
 def _thread(target: Callable[..., None], *args: object) -> threading.Thread:
