@@ -123,12 +123,18 @@ class BalanceRecord:
 
 @dataclass(frozen=True)
 class ProgressRecord:
+    """Read by `fab status --watch` (deploy/run/progress.py): two of them give the rate and the ETA."""
     epoch: int  # 0-based epoch in progress
     step_in_epoch: int
     steps_per_epoch: int
     global_step: int
     world_size: int
     time: float
+    samples_seen: int = 0  # real samples of all ranks since the run began
+    epochs: int = 0  # the epochs the run is to train
+    restarts: int = 0  # starts of the worker group before this one
+    host_batches: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # host: its ranks' batch sizes
+    since: tuple[float, int, int] = (0.0, 0, 0)  # this start's first record: time, global_step, samples_seen
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ class Trainer:
         self._build_loaders()
         self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
         self.run_seconds = [0.0] * env.world_size
+        self._progress_since: tuple[float, int, int] | None = None  # this start's first progress record
 
     def _build_loaders(self) -> None:
         cfg, env = self.cfg, self.env
@@ -278,13 +279,22 @@ class Trainer:
         show = done % max(self.cfg.log.print_every_steps, 1) == 0 or done_all
         self.console.step(done, float(tally.loss_sum) / max(tally.samples, 1) if show else None)
         if self.sink.progress_due():
-            self.sink.progress(ProgressRecord(epoch, done, self.sampler_steps_per_epoch(), gs,
-                                              self.env.world_size, time.time()))
+            self.sink.progress(self._progress(epoch, done, gs, cur.samples_seen))
         if self.ckpt.due(gs) and not done_all:
             loss_sum, count, correct = tally.partial()
             self._save(is_best=False, pos=self._position(cur, loss_sum, count, correct))
             if self.cfg.debug.stop_after_step == gs:
                 raise InjectedFailure(f"debug.stop_after_step={gs}: stopping after checkpoint")
+
+    def _progress(self, epoch: int, done: int, step: int, samples: int) -> ProgressRecord:
+        """Built only when due (every `log.progress_seconds`): a few fields more cost the loop nothing."""
+        now = time.time()
+        self._progress_since = self._progress_since or (now, step, samples)
+        host_batches: dict[str, list[int]] = {}
+        for host, size in zip(self.batches.hosts, self.batches.sizes):
+            host_batches.setdefault(host or "local", []).append(size)
+        return ProgressRecord(epoch, done, self.sampler_steps_per_epoch(), step, self.env.world_size, now,
+                              samples, self.cfg.epochs, self.starts - 1, host_batches, self._progress_since)
 
     def _end_epoch(self, epoch: int, result: EvalResult, totals: EpochTotals, train_s: float,
                    eval_s: float) -> None:
@@ -309,9 +319,7 @@ class Trainer:
         self.sink.scalars({"train/loss": train_loss, "train/acc1": train_acc,
                            "test/loss": result.loss, "test/acc1": result.top1,
                            "test/acc5": result.top5, "lr": lr}, self.pos.global_step)
-        self.sink.progress(ProgressRecord(epoch + 1, 0, self.sampler_steps_per_epoch(),
-                                          self.pos.global_step, self.env.world_size, time.time()),
-                           force=True)
+        self.sink.progress(self._progress(epoch + 1, 0, self.pos.global_step, self.pos.samples_seen), force=True)
         self._log_epoch(epoch, train_loss, train_acc, result, lr, train_s, totals)
         if self.cfg.debug.stop_after_epoch == epoch + 1:
             raise InjectedFailure(f"debug.stop_after_epoch={epoch + 1}: stopping after checkpoint")
