@@ -43,6 +43,9 @@ _PERIODIC_CHECKPOINT = re.compile(r"ckpt-step([0-9]{9})\.pt", re.ASCII)
 AGENT_PIDFILE = "agent.json"
 TRAIN_LOG = "train.log"
 EXIT_RECORD = "exit.json"
+# Membership events as JSON lines: each host's agent in its host directory (started, rejoined, peers
+# lost, rendezvous moved, workers restarted, ended); an attached controller in the run directory.
+EVENTS = "events.jsonl"
 TORCHRUN_LOGS = "torchrun"
 
 AGENT_MODULE = "meshrun.deploy.host.agent"

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from meshrun.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.records import append_event
 from meshrun.deploy.run.answers import remaining_pids, said
 from meshrun.deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
@@ -198,6 +199,8 @@ class JobRunner:
             size = world_size([h.view() for h in self.hosts])
             event = MembershipEvent(time.time(), change, host, size, detail)
             self.events.append(event)
+        append_event(self.local_dir, {"time": round(event.time, 3), "event": change.value, "host": host,
+                                      "world_size": size, "detail": detail})
         if self.notify is not None and change is not Change.STARTED:
             self.notify(event)
 

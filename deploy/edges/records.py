@@ -9,6 +9,7 @@ the run), or left out with a warning (a task listing runs), never trusted.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from meshrun.fsutil import atomic_write_bytes, atomic_write_json
-from meshrun.layout import DEFAULT_PG_TIMEOUT_S, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, SUMMARY
+from meshrun.layout import DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, SUMMARY
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.fields import NAME_RE
@@ -172,3 +173,13 @@ def write_summary(run_path: Path, summary: RunSummary) -> Path:
     path = run_path / SUMMARY
     atomic_write_bytes(path, (summary.to_json() + "\n").encode())
     return path
+
+
+def append_event(run_path: Path, event: dict[str, Any]) -> None:
+    """One membership event of an attached run as a line of `runs/<run_id>/events.jsonl`, for
+    `fab status --watch`; a journal that cannot be written never stops the run."""
+    try:
+        with open(run_path / EVENTS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(event) + "\n")
+    except OSError:
+        pass

@@ -26,7 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, HEARTBEAT_TIMEOUT_S,
+from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EVENTS, EXIT_RECORD,
+                           HEARTBEAT_TIMEOUT_S,
                            PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
@@ -86,12 +87,16 @@ class Supervisor:
         index = min(self.args.generation, len(generations) - 1)  # a host rejoining after a succession
         self.peers = PeerWatcher(parse_peers(self.args.peers)) if self.args.peers else None
         self.notices.started(generations[index].head)
+        again = (self.dir / EVENTS).exists()  # an agent of this run was here before: the host rejoins
+        self.journal("rejoined" if again else "started", f"agent started at generation {index}")
         while True:
             rc = self.run_generation(generations[index], index, env)
             if rc == 0 or self.stop_reason is not None or not self.head_lost or index + 1 >= len(generations):
                 break
             index += 1
             self.notices.moved(generations[index - 1].head, generations[index].head)
+            self.journal("rendezvous_moved", f"{generations[index - 1].head} lost; rendezvous now on "
+                                             f"{generations[index].head} (generation {index})")
             self.emit(f"meshrun-agent: rendezvous host '{generations[index - 1].head}' lost; the run goes on "
                       f"under a new rendezvous on '{generations[index].head}' (generation {index})\n".encode())
         if self.peers is not None:
@@ -99,6 +104,7 @@ class Supervisor:
         write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
                                              "generation": index})
         self.notices.ended(rc, self.stop_reason, generations[index].head)
+        self.journal("ended", f"exit status {rc} ({self.stop_reason or 'exited'})")
         return rc
 
     def run_generation(self, generation: Generation, index: int, env: dict[str, str]) -> int:
@@ -146,6 +152,7 @@ class Supervisor:
             if lost_peers:  # detached: no controller to send `restart` for a cut peer
                 self.emit(f"meshrun-agent: peer(s) {', '.join(lost_peers)} stopped answering\n".encode())
                 self.notices.lost(lost_peers, self.head)
+                self.journal("peers_lost", f"peer(s) {', '.join(lost_peers)} stopped answering")
                 self.restart_workers()
             if watcher is not None and watcher.lost:
                 self.head_lost = True
@@ -182,7 +189,16 @@ class Supervisor:
         spared = {os.getpid(), self.torchrun_pid}
         workers = [pid for pid in tagged_pids(self.args.run_id, self.args.host) if pid not in spared]
         self.emit(f"meshrun-agent: a peer was lost; restarting {len(workers)} worker(s)\n".encode())
+        self.journal("workers_restarted", f"a peer was lost; {len(workers)} worker(s) restarted")
         signal_all(None, workers, signal.SIGKILL)
+
+    def journal(self, event: str, text: str) -> None:
+        """One line of this host's events file, for `fab status --watch` (deploy/host/usage.py reads its tail)."""
+        try:
+            with open(self.dir / EVENTS, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"time": round(time.time(), 3), "event": event, "text": text}) + "\n")
+        except OSError:
+            pass  # the run goes on without its journal
 
     def tee(self, child: subprocess.Popen) -> None:
         assert child.stdout is not None

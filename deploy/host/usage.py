@@ -3,12 +3,19 @@ Standard library only. Prints one JSON object:
 
     {"time": now, "cpu_s": CPU seconds (user + system) of the run's live processes, "procs": how many,
      "per_pid": {pid: CPU seconds} (at most 256), "gpu_util": [percent per GPU the run's workers see] or null,
-     "checkpoint": the newest step this host's checkpoint manifest lists, or null}
+     "checkpoint": the newest step this host's checkpoint manifest lists, or null,
+     "checkpoint_time": when the manifest was last written, or null,
+     "gpus": [[index, util %, memory used MiB, memory total MiB, temperature °C] per GPU, null where
+              nvidia-smi says N/A] or null, "rss": resident bytes of the run's processes,
+     "rtt_ms": one TCP connect to the current rendezvous store, in ms, or null ("rtt_missed": it
+               did not answer within RTT_TIMEOUT_S), "events": the last lines of this host's agent
+               events file (deploy/host/agent.py), at most EVENTS_KEPT}
 
 The run's processes are found by their environment tags (`procs.tagged_pids`), never by name. GPU
-utilisation comes from nvidia-smi where there is one: the GPUs named by the workers'
+figures come from nvidia-smi where there is one: the GPUs named by the workers'
 CUDA_VISIBLE_DEVICES when they are indices, else every GPU. The controller turns two answers into
-a utilisation (`deploy/run/idle.py`).
+a utilisation (`deploy/run/idle.py`) and `fab status --watch`'s cells (`deploy/run/hostusage.py`).
+Every part is bounded in time (nvidia-smi, one connect) and in size.
 """
 
 from __future__ import annotations
@@ -16,17 +23,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 
-from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
+from meshrun.layout import (AGENT_PIDFILE, CHECKPOINT_MANIFEST, CHECKPOINTS, EVENTS, checkpoint_step, host_dir,
+                            run_dir)
 from meshrun.deploy.host.procs import tagged_pids
 
-NVIDIA_SMI_TIMEOUT_S = 10
+NVIDIA_SMI_TIMEOUT_S = 3
 MAX_PIDS = 256
 MANIFEST_READ = 1 << 20  # the trainer's manifest is a few hundred bytes
-GPU_QUERY = ("--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits")
+GPU_QUERY = ("--query-gpu=index,utilization.gpu,memory.used,memory.total,temperature.gpu",
+             "--format=csv,noheader,nounits")
+RTT_TIMEOUT_S = 1.0
+PIDFILE_READ = 1 << 20
+EVENTS_READ = 16 << 10  # the tail of the events file read
+EVENTS_KEPT = 20
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -54,7 +68,20 @@ def visible_gpus(pids: list[int]) -> set[int] | None:
     return None
 
 
-def gpu_util(pids: list[int]) -> list[int] | None:
+def parse_gpus(text: str, wanted: set[int] | None) -> list[list[int | None]]:
+    """nvidia-smi's `GPU_QUERY` lines → [index, util, memory used, memory total, temperature] of each
+    wanted GPU; a figure nvidia-smi cannot give (`[N/A]`, `[Not Supported]`) is None."""
+    found: list[list[int | None]] = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5 or not (parts[0].isascii() and parts[0].isdigit()):
+            continue
+        if wanted is None or int(parts[0]) in wanted:
+            found.append([int(p) if p.isascii() and p.isdigit() and len(p) < 10 else None for p in parts])
+    return found
+
+
+def gpus(pids: list[int]) -> list[list[int | None]] | None:
     tool = shutil.which("nvidia-smi")
     if tool is None:
         return None
@@ -62,14 +89,65 @@ def gpu_util(pids: list[int]) -> list[int] | None:
         out = subprocess.run([tool, *GPU_QUERY], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    wanted = visible_gpus(pids)
+    return parse_gpus(out.stdout, visible_gpus(pids)) or None
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Resident memory of the run's processes (statm's second field, in pages)."""
+    total = 0
+    for pid in pids[:MAX_PIDS]:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                total += int(f.read(200).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def rendezvous_endpoint(run_id: str, host: str) -> str | None:
+    """The current generation's `--rdzv-endpoint`, from this host's agent pidfile (None: standalone)."""
+    try:
+        with open(f"{host_dir(run_id, host)}/{AGENT_PIDFILE}", "rb") as f:
+            command = json.loads(f.read(PIDFILE_READ)).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(command, list):
+        return None
+    for flag, value in zip(command, command[1:]):
+        if flag in ("--rdzv-endpoint", "--rdzv_endpoint") and isinstance(value, str) and ":" in value:
+            return value
+    return None
+
+
+def rtt_ms(endpoint: str | None) -> tuple[float | None, bool]:
+    """One TCP connect to the rendezvous store, as the succession's watcher makes every 2 s
+    (deploy/host/succession.py): (milliseconds or None, whether it went unanswered)."""
+    if endpoint is None:
+        return None, False
+    address, _, port = endpoint.rpartition(":")
+    started = time.monotonic()
+    try:
+        with socket.create_connection((address.strip("[]"), int(port)), timeout=RTT_TIMEOUT_S):
+            return round((time.monotonic() - started) * 1000, 2), False
+    except (OSError, ValueError):
+        return None, True
+
+
+def recent_events(run_id: str, host: str) -> list[object]:
+    """The last EVENTS_KEPT lines of this host's agent events file that are JSON."""
+    try:
+        with open(f"{host_dir(run_id, host)}/{EVENTS}", "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - EVENTS_READ))
+            lines = f.read(EVENTS_READ).splitlines()[-EVENTS_KEPT:]
+    except OSError:
+        return []
     found = []
-    for line in out.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and all(p.isascii() and p.isdigit() for p in parts):
-            if wanted is None or int(parts[0]) in wanted:
-                found.append(int(parts[1]))
-    return found or None
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
 
 
 def newest_checkpoint(run_id: str) -> int | None:
@@ -83,12 +161,23 @@ def newest_checkpoint(run_id: str) -> int | None:
     return max((s for s in steps if s is not None), default=None)
 
 
+def manifest_time(run_id: str) -> float | None:
+    try:
+        return os.stat(f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}").st_mtime
+    except OSError:
+        return None
+
+
 def usage(run_id: str, host: str) -> dict:
     pids = sorted(tagged_pids(run_id, host))
     per_pid = {str(pid): t for pid in pids if (t := cpu_seconds(pid)) is not None}
+    found = gpus(pids)
+    rtt, missed = rtt_ms(rendezvous_endpoint(run_id, host))
     return {"time": time.time(), "cpu_s": round(sum(per_pid.values()), 3), "procs": len(per_pid),
-            "per_pid": dict(list(per_pid.items())[:MAX_PIDS]), "gpu_util": gpu_util(pids),
-            "checkpoint": newest_checkpoint(run_id)}
+            "per_pid": dict(list(per_pid.items())[:MAX_PIDS]),
+            "gpu_util": [g[1] for g in found if g[1] is not None] or None if found else None,
+            "checkpoint": newest_checkpoint(run_id), "checkpoint_time": manifest_time(run_id), "gpus": found,
+            "rss": rss_bytes(pids), "rtt_ms": rtt, "rtt_missed": missed, "events": recent_events(run_id, host)}
 
 
 if __name__ == "__main__":
