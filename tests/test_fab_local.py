@@ -95,13 +95,24 @@ def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: flo
         run_id = run_id_of(fab_run.wait_for(r"\[local:0\] epoch 1 ", timeout=120))
         assert run_processes(run_id)
         if sig == signal.SIGINT:  # issue 23, item 1: the live view of the same run, two frames, read only
-            view = fab("status", "--watch", "--frames", "6", "--run", run_id, timeout=90)
+            view = fab("status", "--watch", "--frames", "6", "--run", run_id, timeout=90, env={"COLUMNS": "200"})
             assert view.returncode == 0, view.stdout + view.stderr
             frames = view.stdout.split(f"run {run_id} — ")[1:]
-            assert len(frames) == 6 and all(re.search(r"│ local +│ running +│ 0 +│ \d+ +│ \d+ +│", f) for f in frames)
-            assert any(re.search(r"│ CPU \d+% +│ \d+ s ago", f) for f in frames), view.stdout  # two usage answers
-            rows = json.loads(fab("status", "--watch", "--json", "--run", run_id, timeout=60).stdout)
-            assert [(r["host"], r["state"], r["generation"]) for r in rows] == [("local", "running", "0")]
+            # host, state, ranks, generation, epoch, step, samples/s now / average, last progress, rtt (standalone: -)
+            row = r"│ local +│ running +│ 2 +│ 0 +│ \d+ +│ \d+ +│ (\d+|-) / \d+ +│ \d+ s ago +│ - +│"
+            assert len(frames) == 6 and all(re.search(row, f) for f in frames), view.stdout
+            assert any(re.search(r"│ \d+ / \d+ +│", f) for f in frames), view.stdout  # two progress answers
+            assert any(re.search(r"│ CPU \d+% +│ RSS \d+\.\d +│ - +│ \d+ s ago", f) for f in frames), view.stdout
+            assert re.search(r"world 2 rank\(s\) on 1 host\(s\) · epoch \d+/500 · step \d+ .* · ETA \d+ (h|min|s)",
+                             " ".join(frames[-1].split())), frames[-1]
+            assert "last events" in frames[-1] and "local started: agent started at generation 0" in frames[-1]
+            found = json.loads(fab("status", "--watch", "--json", "--run", run_id, timeout=60).stdout)
+            assert [(r["host"], r["state"], r["ranks"], r["generation"]) for r in found["hosts"]] == [
+                ("local", "running", "2", "0")]
+            assert found["run"].startswith("world 2 rank(s) on 1 host(s) · epoch ") and " · ETA " in found["run"]
+            texts = [e["text"] for e in found["events"]]  # the controller's, the agent's, the newest checkpoint
+            assert {"local started; world size 2", "local started: agent started at generation 0"} <= set(texts), texts
+            assert any(re.fullmatch(r"checkpoint saved at step \d+ \(local\)", t) for t in texts), texts
         with cpu_hog():  # the bound must hold on a loaded machine
             if sig == signal.SIGINT:
                 fab_run.signal_group(sig)  # what a terminal's Ctrl-C does

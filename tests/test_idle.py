@@ -104,10 +104,10 @@ def test_watch_rows_say_when_a_host_stops_answering() -> None:
             "h2": HostSeen(HostState("r1", "h2", "running", epoch=3, step=120), None, None, 89.0, "timed out"),
             "h3": HostSeen(state, Usage(20, 0, 1, (80, 90)), None, 99.0)}
     assert rows(["h1", "h2", "h3", "h4"], seen, 100.0) == [
-        WatchRow("h1", "running", "1", "3", "120", "CPU 50%", "0 s ago", ""),
-        WatchRow("h2", "not answering", "-", "3", "120", "-", "11 s ago", "timed out"),
-        WatchRow("h3", "running", "1", "3", "120", "GPU 85%", "1 s ago", ""),
-        WatchRow("h4", "asking", "-", "-", "-", "-", "never", "")]
+        WatchRow("h1", "running", "-", "1", "3", "120", "-", "-", "-", "CPU 50%", "-", "-", "0 s ago", ""),
+        WatchRow("h2", "not answering", "-", "-", "3", "120", "-", "-", "-", "-", "-", "-", "11 s ago", "timed out"),
+        WatchRow("h3", "running", "-", "1", "3", "120", "-", "-", "-", "GPU 85%", "-", "-", "1 s ago", ""),
+        WatchRow("h4", "asking", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "never", "")]
     assert parse_frames("") == 0 and parse_frames("3") == 3
     for bad in ("0", "x", "-1", "²", "10001"):
         with pytest.raises(InputError, match="--frames"):

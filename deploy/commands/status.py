@@ -32,13 +32,16 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
 
 def _watch(record: RunRecord, project: Project, frames: int, as_json: bool = False) -> None:
     """`--watch`: the live view until Ctrl-C, which leaves the view and never touches the run;
-    with `--json`, its rows once (after two rounds of questions, so `busy` has two answers)."""
-    watcher = RunWatch(record, project.root)
+    with `--json`, the same once (after two rounds of questions, so `busy` and samples/s have two answers):
+    {"hosts": [its rows], "run": its line, "events": [{"time", "text"}]}."""
+    watcher = RunWatch(record, project.root, project.runs)
     try:
         if as_json:
-            Renderer().json([asdict(r) for r in watcher.snapshot(REFRESH_S)])
+            found = watcher.snapshot(REFRESH_S)
+            Renderer().json({"hosts": [asdict(r) for r in found.rows], "run": found.run,
+                             "events": [{"time": at, "text": text} for at, text in zip(found.event_times, found.events)]})
             return
-        show(f"run {record.run_id}", watcher.rows, REFRESH_S, frames)
+        show(f"run {record.run_id}", watcher.view, REFRESH_S, frames)
     except KeyboardInterrupt:
         pass
     finally:

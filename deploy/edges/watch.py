@@ -6,12 +6,15 @@ stops and writes nothing on a host, so any number of people may watch a run."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from meshrun.fsutil import not_regular
+from meshrun.layout import EVENTS
 from meshrun.deploy.edges.agents import run_hosts
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import Session, connect
@@ -19,25 +22,47 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.host import usage as usage_probe
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.answers import said
-from meshrun.deploy.run.hoststate import parse_status
+from meshrun.deploy.run.hoststate import HostState, parse_status
+from meshrun.deploy.run.hostusage import controller_events, read_host_usage
 from meshrun.deploy.run.idle import read_usage
+from meshrun.deploy.run.progress import Progress
 from meshrun.deploy.run.plan import agent_verb_argv, python_of
-from meshrun.deploy.run.watchview import HostSeen, WatchRow, rows
+from meshrun.deploy.run.watchview import HostSeen, WatchView, view
 
 ASK_TIMEOUT_S = 5.0
+EVENTS_TAIL = 16 << 10  # bytes of the controller's events file read
+
+
+def tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a regular file as text; '' when there is none (or it is no file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        info = os.fstat(fd)
+        if not_regular(info.st_mode) is not None:
+            return ""
+        os.lseek(fd, max(0, info.st_size - limit), os.SEEK_SET)
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 class RunWatch:
-    def __init__(self, record: RunRecord, root: Path) -> None:
+    def __init__(self, record: RunRecord, root: Path, runs: Path) -> None:
         self.record, self.root = record, root
+        self.events_file = runs / record.run_id / EVENTS  # an attached controller's membership events
         self.hosts, self.inventory = run_hosts(record, root)
         self.sessions: dict[str, Session] = {}
         self.seen = {h.name: HostSeen() for h in self.hosts}
         self.asking: set[str] = set()
         self.lock = threading.Lock()
 
-    def rows(self) -> list[WatchRow]:
-        """Start a question to every host that has none in flight; the rows as last answered."""
+    def view(self) -> WatchView:
+        """Start a question to every host that has none in flight; the view as last answered."""
         for host in self.hosts:
             with self.lock:
                 if host.name in self.asking:
@@ -45,14 +70,16 @@ class RunWatch:
                 self.asking.add(host.name)
             threading.Thread(target=self._ask, args=(host,), daemon=True, name=f"watch-{host.name}").start()
         with self.lock:
-            return rows([h.name for h in self.hosts], dict(self.seen), time.time())
+            seen = dict(self.seen)
+        return view([h.name for h in self.hosts], seen, time.time(),
+                    controller_events(tail(self.events_file, EVENTS_TAIL)))
 
-    def snapshot(self, refresh_s: float, rounds: int = 2) -> list[WatchRow]:
-        """The rows after `rounds` rounds of questions, `refresh_s` apart (for --json)."""
-        self.rows()
+    def snapshot(self, refresh_s: float, rounds: int = 2) -> WatchView:
+        """The view after `rounds` rounds of questions, `refresh_s` apart (for --json)."""
+        self.view()
         for _ in range(rounds):
             time.sleep(refresh_s)
-            found = self.rows()
+            found = self.view()
         return found
 
     def _ask(self, host: Host) -> None:
@@ -66,10 +93,13 @@ class RunWatch:
             probe = session.run([python_of(host, sys.executable), "-m", usage_probe.__name__, self.record.run_id,
                                  host.name], timeout=ASK_TIMEOUT_S)
             found = read_usage(host.name, probe.stdout) if probe.ok else None
+            extra = read_host_usage(host.name, probe.stdout) if probe.ok else None
             with self.lock:
                 old = self.seen[host.name]
-                self.seen[host.name] = HostSeen(state, found or old.usage, old.usage if found else old.before,
-                                                time.time(), None if status.ok else said(status.stderr.strip()[-120:]))
+                self.seen[host.name] = HostSeen(
+                    state, found or old.usage, old.usage if found else old.before, time.time(),
+                    None if status.ok else said(status.stderr.strip()[-120:]), extra or old.extra,
+                    _earlier(old, state))
         except MeshrunError as err:
             dropped = self.sessions.pop(host.name, None)
             if dropped is not None:
@@ -86,3 +116,10 @@ class RunWatch:
                 session.close()
             except MeshrunError:
                 pass
+
+
+def _earlier(old: HostSeen, state: HostState | None) -> Progress | None:
+    """The progress to measure the new one against: the last one that differs from it."""
+    last = old.state.progress if old.state is not None else None
+    new = state.progress if state is not None else None
+    return old.progress_before if last is None or new is None or last.time == new.time else last

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshrun.deploy.run.answers import MISSING, from_json, is_real
+from meshrun.deploy.run.progress import Progress, parse_progress
 
 STATES = ("running", "exited", "stopped", "lost")  # what a sound agent reports
 DETAIL_CLIP = 120
@@ -25,6 +26,7 @@ class HostState:
     uptime_s: float | None = None
     detail: str | None = None
     generation: int | None = None  # the rendezvous succession's generation its agent is at
+    progress: Progress | None = None  # the trainer's progress.json, on rank 0's host
 
 
 def _int(value: object) -> int | None:
@@ -58,4 +60,4 @@ def parse_status(run_id: str, host: str, stdout: str) -> HostState:
     uptime = end - started if end is not None and started is not None else None
     return HostState(run_id, host, report["state"], _int(report.get("rc")), _int(progress.get("epoch")),
                      _int(progress.get("global_step")), uptime, _text(report.get("reason")),
-                     _int(report.get("generation")))
+                     _int(report.get("generation")), parse_progress(progress, report.get("now")))
