@@ -23,6 +23,7 @@ from meshrun import layout
 from meshrun.train.config import TrainConfig, load_config
 from meshrun.train.errors import InjectedFailure, UsageError
 from meshrun.train.render import make_console
+from meshrun.train import wandblog
 
 if TYPE_CHECKING:
     from meshrun.train import dist
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(args.config, tuple(args.overrides))
+        wandblog.require(cfg.log.wandb)  # every rank, and --check: a host without wandb fails here
         if args.check:
             return 0
         from meshrun.train import dist  # torch: only once the config is known to be valid

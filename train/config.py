@@ -124,6 +124,8 @@ class LogConfig:
     print_every_steps: int = 50
     progress_seconds: float = 2.0
     tensorboard: bool = True
+    wandb: bool = False  # also to Weights & Biases, offline unless WANDB_MODE says (train/wandblog.py)
+    wandb_project: str = ""  # "": WANDB_PROJECT, else wandb's default
 
 
 @dataclass(frozen=True)

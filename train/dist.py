@@ -42,6 +42,7 @@ class DistEnv:
     batch_size: int | None = None  # MESHRUN_BATCH_SIZE: per-process batch for this host
     batch_auto: bool = False  # MESHRUN_BATCH_SIZE=auto: size this rank by the probe
     site: str = ""  # MESHRUN_SITE: the inventory's site of this host ("": none declared)
+    wandb_mode: str = ""  # WANDB_MODE, wandb's own variable ("": offline, train/wandblog.py)
 
     @property
     def is_main(self) -> bool:
@@ -68,6 +69,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         batch_size=_int(env, ENV_BATCH_SIZE, 0) if batch and not auto else None,
         batch_auto=auto,
         site=env.get(ENV_SITE, ""),
+        wandb_mode=env.get("WANDB_MODE", ""),
     )
     if record.batch_size is not None and record.batch_size < 1:
         raise UsageError(f"environment variable MESHRUN_BATCH_SIZE={batch!r} must be >= 1 "

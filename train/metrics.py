@@ -8,7 +8,8 @@ Contract (files under the run dir):
   ``FLUSH_EVERY`` records and at each epoch end;
 - ``progress.json`` (rank 0, atomically replaced at most every ``progress_seconds`` and at each
   epoch end) and ``result.json`` (rank 0, atomically, only at a successful end);
-- ``tensorboard/`` (rank 0) when enabled.
+- ``tensorboard/`` (rank 0) when enabled, and the same scalars to Weights & Biases with
+  ``log.wandb`` (``wandb/``, see ``train.wandblog``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import IO, Any
 
 from meshrun.fsutil import atomic_write_json
 from meshrun.layout import RecordKind
+from meshrun.train.wandblog import Tracker
 
 FLUSH_EVERY = 200
 
@@ -171,6 +173,8 @@ class MetricsSink:
         self._rank = open(run_dir / f"metrics.rank{rank}.jsonl", "a")
         self._pending: list[str] = []
         self._tb = _tensorboard(run_dir) if is_main and tensorboard else None
+        self._tracker: Tracker | None = None  # rank 0, log.wandb: gets what TensorBoard gets
+        self._succeeded = False  # result() was written: the tracker's run ends with exit code 0
 
     def event(self, record: Any, extra: dict[str, Any] | None = None) -> None:
         """Append a rank-0 record to metrics.jsonl (no-op elsewhere)."""
@@ -208,13 +212,20 @@ class MetricsSink:
             self._last_progress = record.time
 
     def result(self, record: ResultRecord) -> None:
+        self._succeeded = True
         if self.is_main:
             atomic_write_json(self.run_dir / "result.json", as_json(record))
+
+    def track(self, tracker: Tracker | None) -> None:
+        """Send the scalars to an experiment tracker too (``train.wandblog``), and close it last."""
+        self._tracker = tracker
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         if self._tb is not None:
             for tag, value in values.items():
                 self._tb.add_scalar(tag, value, step)
+        if self._tracker is not None:
+            self._tracker.log(values, step)
 
     def close(self) -> None:
         self.flush()
@@ -223,6 +234,8 @@ class MetricsSink:
             self._main.close()
         if self._tb is not None:
             self._tb.close()
+        if self._tracker is not None:
+            self._tracker.close(0 if self._succeeded else 1)
 
 
 def _tensorboard(run_dir: Path) -> Any:

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Subset, default_collate
 
 from meshrun.layout import launch_rdzv_id
 from meshrun.train import balance, dist, perf, state
-from meshrun.train import comm, sites
+from meshrun.train import comm, sites, wandblog
 from meshrun.train.checkpoint import Checkpointer, open_site, restore_agreed
 from meshrun.train.config import CommHook, Precision, TrainConfig, to_dict
 from meshrun.train.data import build_datasets
@@ -187,6 +187,9 @@ class Trainer:
     def _announce(self) -> None:
         resolved = to_dict(self.cfg)
         self.sink.config(resolved)
+        if self.cfg.log.wandb and self.env.is_main:  # after balance: the hosts of all ranks are known
+            self.sink.track(wandblog.start(self.cfg, self.env, self.sink.run_dir, self.batches.hosts,
+                                           self.console.line))
         self.console.line("resolved config:\n" + yaml.safe_dump(resolved, sort_keys=False).rstrip())
         if self.cfg.amp is not Precision.OFF and self.parts.autocast_dtype is None:
             self.console.line(f"amp={self.cfg.amp.value} ignored: AMP runs only on CUDA")
