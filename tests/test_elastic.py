@@ -125,6 +125,11 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
             last = view.stdout.split(f"run {run_id} — ")[-1]
             assert view.returncode == 0 and re.search(r"│ h3 +│ not answering +│", last), view.stdout + view.stderr
             assert all(re.search(rf"│ {h} +│ running +│", last) for h in ("h1", "h2")), view.stdout
+            # ... each survivor's link to the rendezvous store measured, its workers' CPU and RSS,
+            # and under the table the controller's event and the survivors' agents restarting their workers.
+            cells = r"(?:[^│]+│ ){4}[^│]+│ [^│]+│ \d+\.\d ms +│ (?:CPU \d+%|-) +│ RSS \d+\.\d +│ - +│"
+            assert all(re.search(rf"│ {h} +│ running +│ {cells}", last) for h in ("h1", "h2")), last
+            assert re.search(r"h3 lost \(.*\); world size \d", last) and "h2 restarted its workers" in last, last
             # h3's agent stops its own run once the controller has been silent 30 s.
             deadline = cut_at + 75
             while [p for p in run_processes(run_id) if _on_host(p, "h3")] and time.monotonic() < deadline:
