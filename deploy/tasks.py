@@ -11,7 +11,7 @@ traceback, so numbers are read by `deploy/run/flags.py` (one line, exit status 2
 
 from __future__ import annotations
 
-from fabric import task
+import fabric
 from invoke.exceptions import Exit
 
 from meshrun.deploy.cli import guarded, remainder
@@ -21,6 +21,24 @@ from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S
 from meshrun.deploy.project import PROJECT_HELP, RUNS_DIR_HELP, Project, find_project
 from meshrun.deploy.inventory.load import LOOKUP_ORDER
 from meshrun.deploy.run import flags
+
+
+
+class _Task(fabric.Task):
+    """Flags added later get no short flag: invoke hands short flags out in name order, so a new
+    flag would take a letter an older one had (`-b` is --debug's), or, with its letters all taken,
+    `-`, which reads as the `--` before a script's arguments."""
+
+    LONG_ONLY = frozenset({"idle_below"})
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict:
+        taken = set(taken_names) | ({*name, *name.replace("_", "-")} if name in self.LONG_ONLY else set())
+        return super().arg_opts(name, default, taken)
+
+
+def task(*args, **kwargs):  # type: ignore[no-untyped-def]
+    return fabric.task(*args, klass=_Task, **kwargs)
+
 
 adopt_running_fab()  # `fab train ... -- ARGS`: the arguments after -- go to the script, not to Fabric
 
@@ -115,19 +133,20 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
     "notify": "POST the run's events as JSON to this http(s) URL (repeatable; a secret: never shown or recorded)",
     "idle_warn": "warn when a host stays idle (under 10% GPU use; CPU hosts: its busiest run process under 10% of a core) this many minutes (default 10; decimals allowed)",
     "idle_stop": "stop the run when a host stays idle this many minutes",
+    "idle_below": "idle means under this many percent of GPU use (CPU hosts: of a core), default 10",
     "every_checkpoint": "with --notify: also an event for each newer checkpoint a host lists (checked every few seconds)",
 }, iterable=["notify"])
 @guarded
 def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout="",
           detach=False, skip_checks=False, no_sync=False, resume="", comm="", firewall=False, notify=None,
-          idle_warn="", idle_stop="", every_checkpoint=False, project="", runs_dir="", debug=False):
+          idle_warn="", idle_stop="", idle_below="", every_checkpoint=False, project="", runs_dir="", debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
     from meshrun.deploy.commands.train import TrainRequest, main
     from meshrun.deploy.run.idle import policy_from_flags
     from meshrun.deploy.run.plan import Workload
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
-    idle = policy_from_flags(idle_warn, idle_stop)
+    idle = policy_from_flags(idle_warn, idle_stop, idle_below)
     request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None,
                            flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S),
                            detach, skip_checks, no_sync, resume or None, comm or None, firewall, tuple(notify or ()),

@@ -48,6 +48,11 @@ def test_flags_and_sampling() -> None:
     for bad in ("0", "-1", "1e3", "²", "1.", ".5", "x", "99999999"):
         with pytest.raises(InputError, match="--idle-stop"):
             idle.policy_from_flags("", bad)
+    assert idle.policy_from_flags("", "", "25") == IdlePolicy(0.25, 600.0, None)
+    assert idle.policy_from_flags("1", "", "2.5") == IdlePolicy(0.025, 60.0, None)
+    for bad in ("0", "101", "-5", "5%", "1e1", ".5", "x"):
+        with pytest.raises(InputError, match="--idle-below"):
+            idle.policy_from_flags("", "", bad)
     assert IdlePolicy(0.1, 600, None).sample_s == 10.0
     assert IdlePolicy(0.1, 3, 9).sample_s == 1.0
     assert IdlePolicy(0.1, 600, 30).sample_s == 5.0
@@ -132,3 +137,14 @@ def test_checkpoint_steps_in_usage_answers(tmp_path, monkeypatch) -> None:
     assert events.checkpoint("r1", 5.0, 10, "h2") == {
         "text": "meshrun run r1: checkpoint at step 10 (on h2)", "event": "checkpoint", "run_id": "r1", "time": 5.0,
         "step": 10, "host": "h2"}
+
+
+def test_idle_below_is_long_only_and_older_short_flags_stay() -> None:
+    """invoke hands short flags out in name order: `--idle-below` would have taken `-b` from
+    --debug (or `-`, read as the `--` before a script's arguments)."""
+    from meshrun.deploy.tasks import train
+
+    names = {arg.attr_name or arg.name: tuple(arg.names) for arg in train.get_arguments()}
+    assert names["idle_below"] == ("idle-below",)
+    assert (names["debug"], names["idle_stop"], names["idle_warn"]) == (("debug", "b"), ("idle-stop", "e"),
+                                                                       ("idle-warn", "l"))

@@ -45,14 +45,21 @@ class IdlePolicy:
         return min(10.0, max(1.0, min(self.warn_s, self.stop_s or math.inf) / 6))
 
 
-def parse_minutes(text: str, flag: str) -> float | None:
-    """`--idle-stop 30` / `--idle-warn 0.5`: minutes as plain ASCII decimals (None when not given)."""
+def _plain_decimal(text: str, flag: str, expected: str) -> float | None:
+    """Plain ASCII digits with an optional decimal part (no sign, exponent or unit); None when empty."""
     if not text:
         return None
     head, dot, tail = text.partition(".")
     if not (text.isascii() and head.isdigit() and (tail.isdigit() if dot else True) and len(text) <= 12):
-        raise InputError(f"{flag} {text[:40]!r}: expected minutes, e.g. 30 or 0.5")
-    value = float(text)
+        raise InputError(f"{flag} {text[:40]!r}: expected {expected}")
+    return float(text)
+
+
+def parse_minutes(text: str, flag: str) -> float | None:
+    """`--idle-stop 30` / `--idle-warn 0.5`: minutes as plain ASCII decimals (None when not given)."""
+    value = _plain_decimal(text, flag, "minutes, e.g. 30 or 0.5")
+    if value is None:
+        return None
     if not 0 < value <= MAX_MINUTES:
         raise InputError(f"{flag} {text}: expected more than 0 and at most {MAX_MINUTES} minutes")
     return value
@@ -140,9 +147,22 @@ def warning(host: str, state: IdleState, policy: IdlePolicy, time: float, gpu: b
             "the run is training" + ("" if policy.stop_s is None else f"; the run stops after {policy.stop_s:.0f} s"))
 
 
-def policy_from_flags(warn: str, stop: str) -> IdlePolicy:
-    """`--idle-warn MINUTES --idle-stop MINUTES` (each may be left out); idle is under 10 %."""
+def parse_percent(text: str, flag: str) -> float | None:
+    """`--idle-below 25`: a whole or decimal percentage in (0, 100], as a fraction (None when not given)."""
+    value = _plain_decimal(text, flag, "a percentage, e.g. 25 or 2.5")
+    if value is None:
+        return None
+    if not 0 < value <= 100:
+        raise InputError(f"{flag} {text}: expected more than 0 and at most 100 (percent)")
+    return value / 100
+
+
+def policy_from_flags(warn: str, stop: str, below: str = "") -> IdlePolicy:
+    """`--idle-warn MINUTES --idle-stop MINUTES --idle-below PERCENT` (each may be left out);
+    idle is under 10 % unless --idle-below says otherwise."""
     warn_min = parse_minutes(warn, "--idle-warn")
     stop_min = parse_minutes(stop, "--idle-stop")
-    return IdlePolicy(DEFAULT_THRESHOLD, (DEFAULT_WARN_MINUTES if warn_min is None else warn_min) * 60,
+    threshold = parse_percent(below, "--idle-below")
+    return IdlePolicy(DEFAULT_THRESHOLD if threshold is None else threshold,
+                      (DEFAULT_WARN_MINUTES if warn_min is None else warn_min) * 60,
                       None if stop_min is None else stop_min * 60)
