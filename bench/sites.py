@@ -12,17 +12,27 @@ step computes ~100 ms on 2 shared cores, target test accuracy 0.96).
   1 point of plain DDP's on lan. `none` on two-site crosses the 20 Mbit/s link every step (~11 min
   an epoch, as on home): by default it runs a short epoch that gives its bytes per step, and has
   no ratio (`--none-to-target` runs it to the target).
+  Without `--none-to-target`, `none`'s time to the target on two-site is bounded from below:
+  the optimizer steps it took on lan (a profile changes timing, not arithmetic) × the fastest of
+  its steps measured on two-site (rank 0's per-step records), eval excluded; its ratio is `>=`.
 - Bytes between sites per optimizer step: h3's eth0 tx bytes over the training phase ÷ optimizer
   steps (h3 is alone at its site: everything it sends crosses, besides its log lines to the
   controller).
+- `--comm auto`'s decision on the same profile: every two-site run is started with
+  `fab train --comm METHOD`, which measures the links (check-network's pairwise probe), sizes
+  the job's gradients and records in `runs/<run_id>/commplan.json` the floors and the hook
+  `auto` would choose (`recommended`, deploy/run/commplan.py) — one decision per run.
 
-Ends with the line `P9 best: METHOD RATIO`.
+Ends with the line `P9 best: METHOD RATIO; fastest on two-site: METHOD SECONDS; auto: METHOD (...)`,
+saying whether auto's choice is P9's best (by ratio) and the method that reached the target first
+on two-site (by seconds), else how many seconds behind it.
 Usage: sudo .venv/bin/python bench/sites.py [--epochs 3] [--methods none,diloco-overlap,hier] [--none-to-target]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.wan import HOSTS, TARGET, Run, run_all  # noqa: E402
+from bench.wan import HOSTS, STEPS_PER_EPOCH, TARGET, Run, run_all  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
 
@@ -58,7 +68,9 @@ def main() -> int:
                            args.none_to_target, lambda run: (
                                f"to {TARGET:.2f}: {run.time_to_target} (epoch {run.hit_epoch}), final "
                                f"{run.final_acc:.4f}, step {run.step_s * 1e3:.1f} ms, h3 sent "
-                               f"{run.host_bytes_per_step[-1] / 1e3:.0f} kB/step ({run.wall_s:.0f} s)"))
+                               f"{run.host_bytes_per_step[-1] / 1e3:.0f} kB/step ({run.wall_s:.0f} s)"),
+                           extra=lambda profile, method: [] if profile == "lan" else
+                           ["--comm", method, *(["perf.every_steps=1"] if method == "none" else [])])
         finally:
             cluster.down()
     print(f"bench total {time.time() - started:.0f} s")
@@ -66,28 +78,85 @@ def main() -> int:
     return 0
 
 
+def none_bound(lan: Run, two_site: Run) -> float | None:
+    """A lower bound on `none`'s time to the target on two-site from its short run: lan's steps to
+    the target × the fastest two-site step measured (eval excluded). None without them."""
+    if lan.hit_epoch is None or not two_site.step_times:
+        return None
+    return lan.hit_epoch * (lan.steps // max(1, lan.epochs_run)) * min(two_site.step_times)
+
+
+def auto_choices(runs: list[Run]) -> list[tuple[str, str]]:
+    """(recommended, reason) of each two-site run's commplan.json (`fab train --comm`)."""
+    out = []
+    for run in runs:
+        path = REPO / "runs" / run.run_id / "commplan.json"
+        if run.shape == "two-site" and run.run_id and path.is_file():
+            saved = json.loads(path.read_text())
+            out.append((saved["recommended"], saved["reason"]))
+    return out
+
+
 def report(runs: list[Run], methods: list[str]) -> None:
     by = {(r.shape, r.hook): r for r in runs}
     base = by.get(("lan", "none"))
     print(f"\nP9: time to test accuracy {TARGET:.2f}, two-site ÷ lan, 3 hosts (office h1, h2 | home h3); "
           f"goal: hier <= {GOAL} and below diloco-overlap, within 1 point of none on lan")
-    print(f"{'method':>14}  {'lan s':>6}  {'two-site s':>10}  {'ratio':>5}  {'final acc':>9}  {'Δ vs none':>9}  "
+    print(f"{'method':>14}  {'lan s':>6}  {'two-site s':>10}  {'ratio':>7}  {'final acc':>9}  {'Δ vs none':>9}  "
           f"{'between kB/step':>15}")
-    best: tuple[float, str] | None = None
+    rows: list[tuple[str, float, float, bool]] = []  # (method, two-site s, ratio, a lower bound)
     for method in methods:
         a, b = by.get(("lan", method)), by.get(("two-site", method))
         if a is None or b is None:
             continue
-        ratio = b.time_to_target / a.time_to_target if a.time_to_target and b.time_to_target else None
+        two, bound = b.time_to_target, False
+        if two is None and method == "none":
+            two, bound = none_bound(a, b), True
+        ratio = two / a.time_to_target if a.time_to_target and two else None
         delta = (a.final_acc - base.final_acc) * 100 if base else float("nan")
-        fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
-        print(f"{method:>14}  {fmt(a.time_to_target):>6}  {fmt(b.time_to_target):>10}  "
-              f"{(f'{ratio:.2f}' if ratio else '-'):>5}  {a.final_acc:>9.4f}  {delta:>+8.1f}p  "
+        ge = ">=" if bound else ""
+        print(f"{method:>14}  {_f(a.time_to_target):>6}  {ge + _f(two):>10}  "
+              f"{(ge + f'{ratio:.2f}' if ratio else '-'):>7}  {a.final_acc:>9.4f}  {delta:>+8.1f}p  "
               f"{b.host_bytes_per_step[-1] / 1e3:>15.0f}")
-        if ratio is not None and delta >= -1.0 and (best is None or ratio < best[0]):
-            best = (ratio, method)
+        if ratio is not None and two is not None and delta >= -1.0:
+            rows.append((method, two, ratio, bound))
     print("between kB/step: h3's eth0 tx bytes per optimizer step on two-site (all of it crosses between sites)")
-    print(f"P9 best: {best[1]} {best[0]:.2f}" if best else "P9 best: - nan")
+    if any(bound for *_, bound in rows):
+        print(f"none on two-site: a lower bound (steps to the target on lan × its fastest two-site step; "
+              f"{STEPS_PER_EPOCH}-step epochs not run to the target: --none-to-target)")
+    choices = auto_choices(runs)
+    for hook, reason in choices:
+        print(f"auto on two-site: {hook} ({reason})")
+    print(last_line(rows, [hook for hook, _ in choices]))
+
+
+def last_line(rows: list[tuple[str, float, float, bool]], auto: list[str]) -> str:
+    """`P9 best: METHOD RATIO; fastest on two-site: METHOD S; auto: METHOD (...)`: whether auto's
+    choice is P9's best (by ratio) and the fastest on two-site (by seconds); a bound only rules a
+    method out when it exceeds a measured one."""
+    measured = [r for r in rows if not r[3]]
+    best = min(measured, key=lambda r: r[2], default=None)
+    fastest = min(measured, key=lambda r: r[1], default=None)
+    open_ = [r[0] for r in rows if r[3] and fastest is not None and r[1] < fastest[1]]
+    text = f"P9 best: {best[0]} {best[2]:.2f}" if best else "P9 best: - nan"
+    text += f"; fastest on two-site: {fastest[0]} {fastest[1]:.1f} s" if fastest else "; fastest on two-site: -"
+    text += f" (undecided against {', '.join(open_)}: only bounded)" if open_ else ""
+    if not auto:
+        return text + "; auto: - (no commplan.json)"
+    chosen = sorted(set(auto))
+    seconds = {r[0]: r[1] for r in measured}
+    verdicts = []
+    if best:
+        verdicts.append("= P9 best" if chosen == [best[0]] else "not P9 best")
+    if fastest and not open_:
+        mine = seconds.get(chosen[0]) if len(chosen) == 1 else None
+        verdicts.append("= fastest" if chosen == [fastest[0]] else
+                        f"{mine - fastest[1]:+.1f} s vs the fastest" if mine is not None else "not the fastest")
+    return text + f"; auto: {'/'.join(chosen)} ({', '.join(verdicts) or 'nothing measured'})"
+
+
+def _f(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
 
 
 if __name__ == "__main__":

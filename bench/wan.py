@@ -46,7 +46,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -130,20 +130,25 @@ class Run:
     wall_s: float
     epochs_run: int = 1
     host_bytes_per_step: tuple[float, ...] = ()  # per host h1..hN (bench/sites.py: h3's is all between sites)
+    run_id: str = ""  # the controller's runs/<run_id>/ (commplan.json with --comm)
+    step_times: tuple[float, ...] = ()  # rank 0's step records' step_s, in order
 
 
 def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs: int, first: bool,
-            steps_per_epoch: int = STEPS_PER_EPOCH) -> Run:
+            steps_per_epoch: int = STEPS_PER_EPOCH, extra: Sequence[str] = ()) -> Run:
+    """`extra`: more `fab train` flags (e.g. `--comm hier`); overrides (with `=`) go after `--`."""
     sampler = TxSampler(cluster)
     started = time.time()
-    flags = ["--skip-checks"] + ([] if first else ["--no-sync"])
+    flags = ["--skip-checks"] + ([] if first else ["--no-sync"]) + [f for f in extra if "=" not in f]
     done = subprocess.run([sys.executable, "-m", "fabric", "train", "--inventory", str(inventory), *flags, "--",
-                           *overrides(hook, epochs, steps_per_epoch)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           *overrides(hook, epochs, steps_per_epoch), *[f for f in extra if "=" in f]],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
     time.sleep(1.0)  # one more tx sample after the end
     sampler.close()
     if done.returncode != 0:  # still report the run if its metrics are complete, but say so
         print(f"  {shape:>8} {hook:>8}: fab train exited {done.returncode}:\n{done.stdout[-1500:]}", flush=True)
-    remote = f"/root/meshrun/runs/{run_id_of(done.stdout)}"  # rank 0 runs on h1
+    run_id = run_id_of(done.stdout)
+    remote = f"/root/meshrun/runs/{run_id}"  # rank 0 runs on h1
     main = [json.loads(x) for x in cluster.exec(1, ["cat", f"{remote}/metrics.jsonl"]).stdout.splitlines() if x]
     rank0 = [json.loads(x) for x in cluster.exec(1, ["cat", f"{remote}/metrics.rank0.jsonl"]).stdout.splitlines() if x]
     epochs_ = [r for r in main if r["kind"] == "epoch"]
@@ -166,7 +171,7 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
         hit = hit_epoch = None
     return Run(hook, shape, comm_s, median, hit, hit_epoch, epochs_[-1]["test_acc"],
                sent / HOSTS / total_steps, total_steps, time.time() - started, len(epochs_),
-               tuple(b / total_steps for b in per_host))
+               tuple(b / total_steps for b in per_host), run_id, tuple(r["step_s"] for r in steps))
 
 
 def main() -> int:
@@ -202,9 +207,11 @@ def main() -> int:
 
 
 def run_all(cluster: SimCluster, inventory: Path, plan: list[tuple[str, list[str]]], epochs: int,
-            none_to_target: bool, show: Callable[[Run], str]) -> list[Run]:
+            none_to_target: bool, show: Callable[[Run], str],
+            extra: Callable[[str, str], Sequence[str]] = lambda profile, method: ()) -> list[Run]:
     """Each (profile, its methods) in order, lan first: off lan a method stops at the epoch where
-    its lan run reached the target; `none` off lan runs P2_ONLY_STEPS unless `none_to_target`."""
+    its lan run reached the target; `none` off lan runs P2_ONLY_STEPS unless `none_to_target`.
+    `extra(profile, method)`: more flags for that run (`one_run`)."""
     runs: list[Run] = []
     hit_epoch: dict[str, int] = {}
     for profile, methods in plan:
@@ -213,7 +220,8 @@ def run_all(cluster: SimCluster, inventory: Path, plan: list[tuple[str, list[str
             if profile != "lan" and method == "none" and not none_to_target:
                 count, steps = 1, P2_ONLY_STEPS
             with cluster.profile(profile):
-                run = one_run(cluster, inventory, method, profile, count, first=not runs, steps_per_epoch=steps)
+                run = one_run(cluster, inventory, method, profile, count, first=not runs, steps_per_epoch=steps,
+                              extra=extra(profile, method))
             runs.append(run)
             if profile == "lan" and run.hit_epoch is not None:
                 hit_epoch[method] = run.hit_epoch
