@@ -140,6 +140,7 @@ class SimCluster:
         # Save first: a failure from here on leaves things down() must find.
         self._save(ClusterState(n=len(all_hosts), ssh_port=self.ssh_port,
                                 passthrough=[str(d) for d in passthrough]))
+        network.raise_neighbour_room(len(all_hosts), p.neighbour_sysctls)
         network.create_bridge()
         hosts_text = network.hosts_file_text(all_hosts)
         for h in all_hosts:
@@ -188,6 +189,7 @@ class SimCluster:
         for h in known:  # /etc/netns entries whose namespace is already gone
             network.delete_netns(h.netns)
         network.delete_root_links()
+        network.restore_neighbour_room(self.paths.neighbour_sysctls)
         self.paths.state_file.unlink(missing_ok=True)
         return DownReport(leftovers, time.monotonic() - start)
 

@@ -98,6 +98,11 @@ class StatePaths:
     def state_file(self) -> Path:
         return self.root / "state.json"
 
+    @property
+    def neighbour_sysctls(self) -> Path:
+        """The machine's neighbour-table thresholds before up() raised them (network.py)."""
+        return self.root / "neighbour-sysctls.json"
+
     def host_dir(self, host: Host) -> Path:
         return self.root / host.name
 

@@ -82,6 +82,44 @@ def delete_root_links() -> None:
         pass
 
 
+NEIGH_SYSCTLS = tuple(f"/proc/sys/net/{family}/neigh/default/gc_thresh{level}"
+                      for family in ("ipv4", "ipv6") for level in (2, 3))
+
+
+def neighbour_room(n: int) -> dict[str, int]:
+    """The neighbour-table thresholds N hosts need. The kernel keeps ONE ARP (and one ND) table for
+    the whole machine, every namespace's entries in it: each host holds one per peer and the
+    gateway on the LAN, and again on an overlay, so 32 hosts need over 2000 where the default
+    hard limit (gc_thresh3) is 1024. Past it new entries fail ("neighbor table overflow") and the
+    last pairs to talk lose their packets, which check-network rightly reports as timeouts.
+    Real machines each have their own table: only the test bed needs this."""
+    entries = 2 * (n + 1) * (n + 1)
+    return {path: entries * (2 if path.endswith("3") else 1) for path in NEIGH_SYSCTLS}
+
+
+def raise_neighbour_room(n: int, saved: Path) -> None:
+    """Raise the thresholds where they are too low; the first values are kept in `saved` so that
+    restore_neighbour_room() puts the machine back as it was."""
+    originals = json.loads(saved.read_text()) if saved.exists() else {}
+    for path, wanted in neighbour_room(n).items():
+        if not Path(path).exists():  # IPv6 off
+            continue
+        current = int(Path(path).read_text())
+        if current < wanted:
+            originals.setdefault(path, current)
+            saved.write_text(json.dumps(originals))
+            Path(path).write_text(str(wanted))
+
+
+def restore_neighbour_room(saved: Path) -> None:
+    if not saved.exists():
+        return
+    for path, value in json.loads(saved.read_text()).items():
+        if path in NEIGH_SYSCTLS:
+            Path(path).write_text(str(int(value)))
+    saved.unlink()
+
+
 def _tbf(rate: str) -> list[str]:
     # Only tbf/htb/fifo qdiscs exist on the lab kernel (no netem, fq, cake).
     return ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"]
