@@ -140,15 +140,19 @@ def bare_launch(cluster: SimCluster, n: int) -> float:
 
 
 def wait_running(run_id: str, n: int, env: dict[str, str]) -> None:
-    """Until every host of a detached run says its workers run (the status we time comes after)."""
+    """Until every host of a detached run says its workers run AND every rank is past its barrier:
+    an agent says "running" as soon as its workers start, while they still import torch (32 hosts:
+    a minute of both cores), and a status timed then measures that load, not the control plane."""
     deadline = time.monotonic() + TASK_TIMEOUT_S
     while time.monotonic() < deadline:
         rows = json.loads(fab("status", "--run", run_id, "--json", env=env).output or "[]")
         states = [row.get("state") for row in rows]
         if len(states) == n and all(s == "running" for s in states):
-            return
+            logs = fab("logs", "--run", run_id, "--lines", "5", env=env).output
+            if len(set(BARRIER_RE.findall(logs))) == n:
+                return
         time.sleep(1)
-    raise RuntimeError(f"run {run_id}: not every host running after {TASK_TIMEOUT_S} s")
+    raise RuntimeError(f"run {run_id}: not every rank past its barrier after {TASK_TIMEOUT_S} s")
 
 
 def measure(cluster: SimCluster, n: int) -> dict[str, Timed | float]:
