@@ -155,17 +155,33 @@ def wait_running(run_id: str, n: int, env: dict[str, str]) -> None:
     raise RuntimeError(f"run {run_id}: not every rank past its barrier after {TASK_TIMEOUT_S} s")
 
 
+def settle(cluster: SimCluster, n: int, limit_s: float = 120.0) -> None:
+    """Until no host runs anything but its sshd: the simulated hosts share this machine's cores,
+    so a run still exiting (32 interpreters tearing torch down) would slow the next command timed,
+    and only that one (the bare launch is timed first, on a quiet machine)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if not any(cluster.processes(i, sessions=False) for i in range(1, n + 1)):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the hosts still run processes {limit_s:.0f} s after the last command")
+
+
 def measure(cluster: SimCluster, n: int) -> dict[str, Timed | float]:
     inventory = cluster.write_inventory(Path(tempfile.mkdtemp(prefix="meshrun-p8-")) / "hosts.yaml")
     # A private cache: the pre-flight pass the default path reuses is the one stored here.
     env = {**os.environ, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="meshrun-p8-cache-")}
     inv = ("--inventory", str(inventory))
     fab("sync", *inv, env=env)
+    settle(cluster, n)
     out: dict[str, Timed | float] = {"bare": bare_launch(cluster, n)}
+    settle(cluster, n)
     out["check"] = fab("check-network", *inv, env=env)
     fab("train", *inv, "--script", PROBE, env=env)  # the user's previous run
     for name, flags in (("train", ()), ("train_fast", FAST)):
+        settle(cluster, n)
         out[name] = fab("train", *inv, *flags, "--script", PROBE, env=env).to_last_barrier(n)
+    settle(cluster, n)
     detached = fab("train", *inv, *FAST, "--detach", "--script", HOLD, env=env)
     hold = run_id_of(detached.output)
     wait_running(hold, n, env)
