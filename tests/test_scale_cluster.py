@@ -74,6 +74,7 @@ def test_thirty_two_hosts_every_pair_connects_and_down_restores_the_machine(test
     kernel's one neighbour table for every namespace held 1024 entries by default, so the last
     pairs lost their packets (check-network: "timeout" from h23..h32 to h29..h31, 2026-12-01);
     up() raises the limits for the size it brings up and down() puts the machine's back."""
+    testbed.up(TESTBED_HOSTS)  # the module's 16 hosts (and the limits they raised) may still be up
     limits = {path: Path(path).read_text() for path in NEIGH_SYSCTLS if Path(path).exists()}
     try:
         testbed.up(32)
