@@ -22,6 +22,7 @@ import pytest
 from meshrun.deploy.edges.capped import (ANSWER_HEAD_BYTES, ANSWER_MAX_BYTES, LINE_MAX_BYTES, Capped, LineSplitter,
                                          TailLines, cut_mark, read_line, utf8_whole)
 from meshrun.deploy.edges.localproc import run_bounded
+from meshrun.deploy.host.procs import alive
 from meshrun.deploy.edges.transport import LocalSession, SshSession
 from meshrun.deploy.inventory.load import load_inventory
 from tests.standin_sshd import Keys, Mode, StandinSshd
@@ -87,6 +88,7 @@ CHILD_OF_A_KILLED_CONTROLLER = '''
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from meshrun.deploy.edges.localproc import run_bounded
+from meshrun.deploy.host.procs import alive
 
 def out(data):
     sys.stdout.buffer.write(data); sys.stdout.flush()
@@ -105,22 +107,15 @@ def test_a_controller_killed_outright_takes_its_local_commands_with_it() -> None
     try:
         assert controller.stdout is not None
         child = int(controller.stdout.readline())
-        assert _alive(child)
+        assert alive(child)
         controller.kill()
         controller.wait()
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), f"pid {child} outlived its controller"
+        assert not alive(child), f"pid {child} outlived its controller"
     finally:
         controller.kill()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def load_inventory_local(tmp_path: Path):  # type: ignore[no-untyped-def]
