@@ -50,3 +50,9 @@ def test_unknown_torchvision_arch_suggests_one() -> None:
 def test_toy_model_rejects_other_sizes() -> None:
     with pytest.raises(UsageError, match="needs 3x32x32 images"):
         build_model(ModelConfig(name=ModelKind.TOY), 10, (3, 64, 64))
+
+
+def test_every_model_kind_names_a_builder() -> None:
+    from meshrun.train.models import _MODULES
+
+    assert set(_MODULES) == set(ModelKind)

@@ -7,6 +7,7 @@ with ``label`` an int64 scalar tensor or int.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,14 +25,13 @@ class Datasets:
 
 
 def build_datasets(cfg: DataConfig) -> Datasets:
-    builder = _builders()[cfg.name]
+    # Only the named dataset's module is imported: imagefolder pulls in torchvision (1.5 s of CPU,
+    # torch._dynamo with it) and every worker of every restart pays for what it imports.
+    module = importlib.import_module(f"meshrun.train.data.{_MODULES[cfg.name]}")
+    builder: Callable[[DataConfig], Datasets] = module.build
     return builder(cfg)
 
 
-def _builders() -> dict[DatasetKind, Callable[[DataConfig], Datasets]]:
-    from meshrun.train.data import cifar, digits, imagefolder, modelnet, shapes, synthetic
-
-    return {DatasetKind.DIGITS: digits.build, DatasetKind.CIFAR10: cifar.build,
-            DatasetKind.IMAGEFOLDER: imagefolder.build,
-            DatasetKind.SYNTHETIC_IMAGES: synthetic.build, DatasetKind.SHAPES: shapes.build,
-            DatasetKind.MODELNET40: modelnet.build}
+_MODULES = {DatasetKind.DIGITS: "digits", DatasetKind.CIFAR10: "cifar", DatasetKind.IMAGEFOLDER: "imagefolder",
+            DatasetKind.SYNTHETIC_IMAGES: "synthetic", DatasetKind.SHAPES: "shapes",
+            DatasetKind.MODELNET40: "modelnet"}

@@ -6,6 +6,7 @@ Contract: ``build_model(cfg, num_classes, input_shape)`` returns an untrained mo
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from torch import nn
@@ -14,11 +15,11 @@ from meshrun.train.config import ModelConfig, ModelKind
 
 
 def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
-    return _builders()[cfg.name](cfg, num_classes, input_shape)
+    # Only the named model's module is imported (vision pulls in torchvision; see train.data).
+    module = importlib.import_module(f"meshrun.train.models.{_MODULES[cfg.name]}")
+    builder: Callable[[ModelConfig, int, tuple[int, ...]], nn.Module] = module.build
+    return builder(cfg, num_classes, input_shape)
 
 
-def _builders() -> dict[ModelKind, Callable[[ModelConfig, int, tuple[int, ...]], nn.Module]]:
-    from meshrun.train.models import mlp, pointnet2, toy, vision
-
-    return {ModelKind.MLP: mlp.build, ModelKind.TOY: toy.build,
-            ModelKind.TORCHVISION: vision.build, ModelKind.POINTNET2: pointnet2.build}
+_MODULES = {ModelKind.MLP: "mlp", ModelKind.TOY: "toy", ModelKind.TORCHVISION: "vision",
+            ModelKind.POINTNET2: "pointnet2"}
