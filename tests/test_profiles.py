@@ -6,6 +6,7 @@ and that nothing is left once a profile is removed."""
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -197,6 +198,8 @@ def test_profile_rtt_and_throughput(profiled_bed: SimCluster, name: str) -> None
         assert latency.current(bed.paths) == profile
         delayers = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
         assert all(delayers) == profile.needs_delayer
+        # ahead of the workload, so a busy machine does not stretch the profile
+        assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in delayers if pid} <= {latency.DELAYER_NICE}
         assert bed.processes(1, sessions=False) == []  # the delayer is infrastructure
         peers, controller = measure.ping(bed, 1, H2), measure.ping(None, 0, H2)
         transfer = measure.iperf(bed, 2, 1, H2, seconds=seconds, omit=omit)
