@@ -19,7 +19,7 @@ from tests.testbed import SimCluster, latency, measure, network
 from tests.testbed.delayer import DelayLine, QueueSpec, parse_queue, poll_timeout_ms
 from tests.testbed.latency import Profile
 from tests.testbed.layout import Host, StatePaths
-from tests.testbed.proc import alive, wait_dead
+from tests.testbed.proc import NETWORK_NICE, alive, wait_dead
 from tests.testbed.requirements import missing_latency_requirements
 
 TOLERANCE = 0.15
@@ -199,7 +199,7 @@ def test_profile_rtt_and_throughput(profiled_bed: SimCluster, name: str) -> None
         delayers = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
         assert all(delayers) == profile.needs_delayer
         # ahead of the workload, so a busy machine does not stretch the profile
-        assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in delayers if pid} <= {latency.DELAYER_NICE}
+        assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in delayers if pid} <= {NETWORK_NICE}
         assert bed.processes(1, sessions=False) == []  # the delayer is infrastructure
         peers, controller = measure.ping(bed, 1, H2), measure.ping(None, 0, H2)
         transfer = measure.iperf(bed, 2, 1, H2, seconds=seconds, omit=omit)

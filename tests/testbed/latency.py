@@ -49,7 +49,6 @@ How (the lab kernel has tbf and htb but no netem; NOTES.md §5):
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -58,7 +57,7 @@ from pathlib import Path
 
 from . import network
 from .layout import GATEWAY, NS_IFNAME, UNDERLAY, Host, StatePaths
-from .proc import alive, pids_in_netns, read_pidfile, run, stop
+from .proc import ahead_of_the_workload, alive, pids_in_netns, read_pidfile, run, stop
 from .requirements import missing_latency_requirements
 
 CHAIN = "MRT-DELAY"
@@ -203,23 +202,12 @@ def _in(host: Host, argv: list[str]) -> list[str]:
     return ["ip", "netns", "exec", host.netns, *argv]
 
 
-DELAYER_NICE = -10
-
-
-def _before_the_delayer() -> None:
-    """A link does not slow down when its hosts get busy: the delayer (a Python process that holds
-    every packet for its delay) runs ahead of the workload's processes, so a loaded 2-core machine
-    (the whole test suite beside it) does not stretch the profile's delay and cut its throughput
-    (measured 16.9 of 20 Mbit/s with the suite running, 2026-12-01). Runs in the child, as root."""
-    os.setpriority(os.PRIO_PROCESS, 0, DELAYER_NICE)
-
-
 def _start_delayer(host: Host, paths: StatePaths, argv: list[str]) -> int:
     with open(log_file(host, paths), "wb") as log:
         # `ip netns exec` execs: the child's pid is the delayer's.
         child = subprocess.Popen(_in(host, argv), stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=_before_the_delayer)
+                                 preexec_fn=ahead_of_the_workload)
     pid_file(host, paths).write_text(f"{child.pid}\n")
     return child.pid
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from .layout import WG_IFNAME, WG_PORT, Host, StatePaths
-from .proc import alive, read_pidfile, run, stop
+from .proc import ahead_of_the_workload, alive, read_pidfile, run, stop
 
 UAPI_DIR = "/var/run/wireguard"
 
@@ -53,7 +53,7 @@ def _start(host: Host, paths: StatePaths) -> int:
             ["ip", "netns", "exec", host.netns,
              "unshare", "--mount", "--propagation", "private", "sh", "-c", script],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=ahead_of_the_workload,
         )
     paths.wg_pid(host).write_text(f"{child.pid}\n")
     return child.pid
