@@ -19,7 +19,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from tests.testbed import SimCluster, missing_requirements  # noqa: E402
+from tests.testbed import SimCluster, layout, missing_requirements  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
 from tests.testbed.zerotier import ZeroTier  # noqa: E402
 
@@ -45,7 +45,7 @@ def testbed() -> Iterator[SimCluster]:
     missing = missing_requirements(wireguard=True)
     if missing:
         _testbed_unavailable("; ".join(missing))
-    cluster = SimCluster(os.environ.get(STATE_DIR_ENV, "/tmp/meshrun-testbed"))
+    cluster = SimCluster(os.environ.get(STATE_DIR_ENV, str(layout.DEFAULT_STATE_DIR)))
     # Another pytest session on this machine would tear our hosts down: wait.
     with exclusive():
         cluster.up(TESTBED_HOSTS)
@@ -131,10 +131,15 @@ def wg_inventory(testbed_wg: SimCluster, make_inventory: Callable[..., Path]) ->
     return make_inventory()
 
 
-# Fixtures that stand on the one simulated cluster of this machine (its flock allows one user).
+# Fixtures that stand on a simulated cluster (one per slot of the machine; its flock allows one user).
 CLUSTER_FIXTURES = frozenset({"testbed", "testbed_wg", "zt_session", "zt_testbed", "make_inventory",
                               "inventory", "zt_inventory", "wg_inventory"})
-CLUSTER_GROUP = "simulated-cluster"
+# A module marked `either_cluster` names no fixed address, namespace or overlay of slot 0: it runs on
+# whichever cluster its worker has. The rest (fixed 10.77.0.x addresses, ZeroTier) run on slot 0.
+EITHER_MARK = "either_cluster"
+# Either-cluster modules whose tests share nothing and each take a minute: units of one test, so
+# both workers' clusters share them out.
+SPLIT_MODULES = frozenset({"tests/test_elastic.py"})
 # Where the workers list the cluster tests they collected, for the controller's scheduler.
 CLUSTER_LIST_ENV = "MESHRUN_CLUSTER_TESTS_FILE"
 
@@ -145,9 +150,14 @@ def _on_the_cluster(item: pytest.Item) -> bool:
         set(getattr(item, "fixturenames", ())) & CLUSTER_FIXTURES)
 
 
+def _either_cluster(item: pytest.Item) -> bool:
+    return item.get_closest_marker(EITHER_MARK) is not None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`tests/run` runs `-n 2 --dist loadgroup`), the controller names a file
     before its workers start (they inherit the environment) where they list the cluster tests."""
+    config.addinivalue_line("markers", f"{EITHER_MARK}: a cluster test that runs on any slot's cluster")
     if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="meshrun-cluster-tests-")
         os.close(fd)
@@ -159,31 +169,35 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = os.environ.get(CLUSTER_LIST_ENV)
     if path and hasattr(config, "workerinput"):
-        listed = "".join(item.nodeid + "\n" for item in items if _on_the_cluster(item))
+        listed = "".join(f"{kind} {item.nodeid}\n" for item, kind in _cluster_kinds(items))
         with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False) as tmp:
             tmp.write(listed)
         os.replace(tmp.name, path)  # every worker collects the same tests: the same list
 
 
+def _cluster_kinds(items: list[pytest.Item]) -> list[tuple[pytest.Item, str]]:
+    """("0" slot 0 | "*" either cluster) for the cluster tests, and "0" for the pure tests of a
+    module that has slot-0 cluster tests: they compare slot 0's names and addresses exactly."""
+    slot0 = {item.nodeid.split("::")[0] for item in items if _on_the_cluster(item) and not _either_cluster(item)}
+    return [(item, "*" if _either_cluster(item) else "0") for item in items
+            if _on_the_cluster(item) or item.nodeid.split("::")[0] in slot0]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if layout.SLOT != 0 and _on_the_cluster(item) and not _either_cluster(item):
+        pytest.fail(f"this test needs slot 0's cluster (its fixed addresses), but this process has slot "
+                    f"{layout.SLOT}: run it in worker gw0 (tests/run's scheduler does)", pytrace=False)
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Every simulated-cluster test runs in one worker, one after another, as the one cluster of a
-    machine allows; the other worker takes the pure and single-machine tests meanwhile. (xdist's
-    own `xdist_group` mark cannot do it under pytest 9: xdist 3.8 renames the test through an
-    attribute pytest 9 no longer reads, and the group's tests spread over both workers.)"""
+    """Worker gwN stands on slot N's cluster (tests/testbed/layout.py). gw0 runs slot 0's cluster
+    tests, module by module, while gw1 runs the either-cluster ones on its own cluster; whichever is
+    done first takes the rest of the either-cluster ones, then both take the pure and single-machine
+    tests. (xdist's own `xdist_group` mark cannot pin groups: xdist 3.8 renames the test through an
+    attribute pytest 9 no longer reads, and a group's tests spread over both workers.)"""
     if getattr(config.option, "dist", "no") != "loadgroup":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from tests.clusterschedule import ClusterScheduling
 
-    class ClusterTestsTogether(LoadScopeScheduling):
-        """Work units: the cluster tests as one (the largest, so it starts first), every other
-        test alone."""
-
-        cluster: frozenset[str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            if self.cluster is None:  # read once: the workers have collected when scheduling starts
-                self.cluster = frozenset(Path(os.environ[CLUSTER_LIST_ENV]).read_text().splitlines())
-            return CLUSTER_GROUP if nodeid in self.cluster else nodeid
-
-    return ClusterTestsTogether(config, log)
+    return ClusterScheduling(config, log, Path(os.environ[CLUSTER_LIST_ENV]), SPLIT_MODULES, len(layout.SLOTS))

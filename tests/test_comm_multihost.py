@@ -15,7 +15,7 @@ import pytest
 
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 TRAIN = ("epochs=6", "log.tensorboard=false", "comm.start_iter=5", "comm.powersgd_rank=4")
 

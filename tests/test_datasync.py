@@ -12,7 +12,7 @@ import pytest
 
 from tests.fabrun import fab
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.either_cluster]
 
 
 def test_data_sync_skips_unchanged_and_repairs_corruption(testbed, inventory: Path, tmp_path: Path) -> None:

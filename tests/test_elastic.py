@@ -20,7 +20,7 @@ from tests.fabrun import REPO, ROOT, FabProcess, fab, run_id_of, run_processes
 from tests.testbed import network
 from tests.webhook import Receiver
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 # Small steps so a kill lands mid-epoch; a checkpoint every 5 steps bounds what is redone.
 TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
@@ -31,6 +31,12 @@ def epoch_records(run_id: str, host: str = "h1") -> list[dict]:
     """The rank-0 epoch records, fetched from the host(s) that wrote them."""
     path = ROOT / "runs" / run_id / "hosts" / host / "metrics.jsonl"
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"]
+
+
+def logs_of(run_id: str, tail: int = 3000) -> str:
+    """The end of each host's run log, for a failure's message."""
+    return "".join(f"\n--- {path.name} ---\n{path.read_text(errors='replace')[-tail:]}"
+                   for path in sorted((ROOT / "runs" / run_id / "logs").glob("*.log")))
 
 
 def summary_of(run_id: str) -> dict:
@@ -148,7 +154,7 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
     assert len(steps) >= 3 and steps == sorted(set(steps)), steps
     bodies = [b for b in receiver.bodies if b["event"] != "checkpoint"]
     assert [(b["event"], b.get("host")) for b in bodies] == [
-        ("started", None), ("host_lost", "h3"), ("host_back", "h3"), ("finished", None)]
+        ("started", None), ("host_lost", "h3"), ("host_back", "h3"), ("finished", None)], logs_of(run_id)
     assert "came back" in bodies[2]["detail"] and bodies[2]["world_size"] == 3
     summary = summary_of(run_id)
     assert summary["status"] == "succeeded" and summary["lost_hosts"] == ["h3"]
@@ -180,11 +186,12 @@ def test_c_a_joining_host_grows_the_world(testbed, inventory: Path) -> None:
                      "--", *TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
-        assert "-s 10.77.0.13/32" not in firewall_chain(testbed, 1)
+        joiner = f"-s {testbed.host(3).address}/32"
+        assert joiner not in firewall_chain(testbed, 1)
         joined = fab("join", "--run", run_id, "--hosts", "h3", timeout=200)
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert "started on h3" in joined.stdout
-        assert all("-s 10.77.0.13/32" in firewall_chain(testbed, i) for i in (1, 2, 3))
+        assert all(joiner in firewall_chain(testbed, i) for i in (1, 2, 3))
         assert run.finish(timeout=400) == 0, run.output[-3000:]
     finally:
         run.close()

@@ -20,7 +20,7 @@ import pytest
 
 from tests.fabrun import ROOT, fab, run_id_of
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.either_cluster]
 
 WORKDIR = "/root/meshrun"  # the testbed inventory's ~/meshrun
 # Values a shell would act on, and a newline: they must arrive as written.

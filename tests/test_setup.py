@@ -15,7 +15,7 @@ import pytest
 from meshrun.deploy.edges.wheel import controller_identity
 from tests.fabrun import fab
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 BASE = getattr(sys, "_base_executable", sys.executable)
 VENV_PYTHON = "/root/meshrun/.venv/bin/python"

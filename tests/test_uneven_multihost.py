@@ -10,7 +10,7 @@ import pytest
 
 from tests.fabrun import fab, run_id_of
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 DIGITS_TRAIN = 1438  # 14 global steps of 96, then 94 split 16:31:47
 

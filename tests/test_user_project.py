@@ -26,7 +26,7 @@ import pytest
 from meshrun.deploy.edges.wheel import controller_identity, controller_wheel
 from tests.fabrun import REPO, run_id_of
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 BASE = getattr(sys, "_base_executable", sys.executable)
 WORKDIR = "/root/userproj"  # each host's copy of the project (not the other tests' ~/meshrun)

@@ -8,6 +8,11 @@ ztmrt0; `SimCluster.zerotier`, zerotier.py). Network profiles (rate, RTT,
 loss: lan, home 20 Mbit/s 40 ms, far 50 Mbit/s 150 ms) with
 `with cluster.profile("far"):` (latency.py, its NFQUEUE delayer delayer.py).
 Needs root. Try it by hand: `python -m tests.testbed`.
+
+Those names and subnets are slot 0's. A machine holds a second cluster beside it on slot 1
+(mru<i>, mrubr0, 10.74.0.x, overlay 10.75.0.x, its own state dir and lock), chosen by
+MESHRUN_TESTBED_SLOT or the pytest-xdist worker (layout.py): the test runner's second worker runs
+its share of the cluster tests there.
 """
 
 from .cluster import ClusterState, DownReport, Process, SimCluster

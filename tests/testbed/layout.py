@@ -7,22 +7,47 @@ leftovers by name and never touches anything else on the machine.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-PREFIX = "mrt"
+# A machine holds up to two clusters side by side, one per slot: the test runner's second worker
+# runs the tests that name no fixed address on slot 1 while the first runs the rest on slot 0
+# (tests/conftest.py). A process's slot is read once, from the environment, and every name, subnet,
+# state dir and lock below follows it; slot 0 is the cluster every doc and recipe describes.
+SLOT_ENV = "MESHRUN_TESTBED_SLOT"
+SLOTS = ({"prefix": "mrt", "underlay": "10.77.0", "overlay": "10.78.0", "zt": "10.79.0", "state": ""},
+         {"prefix": "mru", "underlay": "10.74.0", "overlay": "10.75.0", "zt": "10.76.0", "state": "-1"})
+
+
+def _slot() -> int:
+    """MESHRUN_TESTBED_SLOT if set, else pytest-xdist's worker gwN takes slot N (0 past the last):
+    its subprocesses inherit either variable, and with it the same cluster."""
+    raw = os.environ.get(SLOT_ENV)
+    if raw is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+        return number if number < len(SLOTS) else 0
+    if raw not in {str(i) for i in range(len(SLOTS))}:
+        raise ValueError(f"{SLOT_ENV}={raw!r}: expected one of 0..{len(SLOTS) - 1}")
+    return int(raw)
+
+
+SLOT = _slot()
+PREFIX = SLOTS[SLOT]["prefix"]  # three letters: cleanup reads the index after them
 BRIDGE = f"{PREFIX}br0"
-UNDERLAY = "10.77.0"
-OVERLAY = "10.78.0"
+UNDERLAY = SLOTS[SLOT]["underlay"]
+OVERLAY = SLOTS[SLOT]["overlay"]
 GATEWAY = f"{UNDERLAY}.1"
 NS_IFNAME = "eth0"  # the host's LAN interface, as seen inside its namespace
 WG_IFNAME = "wg0"
 WG_PORT = 51820
-ZT_OVERLAY = "10.79.0"  # the real ZeroTier network (tests/testbed/zerotier.py)
-ZT_IFNAME = "ztmrt0"  # pinned with a devicemap: else derived from the network id
+ZT_OVERLAY = SLOTS[SLOT]["zt"]  # the real ZeroTier network (tests/testbed/zerotier.py)
+ZT_IFNAME = f"zt{PREFIX}0"  # pinned with a devicemap: else derived from the network id
 ZT_PORT = 9993
-DEFAULT_STATE_DIR = Path("/tmp/meshrun-testbed")
+DEFAULT_STATE_DIR = Path(f"/tmp/meshrun-testbed{SLOTS[SLOT]['state']}")
+LOCK_PATH = Path(f"/tmp/meshrun-testbed{SLOTS[SLOT]['state']}.lock")
 MAX_HOSTS = 200  # 10 + i must stay a valid last octet
 
 NETNS_RE = re.compile(rf"^{PREFIX}(\d+)$")

@@ -1,9 +1,9 @@
 """One simulated cluster per machine at a time.
 
-All clusters share the `mrt` prefix and the 10.77/10.78 subnets, and `up()`
+All clusters of a slot share its prefix and subnets (layout.py), and `up()`
 first removes whatever a previous run left: a second pytest session (another
 engineer, another CI job on the same box) would tear down the first one's
-hosts mid-test. Sessions therefore hold an exclusive flock while they use it.
+hosts mid-test. Sessions therefore hold the slot's exclusive flock while they use it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-LOCK_PATH = Path("/tmp/meshrun-testbed.lock")
+from .layout import LOCK_PATH
 
 
 class BusyError(RuntimeError):
