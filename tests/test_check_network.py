@@ -69,7 +69,7 @@ def test_all_checks_pass_with_table_and_json(inventory: Path) -> None:
     for i in (1, 2, 3):
         assert f"h{i} (10.77.0.1{i}, lan): PASS" in result.stdout
     assert "reachable, host key verified" in result.stdout and "rdzv h1:29400" in result.stdout
-    assert "check-network PASS: 3 host(s), 6 link(s) probed, 0 failure(s), 0 warning(s)" in result.stdout
+    assert "check-network PASS: 3 host(s), 6 link(s) probed (every pair), 0 failure(s), 0 warning(s)" in result.stdout
 
     report, code, _ = check_json(inventory)
     assert (code, report["level"], report["findings"]) == (0, "PASS", [])

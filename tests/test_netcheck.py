@@ -187,6 +187,11 @@ def test_link_targets_rendezvous_first_then_every_other_host() -> None:
         {"name": "h1", "address": "10.0.0.1", "port": 40001},
         {"name": "h3", "address": "10.0.0.3", "port": 40003},
     ]
+    # a sampled plan (past 32 hosts, deploy/check/linkplan.py): its peers only, the rendezvous always
+    assert link_targets("h2", ports, "h1", ("10.0.0.1", 29400), peers=("h3",)) == [
+        {"name": "h1", "address": "10.0.0.1", "port": 29400, "rendezvous": True},
+        {"name": "h3", "address": "10.0.0.3", "port": 40003},
+    ]
 
 
 def test_allreduce_runs_the_planned_torchrun_with_its_env_bounded_in_time() -> None:
@@ -237,7 +242,7 @@ def test_report_renders_tables_matrix_findings_and_summary() -> None:
     assert "FAIL h2 -> h1: TCP to an ephemeral port on h1 (10.0.0.1:40001) is refused" in text
     assert "0.25 ms, DF 1472 ok" in text and "refused" in text
     assert "end to end: gloo all-reduce skipped: not run: fix the failures above first" in text
-    assert text.rstrip().endswith("check-network FAIL: 2 host(s), 2 link(s) probed, 1 failure(s), 0 warning(s), 2.5 s")
+    assert text.rstrip().endswith("check-network FAIL: 2 host(s), 2 link(s) probed (every pair), 1 failure(s), 0 warning(s), 2.5 s")
 
 
 def test_zerotier_cli_failures_name_their_fix() -> None:

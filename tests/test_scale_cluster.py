@@ -21,7 +21,7 @@ from tests.fabrun import ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed.network import NEIGH_SYSCTLS
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 SIZE = 16
 
@@ -46,6 +46,7 @@ def test_check_network_and_a_barrier_run_on_sixteen_hosts(sixteen: SimCluster, t
     assert {h["name"] for h in report["hosts"] if h["reachable"]} == names
     pairs = {(l["source"], l["target"]) for l in report["links"] if not l["rendezvous"] and l["state"] == "open"}
     assert pairs == {(a, b) for a in names for b in names if a != b}  # all 240 pairs, every one open
+    assert report["links_rule"] == "every pair"  # up to 32 hosts (deploy/check/linkplan.py)
     assert report["allreduce"]["status"] == "ok" and report["allreduce"]["world_size"] == SIZE
 
     train = fab("train", "--inventory", inventory, "--script", "bench/barrier_probe.py", timeout=600)

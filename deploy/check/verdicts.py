@@ -9,12 +9,13 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 from meshrun.deploy.check import wireguard
 
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.check.findings import Finding, Level, fail, warn, worst
+from meshrun.deploy.check.linkplan import link_plan
 from meshrun.deploy.check.wireguard import WireGuardState
 from meshrun.deploy.check.zerotier import ZeroTierState
 
@@ -122,6 +123,7 @@ class CheckReport:
     allreduce: AllReduceResult
     findings: tuple[Finding, ...]
     duration_s: float
+    links_rule: str = "every pair"  # which host pairs were probed (deploy/check/linkplan.py)
 
 
 def host_findings(host: HostFacts, cluster_nodes: Mapping[str, str]) -> list[Finding]:
@@ -260,18 +262,21 @@ def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, lin
     if rdzv is not None:
         found += rendezvous_findings(rdzv) + public_findings(rdzv, network)
     found += link_findings(links, {h.name: h.mtu for h in hosts}) + allreduce_findings(allreduce)
-    return CheckReport(worst(f.level for f in found), hosts, rdzv, links, allreduce, tuple(found), round(duration_s, 2))
+    sources = list(dict.fromkeys(link.source for link in links if not link.rendezvous))  # the probing hosts, in order
+    return CheckReport(worst(f.level for f in found), hosts, rdzv, links, allreduce, tuple(found), round(duration_s, 2),
+                       link_plan(sources).rule)
 
 
 def link_targets(source: str, ports: Mapping[str, tuple[str, int]], head: str | None,
-                 rdzv: tuple[str, int] | None) -> list[dict]:
-    """What `source` connects to: the rendezvous port (if its host listens), then every other
-    host's ephemeral listener. `ports`: host → (address, ephemeral port)."""
+                 rdzv: tuple[str, int] | None, peers: Collection[str] | None = None) -> list[dict]:
+    """What `source` connects to: the rendezvous port (if its host listens), then the ephemeral
+    listener of every other host, or of its `peers` only (deploy/check/linkplan.py).
+    `ports`: host → (address, ephemeral port)."""
     targets = []
     if head is not None and rdzv is not None:
         targets.append({"name": head, "address": rdzv[0], "port": rdzv[1], "rendezvous": True})
     targets += [{"name": name, "address": address, "port": port}
-                for name, (address, port) in ports.items() if name != source]
+                for name, (address, port) in ports.items() if name != source and (peers is None or name in peers)]
     return targets
 
 

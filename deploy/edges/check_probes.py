@@ -18,6 +18,7 @@ from meshrun.deploy.edges import host_queries as probes, sshtarget
 
 from meshrun.deploy.check import wireguard
 from meshrun.deploy.check.answers import facts_of, link_results, listener_of
+from meshrun.deploy.check.linkplan import link_plan
 
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.errors import MeshrunError
@@ -238,6 +239,7 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
     able = tuple(h for h in hosts if h.name in ok and not h.is_local)
     if not able:
         return None, ()
+    plan = link_plan([h.name for h in able])  # every pair up to 32 hosts, else sampled (linkplan.py)
     lifetime = 60 + bandwidth_s * len(hosts) * 3
     started = on_each(able, lambda h: start_listener(sessions[h.name], h, rdzv_port if h.name == head.name else None,
                                                      lifetime, local_python), timeout=FACTS_TIMEOUT_S)
@@ -254,14 +256,15 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
                 links += errored_links(source, target, str(error))
 
         def probe(host: Host) -> tuple[LinkResult, ...]:
-            targets = link_targets(host.name, ports, head.name, rdzv_target)
+            targets = link_targets(host.name, ports, head.name, rdzv_target, plan.peers[host.name])
             mtu = mtus.get(host.name)
             return probe_links(sessions[host.name], host, targets, mtu - 28 if mtu else None, bandwidth_s, local_python)
 
         results = on_each([h for h in able if h.name in listeners], probe, timeout=FACTS_TIMEOUT_S + bandwidth_s * 10)
         for name in results:  # in host order
             if name in results.failed:
-                links += errored_links(name, link_targets(name, ports, head.name, rdzv_target), str(results.failed[name]))
+                links += errored_links(name, link_targets(name, ports, head.name, rdzv_target, plan.peers[name]),
+                                       str(results.failed[name]))
             else:
                 links += results.ok[name]
         return rdzv, tuple(links)

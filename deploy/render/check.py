@@ -122,7 +122,8 @@ def summary_line(report: CheckReport) -> str:
     fails = sum(1 for f in report.findings if f.level is Level.FAIL)
     warns = sum(1 for f in report.findings if f.level is Level.WARN)
     pairs = sum(1 for link in report.links if not link.rendezvous)
-    return (f"check-network {report.level.value}: {len(report.hosts)} host(s), {pairs} link(s) probed, "
+    return (f"check-network {report.level.value}: {len(report.hosts)} host(s), {pairs} link(s) probed "
+            f"({report.links_rule}), "
             f"{fails} failure(s), {warns} warning(s), {report.duration_s:.1f} s")
 
 
