@@ -12,7 +12,7 @@ def names(n: int) -> list[str]:
 
 
 def test_up_to_the_limit_every_pair_is_probed() -> None:
-    assert link_plan(["a", "b", "c"]) == LinkPlan({"a": ("b", "c"), "b": ("a", "c"), "c": ("a", "b")},
+    assert link_plan(["a", "b", "c"]) == LinkPlan({"a": ("b", "c"), "b": ("c", "a"), "c": ("a", "b")},
                                                   "every pair")
     at_limit = link_plan(names(ALL_PAIRS_MAX_HOSTS))
     assert at_limit.pairs == 32 * 31 and at_limit.rule == "every pair"
@@ -44,3 +44,14 @@ def test_a_sampled_plan_covers_every_host_both_ways_and_joins_them_all() -> None
                     frontier.append(peer)
         assert reached == set(hosts)
     assert link_plan(names(1000)).pairs == 10_000
+
+
+def test_at_each_step_every_host_sends_to_one_host_and_receives_from_one() -> None:
+    """`--bandwidth` measures a host's peers one after another, all hosts at once: the k-th peers
+    of all hosts are a permutation, so no two transfers share a receiver (in host order, h2 and h3
+    both sent to h1 first and each measured half its link)."""
+    for n in (2, 3, 4, 7, 32, 40, 100):
+        plan = link_plan(names(n))
+        for step in range(len(plan.peers["h1"])):
+            receivers = [targets[step] for targets in plan.peers.values()]
+            assert sorted(receivers) == sorted(names(n)), (n, step)

@@ -192,6 +192,8 @@ def test_link_targets_rendezvous_first_then_every_other_host() -> None:
         {"name": "h1", "address": "10.0.0.1", "port": 29400, "rendezvous": True},
         {"name": "h3", "address": "10.0.0.3", "port": 40003},
     ]
+    # in the plan's order (its peers by offset), a peer without a listener left out
+    assert [t["name"] for t in link_targets("h2", ports, None, None, peers=("h3", "h1", "h4"))] == ["h3", "h1"]
 
 
 def test_allreduce_runs_the_planned_torchrun_with_its_env_bounded_in_time() -> None:

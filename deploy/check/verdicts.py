@@ -270,13 +270,14 @@ def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, lin
 def link_targets(source: str, ports: Mapping[str, tuple[str, int]], head: str | None,
                  rdzv: tuple[str, int] | None, peers: Collection[str] | None = None) -> list[dict]:
     """What `source` connects to: the rendezvous port (if its host listens), then the ephemeral
-    listener of every other host, or of its `peers` only (deploy/check/linkplan.py).
+    listener of every other host, or of its `peers` only and in their order (deploy/check/linkplan.py).
     `ports`: host → (address, ephemeral port)."""
     targets = []
     if head is not None and rdzv is not None:
         targets.append({"name": head, "address": rdzv[0], "port": rdzv[1], "rendezvous": True})
-    targets += [{"name": name, "address": address, "port": port}
-                for name, (address, port) in ports.items() if name != source and (peers is None or name in peers)]
+    order = ports if peers is None else peers
+    targets += [{"name": name, "address": ports[name][0], "port": ports[name][1]}
+                for name in order if name != source and name in ports]
     return targets
 
 
