@@ -18,6 +18,8 @@ from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
+from tests.testbed.layout import slot_of_worker
+
 SLOT0, EITHER = "cluster-slot0::", "cluster-either::"
 
 
@@ -41,13 +43,8 @@ class ClusterScheduling(LoadScopeScheduling):
             return EITHER + (nodeid if module in self.split_modules else module)
         return nodeid
 
-    def _slot_of(self, node: Any) -> int | None:
-        worker = str(node.gateway.id)
-        number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else self.slots
-        return number if number < self.slots else None
-
     def _next_scope(self, node: Any) -> str | None:
-        slot = self._slot_of(node)
+        slot = slot_of_worker(str(node.gateway.id))
         wanted = ([SLOT0] if slot == 0 else []) + ([EITHER] if slot is not None else []) + [""]
         for prefix in wanted:
             for scope in self.workqueue:

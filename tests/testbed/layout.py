@@ -21,14 +21,19 @@ SLOTS = ({"prefix": "mrt", "underlay": "10.77.0", "overlay": "10.78.0", "zt": "1
          {"prefix": "mru", "underlay": "10.74.0", "overlay": "10.75.0", "zt": "10.76.0", "state": "-1"})
 
 
+def slot_of_worker(worker: str) -> int | None:
+    """pytest-xdist's worker gwN stands on slot N; None past the last slot (or for a non-worker)."""
+    number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else len(SLOTS)
+    return number if number < len(SLOTS) else None
+
+
 def _slot() -> int:
     """MESHRUN_TESTBED_SLOT if set, else pytest-xdist's worker gwN takes slot N (0 past the last):
     its subprocesses inherit either variable, and with it the same cluster."""
     raw = os.environ.get(SLOT_ENV)
     if raw is None:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
-        return number if number < len(SLOTS) else 0
+        slot = slot_of_worker(os.environ.get("PYTEST_XDIST_WORKER", "gw0"))
+        return 0 if slot is None else slot
     if raw not in {str(i) for i in range(len(SLOTS))}:
         raise ValueError(f"{SLOT_ENV}={raw!r}: expected one of 0..{len(SLOTS) - 1}")
     return int(raw)
