@@ -40,9 +40,9 @@ def test_check_network_and_a_barrier_run_on_sixteen_hosts(sixteen: SimCluster, t
     names = {f"h{i}" for i in range(1, SIZE + 1)}
 
     check = fab("check-network", "--inventory", inventory, "--json", timeout=600)
-    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
-    report = json.loads(check.stdout)
-    assert (report["level"], report["findings"]) == ("PASS", [])
+    report = json.loads(check.stdout) if check.stdout.startswith("{") else {}
+    assert (check.returncode, report.get("level"), report.get("findings")) == (0, "PASS", []), (
+        report.get("allreduce"), check.stderr[-3000:] or check.stdout[-3000:])
     assert {h["name"] for h in report["hosts"] if h["reachable"]} == names
     pairs = {(l["source"], l["target"]) for l in report["links"] if not l["rendezvous"] and l["state"] == "open"}
     assert pairs == {(a, b) for a in names for b in names if a != b}  # all 240 pairs, every one open
