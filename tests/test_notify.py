@@ -19,6 +19,7 @@ from meshrun.deploy.errors import InputError
 from meshrun.deploy.host.notify import AgentNotices, Sender
 from meshrun.deploy.run import notify
 from meshrun.deploy.run.membership import Change, MembershipEvent
+from tests.test_peer_watcher import listener
 from tests.webhook import Receiver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,14 +120,14 @@ def test_send_never_blocks_and_the_queue_is_bounded() -> None:
         server.server_close()
 
 
-def _detached_agent(tmp_path: Path, host: str, block: bytes, command: str) -> Path:
+def _detached_agent(tmp_path: Path, host: str, block: bytes, command: str, *options: str) -> Path:
     """A real agent started as `fab train --detach` starts it: the block on stdin, re-executed in the background."""
     tmp_path.mkdir()
     run_id = "r-notify"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host", host,
-                           "--detach", "--env-stdin", "--", "sh", "-c", command], input=block, cwd=tmp_path, env=env,
-                          capture_output=True, timeout=60)
+                           "--detach", "--env-stdin", *options, "--", "sh", "-c", command], input=block, cwd=tmp_path,
+                          env=env, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return tmp_path / "runs" / run_id / "hosts" / host
 
@@ -175,12 +176,71 @@ def test_a_detached_runs_events_come_once_from_the_rendezvous_hosts_agent(tmp_pa
         assert not [p for p in (tmp_path / host).rglob("*") if p.is_file() and receiver.token.encode() in p.read_bytes()]
 
 
+def _wait_for_events(receiver: Receiver, count: int, timeout: float = 30) -> None:
+    with receiver.got:
+        assert receiver.got.wait_for(lambda: len(receiver.bodies) >= count, timeout), receiver.events()
+
+
+def _write_manifest(host_dir: Path, *names: str) -> None:
+    manifest = host_dir.parents[1] / "checkpoints" / "MANIFEST.sha256"
+    manifest.parent.mkdir(exist_ok=True)
+    manifest.write_text("".join(f"{'0' * 64}  {name}\n" for name in names))
+
+
+def test_a_detached_agent_tells_of_a_peer_lost_and_back_and_of_each_newer_checkpoint(tmp_path: Path) -> None:
+    """A real detached agent on the rendezvous host, with one peer (a real listener standing for its
+    sshd) and `--every-checkpoint`: the receiver hears the checkpoint the manifest lists, the peer lost
+    when its listener closes, back when it listens again, the next checkpoint (not the same one
+    twice, not best.pt) and the end, in that order, each once. The agent journals lost and back."""
+    receiver, peer = Receiver(), listener()
+    port = peer.getsockname()[1]
+    try:
+        block = notify.agent_block({}, (receiver.url,), "h1", ["h1", "h2"], every_checkpoint=True)
+        started = time.monotonic()
+        host_dir = _detached_agent(tmp_path / "h1", "h1", block, "while [ ! -e go ]; do sleep 0.2; done",
+                                   "--peers", json.dumps({"h2": f"127.0.0.1:{port}"}))
+        _wait_for_events(receiver, 1)
+        _write_manifest(host_dir, "ckpt-step000000010.pt", "best.pt")
+        _wait_for_events(receiver, 2)
+        time.sleep(max(0.0, started + 2.5 - time.monotonic()))  # the watcher has seen the peer up (every 2 s)
+        peer.close()
+        _wait_for_events(receiver, 3)
+        peer = listener(port)
+        _wait_for_events(receiver, 4)
+        _write_manifest(host_dir, "ckpt-step000000010.pt", "best.pt", "ckpt-step000000020.pt")
+        _wait_for_events(receiver, 5)
+        (tmp_path / "h1" / "go").touch()
+        _wait_for_exit(host_dir)
+    finally:
+        peer.close()
+        receiver.close()
+    assert [(b["event"], b.get("host"), b.get("step")) for b in receiver.bodies] == [
+        ("started", None, None), ("checkpoint", "h1", 10), ("host_lost", "h2", None), ("host_back", "h2", None),
+        ("checkpoint", "h1", 20), ("finished", None, None)]
+    assert receiver.bodies[3]["text"] == "meshrun run r-notify: host h2 is back (answers again)"
+    journal = [json.loads(line)["event"] for line in (host_dir / "events.jsonl").read_text().splitlines()]
+    assert journal == ["started", "peers_lost", "workers_restarted", "peers_back", "ended"]
+
+
+def test_agent_notices_checkpoints_only_when_newer_and_asked() -> None:
+    sent: list[dict] = []
+    spec = {"urls": ["http://127.0.0.1:9/x"], "head": "h1", "hosts": ["h1", "h2"]}
+    for every, host, expected in [(True, "h1", [10, 20]), (True, "h2", []), (False, "h1", [])]:
+        sent.clear()
+        notices = AgentNotices(json.dumps({**spec, "every_checkpoint": every}), "r", host)
+        notices.sender = type("Fake", (), {"send": lambda self, body: sent.append(body)})()  # no HTTP: the order only
+        for step in (None, 10, 10, 5, 20, None):
+            notices.checkpoint(step, "")
+        assert ([b["step"] for b in sent], notices.newest_checkpoint) == (expected, 20)
+
+
 def test_agent_notices_take_only_a_sound_spec() -> None:
     good = json.dumps({"urls": ["http://127.0.0.1:9/x"], "head": "h1", "hosts": ["h1"]})
     assert AgentNotices(good, "r", "h1").urls == ("http://127.0.0.1:9/x",)
     for bad in ("", "[1]", "{", json.dumps({"urls": ["file:///etc/passwd"], "head": "h1", "hosts": []}),
                 json.dumps({"urls": "http://x/", "head": "h1", "hosts": []}),
-                json.dumps({"urls": ["http://x/"], "head": 1, "hosts": []})):
+                json.dumps({"urls": ["http://x/"], "head": 1, "hosts": []}),
+                json.dumps({"urls": ["http://x/"], "head": "h1", "hosts": [], "every_checkpoint": "yes"})):
         assert AgentNotices(bad, "r", "h1").sender is None, bad
     assert notify.agent_block({"A": "1"}, (), "h1", ["h1"]) is None
     assert json.loads(notify.agent_block({"A": "1"}, ("http://x/",), "h1", ["h1"])) == {

@@ -1,5 +1,6 @@
 """The agents' probes of each other (detached elastic runs), on real sockets on loopback: a peer
-is reported once after it stopped answering, again only after it answered in between, and never
+is reported once after it stopped answering, once when it answers again, again lost only after
+it answered in between, and never
 if it was never seen up (deploy/host/succession.py::PeerWatcher). A closed port refuses at once,
 like a killed host; a cut link's timeouts are the elastic tests' business (tests/test_elastic.py)."""
 
@@ -49,8 +50,10 @@ def test_a_peer_that_stops_answering_is_reported_once_and_again_after_it_came_ba
         up.close()
         assert lost_within(watcher, 5.0) == ["b"]
         assert lost_within(watcher, 1.0) == []  # reported once, not on every miss
+        assert watcher.take_back() == []
         up = listener(port)
         time.sleep(0.5)  # b answers again ...
+        assert (watcher.take_back(), watcher.take_back()) == (["b"], [])  # ... said once (host_back)
         up.close()
         assert lost_within(watcher, 5.0) == ["b"]  # ... so its next loss is news again
     finally:

@@ -105,7 +105,8 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
     return None
 
 
-def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...] = ()) -> None:
+def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...] = (),
+                   every_checkpoint: bool = False) -> None:
     """Start each host's agent in the background; it outlives this controller by design. With receivers,
     the agents send the run's events (the rendezvous host's agent alone: deploy/host/notify.py)."""
     names = [h.host.name for h in plan.hosts]
@@ -113,7 +114,7 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tupl
 
     def start(host: Host) -> dict:
         launch = next(h for h in plan.hosts if h.host.name == host.name)
-        block = notify.agent_block(dict(host.env), urls, head, names)
+        block = notify.agent_block(dict(host.env), urls, head, names, every_checkpoint)
         result = run_detached_agent(sessions[host.name], launch, block=block)
         try:
             record = result.last_json()
@@ -192,7 +193,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
         record = _record(request, inventory, hosts, plan, options, project)
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
         if request.detach:
-            start_detached(plan, sessions, urls)
+            start_detached(plan, sessions, urls, request.every_checkpoint)
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0

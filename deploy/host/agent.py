@@ -31,8 +31,10 @@ from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV
                            PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
+from meshrun.deploy.host.usage import newest_checkpoint
 from meshrun.events import NOTIFY_KEY
 
+CHECKPOINT_LOOK_S = 2.0  # a detached run with receivers: how often the agent reads its checkpoint manifest
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -62,6 +64,7 @@ class Supervisor:
         self.head_lost = False
         self.to_controller = not args.quiet
         self.peers: PeerWatcher | None = None
+        self.next_checkpoint_look = 0.0
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +157,14 @@ class Supervisor:
                 self.notices.lost(lost_peers, self.head)
                 self.journal("peers_lost", f"peer(s) {', '.join(lost_peers)} stopped answering")
                 self.restart_workers()
+            back_peers = self.peers.take_back() if self.peers is not None else []
+            if back_peers:  # its link is back; its agent, if it still runs, rejoins at the next rendezvous
+                self.emit(f"meshrun-agent: peer(s) {', '.join(back_peers)} answer again\n".encode())
+                self.notices.back(back_peers, self.head)
+                self.journal("peers_back", f"peer(s) {', '.join(back_peers)} answer again")
+            if self.notices.sender is not None and time.monotonic() >= self.next_checkpoint_look:
+                self.next_checkpoint_look = time.monotonic() + CHECKPOINT_LOOK_S
+                self.notices.checkpoint(newest_checkpoint(self.args.run_id), self.head)
             if watcher is not None and watcher.lost:
                 self.head_lost = True
                 terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start)

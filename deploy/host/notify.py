@@ -108,15 +108,19 @@ class Sender:
 class AgentNotices:
     """A detached run's events, sent by one agent only: the one on the rendezvous host of the current
     generation (`spec`, from the controller on stdin: {"urls": [...], "head": first rendezvous host,
-    "hosts": [...]}). Every agent makes one; only that agent's calls post anything, so each event
-    goes out once, whichever host sees it. A spec of the wrong shape sends nothing."""
+    "hosts": [...], "every_checkpoint": bool}). Every agent makes one; only that agent's calls post
+    anything, so each event goes out once, whichever host sees it. A spec of the wrong shape sends
+    nothing. Checkpoints: every host holds a copy of each one (train/checkpoint.py), so the
+    rendezvous host's own manifest is the run's; every agent follows it, so a new rendezvous host
+    does not announce an old step again."""
 
     def __init__(self, spec: str | None, run_id: str, host: str, report: Report | None = None) -> None:
         found = _spec(spec)
-        self.urls, self.head, self.hosts = found if found else ((), "", [])
+        self.urls, self.head, self.hosts, self.every_checkpoint = found if found else ((), "", [], False)
         self.run_id, self.host = run_id, host
         self.sender = Sender(self.urls, report) if self.urls else None
         self.started_at = time.time()
+        self.newest_checkpoint = -1
 
     def _send(self, head: str, body: dict) -> None:
         if self.sender is not None and (head or self.head) == self.host:
@@ -128,6 +132,18 @@ class AgentNotices:
     def lost(self, peers: list[str], head: str) -> None:
         for peer in peers:
             self._send(head, events.host_event("host_lost", self.run_id, time.time(), peer, None, "stopped answering"))
+
+    def back(self, peers: list[str], head: str) -> None:
+        for peer in peers:
+            self._send(head, events.host_event("host_back", self.run_id, time.time(), peer, None, "answers again"))
+
+    def checkpoint(self, step: int | None, head: str) -> None:
+        """The newest step this host's manifest lists; a newer one than any seen is an event (opt-in)."""
+        if step is None or step <= self.newest_checkpoint:
+            return
+        self.newest_checkpoint = step
+        if self.every_checkpoint:
+            self._send(head, events.checkpoint(self.run_id, time.time(), step, head or self.head))
 
     def moved(self, old: str, head: str) -> None:
         self._send(head, events.host_event("rendezvous_moved", self.run_id, time.time(), head, None, f"{old} lost"))
@@ -142,7 +158,7 @@ class AgentNotices:
             self.sender.close(CLOSE_WAIT_S)
 
 
-def _spec(text: str | None) -> tuple[tuple[str, ...], str, list[str]] | None:
+def _spec(text: str | None) -> tuple[tuple[str, ...], str, list[str], bool] | None:
     try:
         spec = json.loads(text) if text else None
     except ValueError:
@@ -150,7 +166,9 @@ def _spec(text: str | None) -> tuple[tuple[str, ...], str, list[str]] | None:
     if not isinstance(spec, dict):
         return None
     urls, head, hosts = spec.get("urls"), spec.get("head"), spec.get("hosts")
+    every_checkpoint = spec.get("every_checkpoint", False)
     if not (isinstance(urls, list) and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls)
-            and isinstance(head, str) and isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)):
+            and isinstance(head, str) and isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)
+            and isinstance(every_checkpoint, bool)):
         return None
-    return tuple(urls[:MAX_URLS]), head, hosts[:MAX_HOSTS]
+    return tuple(urls[:MAX_URLS]), head, hosts[:MAX_HOSTS], every_checkpoint

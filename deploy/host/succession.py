@@ -94,12 +94,14 @@ class PeerWatcher:
     With no controller, nothing else notices a worker host whose link is cut (no reset reaches
     anyone): the survivors' workers would sit in a collective for the whole process-group
     timeout. A peer that answered once and then misses twice in a row is reported once by
-    `take_lost()`, and again only after it has answered in between. A peer never seen up (its
-    sshd is elsewhere, or a firewall is in the way) is never reported: a wrong guess costs the
-    fast path, never a false alarm."""
+    `take_lost()`, and again only after it has answered in between; a reported peer that answers
+    again is reported once by `take_back()` (its link is back: the `host_back` notification). A
+    peer never seen up (its sshd is elsewhere, or a firewall is in the way) is never reported: a
+    wrong guess costs the fast path, never a false alarm."""
 
     def __init__(self, peers: dict[str, str]) -> None:
         self._lost: list[str] = []
+        self._back: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._watch, args=(name, endpoint), daemon=True,
@@ -108,13 +110,18 @@ class PeerWatcher:
             thread.start()
 
     def _watch(self, name: str, endpoint: str) -> None:
-        seen, misses = False, 0
+        seen, misses, reported = False, 0, False
         while not self._stop.wait(PROBE_EVERY_S):
             if store_answers(endpoint):
                 seen, misses = True, 0
+                if reported:
+                    reported = False
+                    with self._lock:
+                        self._back.append(name)
                 continue
             misses += 1
             if seen and misses == MISSES_BEFORE_LOST:
+                reported = True
                 with self._lock:
                     self._lost.append(name)
 
@@ -122,6 +129,11 @@ class PeerWatcher:
         with self._lock:
             lost, self._lost = self._lost, []
         return lost
+
+    def take_back(self) -> list[str]:
+        with self._lock:
+            back, self._back = self._back, []
+        return back
 
     def stop(self) -> None:
         self._stop.set()

@@ -47,11 +47,13 @@ def membership(run_id: str, change: MembershipEvent) -> dict[str, Any] | None:
     return events.host_event(kind, run_id, change.time, change.host, change.world_size, change.detail)
 
 
-def agent_block(env: Mapping[str, str], urls: tuple[str, ...], head: str, hosts: list[str]) -> bytes | None:
+def agent_block(env: Mapping[str, str], urls: tuple[str, ...], head: str, hosts: list[str],
+                every_checkpoint: bool = False) -> bytes | None:
     """A detached agent's first stdin line with the run's receivers added under `events.NOTIFY_KEY` (the
     agent takes them out before the env reaches any process; `deploy/host/notify.AgentNotices`); None
     without receivers (the plain env block then goes)."""
     if not urls:
         return None
-    spec = json.dumps({"urls": list(urls), "head": head, "hosts": hosts}, separators=(",", ":"))
+    fields = {"urls": list(urls), "head": head, "hosts": hosts, **({"every_checkpoint": True} if every_checkpoint else {})}
+    spec = json.dumps(fields, separators=(",", ":"))
     return json.dumps({**dict(env), events.NOTIFY_KEY: spec}, separators=(",", ":")).encode() + b"\n"
