@@ -17,7 +17,7 @@ from meshrun.deploy.check import wireguard
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.check.findings import Finding, Level
 from meshrun.deploy.inventory.model import Host, Network
-from meshrun.deploy.check.verdicts import (CLUSTER, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
+from meshrun.deploy.check.verdicts import (CLUSTER, AllReduceResult, allreduce_budget, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
                              ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
                              link_targets, public_findings, rendezvous_findings, version_findings)
 from meshrun.deploy.edges.check_probes import bounded_argv
@@ -112,6 +112,19 @@ def facts(name: str, **changes: object) -> HostFacts:
                 fingerprint=Fingerprint("3.11.7", "2.14.1+cu130", "13.0", "2.30.7"), interface="eth0", mtu=1500,
                 workdir="~/meshrun", disk_free_gib=50.0)
     return HostFacts(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_the_allreduce_probe_gets_time_for_the_slowest_host_to_import_torch() -> None:
+    """A CI run's 16-host check failed under load (2026-12-02) with the fixed 90 s / 30 s; a cold
+    disk does the same to real hosts. The budget follows the slowest facts probe, within bounds."""
+    def budget(*seconds: float | None) -> tuple[int, int]:
+        found = allreduce_budget([facts(f"h{i}", facts_s=s) for i, s in enumerate(seconds, 1)])
+        return found.limit_s, found.pg_timeout_s
+
+    assert budget() == budget(None, None) == budget(1.2, 3.0) == (90, 60)  # quick hosts: 90 s as before
+    assert budget(2.0, 25.0) == (130, 100)  # 30 + 4 x the slowest
+    assert budget(60.0, None) == (270, 240)  # the facts probe's own timeout
+    assert budget(500.0) == (300, 270)  # never past 5 minutes
 
 
 def test_missing_torch_missing_gpu_and_unreachable_are_fail() -> None:

@@ -79,6 +79,7 @@ class HostFacts:
     interface_error: str | None = None
     zerotier: ZeroTierState | None = None
     wireguard: WireGuardState | None = None
+    facts_s: float | None = None  # the facts probe's wall time (python starts, imports torch): see allreduce_budget
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,26 @@ class RendezvousFacts:
     address: str
     port: int
     listener: str  # "listening", or why the port could not be opened there
+
+
+ALLREDUCE_LIMIT_S = 90  # rendezvous, gloo init and one all-reduce on hosts that import torch in a few seconds
+ALLREDUCE_MAX_S = 300
+IMPORTS_PER_ALLREDUCE = 4  # torchrun's agent and the worker import torch, each under the same load, and slack
+
+
+@dataclass(frozen=True)
+class AllReduceBudget:
+    limit_s: int  # `timeout` kills the probe after this
+    pg_timeout_s: int  # its process group's timeout: a hung collective says so before the kill
+
+
+def allreduce_budget(facts: Iterable[HostFacts]) -> AllReduceBudget:
+    """The all-reduce probe's time, from how long the slowest host took to import torch for its facts
+    (a cold disk, a loaded host): every rank waits in gloo's init for the last worker to import torch,
+    so a fixed limit fails slow but sound hosts. At least 90 s, at most 300."""
+    slowest = max((f.facts_s for f in facts if f.facts_s is not None), default=0.0)
+    limit = min(ALLREDUCE_MAX_S, max(ALLREDUCE_LIMIT_S, round(30 + IMPORTS_PER_ALLREDUCE * slowest)))
+    return AllReduceBudget(limit, limit - 30)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from meshrun.deploy.edges.wheel import controller_identity
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
 from meshrun.deploy.project import Project
 
-from meshrun.deploy.check.verdicts import AllReduceResult, ProbeStatus, build_report, has_failures
+from meshrun.deploy.check.verdicts import AllReduceResult, ProbeStatus, allreduce_budget, build_report, has_failures
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
 from meshrun.deploy.edges.exposure import probe_exposure
@@ -57,7 +57,8 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
         allreduce = AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first")
         if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0).findings):
             interfaces = {f.name: f.interface for f in facts if f.interface}
-            allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable)
+            allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable,
+                                      allreduce_budget(facts))
     finally:
         close_all(sessions)
     places = (site_findings([h.name for h in hosts], {h.name: h.site for h in hosts},

@@ -27,7 +27,7 @@ from meshrun.deploy.run.answers import said
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host, Inventory, Network
 from meshrun.deploy.inventory.selection import Selection
-from meshrun.deploy.check.verdicts import (AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult,
+from meshrun.deploy.check.verdicts import (AllReduceBudget, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult,
                              ProbeStatus, RendezvousFacts, errored_links, link_targets)
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
 from meshrun.deploy.edges.host_queries import peer_address_for
@@ -37,8 +37,6 @@ from meshrun.deploy.edges.transport import Session, Stream, connect
 PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
 FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
 LINK_CONNECT_TIMEOUT_S = 3.0
-ALLREDUCE_LIMIT_S = 90  # rendezvous + gloo init + one all-reduce; `timeout` kills it after this
-ALLREDUCE_PG_TIMEOUT_S = 30
 # The file travels in argv, not on stdin: invoke feeds a remote stdin about 100 bytes per second.
 WRITE_FILE = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.parent.mkdir(parents=True, exist_ok=True); "
               "p.write_text(sys.argv[2])")
@@ -62,7 +60,9 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
     start = time.monotonic()
     session.run(["true"], timeout=FACTS_TIMEOUT_S, create_workdir=True)
     ssh_ms = round((time.monotonic() - start) * 1000, 1)
+    probe_start = time.monotonic()
     fingerprint, disk_free, tools = _fingerprint(session, python_of(host, local_python))
+    facts_s = round(time.monotonic() - probe_start, 2)
     gpus, gpu_note = _gpus(session, tools.get("nvidia-smi"))
     interface, mtu, interface_error = _interface(session, peer)
     zt = _zerotier(session, tools.get("zerotier-cli")) if host.network is Network.ZEROTIER else None
@@ -70,7 +70,8 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
     return HostFacts(name=host.name, address=host.address, network=host.network.value, reachable=True,
                      ssh_ms=ssh_ms, fingerprint=fingerprint, gpus=gpus, gpu_note=gpu_note, selected_gpus=host.gpus,
                      workdir=host.workdir, disk_free_gib=None if disk_free is None else round(disk_free / 2**30, 1),
-                     interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg)
+                     interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg,
+                     facts_s=facts_s)
 
 
 def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str]]:
@@ -180,8 +181,8 @@ def bounded_argv(launch: HostLaunch, limit_s: int, local_python: str) -> list[st
             python_of(launch.host, local_python), "-c", EXEC_WITH_STDIN_ENV, *launch.torchrun]
 
 
-def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
-                  interfaces: Mapping[str, str], run_id: str, local_python: str) -> AllReduceResult:
+def run_allreduce(selection: Selection, sessions: Mapping[str, Session], interfaces: Mapping[str, str],
+                  run_id: str, local_python: str, budget: AllReduceBudget) -> AllReduceResult:
     """deploy/host/allreduce.py under torchrun on every host, from the same plan as `fab train`."""
     hosts = selection.hosts
     # The probe and the script runner travel as files written through argv: the check may run before
@@ -192,14 +193,14 @@ def run_allreduce(selection: Selection, sessions: Mapping[str, Session],
              (launcher, (PROBE_DIR / "torchrun.py").read_text()))
     on_each(hosts, lambda h: [sessions[h.name].run([python_of(h, local_python), "-c", WRITE_FILE, path, text],
                                                    create_workdir=True, timeout=30) for path, text in files], timeout=60)
-    options = LaunchOptions(run_id, Workload(script=script, args=(str(ALLREDUCE_PG_TIMEOUT_S),), runner=(runner,)),
+    options = LaunchOptions(run_id, Workload(script=script, args=(str(budget.pg_timeout_s),), runner=(runner,)),
                             launcher=(launcher,))
     plan = plan_launch(selection, options, interfaces, local_python)
     start = time.monotonic()
     launches = {launch.host.name: launch for launch in plan.hosts}
     results = on_each(hosts, lambda h: run_fed(
-        sessions[h.name], bounded_argv(launches[h.name], ALLREDUCE_LIMIT_S, local_python), env_block(h),
-        ALLREDUCE_LIMIT_S + 15), timeout=ALLREDUCE_LIMIT_S + 20)
+        sessions[h.name], bounded_argv(launches[h.name], budget.limit_s, local_python), env_block(h),
+        budget.limit_s + 15), timeout=budget.limit_s + 20)
     seconds = round(time.monotonic() - start, 2)
     for name in results:  # the first host in order that failed, either way
         if name in results.failed:
