@@ -27,6 +27,7 @@ ENV_SSH_CONFIG = "MESHRUN_SSH_CONFIG"
 LAUNCH_RECORD = "launch.json"  # controller: what was started where
 SUMMARY = "summary.json"  # controller: the outcome, a user contract
 COMM_PLAN = "commplan.json"  # controller: `--comm` floors and choice
+PROVENANCE = "provenance.json"  # controller: a detached run's provenance at launch (fab report adds the fetched end)
 METRICS = "metrics.jsonl"  # trainer, rank 0
 PROGRESS = "progress.json"  # trainer, rank 0: epoch and step, for `fab status`
 RESULT = "result.json"  # trainer, rank 0: final metrics

@@ -89,7 +89,7 @@ def test_report_lines_read_an_edited_summary_as_data() -> None:
         "host h2: versions unknown (timed out)",
         "host h3: python -, torch -, CUDA -, NCCL -, meshrun -; GPUs: none",
         f"checkpoint best.pt: sha256 {B}",
-        "trainer config: 1 setting(s), in summary.json"]
+        "trainer config: 1 setting(s): fab report --json"]
     assert rules.report_lines({"project": None, "meshrun": [1], "hosts": [1]}) == [
         "project: not a git work tree", "meshrun: - (build -)"]
     assert rules.report_lines("text") == []

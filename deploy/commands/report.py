@@ -7,6 +7,7 @@ from pathlib import Path
 
 from meshrun.layout import SUMMARY
 from meshrun.deploy.edges.comm import beside_floor, load_plan
+from meshrun.deploy.edges.provenance import detached as detached_provenance
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import resolve_run
@@ -48,7 +49,8 @@ def comm_beside_floor(runs: Path, run_id: str, report: RunReport) -> dict | None
 
 
 def summary_provenance(runs: Path, run_id: str) -> dict | None:
-    """summary.json's `provenance` (None before the run ends, for a detached run, or an older run)."""
+    """summary.json's `provenance` (None before the run ends, for a detached run (its provenance.json,
+    deploy/edges/provenance.detached), or an older run)."""
     data = read_optional(runs / run_id / SUMMARY, RECORD_MAX, "run summary",
                          "the file is damaged or was edited; remove it")
     found = from_json(data.decode("utf-8", "replace")) if data is not None else None
@@ -71,7 +73,7 @@ def main(run: str | None, as_json: bool, project: Project) -> None:
     run_id = resolve_run(runs, run, warn=Renderer().warn).run_id
     result, png = build_report(runs, run_id)
     comm = comm_beside_floor(runs, run_id, result)
-    provenance = summary_provenance(runs, run_id)
+    provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
     renderer = Renderer()
     if as_json:
         renderer.json(report_json(run_id, result, png, comm, provenance))

@@ -192,12 +192,13 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
         plan = plan_launch(selection, options, training_interfaces(hosts, head, sessions), sys.executable)
         record = _record(request, inventory, hosts, plan, options, project)
         renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
+        origin = provenance.at_launch(hosts, sessions, project.root, code_files(inventory, project.root), sys.executable)
         if request.detach:
+            provenance.save_at_launch(project.runs, run_id, origin)
             start_detached(plan, sessions, urls, request.every_checkpoint)
             renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
                           f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
             return 0
-        origin = provenance.at_launch(hosts, sessions, project.root, code_files(inventory, project.root), sys.executable)
         sender = Sender(urls, renderer.warn)
         sender.send(notify.started(run_id, time.time(), [h.name for h in hosts], plan.world_size))
         outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin, sender,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, METRICS, PROVENANCE, checkpoint_step, run_dir
 from meshrun.deploy.check.verdicts import Gpu
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges import host_queries
@@ -23,12 +24,15 @@ from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.edges.wheel import controller_identity
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run import provenance as rules
-from meshrun.deploy.run.answers import said
+from meshrun.deploy.run.answers import from_json, said
+from meshrun.fsutil import atomic_write_json, not_regular
+from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, parse_manifest
 from meshrun.deploy.run.plan import python_of
 
 GIT_TIMEOUT_S = 30
 GPU_QUERY_TIMEOUT_S = 30
+FETCHED_METRICS_READ = 4 << 20  # the config record is among a run's first lines; each resume adds one
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -123,6 +127,63 @@ def at_end(sessions: Mapping[str, Session], names: list[str], run_id: str,
     """What the run itself left: the measured links, the config the trainer ran, its final checkpoints."""
     return {"links": rules.link_facts(saved_plan), "trainer_config": safely(trainer_config, sessions, names, run_id),
             "checkpoints": safely(final_checkpoints, sessions, names, run_id)}
+
+
+def save_at_launch(runs: Path, run_id: str, origin: Mapping[str, Any]) -> None:
+    """A detached run's provenance as far as the launch knows it; no summary.json will hold it."""
+    atomic_write_json(runs / run_id / PROVENANCE, dict(origin))
+
+
+def detached(runs: Path, run_id: str, saved_plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A detached run's provenance: what its launch saved, and the end read from the files
+    `fab fetch-checkpoints` brought home (each host's copy under hosts/<name>/, or the run dir itself
+    for the local host), shape-checked as a host's answer is: they came from the hosts. None
+    without the launch's record (an attached run, or one older than this)."""
+    home = runs / run_id
+    data = read_optional(home / PROVENANCE, RECORD_MAX, "run provenance", "the file is damaged or was edited; remove it")
+    origin = from_json(data.decode("utf-8", "replace")) if data is not None else None
+    if not isinstance(origin, dict):
+        return None
+    places = [(d.name, d) for d in sorted((home / HOSTS).glob("*")) if d.is_dir()] + [("", home)]
+    return {**origin, "links": rules.link_facts(saved_plan), "trainer_config": _fetched_config(places),
+            "checkpoints": _fetched_checkpoints(places)}
+
+
+def _head(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes from the start of a regular file (not through a symlink); b"" otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return b""
+    try:
+        if not_regular(os.fstat(fd).st_mode) is not None:
+            return b""
+        chunks, size = [], 0
+        while size < limit and (chunk := os.read(fd, min(1 << 20, limit - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _fetched_config(places: list[tuple[str, Path]]) -> dict[str, Any] | None:
+    for _, place in places:
+        lines = _head(place / METRICS, FETCHED_METRICS_READ).decode("utf-8", "replace").splitlines()
+        if (config := rules.trainer_config("\n".join(ln for ln in lines if rules.CONFIG_KIND in ln))) is not None:
+            return config
+    return None
+
+
+def _fetched_checkpoints(places: list[tuple[str, Path]]) -> dict[str, Any] | None:
+    best: tuple[int, str, dict[str, str]] | None = None
+    for name, place in places:
+        files = rules.checkpoint_files(parse_manifest(_head(place / CHECKPOINTS / CHECKPOINT_MANIFEST,
+                                                            MANIFEST_MAX_BYTES + 1)))
+        newest = max((s for s in map(checkpoint_step, files) if s is not None), default=-1)
+        if files and (best is None or newest > best[0]):
+            best = (newest, name or "fetched", files)
+    return None if best is None else {"host": best[1], "files": best[2]}
 
 
 def safely(read: Any, *args: Any) -> Any:

@@ -117,8 +117,8 @@ def _get(record: object, key: str) -> Any:
 
 
 def report_lines(prov: object) -> list[str]:
-    """`fab report`'s account of summary.json's provenance, one line per fact. The file could have
-    been edited: every value is read with its type checked, and shown as text."""
+    """`fab report`'s account of summary.json's provenance (a detached run's provenance.json), one line
+    per fact. The file could have been edited: every value is read with its type checked, and shown as text."""
     if not isinstance(prov, dict):
         return []
     project, build = _get(prov, "project"), _get(prov, "meshrun")
@@ -141,5 +141,5 @@ def report_lines(prov: object) -> list[str]:
     for name, digest in sorted(checkpoints.items())[:64] if isinstance(checkpoints, dict) else []:
         lines.append(f"checkpoint {_text(name)}: sha256 {_text(digest)}")
     if isinstance(_get(prov, "trainer_config"), dict):
-        lines.append(f"trainer config: {len(prov['trainer_config'])} setting(s), in summary.json")
+        lines.append(f"trainer config: {len(prov['trainer_config'])} setting(s): fab report --json")
     return lines
