@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 import subprocess
 import io
@@ -11,6 +13,9 @@ import pytest
 from rich.console import Console
 
 from meshrun.deploy.edges import host_queries as probes
+from meshrun.deploy.check.answers import machine_of
+from meshrun.deploy.host.facts import machine_facts
+from meshrun.deploy.errors import MeshrunError
 
 from meshrun.deploy.check import wireguard
 
@@ -114,17 +119,31 @@ def facts(name: str, **changes: object) -> HostFacts:
     return HostFacts(**{**base, **changes})  # type: ignore[arg-type]
 
 
-def test_the_allreduce_probe_gets_time_for_the_slowest_host_to_import_torch() -> None:
-    """A CI run's 16-host check failed under load (2026-12-02) with the fixed 90 s / 30 s; a cold
-    disk does the same to real hosts. The budget follows the slowest facts probe, within bounds."""
-    def budget(*seconds: float | None) -> tuple[int, int]:
-        found = allreduce_budget([facts(f"h{i}", facts_s=s) for i, s in enumerate(seconds, 1)])
+def test_the_allreduce_probe_gets_time_for_the_hosts_that_share_a_machine() -> None:
+    """A CI run's 16-host check (16 namespaces on 2 CPUs) ran past the fixed 90 s (2026-12-02);
+    containers on one box do the same to a user. The budget follows the most crowded machine."""
+    def budget(*hosts: tuple[str | None, int | None]) -> tuple[int, int]:
+        found = allreduce_budget([facts(f"h{i}", machine=m, cpus=c) for i, (m, c) in enumerate(hosts, 1)])
         return found.limit_s, found.pg_timeout_s
 
-    assert budget() == budget(None, None) == budget(1.2, 3.0) == (90, 60)  # quick hosts: 90 s as before
-    assert budget(2.0, 25.0) == (130, 100)  # 30 + 4 x the slowest
-    assert budget(60.0, None) == (270, 240)  # the facts probe's own timeout
-    assert budget(500.0) == (300, 270)  # never past 5 minutes
+    a, b = "a" * 16, "b" * 16
+    assert budget() == budget((None, None), (None, 8)) == (90, 60)  # older hosts: as before
+    assert budget((a, 8), (b, 8), (a, 8)) == budget((a, 1), (b, 1)) == (90, 60)  # a machine each, or room
+    assert budget((a, 2), (a, 2), (a, 2)) == (135, 105)  # the test bed: 3 hosts on 2 CPUs
+    assert budget((a, 2), (a, 1), (a, 4)) == (270, 240)  # judged by the fewest CPUs any of them may use
+    assert budget(*[(a, 2)] * 16) == (300, 270)  # never past 5 minutes
+
+
+def test_a_hosts_machine_and_cpus_are_shape_checked_and_the_probe_reports_this_ones() -> None:
+    assert machine_of("h1", {}) == (None, None)  # an older probe
+    assert machine_of("h1", {"machine": "0123456789abcdef", "cpus": 2}) == ("0123456789abcdef", 2)
+    for bad in ({"machine": "../../etc"}, {"machine": "0123456789ABCDEF"}, {"cpus": 0}, {"cpus": 10**9},
+                {"cpus": True}, {"cpus": 2.5}):
+        with pytest.raises(MeshrunError, match="the facts probe"):
+            machine_of("h1", bad)
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert machine_facts() == {"machine": hashlib.sha256(boot.encode()).hexdigest()[:16],
+                               "cpus": len(os.sched_getaffinity(0))}
 
 
 def test_missing_torch_missing_gpu_and_unreachable_are_fail() -> None:

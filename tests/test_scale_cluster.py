@@ -48,6 +48,7 @@ def test_check_network_and_a_barrier_run_on_sixteen_hosts(sixteen: SimCluster, t
     assert pairs == {(a, b) for a in names for b in names if a != b}  # all 240 pairs, every one open
     assert report["links_rule"] == "every pair"  # up to 32 hosts (deploy/check/linkplan.py)
     assert report["allreduce"]["status"] == "ok" and report["allreduce"]["world_size"] == SIZE
+    assert len({h["machine"] for h in report["hosts"]}) == 1  # one kernel: the probe's budget counts 16 on its CPUs
 
     train = fab("train", "--inventory", inventory, "--script", "bench/barrier_probe.py", timeout=600)
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]

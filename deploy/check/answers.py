@@ -47,6 +47,21 @@ def facts_of(host: str, facts: dict) -> tuple[Fingerprint, int | None, dict[str,
             disk_free, {k: v for k, v in paths.items() if v})
 
 
+MACHINE_RE = re.compile(r"[0-9a-f]{16}")
+MAX_CPUS = 4096
+
+
+def machine_of(host: str, facts: dict) -> tuple[str | None, int | None]:
+    """The facts probe's `machine` (16 hex digits) and `cpus` (1..4096); absent (an older probe): None."""
+    reader = Answer(host, "the facts probe")
+    machine, cpus = facts.get("machine"), facts.get("cpus")
+    if not (machine is None or isinstance(machine, str) and MACHINE_RE.fullmatch(machine)):
+        raise reader.bad("machine", machine, "16 hex digits or null")
+    if not (cpus is None or is_int(cpus) and 1 <= cpus <= MAX_CPUS):
+        raise reader.bad("cpus", cpus, f"a count of 1 to {MAX_CPUS} or null")
+    return machine, cpus
+
+
 def canary_ports(host: str, answer: dict, rdzv_port: int | None) -> tuple[int, int | None]:
     """The exposure bait's `{"ports": {"ephemeral": N, "rendezvous": N|null}}` → (ephemeral, rendezvous).
     The rendezvous bait is the port asked for or none: any other port is not the bait's."""

@@ -17,7 +17,7 @@ from meshrun.layout import run_dir
 from meshrun.deploy.edges import host_queries as probes, sshtarget
 
 from meshrun.deploy.check import wireguard
-from meshrun.deploy.check.answers import facts_of, link_results, listener_of
+from meshrun.deploy.check.answers import facts_of, link_results, listener_of, machine_of
 from meshrun.deploy.check.linkplan import link_plan
 
 from meshrun.deploy.check import zerotier
@@ -60,9 +60,7 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
     start = time.monotonic()
     session.run(["true"], timeout=FACTS_TIMEOUT_S, create_workdir=True)
     ssh_ms = round((time.monotonic() - start) * 1000, 1)
-    probe_start = time.monotonic()
-    fingerprint, disk_free, tools = _fingerprint(session, python_of(host, local_python))
-    facts_s = round(time.monotonic() - probe_start, 2)
+    fingerprint, disk_free, tools, (machine, cpus) = _fingerprint(session, python_of(host, local_python))
     gpus, gpu_note = _gpus(session, tools.get("nvidia-smi"))
     interface, mtu, interface_error = _interface(session, peer)
     zt = _zerotier(session, tools.get("zerotier-cli")) if host.network is Network.ZEROTIER else None
@@ -71,16 +69,17 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
                      ssh_ms=ssh_ms, fingerprint=fingerprint, gpus=gpus, gpu_note=gpu_note, selected_gpus=host.gpus,
                      workdir=host.workdir, disk_free_gib=None if disk_free is None else round(disk_free / 2**30, 1),
                      interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg,
-                     facts_s=facts_s)
+                     machine=machine, cpus=cpus)
 
 
-def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str]]:
+def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str],
+                                                         tuple[str | None, int | None]]:
     result = session.run(probe_argv(python, "facts"), timeout=FACTS_TIMEOUT_S)
     facts = probes.parse_json_object(result.stdout) if result.ok else None
     if facts is None:
         reason = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
-        return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}
-    return facts_of(session.host.name, facts)
+        return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}, (None, None)
+    return (*facts_of(session.host.name, facts), machine_of(session.host.name, facts))
 
 
 def _gpus(session: Session, nvidia_smi: str | None) -> tuple[tuple[Gpu, ...], str | None]:

@@ -142,13 +142,30 @@ def tool_paths() -> dict[str, str | None]:
     return {tool: shutil.which(tool, path=search) for tool in TOOLS}
 
 
+def machine_facts() -> dict[str, object]:
+    """Which machine this is (a digest of the kernel's boot id: containers, and the test bed's
+    namespaces, share it with their machine) and how many CPUs this process may use: hosts on one
+    machine import torch on the same CPUs when a run or the check's all-reduce starts."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read(64).strip()
+    except (OSError, ValueError):
+        boot = ""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    return {"machine": hashlib.sha256(boot.encode()).hexdigest()[:16] if boot else None, "cpus": cpus}
+
+
 def main() -> None:
     """`facts`: what the check needs (torch imported only where its files do not tell);
     `facts light`: a run's provenance (never imports torch)."""
     usage = shutil.disk_usage(".")
     versions = torch_files_facts() if sys.argv[1:] == ["light"] else torch_facts()
     facts = {"python": platform.python_version(), "executable": sys.executable, "cwd": os.getcwd(),
-             "disk_free": usage.free, **versions, "meshrun": meshrun_identity(), "tools": tool_paths()}
+             "disk_free": usage.free, **versions, "meshrun": meshrun_identity(), "tools": tool_paths(),
+             **machine_facts()}
     print(json.dumps(facts))
 
 
