@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from meshrun.deploy.host import usage
 from meshrun.deploy.run import progress
 from meshrun.deploy.run.hoststate import HostState, parse_status
-from meshrun.deploy.run.hostusage import Event, Gpu, HostUsage, controller_events, read_host_usage
+from meshrun.deploy.run.hostusage import Event, Gpu, HostUsage, agent_event, controller_events, read_host_usage
 from meshrun.deploy.run.idle import Usage
 from meshrun.deploy.run.progress import Progress, parse_progress
 from meshrun.deploy.run.watchview import HostSeen, WatchRow, WatchView, duration, view
@@ -170,3 +172,17 @@ def test_the_host_side_measures_for_real(tmp_path, monkeypatch) -> None:
         worker.wait()
     assert answer["rss"] > 64 << 20 and answer["gpus"] is None and answer["rtt_ms"] is None  # no nvidia-smi here
     assert read_host_usage("h1", json.dumps(answer)).events[-1] == Event(999.0, "h1", "h1 started: " + "x" * 100)
+
+
+def test_every_event_a_detached_agent_journals_is_shown() -> None:
+    """The agent's journal names (deploy/host/agent.py) each have words in the view; `peers_back`
+    (a lost peer answering again, issue 23) was added with them."""
+    said = [agent_event("h1", {"time": 1.0, "event": name, "text": "t"}) for name in
+            ("started", "rejoined", "peers_lost", "peers_back", "rendezvous_moved", "workers_restarted", "ended")]
+    assert [e.text if e else None for e in said] == [
+        "h1 started: t", "h1 rejoined: t", "h1 saw peers lost: t", "h1 saw peers back: t", "h1 succession: t",
+        "h1 restarted its workers: t", "h1 ended: t"]
+    agent = (Path(__file__).resolve().parents[1] / "deploy" / "host" / "agent.py").read_text()
+    names = {n for call in re.findall(r"self\.journal\((.*?), f", agent) for n in re.findall(r'"(\w+)"', call)}
+    assert sorted(names) == sorted(
+        ["started", "rejoined", "peers_lost", "peers_back", "rendezvous_moved", "workers_restarted", "ended"])
