@@ -8,6 +8,7 @@ import platform
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -150,3 +151,36 @@ def test_an_idle_run_is_warned_about_then_stopped() -> None:
     assert [(b["event"], b.get("host"), b.get("stopping")) for b in receiver.bodies] == [
         ("started", None, None), ("idle", "local", False), ("idle", "local", True), ("stopped", None, None)]
     assert receiver.bodies[-1]["reason"] == summary["reason"]
+
+
+def test_a_detached_idle_run_is_warned_about_and_stopped_by_its_agent() -> None:
+    """The same sleeping script, detached: no controller watches it, so the local host's agent
+    applies the idle rule (common/idlerule.py) to its own host: it journals, prints and sends the
+    warning and the stop (its own host's events), then stops its part of the run."""
+    receiver, run_id = Receiver(), ""
+    try:
+        started = fab("train", "--skip-checks", "--detach", "--script", "tests/idle_worker.py", "--idle-warn", "0.05",
+                      "--idle-stop", "0.15", "--notify", receiver.url, timeout=240)
+        assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+        run_id = run_id_of(started.stdout)
+        host = ROOT / "runs" / run_id / "hosts" / "local"
+        deadline = time.monotonic() + 120
+        while run_processes(run_id) or not (host / "exit.json").exists():
+            assert time.monotonic() < deadline, "the detached idle run was not stopped"
+            time.sleep(0.5)
+        with receiver.got:
+            receiver.got.wait_for(lambda: len(receiver.bodies) >= 4, 10)
+    finally:
+        receiver.close()
+        if run_id and run_processes(run_id):  # a failed run must not outlive its test
+            fab("stop", "--run", run_id, timeout=120)
+    journal = [json.loads(line) for line in (host / "events.jsonl").read_text().splitlines()]
+    idle = [e["text"] for e in journal if e["event"] == "idle"]
+    assert len(idle) == 2 and idle[0].startswith("host 'local' idle: its run's processes under 10% utilisation for")
+    assert re.fullmatch(r"host 'local' idle for \d+ s \(--idle-stop\)", idle[1]), idle
+    exit_record = json.loads((host / "exit.json").read_text())
+    assert exit_record["reason"] == idle[1]
+    assert [(b["event"], b.get("host"), b.get("stopping")) for b in receiver.bodies] == [
+        ("started", None, None), ("idle", "local", False), ("idle", "local", True), ("stopped", None, None)]
+    assert receiver.bodies[1]["idle_s"] >= 3 and receiver.bodies[-1]["reason"] == idle[1]
+    assert "now sleeping" in (host / "train.log").read_text()

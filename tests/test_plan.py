@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from meshrun.idlerule import IdlePolicy, parse_policy, policy_json
 from meshrun.layout import generation_rdzv_id, launch_rdzv_id
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Network, Rendezvous
@@ -233,3 +234,16 @@ def test_generation_rendezvous_ids_round_trip() -> None:
     assert launch_rdzv_id("run-1") == "run-1"
     assert launch_rdzv_id("20261130-120000-ab12-gx") == "20261130-120000-ab12-gx"
     assert launch_rdzv_id("r-g١") == "r-g١"  # a non-ASCII digit is not a generation
+
+
+def test_detached_agents_get_the_idle_rule_and_attached_ones_do_not() -> None:
+    """A detached run's agents apply the idle policy to their own host (deploy/host/idle.py); an
+    attached run's controller does, so its agents get none."""
+    selection = Selection((host("a", "10.0.0.1", network=Network.LAN),), Rendezvous("a", 29400))
+    policy = IdlePolicy(0.25, 180.0, 600.0)
+    detached = plan_launch(selection, LaunchOptions("r9", detach=True, idle=policy), {}, "/p").hosts[0].agent
+    given = detached[detached.index("--idle") + 1]
+    assert given == '{"threshold":0.25,"warn_s":180.0,"stop_s":600.0}' and parse_policy(given) == policy
+    assert parse_policy(policy_json(IdlePolicy())) == IdlePolicy()  # stop_s None survives
+    attached = plan_launch(selection, LaunchOptions("r9", idle=policy), {}, "/p").hosts[0].agent
+    assert "--idle" not in attached and detached.index("--idle") < detached.index("--")

@@ -186,7 +186,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     run_id = request.resume or new_run_id()
     rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
     options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
-                            rdzv_id=rdzv_id)
+                            rdzv_id=rdzv_id, idle=request.idle if request.detach else None)
     with sessions_to(hosts, inventory, project.root) as sessions:
         options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer)
         plan = plan_launch(selection, options, training_interfaces(hosts, head, sessions), sys.executable)

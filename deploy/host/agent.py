@@ -29,10 +29,12 @@ from pathlib import Path
 from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EVENTS, EXIT_RECORD,
                            HEARTBEAT_TIMEOUT_S,
                            PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
+from meshrun.deploy.host.idle import HostIdle
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
 from meshrun.events import NOTIFY_KEY
+from meshrun.idlerule import parse_policy
 
 CHECKPOINT_LOOK_S = 2.0  # a detached run with receivers: how often the agent reads its checkpoint manifest
 
@@ -64,6 +66,7 @@ class Supervisor:
         self.head_lost = False
         self.to_controller = not args.quiet
         self.peers: PeerWatcher | None = None
+        self.idle: HostIdle | None = None
         self.next_checkpoint_look = 0.0
 
     def run(self) -> int:
@@ -89,6 +92,7 @@ class Supervisor:
                        else (Generation("", "", tuple(self.args.command)),))
         index = min(self.args.generation, len(generations) - 1)  # a host rejoining after a succession
         self.peers = PeerWatcher(parse_peers(self.args.peers)) if self.args.peers else None
+        self.idle = HostIdle(parse_policy(self.args.idle), self.args.run_id, self.args.host) if self.args.idle else None
         self.notices.started(generations[index].head)
         again = (self.dir / EVENTS).exists()  # an agent of this run was here before: the host rejoins
         self.journal("rejoined" if again else "started", f"agent started at generation {index}")
@@ -102,8 +106,9 @@ class Supervisor:
                                              f"{generations[index].head} (generation {index})")
             self.emit(f"meshrun-agent: rendezvous host '{generations[index - 1].head}' lost; the run goes on "
                       f"under a new rendezvous on '{generations[index].head}' (generation {index})\n".encode())
-        if self.peers is not None:
-            self.peers.stop()
+        for watcher in (self.peers, self.idle):
+            if watcher is not None:
+                watcher.stop()
         write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
                                              "generation": index})
         self.notices.ended(rc, self.stop_reason, generations[index].head)
@@ -162,6 +167,12 @@ class Supervisor:
                 self.emit(f"meshrun-agent: peer(s) {', '.join(back_peers)} answer again\n".encode())
                 self.notices.back(back_peers, self.head)
                 self.journal("peers_back", f"peer(s) {', '.join(back_peers)} answer again")
+            for action, text, idle_s in self.idle.take() if self.idle is not None else []:
+                self.emit(f"meshrun-agent: {text}\n".encode())
+                self.journal("idle", text)
+                self.notices.idle(idle_s, self.idle.policy.threshold, action == "stop")
+                if action == "stop":
+                    self.request_stop(text)
             if self.notices.sender is not None and time.monotonic() >= self.next_checkpoint_look:
                 self.next_checkpoint_look = time.monotonic() + CHECKPOINT_LOOK_S
                 self.notices.checkpoint(newest_checkpoint(self.args.run_id), self.head)
@@ -256,6 +267,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         argv += ["--succession", args.succession, "--generation", str(args.generation)]
     if args.peers:
         argv += ["--peers", args.peers]
+    if args.idle:
+        argv += ["--idle", args.idle]
     pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
     # The secrets pass on as they came: through a pipe, never argv or a file.
     child = subprocess.Popen(argv + ["--env-stdin", "--", *args.command], stdin=subprocess.PIPE,
@@ -334,6 +347,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--generation", type=int, default=0, help="start at this generation of the succession")
     run.add_argument("--peers", default="", help="JSON {host: address:port}: detached elastic runs restart "
                                                  "their workers when a peer host stops answering")
+    run.add_argument("--idle", default="", help="JSON {threshold, warn_s, stop_s}: a detached run's idle rule "
+                     "(deploy/host/idle.py)")
     run.add_argument("--quiet", action="store_true")
     run.add_argument("command", nargs=argparse.REMAINDER)
     for verb in ("stop", "status"):

@@ -145,6 +145,11 @@ class AgentNotices:
         if self.every_checkpoint:
             self._send(head, events.checkpoint(self.run_id, time.time(), step, head or self.head))
 
+    def idle(self, idle_s: float, threshold: float, stopping: bool) -> None:
+        """This host's own idle spell: its agent alone knows of it, so it sends it, head or not."""
+        if self.sender is not None:
+            self.sender.send(events.idle(self.run_id, time.time(), self.host, idle_s, threshold, stopping))
+
     def moved(self, old: str, head: str) -> None:
         self._send(head, events.host_event("rendezvous_moved", self.run_id, time.time(), head, None, f"{old} lost"))
 

@@ -168,15 +168,21 @@ def manifest_time(run_id: str) -> float | None:
         return None
 
 
-def usage(run_id: str, host: str) -> dict:
+def busy(run_id: str, host: str) -> tuple[dict, list[int], list[list[int | None]] | None]:
+    """How busy the run is here: the idle rule's sample (time, CPU seconds per run process, GPU
+    utilisation), and the run's pids and GPUs for the rest of `usage`."""
     pids = sorted(tagged_pids(run_id, host))
     per_pid = {str(pid): t for pid in pids if (t := cpu_seconds(pid)) is not None}
     found = gpus(pids)
+    return ({"time": time.time(), "cpu_s": round(sum(per_pid.values()), 3), "procs": len(per_pid),
+             "per_pid": dict(list(per_pid.items())[:MAX_PIDS]),
+             "gpu_util": [g[1] for g in found if g[1] is not None] or None if found else None}, pids, found)
+
+
+def usage(run_id: str, host: str) -> dict:
+    sample, pids, found = busy(run_id, host)
     rtt, missed = rtt_ms(rendezvous_endpoint(run_id, host))
-    return {"time": time.time(), "cpu_s": round(sum(per_pid.values()), 3), "procs": len(per_pid),
-            "per_pid": dict(list(per_pid.items())[:MAX_PIDS]),
-            "gpu_util": [g[1] for g in found if g[1] is not None] or None if found else None,
-            "checkpoint": newest_checkpoint(run_id), "checkpoint_time": manifest_time(run_id), "gpus": found,
+    return {**sample, "checkpoint": newest_checkpoint(run_id), "checkpoint_time": manifest_time(run_id), "gpus": found,
             "rss": rss_bytes(pids), "rtt_ms": rtt, "rtt_missed": missed, "events": recent_events(run_id, host)}
 
 

@@ -19,6 +19,7 @@ from meshrun.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, 
                            HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_LOGS, TORCHRUN_MODULE,
                            TORCHRUN_RDZV_HOST_FLAG, generation_rdzv_id, host_dir)
 from meshrun.deploy.errors import InputError
+from meshrun.idlerule import IdlePolicy, policy_json
 from meshrun.deploy.inventory.model import ElasticBounds, Host
 from meshrun.deploy.inventory.selection import Selection
 
@@ -54,6 +55,7 @@ class LaunchOptions:
     # How torchrun is started: meshrun's entry point, which reads the rendezvous state as data
     # (deploy/host/torchrun.py), or a path to a copy of it (the check's all-reduce probe).
     launcher: tuple[str, ...] = ("-m", TORCHRUN_MODULE)
+    idle: IdlePolicy | None = None  # a detached run's agents apply it to their own host
 
     @property
     def rendezvous_id(self) -> str:
@@ -249,6 +251,8 @@ def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], .
         argv += ["--succession", json.dumps([g.as_json() for g in generations], separators=(",", ":"))]
     if peers:
         argv += ["--peers", json.dumps(dict(peers), separators=(",", ":"))]
+    if options.detach and options.idle is not None:  # attached: the controller watches (deploy/edges/idle.py)
+        argv += ["--idle", policy_json(options.idle)]
     return tuple(argv + ["--", *torchrun])
 
 
