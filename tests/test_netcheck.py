@@ -127,11 +127,12 @@ def test_the_allreduce_probe_gets_time_for_the_hosts_that_share_a_machine() -> N
         return found.limit_s, found.pg_timeout_s
 
     a, b = "a" * 16, "b" * 16
-    assert budget() == budget((None, None), (None, 8)) == (90, 60)  # older hosts: as before
-    assert budget((a, 8), (b, 8), (a, 8)) == budget((a, 1), (b, 1)) == (90, 60)  # a machine each, or room
-    assert budget((a, 2), (a, 2), (a, 2)) == (135, 105)  # the test bed: 3 hosts on 2 CPUs
-    assert budget((a, 2), (a, 1), (a, 4)) == (270, 240)  # judged by the fewest CPUs any of them may use
-    assert budget(*[(a, 2)] * 16) == (300, 270)  # never past 5 minutes
+    assert budget() == budget((None, None), (None, 8)) == (90, 30)  # older hosts: as before
+    assert budget((a, 8), (b, 8), (a, 8)) == budget((a, 1), (b, 1)) == (90, 30)  # a machine each, or room
+    assert budget((a, 2), (a, 2), (a, 2)) == budget(*[(a, 2)] * 4) == (90, 30)  # the 3-host test bed, as before
+    assert budget(*[(a, 2)] * 8) == (180, 60)  # 4 hosts per CPU: twice the time
+    assert budget((a, 2), (a, 1), (a, 4)) == (135, 45)  # judged by the fewest CPUs any of them may use
+    assert budget(*[(a, 2)] * 16) == (300, 120)  # never past 5 minutes
 
 
 def test_a_hosts_machine_and_cpus_are_shape_checked_and_the_probe_reports_this_ones() -> None:
