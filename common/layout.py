@@ -60,6 +60,10 @@ STATE_REFUSED_EXIT = 65  # its exit status when the store held a rendezvous stat
 # The controller's lines to an agent's stdin: any line is a heartbeat; this one also asks the agent
 # to restart its worker group (a peer was cut off, see deploy/edges/launcher.py).
 AGENT_RESTART_LINE = b"restart\n"
+# An attached run's agent to the controller: its host's usage for the idle rule, one JSON object
+# after this prefix, on the stream that carries the run's output (deploy/host/idle.py UsageFeed);
+# the controller takes these lines out of the log (deploy/edges/launcher.py).
+AGENT_USAGE_PREFIX = "meshrun-agent-usage: "
 
 # Timing both sides rely on.
 HEARTBEAT_EVERY_S = 2.0  # the controller writes a heartbeat line to each agent (and probes each host) this often

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from meshrun.deploy.host.facts import meshrun_identity
+from meshrun.layout import AGENT_USAGE_PREFIX
 from tests.cpuhog import cpu_hog
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes, wait_no_run_processes
 from tests.webhook import Receiver
@@ -151,6 +152,10 @@ def test_an_idle_run_is_warned_about_then_stopped() -> None:
     assert [(b["event"], b.get("host"), b.get("stopping")) for b in receiver.bodies] == [
         ("started", None, None), ("idle", "local", False), ("idle", "local", True), ("stopped", None, None)]
     assert receiver.bodies[-1]["reason"] == summary["reason"]
+    # The samples came from the host's agent (deploy/host/idle.py UsageFeed, the only source of an
+    # attached run's): taken out of the stream, they are in no log and not on the console.
+    logs = [p.read_text(errors="replace") for p in (ROOT / "runs" / run_id).rglob("*.log")]
+    assert logs and not any(AGENT_USAGE_PREFIX in text for text in logs) and AGENT_USAGE_PREFIX not in out
 
 
 def test_a_detached_idle_run_is_warned_about_and_stopped_by_its_agent() -> None:

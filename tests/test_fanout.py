@@ -1,14 +1,16 @@
-"""on_each: a bounded pool of threads, partial failure as data, a hung host named and bounded."""
+"""on_each: a bounded pool of threads, partial failure as data, a hung host named and bounded.
+start_each: the launch's starts, all at once, and a Ctrl-C that waits for the starts in flight."""
 
 from __future__ import annotations
 
+import _thread
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.fanout import on_each, start_each
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
 
@@ -69,3 +71,44 @@ def test_a_bug_in_fn_is_raised_in_the_caller() -> None:
 
     with pytest.raises(KeyError):
         on_each(hosts(3), fn, timeout=5)
+
+
+def test_every_start_runs_at_once_so_a_slow_one_holds_back_none() -> None:
+    """Each start waits at a barrier for all the others: started one after another, the first
+    would wait alone until the barrier broke."""
+    barrier, started = threading.Barrier(5, timeout=30), []
+
+    def start(item: int) -> None:
+        barrier.wait()
+        started.append(item)
+
+    start_each(list(range(5)), start)
+    assert sorted(started) == [0, 1, 2, 3, 4] and not barrier.broken
+
+
+def test_a_ctrl_c_during_the_starts_waits_for_those_in_flight_and_begins_none_after() -> None:
+    """The first start is interrupted (a SIGINT's KeyboardInterrupt in the caller's thread) while
+    every start takes a while: the KeyboardInterrupt comes out only after each start that began has
+    ended, and the queue is not emptied (the stop that follows must see every started host)."""
+    began, ended = [], []
+
+    def start(item: int) -> None:
+        began.append(item)
+        if item == 0:
+            _thread.interrupt_main()
+        time.sleep(0.3)
+        ended.append(item)
+
+    with pytest.raises(KeyboardInterrupt):
+        start_each(list(range(40)), start, workers=2)
+    assert sorted(ended) == sorted(began) and 0 in began and len(began) < 40
+
+
+def test_a_bug_in_a_start_is_raised_in_the_caller_and_stops_the_handing_out() -> None:
+    def start(item: int) -> None:
+        if item == 1:
+            raise ValueError("bug")
+        time.sleep(0.05)
+
+    with pytest.raises(ValueError, match="bug"):
+        start_each(list(range(200)), start, workers=2)

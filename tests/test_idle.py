@@ -8,13 +8,17 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.edges.idle import IdleWatcher
 from meshrun.deploy.host import usage
+from meshrun.deploy.host.idle import UsageFeed
 from meshrun.deploy.run import idle
 from meshrun.deploy.run.idle import IdlePolicy, Usage
+from meshrun.layout import AGENT_USAGE_PREFIX, ENV_HOST, ENV_RUN_ID
 
 
 def test_utilisation_from_two_answers() -> None:
@@ -148,3 +152,48 @@ def test_idle_below_is_long_only_and_older_short_flags_stay() -> None:
     assert names["idle_below"] == ("idle-below",)
     assert (names["debug"], names["idle_stop"], names["idle_warn"]) == (("debug", "b"), ("idle-stop", "e"),
                                                                        ("idle-warn", "l"))
+
+
+def test_the_watcher_judges_what_each_agent_sends_and_skips_the_rest() -> None:
+    """deploy/edges/idle.py fed the way the launcher does (host, the JSON after the prefix): a line
+    out of shape, or from a host not in the run, is skipped; a busy host is not warned about; an
+    idle one is, once; a newer checkpoint step is passed on once."""
+    said, told, steps = [], [], []
+    watcher = IdleWatcher(IdlePolicy(0.1, 20.0, None), (SimpleNamespace(name="h1"), SimpleNamespace(name="h2")),  # type: ignore[arg-type]
+                          said.append, lambda *a: told.append(a), lambda *a: steps.append(a))
+
+    def line(t: float, cpu: float, checkpoint: int | None = None) -> str:
+        return json.dumps({"time": t, "cpu_s": cpu, "procs": 1, "per_pid": {"7": cpu}, "gpu_util": None,
+                           "checkpoint": checkpoint})
+
+    for t in range(0, 50, 10):
+        watcher.feed("h1", line(t, 0.01 * t, 3 if t >= 20 else None))  # 1 % of a core: idle
+        watcher.feed("h2", line(t, 0.9 * t))  # busy
+        watcher.feed("h3", line(t, 0.0))  # not a host of the run
+        watcher.feed("h2", "{not json")
+        watcher.feed("h2", json.dumps({"time": "soon", "cpu_s": 0, "procs": 0}))
+    assert [w["host"] for w in watcher.warnings] == ["h1"] and len(said) == 1 and said[0].startswith("host 'h1' idle")
+    assert [(host, stopping) for host, _, _, stopping in told] == [("h1", False)]
+    assert steps == [("h1", 20, 3)] and watcher.stop_reason is None
+
+
+def test_an_agents_usage_line_is_one_shape_checked_sample_of_its_own_run(tmp_path, monkeypatch) -> None:
+    """UsageFeed's line: the prefix, then what the watcher reads as this host's sample (its run's
+    tagged processes only: a process of the run started here counts, this test's own does not)."""
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, ENV_RUN_ID: "20261202-000000-feed", ENV_HOST: "h1"}
+    tagged = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        lines: list[bytes] = []
+        feed = UsageFeed(0.05, "20261202-000000-feed", "h1", lines.append)
+        deadline = time.monotonic() + 30
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.05)
+        feed.stop()
+    finally:
+        tagged.kill()
+        tagged.wait()
+    text = lines[0].decode()
+    assert text.startswith(AGENT_USAGE_PREFIX) and text.endswith("\n")
+    sample = idle.read_usage("h1", text[len(AGENT_USAGE_PREFIX):])
+    assert [pid for pid, _ in sample.per_pid] == [tagged.pid] and sample.procs == 1 and sample.checkpoint is None

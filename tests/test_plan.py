@@ -238,7 +238,7 @@ def test_generation_rendezvous_ids_round_trip() -> None:
 
 def test_detached_agents_get_the_idle_rule_and_attached_ones_do_not() -> None:
     """A detached run's agents apply the idle policy to their own host (deploy/host/idle.py); an
-    attached run's controller does, so its agents get none."""
+    attached run's controller does, so its agents get none: they send their host's usage."""
     selection = Selection((host("a", "10.0.0.1", network=Network.LAN),), Rendezvous("a", 29400))
     policy = IdlePolicy(0.25, 180.0, 600.0)
     detached = plan_launch(selection, LaunchOptions("r9", detach=True, idle=policy), {}, "/p").hosts[0].agent
@@ -247,3 +247,9 @@ def test_detached_agents_get_the_idle_rule_and_attached_ones_do_not() -> None:
     assert parse_policy(policy_json(IdlePolicy())) == IdlePolicy()  # stop_s None survives
     attached = plan_launch(selection, LaunchOptions("r9", idle=policy), {}, "/p").hosts[0].agent
     assert "--idle" not in attached and detached.index("--idle") < detached.index("--")
+    # Attached: the agents only sample, every policy.sample_s, and send it (deploy/host/idle.py UsageFeed).
+    assert policy.sample_s == 10.0 and "--usage-every" not in attached + detached
+    feeding = plan_launch(selection, LaunchOptions("r9", usage_every_s=policy.sample_s), {}, "/p").hosts[0].agent
+    assert feeding[feeding.index("--usage-every") + 1] == "10" and feeding.index("--usage-every") < feeding.index("--")
+    assert "--usage-every" not in plan_launch(selection, LaunchOptions("r9", detach=True, usage_every_s=10.0),
+                                              {}, "/p").hosts[0].agent

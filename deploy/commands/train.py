@@ -186,7 +186,8 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     run_id = request.resume or new_run_id()
     rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
     options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
-                            rdzv_id=rdzv_id, idle=request.idle if request.detach else None)
+                            rdzv_id=rdzv_id, idle=request.idle if request.detach else None,
+                            usage_every_s=None if request.detach else request.idle.sample_s)
     with sessions_to(hosts, inventory, project.root) as sessions:
         options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer)
         plan = plan_launch(selection, options, training_interfaces(hosts, head, sessions), sys.executable)
@@ -275,18 +276,17 @@ def _watched(plan: LaunchPlan, inventory: Inventory, sessions: Mapping[str, Sess
     def checkpoint(host: str, now: float, step: int) -> None:
         sender.send(events.checkpoint(plan.run_id, now, step, host))
 
-    watcher = IdleWatcher(policy, tuple(h.host for h in plan.hosts), sessions, plan.run_id, sys.executable,
-                          renderer.warn, tell, checkpoint if every_checkpoint else None)
+    watcher = IdleWatcher(policy, tuple(h.host for h in plan.hosts), renderer.warn, tell,
+                          checkpoint if every_checkpoint else None)
 
     def requests(runner: JobRunner) -> None:
         if poller is not None:
             poller(runner)
         watcher.check(runner)
 
-    watcher.start()
     try:
         outcome = JobRunner(plan, sessions, renderer.log_line, project.run_home(plan.run_id), sys.executable,
-                            requests, membership, reconnect).run()  # type: ignore[arg-type]
+                            requests, membership, reconnect, watcher.feed).run()  # type: ignore[arg-type]
     finally:
         watcher.close()
     if watcher.stop_reason is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, Sequence, TypeVar
 
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
@@ -88,3 +88,49 @@ def on_each(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
         if host.name not in results:
             results[host.name] = MeshrunError(f"host '{host.name}': no answer within {timeout:g} s")
     return HostResults((h.name, results[h.name]) for h in hosts)
+
+
+def start_each(items: Sequence[T], start: Callable[[T], None], workers: int = FANOUT_WORKERS) -> None:
+    """start(item) for every item in parallel, on at most `workers` threads (each start bounds its
+    own wait; one that fails says so itself). A Ctrl-C meanwhile hands out no more items and waits
+    for the starts in flight before it is raised: the stop that follows must reach every start that
+    happened, and none may begin after it."""
+    turns: queue.SimpleQueue[T] = queue.SimpleQueue()
+    for item in items:
+        turns.put(item)
+    cancelled = threading.Event()
+    crashes: list[BaseException] = []
+
+    def work() -> None:
+        while not cancelled.is_set():
+            try:
+                item = turns.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                start(item)
+            except BaseException as err:  # a bug: re-raised in the caller's thread below
+                crashes.append(err)
+                cancelled.set()
+
+    threads = [threading.Thread(target=work, daemon=True, name=f"start-{n}")
+               for n in range(min(max(1, workers), len(items)))]
+    interrupted = False
+    for thread in threads:
+        try:
+            if not cancelled.is_set():
+                thread.start()
+        except KeyboardInterrupt:
+            interrupted = True
+            cancelled.set()
+    for thread in threads:
+        while thread.is_alive():
+            try:
+                thread.join(0.2)
+            except KeyboardInterrupt:
+                interrupted = True
+                cancelled.set()
+    if crashes:
+        raise crashes[0]
+    if interrupted:
+        raise KeyboardInterrupt

@@ -1,26 +1,20 @@
-"""Idle detection for an attached run: a thread asks each host how busy the run is there
-(`deploy/host/usage.py`, every few seconds), feeds the pure rule (`deploy/run/idle.py`), and
+"""Idle detection for an attached run: each host's agent sends how busy the run is there every
+few seconds (deploy/host/idle.py UsageFeed, on the stream that carries the run's output; the
+launcher hands those lines here), this feeds them to the pure rule (`deploy/run/idle.py`), and
 warns once per idle spell (a console line, a notification, the summary's `idle`); with
-`--idle-stop` it asks the JobRunner to stop the run. The same answers carry the newest checkpoint
-step each host lists: a newer one than any seen is passed on (`--every-checkpoint`). A host that does not answer, or answers out
-of shape, is skipped for that round: idleness is never judged from silence (a lost host is the
-membership rules' business)."""
+`--idle-stop` it asks the JobRunner to stop the run. The same lines carry the newest checkpoint
+step each host lists: a newer one than any seen is passed on (`--every-checkpoint`). A line out of
+shape is skipped, and a host that sends none is never judged: idleness is never judged from
+silence (a lost host is the membership rules' business)."""
 
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from meshrun.deploy.edges.fanout import on_each
-from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.host import usage as usage_probe
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run import idle as rules
-from meshrun.deploy.run.plan import python_of
-
-PROBE_TIMEOUT_S = 10
 
 
 class IdleStop(KeyboardInterrupt):
@@ -28,21 +22,17 @@ class IdleStop(KeyboardInterrupt):
 
 
 class IdleWatcher:
-    def __init__(self, policy: rules.IdlePolicy, hosts: tuple[Host, ...], sessions: Mapping[str, Session],
-                 run_id: str, local_python: str, warn: Callable[[str], None],
+    def __init__(self, policy: rules.IdlePolicy, hosts: tuple[Host, ...], warn: Callable[[str], None],
                  tell: Callable[[str, float, float, bool], None],
                  on_checkpoint: Callable[[str, float, int], None] | None = None) -> None:
-        self.policy, self.hosts, self.sessions, self.run_id = policy, hosts, sessions, run_id
-        self.local_python, self.warn, self.tell, self.on_checkpoint = local_python, warn, tell, on_checkpoint
+        self.policy, self.warn, self.tell, self.on_checkpoint = policy, warn, tell, on_checkpoint
         self.newest_checkpoint = -1
         self.states = {h.name: rules.IdleState() for h in hosts}
         self.last: dict[str, rules.Usage] = {}
         self.warnings: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self.done = threading.Event()
-
-    def start(self) -> None:
-        threading.Thread(target=self._loop, name="meshrun-idle", daemon=True).start()
+        self._lock = threading.Lock()  # every host's log reader feeds it
 
     def close(self) -> None:
         self.done.set()
@@ -53,19 +43,18 @@ class IdleWatcher:
             self.done.set()
             raise IdleStop
 
-    def _loop(self) -> None:
-        while not self.done.wait(self.policy.sample_s):
-            answers = on_each(self.hosts, self._ask, timeout=PROBE_TIMEOUT_S + 5).ok
-            for host in self.hosts:
-                if host.name in answers and not self.done.is_set():
-                    self._judge(host.name, answers[host.name])
-
-    def _ask(self, host: Host) -> rules.Usage:
-        argv = [python_of(host, self.local_python), "-m", usage_probe.__name__, self.run_id, host.name]
-        result = self.sessions[host.name].run(argv, timeout=PROBE_TIMEOUT_S)
-        if not result.ok:
-            raise MeshrunError(f"host '{host.name}': the usage probe failed")
-        return rules.read_usage(host.name, result.stdout)
+    def feed(self, name: str, text: str) -> None:
+        """One usage line of host `name`'s agent (the JSON after its prefix), read as any answer
+        from a host is: shape-checked, and skipped when out of shape."""
+        if name not in self.states:
+            return
+        try:
+            now = rules.read_usage(name, text)
+        except MeshrunError:
+            return
+        with self._lock:
+            if not self.done.is_set():
+                self._judge(name, now)
 
     def _judge(self, name: str, now: rules.Usage) -> None:
         before, self.last[name] = self.last.get(name), now

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from meshrun.layout import AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
+from meshrun.layout import AGENT_RESTART_LINE, AGENT_USAGE_PREFIX, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
 from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.fanout import on_each, start_each
 from meshrun.deploy.edges.records import append_event
 from meshrun.deploy.run.answers import remaining_pids, said
 from meshrun.deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
@@ -25,7 +25,7 @@ from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, at_
 from meshrun.deploy.edges.stdinfeed import run_fed
 from meshrun.deploy.edges.transport import CommandResult, Session, Stream
 
-PING_TIMEOUT_S = 3.0  # an SSH channel running `true`: a few KB, in time even over a 1 Mbit link
+PING_TIMEOUT_S = 3.0  # sshd granting a new SSH channel: a round trip, in time even over a 1 Mbit link
 PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
 TAIL_LINES = 20
 
@@ -97,9 +97,11 @@ class JobRunner:
 
     def __init__(self, plan: LaunchPlan, sessions: Mapping[str, Session], sink: LineSink, local_dir: Path,
                  local_python: str, poll_requests: RequestPoller | None = None,
-                 notify: Callable[[MembershipEvent], None] | None = None, reconnect: Reconnect | None = None) -> None:
+                 notify: Callable[[MembershipEvent], None] | None = None, reconnect: Reconnect | None = None,
+                 on_usage: LineSink | None = None) -> None:
         self.plan = plan
         self.sink = sink
+        self.on_usage = on_usage  # (host, JSON) of each usage line its agent sends (deploy/host/idle.py)
         self.local_python = local_python
         self.local_dir = local_dir
         self.poll_requests = poll_requests
@@ -125,8 +127,7 @@ class JobRunner:
         previous = self._catch_interrupts()
         try:
             try:
-                for live in self.hosts:
-                    self._start_first(live)
+                start_each(self.hosts, self._start_first)  # all at once: a slow sshd holds back none of the others
                 threading.Thread(target=self._watch_links, daemon=True).start()
                 verdict = self._wait()
                 if verdict.failed:
@@ -210,6 +211,10 @@ class JobRunner:
         with open(live.log, "a", encoding="utf-8") as log:
             while line := live.stream.readline():
                 text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+                if text.startswith(AGENT_USAGE_PREFIX):  # for the idle rule, not the run's log
+                    if self.on_usage is not None:
+                        self.on_usage(name, text[len(AGENT_USAGE_PREFIX):])
+                    continue
                 if text.startswith(f"[{name}:"):
                     live.worker_tail.append(text)
                 else:

@@ -29,7 +29,7 @@ from pathlib import Path
 from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EVENTS, EXIT_RECORD,
                            HEARTBEAT_TIMEOUT_S,
                            PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
-from meshrun.deploy.host.idle import HostIdle
+from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
@@ -67,6 +67,7 @@ class Supervisor:
         self.to_controller = not args.quiet
         self.peers: PeerWatcher | None = None
         self.idle: HostIdle | None = None
+        self.usage: UsageFeed | None = None
         self.next_checkpoint_look = 0.0
 
     def run(self) -> int:
@@ -93,6 +94,8 @@ class Supervisor:
         index = min(self.args.generation, len(generations) - 1)  # a host rejoining after a succession
         self.peers = PeerWatcher(parse_peers(self.args.peers)) if self.args.peers else None
         self.idle = HostIdle(parse_policy(self.args.idle), self.args.run_id, self.args.host) if self.args.idle else None
+        if self.args.usage_every > 0 and self.to_controller:
+            self.usage = UsageFeed(self.args.usage_every, self.args.run_id, self.args.host, self.send)
         self.notices.started(generations[index].head)
         again = (self.dir / EVENTS).exists()  # an agent of this run was here before: the host rejoins
         self.journal("rejoined" if again else "started", f"agent started at generation {index}")
@@ -106,7 +109,7 @@ class Supervisor:
                                              f"{generations[index].head} (generation {index})")
             self.emit(f"meshrun-agent: rendezvous host '{generations[index - 1].head}' lost; the run goes on "
                       f"under a new rendezvous on '{generations[index].head}' (generation {index})\n".encode())
-        for watcher in (self.peers, self.idle):
+        for watcher in (self.peers, self.idle, self.usage):
             if watcher is not None:
                 watcher.stop()
         write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
@@ -230,6 +233,10 @@ class Supervisor:
     def emit(self, data: bytes) -> None:
         self.log.write(data)
         self.log.flush()
+        self.send(data)
+
+    def send(self, data: bytes) -> None:
+        """To the controller only (the usage lines are not the run's log)."""
         if self.to_controller:
             try:
                 sys.stdout.buffer.write(data)
@@ -349,6 +356,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                                  "their workers when a peer host stops answering")
     run.add_argument("--idle", default="", help="JSON {threshold, warn_s, stop_s}: a detached run's idle rule "
                      "(deploy/host/idle.py)")
+    run.add_argument("--usage-every", type=float, default=0.0,
+                     help="an attached run: send this host's usage to the controller this often, in seconds")
     run.add_argument("--quiet", action="store_true")
     run.add_argument("command", nargs=argparse.REMAINDER)
     for verb in ("stop", "status"):

@@ -1,14 +1,25 @@
-"""A detached run's idle rule on its own host (common/idlerule.py, as the controller applies it to
-an attached run): a thread samples how busy the run is here every few seconds and queues what the
-rule says; the agent journals and prints it, sends it (this host's own event: its agent sends it,
-whichever host holds the rendezvous), and on `stop` ends its part of the run. The policy comes from
-the controller on argv (`--idle`, JSON: nothing secret)."""
+"""The idle rule's samples on a host (common/idlerule.py).
+
+A detached run's agent applies the rule to its own host (`HostIdle`): a thread samples how busy
+the run is here every few seconds and queues what the rule says; the agent journals and prints it,
+sends it (this host's own event: its agent sends it, whichever host holds the rendezvous), and on
+`stop` ends its part of the run. The policy comes from the controller on argv (`--idle`, JSON:
+nothing secret).
+
+An attached run's agent only samples (`UsageFeed`, `--usage-every`): one line to the controller
+every few seconds, which applies the rule (deploy/edges/idle.py). Sampling in the agent, which
+runs anyway, costs a read of /proc (about a millisecond); the controller starting a python on
+every host every 10 s for it cost 24 CPU-s in a 106 s launch of 32 test-bed hosts, a fifth of a
+core, while the hosts were still importing torch (docs/scale.md)."""
 
 from __future__ import annotations
 
+import json
 import threading
+from typing import Callable
 
-from meshrun.deploy.host.usage import busy
+from meshrun.layout import AGENT_USAGE_PREFIX
+from meshrun.deploy.host.usage import busy, newest_checkpoint
 from meshrun.idlerule import IdlePolicy, IdleState, Usage, step, utilisation, warning
 
 
@@ -45,6 +56,27 @@ class HostIdle:
         with self._lock:
             actions, self._actions = self._actions, []
         return actions
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class UsageFeed:
+    """Every `every_s` seconds, one `AGENT_USAGE_PREFIX` line with the idle rule's sample and the
+    newest checkpoint step here, handed to `send` (the agent's stream to the controller)."""
+
+    def __init__(self, every_s: float, run_id: str, host: str, send: Callable[[bytes], None]) -> None:
+        self.every_s, self.run_id, self.host, self.send = every_s, run_id, host, send
+        self._stop = threading.Event()
+        threading.Thread(target=self._feed, name="meshrun-usage", daemon=True).start()
+
+    def line(self) -> bytes:
+        sample = {**busy(self.run_id, self.host)[0], "checkpoint": newest_checkpoint(self.run_id)}
+        return f"{AGENT_USAGE_PREFIX}{json.dumps(sample, separators=(',', ':'))}\n".encode()
+
+    def _feed(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.send(self.line())
 
     def stop(self) -> None:
         self._stop.set()

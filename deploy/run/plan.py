@@ -56,6 +56,7 @@ class LaunchOptions:
     # (deploy/host/torchrun.py), or a path to a copy of it (the check's all-reduce probe).
     launcher: tuple[str, ...] = ("-m", TORCHRUN_MODULE)
     idle: IdlePolicy | None = None  # a detached run's agents apply it to their own host
+    usage_every_s: float | None = None  # an attached run's agents send their host's usage this often
 
     @property
     def rendezvous_id(self) -> str:
@@ -251,8 +252,10 @@ def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], .
         argv += ["--succession", json.dumps([g.as_json() for g in generations], separators=(",", ":"))]
     if peers:
         argv += ["--peers", json.dumps(dict(peers), separators=(",", ":"))]
-    if options.detach and options.idle is not None:  # attached: the controller watches (deploy/edges/idle.py)
+    if options.detach and options.idle is not None:
         argv += ["--idle", policy_json(options.idle)]
+    elif not options.detach and options.usage_every_s:  # the controller applies the rule (deploy/edges/idle.py)
+        argv += ["--usage-every", f"{options.usage_every_s:g}"]
     return tuple(argv + ["--", *torchrun])
 
 
