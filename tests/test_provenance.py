@@ -11,7 +11,7 @@ import pytest
 from meshrun.deploy.check.verdicts import Gpu
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.run import provenance as rules
-from meshrun.deploy.run.manifest import parse_manifest
+from meshrun.deploy.run.manifest import Manifest, parse_manifest
 
 A, B = "a" * 64, "b" * 64
 
@@ -95,3 +95,16 @@ def test_report_lines_read_an_edited_summary_as_data() -> None:
     assert rules.report_lines("text") == []
     assert rules.report_lines({"project": {"commit": {"x": 1}, "dirty": False}, "meshrun": {}})[0] == \
         "project: commit ?, clean"
+
+
+def test_the_newest_manifest_wins_and_the_first_of_equals() -> None:
+    """One rule for the attached run's end (hosts asked over SSH) and a detached run's fetched files."""
+    def manifest(*steps: int) -> Manifest:
+        return parse_manifest("".join(f"{s:064x}  ckpt-step{s:09d}.pt\n" for s in steps).encode())
+
+    a, b, c = manifest(10), manifest(10, 20), manifest(20)
+    assert rules.newest_checkpoints([("h1", a), ("h2", b), ("h3", c)]) == {
+        "host": "h2", "files": {f"ckpt-step{s:09d}.pt": f"{s:064x}" for s in (10, 20)}}
+    assert rules.newest_checkpoints([("h3", c), ("h2", b)])["host"] == "h3"  # type: ignore[index]
+    assert rules.newest_checkpoints([("h1", manifest()), ("h2", parse_manifest(b"junk\n"))]) is None
+    assert rules.newest_checkpoints([]) is None

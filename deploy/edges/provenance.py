@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, METRICS, PROVENANCE, checkpoint_step, run_dir
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, METRICS, PROVENANCE, run_dir
 from meshrun.deploy.check.verdicts import Gpu
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges import host_queries
@@ -96,14 +96,9 @@ def _gpus(session: Session, nvidia_smi: object) -> tuple[Gpu, ...]:
 def final_checkpoints(sessions: Mapping[str, Session], names: list[str], run_id: str) -> dict[str, Any] | None:
     """The checkpoints (name → sha256) of the reachable host whose manifest lists the newest step."""
     argv = ["head", "-c", str(MANIFEST_MAX_BYTES + 1), f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}"]
-    best: tuple[int, str, dict[str, str]] | None = None
-    for name, result in reachable_results(sessions, names, argv, 10):
-        files = rules.checkpoint_files(parse_manifest(result.stdout.encode("utf-8", "surrogateescape"))) \
-            if result.ok else {}
-        newest = max((s for s in map(checkpoint_step, files) if s is not None), default=-1)
-        if files and (best is None or newest > best[0]):
-            best = (newest, name, files)
-    return None if best is None else {"host": best[1], "files": best[2]}
+    return rules.newest_checkpoints(
+        (name, parse_manifest(result.stdout.encode("utf-8", "surrogateescape") if result.ok else b""))
+        for name, result in reachable_results(sessions, names, argv, 10))
 
 
 def trainer_config(sessions: Mapping[str, Session], names: list[str], run_id: str) -> dict[str, Any] | None:
@@ -176,14 +171,9 @@ def _fetched_config(places: list[tuple[str, Path]]) -> dict[str, Any] | None:
 
 
 def _fetched_checkpoints(places: list[tuple[str, Path]]) -> dict[str, Any] | None:
-    best: tuple[int, str, dict[str, str]] | None = None
-    for name, place in places:
-        files = rules.checkpoint_files(parse_manifest(_head(place / CHECKPOINTS / CHECKPOINT_MANIFEST,
-                                                            MANIFEST_MAX_BYTES + 1)))
-        newest = max((s for s in map(checkpoint_step, files) if s is not None), default=-1)
-        if files and (best is None or newest > best[0]):
-            best = (newest, name or "fetched", files)
-    return None if best is None else {"host": best[1], "files": best[2]}
+    return rules.newest_checkpoints((name or "fetched", parse_manifest(_head(place / CHECKPOINTS / CHECKPOINT_MANIFEST,
+                                                                             MANIFEST_MAX_BYTES + 1)))
+                                    for name, place in places)
 
 
 def safely(read: Any, *args: Any) -> Any:

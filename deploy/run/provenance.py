@@ -18,6 +18,7 @@ from meshrun.deploy.check.answers import facts_of
 from meshrun.deploy.check.verdicts import Gpu
 from meshrun.deploy.run.answers import from_json, is_real
 from meshrun.deploy.run.manifest import Manifest
+from meshrun.layout import checkpoint_step
 
 CHANGED_SHOWN = 100  # files named in `changed_files`; `changed_count` counts them all
 DELETED = "deleted"
@@ -67,6 +68,18 @@ def host_entry(host: str, facts_text: str, gpus: Iterable[Gpu]) -> dict[str, Any
 def checkpoint_files(manifest: Manifest) -> dict[str, str]:
     """name → sha256 of every checkpoint a manifest lists in the trainer's exact form."""
     return {} if manifest.too_big else {e.name: e.sha256 for e in manifest.entries}
+
+
+def newest_checkpoints(manifests: Iterable[tuple[str, Manifest]]) -> dict[str, Any] | None:
+    """{"host", "files"} of the first manifest that lists the newest step (hosts in the order given;
+    one that lists no checkpoint is passed over), or None when none lists any."""
+    best: tuple[int, str, dict[str, str]] | None = None
+    for name, manifest in manifests:
+        files = checkpoint_files(manifest)
+        newest = max((s for s in map(checkpoint_step, files) if s is not None), default=-1)
+        if files and (best is None or newest > best[0]):
+            best = (newest, name, files)
+    return None if best is None else {"host": best[1], "files": best[2]}
 
 
 def _depth(value: object, depth: int = 0) -> int:
