@@ -25,7 +25,10 @@ from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.check.verdicts import (CLUSTER, AllReduceResult, allreduce_budget, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
                              ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
                              link_targets, public_findings, rendezvous_findings, version_findings)
-from meshrun.deploy.edges.check_probes import bounded_argv
+from meshrun.deploy.edges.check_probes import bounded_argv, report_order
+from meshrun.deploy.edges.fanout import HostResults
+from meshrun.deploy.edges.transport import CommandResult
+from meshrun.layout import STATE_REFUSED_EXIT
 from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV
 from meshrun.deploy.run.plan import env_block
 from meshrun.deploy.run.plan import HostLaunch
@@ -290,3 +293,14 @@ def test_zerotier_cli_failures_name_their_fix() -> None:
     denied = cli_failure("zerotier-cli", "info", "401 \x1b]0;pwned\x07")
     assert denied == ("`zerotier-cli -j info` failed (401 \\x1b]0;pwned\\x07); it needs root or a copy of "
                       "authtoken.secret in ~/.zeroTierOneAuthToken")
+
+
+def test_the_allreduce_reports_a_refused_rendezvous_state_before_the_timeouts_it_causes() -> None:
+    """A planted state read by h2 and h3 but not by h1 (it had read the honest one): h1 waits out
+    the store and fails with a timeout, h2 and h3 refuse. The refusal is the cause and is named;
+    without one, host order."""
+    timeout, refused = CommandResult(1, "", "DistStoreError: wait timeout"), CommandResult(STATE_REFUSED_EXIT, "", "refused")
+    mixed = HostResults([("h1", timeout), ("h2", CommandResult(0, "", "")), ("h3", refused)])
+    assert report_order(mixed) == ["h3", "h1", "h2"]
+    lost = HostResults([("h1", MeshrunError("host 'h1': lost")), ("h2", timeout)])
+    assert report_order(lost) == ["h1", "h2"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from meshrun.layout import run_dir
+from meshrun.layout import STATE_REFUSED_EXIT, run_dir
 from meshrun.deploy.edges import host_queries as probes, sshtarget
 
 from meshrun.deploy.check import wireguard
@@ -24,7 +24,7 @@ from meshrun.deploy.check import zerotier
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.run.answers import said
-from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.inventory.model import Host, Inventory, Network
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.check.verdicts import (AllReduceBudget, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult,
@@ -32,7 +32,7 @@ from meshrun.deploy.check.verdicts import (AllReduceBudget, AllReduceResult, Fin
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
 from meshrun.deploy.edges.host_queries import peer_address_for
 from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, first_line, run_fed
-from meshrun.deploy.edges.transport import Session, Stream, connect
+from meshrun.deploy.edges.transport import CommandResult, Session, Stream, connect
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
 FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
@@ -180,6 +180,14 @@ def bounded_argv(launch: HostLaunch, limit_s: int, local_python: str) -> list[st
             python_of(launch.host, local_python), "-c", EXEC_WITH_STDIN_ENV, *launch.torchrun]
 
 
+def report_order(results: HostResults[CommandResult]) -> list[str]:
+    """The hosts in the order the all-reduce's first failure is looked for: host order, but those
+    that refused the rendezvous state first. A refusal names the cause; a member that had read the
+    honest state only waits out the store for the ones that refused, and fails with a timeout."""
+    refused = [name for name, result in results.ok.items() if result.rc == STATE_REFUSED_EXIT]
+    return [*refused, *(name for name in results if name not in refused)]
+
+
 def run_allreduce(selection: Selection, sessions: Mapping[str, Session], interfaces: Mapping[str, str],
                   run_id: str, local_python: str, budget: AllReduceBudget) -> AllReduceResult:
     """deploy/host/allreduce.py under torchrun on every host, from the same plan as `fab train`."""
@@ -201,7 +209,7 @@ def run_allreduce(selection: Selection, sessions: Mapping[str, Session], interfa
         sessions[h.name], bounded_argv(launches[h.name], budget.limit_s, local_python), env_block(h),
         budget.limit_s + 15), timeout=budget.limit_s + 20)
     seconds = round(time.monotonic() - start, 2)
-    for name in results:  # the first host in order that failed, either way
+    for name in report_order(results):
         if name in results.failed:
             return AllReduceResult(ProbeStatus.FAILED, str(results.failed[name]), seconds, plan.world_size)
         if not (result := results.ok[name]).ok:
