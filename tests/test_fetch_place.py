@@ -7,7 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from meshrun.deploy.edges.fetch import FetchReport, Staging, place, prepare_staging, remove_staging, verify_checkpoints
+import pytest
+
+from meshrun.deploy.edges import fetch as fetch_module
+from meshrun.deploy.edges.fetch import (FetchReport, Staging, fetch_argv, fetch_verified, place, prepare_staging,
+                                        remove_staging, verify_checkpoints)
+from meshrun.deploy.edges.rsyncrun import run_rsync
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.model import Host, Network
 from tests.hostile import Canary, sha256
 
 SECRET = b"controller secret\n"
@@ -81,3 +88,59 @@ def test_staging_keeps_partials_and_drops_what_is_not_a_regular_file(tmp_path: P
     assert sorted(str(p.relative_to(staging.root)) for p in staging.root.rglob("*")) == [
         "tree", "tree/checkpoints", "tree/checkpoints/.rsync-partial",
         "tree/checkpoints/.rsync-partial/ckpt-step000000001.pt"]
+
+
+def _local_host(workdir: Path) -> Host:
+    return Host(name="h1", address="local", ssh_address=None, user="ubuntu", port=22, identity=None,
+                python="python3", workdir=str(workdir), network=Network.LAN, gpus=(), nproc=1, batch_size=None, env=())
+
+
+@pytest.mark.parametrize("finishes", [True, False], ids=["save-finishes", "damaged"])
+def test_a_checksum_mismatch_is_fetched_once_more_before_it_is_called_damaged(tmp_path: Path, monkeypatch,
+                                                                             finishes: bool) -> None:
+    """Real rsync from a local run directory caught mid-save: the manifest still lists the old
+    `best.pt`, the file is already the new one (a live run saving while rsync reads). When the
+    trainer's manifest follows before the second transfer, the fetch keeps the new `best.pt`; a
+    copy that stays damaged is reported corrupt after the second transfer."""
+    checkpoints = tmp_path / "wd/runs/r1/checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "ckpt-step000000002.pt").write_bytes(b"save 2")
+    (checkpoints / "best.pt").write_bytes(b"save 2")
+    (checkpoints / "MANIFEST.sha256").write_text(f"{sha256(b'save 1')}  best.pt\n")
+    transfers = []
+
+    def transfer_then_save(*args, **kwargs):
+        skipped = real_transfer(*args, **kwargs)
+        transfers.append(sorted(p.name for p in (staging.tree / "checkpoints").iterdir()))
+        if finishes and len(transfers) == 1:  # the trainer's manifest lands after rsync read the old one
+            (checkpoints / "MANIFEST.sha256").write_text(
+                f"{sha256(b'save 2')}  best.pt\n{sha256(b'save 2')}  ckpt-step000000002.pt\n")
+        return skipped
+
+    real_transfer = fetch_module.transfer
+    monkeypatch.setattr(fetch_module, "transfer", transfer_then_save)
+    staging = Staging(tmp_path / "in/h1")
+    prepare_staging(staging)
+    report = FetchReport("h1", tmp_path / "landed")
+    fetch_verified(fetch_argv(_local_host(tmp_path / "wd"), "r1", staging, tmp_path, None), staging, report,
+                   lambda _host, _pct: None)
+    assert len(transfers) == 2
+    assert transfers[0] == ["MANIFEST.sha256", "best.pt", "ckpt-step000000002.pt"]
+    if finishes:
+        assert report.corrupt == [] and report.newest_step == 2
+        assert report.verified == {"best.pt": sha256(b"save 2"), "ckpt-step000000002.pt": sha256(b"save 2")}
+    else:
+        assert (report.corrupt, report.verified) == (["checkpoints/best.pt"], {})
+        assert not (staging.tree / "checkpoints/best.pt").exists()
+
+
+def test_only_the_exit_statuses_named_succeed(tmp_path: Path) -> None:
+    """rsync's exit 24 (a file vanished while it ran: a save the live trainer pruned) cannot be
+    timed on demand, so a stand-in rsync exits with it."""
+    vanishing = tmp_path / "rsync"
+    vanishing.write_text("#!/bin/sh\necho 'file has vanished: \"ckpt-step000000001.pt\"' >&2\nexit 24\n")
+    vanishing.chmod(0o755)
+    argv = [str(vanishing)]
+    run_rsync(argv, host="h1", what="fetch", timeout=30, hint="again", success=(0, 24))
+    with pytest.raises(MeshrunError, match=r"^host 'h1': fetch failed \(rsync exit 24\): file has vanished"):
+        run_rsync(argv, host="h1", what="fetch", timeout=30, hint="again")

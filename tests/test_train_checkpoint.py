@@ -64,6 +64,36 @@ def test_kill_during_write_leaves_previous_checkpoint(tmp_path: Path) -> None:
     assert all(sha256_file(directory / n) == h for n, h in manifest.items())
 
 
+def test_the_manifest_lists_only_matching_files_at_every_moment_of_a_save(tmp_path: Path, monkeypatch) -> None:
+    """A host killed between any two of a save's file operations (or a fetch that reads the
+    manifest and then the files) must never find a listed file whose bytes differ or that is gone:
+    CI saw `best.pt` replaced and the host killed before the manifest followed. The check runs
+    before and after every file the save writes, so it sees each state a kill could leave."""
+    from meshrun.train import checkpoint as module
+    write, moments = module.atomic_write_bytes, []
+
+    def consistent() -> None:
+        listed = read_manifest(tmp_path / MANIFEST) if (tmp_path / MANIFEST).exists() else {}
+        wrong = [n for n, h in listed.items() if not (tmp_path / n).exists() or sha256_file(tmp_path / n) != h]
+        assert not wrong, f"moment {len(moments)}: listed but changed or gone: {wrong}"
+        moments.append(sorted(listed))
+
+    def checked_write(path: Path, data: bytes) -> str:
+        consistent()
+        digest = write(path, data)
+        consistent()
+        return digest
+
+    monkeypatch.setattr(module, "atomic_write_bytes", checked_write)
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep_last=2))
+    for step in range(1, 7):
+        ckpt.save({"step": step, "w": torch.full((100,), float(step))}, step, is_best=step % 2 == 1)
+    consistent()
+    assert moments[-1] == ["best.pt", checkpoint_name(5), checkpoint_name(6)]
+    assert load_file(tmp_path / "best.pt")["step"] == 5
+    assert len(moments) > 20  # every write of the six saves was seen
+
+
 def test_retention_keeps_last_k_and_best(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, CheckpointConfig(keep_last=2))
     for step in range(1, 6):

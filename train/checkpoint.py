@@ -138,23 +138,33 @@ class Checkpointer:
         return theirs if site.rank in differ else payload
 
     def _write(self, payload: bytes, step: int, is_best: bool) -> Path:
+        """The manifest never lists a file whose bytes are about to change or go: `best.pt` and
+        the pruned saves leave it before they are replaced or deleted, so a host killed at any
+        point (or a fetch reading the manifest first) finds every listed file matching."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / checkpoint_name(step)
         self.hashes[path.name] = atomic_write_bytes(path, payload)
         if is_best:
-            self.hashes[BEST] = atomic_write_bytes(self.directory / BEST, payload)
-        self._prune()
+            self.hashes.pop(BEST, None)
+        pruned = self._prune()
         self._write_manifest()
+        for name in pruned:
+            (self.directory / name).unlink(missing_ok=True)
+        if is_best:
+            self.hashes[BEST] = atomic_write_bytes(self.directory / BEST, payload)
+            self._write_manifest()
         return path
 
-    def _prune(self) -> None:
-        """Retention counts the listed checkpoints only: an unlisted file (planted, or left by a
-        save killed before its manifest update) neither counts nor is deleted."""
+    def _prune(self) -> list[str]:
+        """Drops the saves past `keep_last` from the manifest's list and returns their names, to
+        delete once the manifest no longer lists them. Retention counts the listed checkpoints
+        only: an unlisted file (planted, or left by a save killed before its manifest update)
+        neither counts nor is deleted."""
         steps = sorted(step for n in self.hashes if (step := checkpoint_step(n)) is not None)
-        for step in steps[:-self.cfg.keep_last] if self.cfg.keep_last > 0 else []:
-            name = checkpoint_name(step)
-            (self.directory / name).unlink(missing_ok=True)
+        pruned = [checkpoint_name(step) for step in (steps[:-self.cfg.keep_last] if self.cfg.keep_last > 0 else [])]
+        for name in pruned:
             self.hashes.pop(name, None)
+        return pruned
 
     def _write_manifest(self) -> None:
         """Only the trainer's own files: a foreign line in the manifest read at start (a planted

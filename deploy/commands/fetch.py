@@ -10,8 +10,8 @@ from meshrun.layout import CHECKPOINTS, HOSTS, run_dir
 from meshrun.deploy.edges.agents import run_hosts
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S, FetchReport, Staging, fetch_argv, place, prepare_staging, \
-    remove_staging, skip_lines, stage_verified, transfer, verify_checkpoints
+from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, Staging, fetch_argv, \
+    fetch_verified, place, prepare_staging, remove_staging, skip_lines, stage_verified
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inputfiles import flag_path_stat
@@ -38,14 +38,14 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         staging = Staging(home / INCOMING / host.name)
         prepare_staging(staging)
         argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts)
-        report.skipped = transfer(argv, host.name, bars.update)
-        verify_checkpoints(staging.tree, report)
+        fetch_verified(argv, staging, report, bars.update)
         place(staging.tree, report.landed, report, force)
         remove_staging(staging)
         return report
 
     with HostProgress(renderer, "fetch", list(record.hosts)) as bars:
-        results = on_each(hosts, lambda h: one(h, bars), timeout=FETCH_TIMEOUT_S + PLACE_S).require_all()
+        deadline = FETCH_ATTEMPTS * FETCH_TIMEOUT_S + PLACE_S
+        results = on_each(hosts, lambda h: one(h, bars), timeout=deadline).require_all()
     reports = list(results.values())
     _assemble_checkpoints(home, reports, force)
     incoming = home / INCOMING

@@ -25,7 +25,7 @@ from typing import Callable
 
 from meshrun.fsutil import fsync_dir, sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
-from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
+from meshrun.deploy.edges.rsyncrun import RSYNC_VANISHED_EXIT, io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, manifest_text, parse_manifest, refusal_lines, shown
@@ -35,6 +35,7 @@ PARTIAL_DIR = ".rsync-partial"  # relative, so rsync also refuses to take one fr
 SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')
 REPORTED_SKIPS = 20
 FETCH_TIMEOUT_S = 3600  # one host's whole transfer (checkpoints of a large model over a slow link)
+FETCH_ATTEMPTS = 2  # transfers of a host whose checkpoints fail their checksum, before they are called damaged
 
 
 @dataclass
@@ -105,12 +106,26 @@ def prepare_staging(staging: Staging) -> None:
                 path.unlink()
 
 
+def fetch_verified(argv: list[str], staging: Staging, report: FetchReport,
+                   progress: Callable[[str, int], None]) -> None:
+    """Transfer the host's run directory and verify its checkpoints. A live run may save while
+    rsync reads (the manifest comes first, `best.pt` later, of the next save): a checkpoint that
+    fails its checksum is fetched once more, with the manifest, before it is called damaged."""
+    for _ in range(FETCH_ATTEMPTS):
+        report.skipped = transfer(argv, report.host, progress)
+        report.corrupt, report.verified, report.refused = [], {}, []
+        verify_checkpoints(staging.tree, report)
+        if not report.corrupt:
+            return
+
+
 def transfer(argv: list[str], host: str, progress: Callable[[str, int], None],
              timeout: float = FETCH_TIMEOUT_S) -> Skips:
-    """Run the fetch rsync; returns what it skipped for not being a regular file."""
+    """Run the fetch rsync; returns what it skipped for not being a regular file. A file that
+    vanished while rsync ran (a save the live trainer pruned) is not an error: it is not home."""
     skipped = Skips()
     run_rsync(argv, host=host, what="fetch", timeout=timeout, hint="run the same fetch again to resume",
-              on_line=lambda line: _read_line(line, host, progress, skipped))
+              on_line=lambda line: _read_line(line, host, progress, skipped), success=(0, RSYNC_VANISHED_EXIT))
     progress(host, 100)
     return skipped
 

@@ -20,6 +20,7 @@ from meshrun.deploy.run.answers import said
 
 RSYNC_IO_TIMEOUT_S = 60
 RSYNC_TIMEOUT_EXIT = 30  # rsync's exit status for "timeout in data send/receive"
+RSYNC_VANISHED_EXIT = 24  # "some files vanished before they could be transferred"
 ERR_LINES = 20  # of rsync's stderr, kept for the message
 MESSAGE_CHARS = 1000  # of those lines in the message: the newest that fit
 
@@ -29,9 +30,9 @@ def io_timeout_option() -> str:
 
 
 def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint: str, stdin: bytes | None = None,
-              on_line: Callable[[bytes], None] | None = None) -> None:
+              on_line: Callable[[bytes], None] | None = None, success: tuple[int, ...] = (0,)) -> None:
     """Run rsync to its end within `timeout` s, each line of its stdout (split at \\n and \\r) to
-    `on_line`. A failure is one MeshrunError: `host '<host>': <what> failed (rsync exit N): <the
+    `on_line`; an exit status in `success` is success. A failure is one MeshrunError: `host '<host>': <what> failed (rsync exit N): <the
     last lines of its stderr>; <hint>`."""
     lines, errors = LineSplitter(b"\r\n"), TailLines(ERR_LINES)
 
@@ -47,7 +48,7 @@ def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint
     for line in lines.flush():
         if on_line is not None:
             on_line(line)
-    if rc == 0:
+    if rc in success:
         return
     said_last = stderr_tail(errors.text())
     if rc is None:
