@@ -31,7 +31,8 @@ from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV
                            PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, STOP_GRACE_S, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
-from meshrun.deploy.host.succession import Generation, HeadWatcher, PeerWatcher, parse_generations, parse_peers
+from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
+    parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
 from meshrun.events import NOTIFY_KEY
 from meshrun.idlerule import parse_policy
@@ -180,6 +181,8 @@ class Supervisor:
                 self.next_checkpoint_look = time.monotonic() + CHECKPOINT_LOOK_S
                 self.notices.checkpoint(newest_checkpoint(self.args.run_id), self.head)
             if watcher is not None and watcher.lost:
+                if self.ends_by_itself(child):
+                    break  # the workers were done: torchrun's own exit status says how the run ended
                 self.head_lost = True
                 terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start)
                 child.wait()
@@ -192,6 +195,27 @@ class Supervisor:
         if child.returncode not in (0, STATE_REFUSED_EXIT) and watcher is not None:
             self.head_lost = watcher.confirm_lost()
         return child.returncode
+
+    def ends_by_itself(self, child: subprocess.Popen) -> bool:
+        """The rendezvous host's store is gone and so are this host's workers: at the end of a run
+        that host's torchrun exits first while this one is in torch's exit barrier or shutdown (CI
+        saw a finished run moved to a new rendezvous that waited 130 s for nobody). Wait for
+        torchrun's own exit, at most WORKERS_DONE_GRACE_S; a worker running (the host lost in
+        mid-run, this host's workers stuck in a collective) or a stop request ends the wait."""
+        spared = {os.getpid(), child.pid}
+        deadline = time.monotonic() + WORKERS_DONE_GRACE_S
+        said = False
+        while child.poll() is None:
+            workers = [pid for pid in tagged_pids(self.args.run_id, self.args.host) if pid not in spared]
+            if workers or self.stop_reason is not None or time.monotonic() > deadline:
+                return False
+            if not said:
+                said = True
+                self.emit(f"meshrun-agent: rendezvous host '{self.head}' does not answer and no worker runs here "
+                          f"(the run may have ended); waiting up to {WORKERS_DONE_GRACE_S:.0f} s for torchrun to end "
+                          "by itself\n".encode())
+            time.sleep(POLL_S)
+        return True
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:

@@ -20,6 +20,10 @@ PROBE_EVERY_S = 2.0
 CONNECT_TIMEOUT_S = 2.0
 MISSES_BEFORE_LOST = 2
 STARTUP_GRACE_S = 90.0  # a new rendezvous host imports torch and starts torchrun first
+# The store gone while this host's workers are already gone: the run may have ended (the rendezvous
+# host's torchrun exits, its store with it, while this torchrun is still in torch's exit barrier or
+# rendezvous shutdown). Its own exit status decides, if it comes within this long.
+WORKERS_DONE_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
