@@ -143,6 +143,14 @@ def tcp_ports(testbed, i: int) -> set[int]:
     return {int(line.split()[3].rsplit(":", 1)[1]) for line in lines if line.strip()} - {22}
 
 
+def wait_listening(testbed, i: int, port: int, timeout: float = 60) -> None:
+    """Until host i listens on `port` (a python3 started beside a loaded suite takes seconds)."""
+    deadline = time.monotonic() + timeout
+    while port not in tcp_ports(testbed, i):
+        assert time.monotonic() < deadline, f"nothing listens on h{i}:{port} after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
 def chain(testbed, i: int) -> str:
     return testbed.exec(i, ["iptables", "-S", "MESHRUN"], check=False).stdout
 
@@ -159,6 +167,7 @@ def test_a_non_member_reaches_no_store_or_gloo_port_while_members_train(testbed_
     control = testbed_wg.popen(1, ["/usr/bin/python3", "-c", LISTEN_ANY])
     train = None
     try:
+        wait_listening(testbed_wg, 1, CONTROL_PORT)
         with outsider(testbed_wg):
             # Without the firewall a listener on every address (as torch's store) is the outsider's.
             assert outsider_connects(both) == {t: "open" for t in both}
@@ -291,14 +300,8 @@ def test_a_host_with_nft_and_no_iptables_command_gets_the_same_policy(testbed, t
     listener = testbed.popen(1, ["/usr/bin/python3", "-c", LISTEN_ANY])
     spec = FirewallSpec((22,), "eth0", (h1, h2))
     try:
-        deadline = time.monotonic() + 30
-        while True:  # open before: the listener answers this controller once it is up
-            try:
-                socket.create_connection((h1, CONTROL_PORT), timeout=3).close()
-                break
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline, "the listener on h1 never came up"
-                time.sleep(0.2)
+        wait_listening(testbed, 1, CONTROL_PORT)
+        socket.create_connection((h1, CONTROL_PORT), timeout=3).close()  # open before: this controller gets in
         first = run(Action.UP, spec)
         assert [r["argv"][0] for r in first["results"]] == ["nft"] * 10, first
         listing = run(Action.STATUS, None)["results"][0]["stdout"]

@@ -323,10 +323,11 @@ def test_the_hosts_own_filter_rules_still_apply_after_the_delay(profiled_bed: Si
     profiled_bed.exec(2, block)
     try:
         with profiled_bed.profile("home"):
-            from_h1 = measure.ping(profiled_bed, 1, H2, count=3)
+            from_h1 = measure.ping(profiled_bed, 1, H2, count=5)
             from_h3 = measure.ping(profiled_bed, 3, H2, count=3)
     finally:
         profiled_bed.exec(2, [*block[:3], "-D", *block[4:]])
-    assert_near(from_h1.median_ms, 40.0, "RTT h1 <-> h2 (ms)")
+    assert from_h1.lost == 0
+    assert_near(from_h1.min_ms, 40.0, "RTT h1 <-> h2 (ms), the floor")  # delayed, and let through
     assert from_h3.rtts_ms == ()
     assert measure.ping(profiled_bed, 3, H2, count=2).lost == 0  # the rule is gone again

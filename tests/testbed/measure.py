@@ -45,6 +45,12 @@ class Pings:
         return statistics.median(self.rtts_ms)
 
     @property
+    def min_ms(self) -> float:
+        """The floor: a loaded machine only adds to the delay the profile sets (the delay queue is
+        a user-space process)."""
+        return min(self.rtts_ms)
+
+    @property
     def lost(self) -> int:
         return self.sent - len(self.rtts_ms)
 
