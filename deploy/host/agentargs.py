@@ -1,0 +1,43 @@
+"""The agent's command line (`python -m meshrun.deploy.host.agent run|stop|status ...`), as the
+controller builds it (deploy/run/plan.py `agent_argv`). Standard library only: it runs on hosts."""
+
+from __future__ import annotations
+
+import argparse
+
+from meshrun.layout import AGENT_MODULE, HEARTBEAT_TIMEOUT_S, STOP_GRACE_S
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m {AGENT_MODULE}")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("--run-id", required=True)
+    run.add_argument("--host", required=True)
+    run.add_argument("--heartbeat-timeout", type=float, default=float(HEARTBEAT_TIMEOUT_S))
+    run.add_argument("--grace", type=float, default=STOP_GRACE_S)
+    run.add_argument("--env", action="append", default=[], help="KEY=VALUE, meshrun's own variables (not secret)")
+    run.add_argument("--env-stdin", action="store_true",
+                     help="the first line of stdin is a JSON object of more variables (the inventory's env)")
+    run.add_argument("--detach", action="store_true")
+    run.add_argument("--succession", default="", help="JSON: the rendezvous generations (elastic runs)")
+    run.add_argument("--generation", type=int, default=0, help="start at this generation of the succession")
+    run.add_argument("--peers", default="", help="JSON {host: address:port}: detached elastic runs restart "
+                                                 "their workers when a peer host stops answering")
+    run.add_argument("--idle", default="", help="JSON {threshold, warn_s, stop_s}: a detached run's idle rule "
+                     "(deploy/host/idle.py)")
+    run.add_argument("--usage-every", type=float, default=0.0,
+                     help="an attached run: send this host's usage to the controller this often, in seconds")
+    run.add_argument("--quiet", action="store_true")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    for verb in ("stop", "status"):
+        p = sub.add_parser(verb)
+        p.add_argument("--host", required=True)
+        p.add_argument("--run-id", required=verb == "stop")
+        p.add_argument("--grace", type=float, default=STOP_GRACE_S)
+    args = parser.parse_args(argv)
+    if args.verb == "run":
+        args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not args.command:
+            parser.error("run needs a command after --")
+    return args
