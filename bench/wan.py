@@ -24,7 +24,9 @@ it at any H). With digits' 1437 samples, a step this heavy would leave 1 step pe
   2(N-1)/N · S / B + (N-1) · RTT per all-reduce (deploy/run/commplan.py::hook_floor). Goal <= 1.3.
 - Bytes per step: each host's eth0 tx_bytes (read inside its namespace) sampled twice a second,
   interpolated at the start of the first epoch and the end of the last epoch's training, summed
-  over hosts, divided by hosts x optimizer steps.
+  over hosts, divided by hosts x optimizer steps. Beside it, each host's bytes received from the
+  hosts the profile delays (the byte counters of the test bed's delay chain; bench/sites.py: what
+  crosses between sites).
 
 Ends with the line `P3 best: METHOD RATIO` (home ÷ lan, the best method within 1 point).
 `none` off lan runs a short epoch for P2 only (to the target it would take ~12 min an epoch on
@@ -55,6 +57,8 @@ from meshrun.deploy.run.commplan import Hook, HookSettings, hook_bytes, hook_flo
 from tests.testbed.latency import lookup  # noqa: E402
 from tests.fabrun import run_id_of  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
+from tests.testbed.latency import CHAIN, IPTABLES  # noqa: E402
+from tests.testbed.layout import GATEWAY  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
 
 HOSTS = 3
@@ -66,17 +70,23 @@ STEPS_PER_EPOCH = 256
 P2_ONLY_STEPS = 8  # `none` off lan: a short epoch for P2 (its comm probe), not run to the target
 TARGET = 0.96
 METHODS = "none,fp16,powersgd,localsgd,diloco,diloco-overlap"
-SAMPLER = ("import time, sys\n"
+# Twice a second: the time, eth0's tx bytes, and the bytes the delay chain's rules counted from
+# other hosts (not from the controller, GATEWAY): 0 on lan, where the chain does not exist.
+SAMPLER = ("import subprocess, sys, time\n"
+           "argv, gateway = sys.argv[1:-1], sys.argv[-1]\n"
+           "def delayed():\n"
+           "    out = subprocess.run(argv, capture_output=True, text=True).stdout.splitlines()[2:]\n"
+           "    return sum(int(f[1]) for f in (line.split() for line in out) if len(f) > 7 and f[7] != gateway)\n"
            "while True:\n"
            "    v = open('/sys/class/net/eth0/statistics/tx_bytes').read().strip()\n"
-           "    print(time.time(), v, flush=True)\n"
+           "    print(time.time(), v, delayed(), flush=True)\n"
            "    time.sleep(0.5)\n")
 
 
-def overrides(hook: str, epochs: int, steps_per_epoch: int = STEPS_PER_EPOCH) -> list[str]:
+def overrides(hook: str, epochs: int, steps_per_epoch: int = STEPS_PER_EPOCH, hosts: int = HOSTS) -> list[str]:
     return [f"epochs={epochs}", f"model.hidden=[{HIDDEN[0]},{HIDDEN[1]}]", "model.dropout=0.0",
             "data.name=synthetic_images", "data.image_size=5", "data.num_classes=10",
-            f"data.train_size={steps_per_epoch * BATCH * HOSTS}", "data.test_size=2000",
+            f"data.train_size={steps_per_epoch * BATCH * hosts}", "data.test_size=2000",
             f"data.batch_size={BATCH}", "optim.lr=0.0006", "optim.momentum=0.9", "schedule.name=constant", "log.tensorboard=false", "log.print_every_steps=100",
             "perf.comm_probe_steps=3", f"comm.hook={hook}", "comm.start_iter=2",
             f"comm.powersgd_rank={SETTINGS.powersgd_rank}",
@@ -85,12 +95,14 @@ def overrides(hook: str, epochs: int, steps_per_epoch: int = STEPS_PER_EPOCH) ->
 
 
 class TxSampler:
-    """tx_bytes of eth0 inside each host, with timestamps, from one small loop per host."""
+    """tx_bytes of eth0 inside each host and the bytes it received through the delay chain, with
+    timestamps, from one small loop per host."""
 
-    def __init__(self, cluster: SimCluster) -> None:
-        self.series: dict[int, list[tuple[float, int]]] = {i: [] for i in range(1, HOSTS + 1)}
-        self.procs = [cluster.popen(i, ["python3", "-c", SAMPLER], stdout=subprocess.PIPE, text=True)
-                      for i in self.series]
+    def __init__(self, cluster: SimCluster, hosts: int = HOSTS) -> None:
+        self.series: dict[int, list[tuple[float, int]]] = {i: [] for i in range(1, hosts + 1)}
+        self.delayed: dict[int, list[tuple[float, int]]] = {i: [] for i in self.series}
+        argv = ["python3", "-c", SAMPLER, *IPTABLES, "-L", CHAIN, "-v", "-x", "-n", GATEWAY]
+        self.procs = [cluster.popen(i, argv, stdout=subprocess.PIPE, text=True) for i in self.series]
         self.threads = [threading.Thread(target=self._read, args=(i, p), daemon=True)
                         for i, p in zip(self.series, self.procs)]
         for t in self.threads:
@@ -99,11 +111,13 @@ class TxSampler:
     def _read(self, i: int, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            t, v = line.split()
+            t, v, d = line.split()
             self.series[i].append((float(t), int(v)))
+            self.delayed[i].append((float(t), int(d)))
 
-    def at(self, i: int, when: float) -> float:
-        s = self.series[i]
+    def at(self, i: int, when: float, delayed: bool = False) -> float:
+        """Host i's eth0 tx bytes (or, `delayed`, the bytes it received from delayed hosts) at `when`."""
+        s = (self.delayed if delayed else self.series)[i]
         k = bisect.bisect_left([t for t, _ in s], when)
         if k <= 0 or k >= len(s):
             raise RuntimeError(f"h{i}: no tx sample around {when} ({len(s)} samples)")
@@ -132,16 +146,17 @@ class Run:
     host_bytes_per_step: tuple[float, ...] = ()  # per host h1..hN (bench/sites.py: h3's is all between sites)
     run_id: str = ""  # the controller's runs/<run_id>/ (commplan.json with --comm)
     step_times: tuple[float, ...] = ()  # rank 0's step records' step_s, in order
+    delayed_rx_per_step: tuple[float, ...] = ()  # per host: bytes received from hosts the profile delays
 
 
 def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs: int, first: bool,
-            steps_per_epoch: int = STEPS_PER_EPOCH, extra: Sequence[str] = ()) -> Run:
+            steps_per_epoch: int = STEPS_PER_EPOCH, extra: Sequence[str] = (), hosts: int = HOSTS) -> Run:
     """`extra`: more `fab train` flags (e.g. `--comm hier`); overrides (with `=`) go after `--`."""
-    sampler = TxSampler(cluster)
+    sampler = TxSampler(cluster, hosts)
     started = time.time()
     flags = ["--skip-checks"] + ([] if first else ["--no-sync"]) + [f for f in extra if "=" not in f]
     done = subprocess.run([sys.executable, "-m", "fabric", "train", "--inventory", str(inventory), *flags, "--",
-                           *overrides(hook, epochs, steps_per_epoch), *[f for f in extra if "=" in f]],
+                           *overrides(hook, epochs, steps_per_epoch, hosts), *[f for f in extra if "=" in f]],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     time.sleep(1.0)  # one more tx sample after the end
     sampler.close()
@@ -163,15 +178,17 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
             hit, hit_epoch = elapsed, r["epoch"]
     first_start = epochs_[0]["time"] - epochs_[0]["train_seconds"] - epochs_[0]["eval_seconds"]
     train_end = epochs_[-1]["time"] - epochs_[-1]["eval_seconds"]
-    per_host = [sampler.at(i, train_end) - sampler.at(i, first_start) for i in range(1, HOSTS + 1)]
+    per_host = [sampler.at(i, train_end) - sampler.at(i, first_start) for i in range(1, hosts + 1)]
+    delayed = [sampler.at(i, train_end, True) - sampler.at(i, first_start, True) for i in range(1, hosts + 1)]
     sent = sum(per_host)
     total_steps = epochs_[-1]["global_step"]
     median = per_step[len(per_step) // 2] if per_step else float("nan")
     if steps_per_epoch != STEPS_PER_EPOCH:  # a P2-only run: its accuracy says nothing
         hit = hit_epoch = None
     return Run(hook, shape, comm_s, median, hit, hit_epoch, epochs_[-1]["test_acc"],
-               sent / HOSTS / total_steps, total_steps, time.time() - started, len(epochs_),
-               tuple(b / total_steps for b in per_host), run_id, tuple(r["step_s"] for r in steps))
+               sent / hosts / total_steps, total_steps, time.time() - started, len(epochs_),
+               tuple(b / total_steps for b in per_host), run_id, tuple(r["step_s"] for r in steps),
+               tuple(b / total_steps for b in delayed))
 
 
 def main() -> int:
@@ -208,7 +225,7 @@ def main() -> int:
 
 def run_all(cluster: SimCluster, inventory: Path, plan: list[tuple[str, list[str]]], epochs: int,
             none_to_target: bool, show: Callable[[Run], str],
-            extra: Callable[[str, str], Sequence[str]] = lambda profile, method: ()) -> list[Run]:
+            extra: Callable[[str, str], Sequence[str]] = lambda profile, method: (), hosts: int = HOSTS) -> list[Run]:
     """Each (profile, its methods) in order, lan first: off lan a method stops at the epoch where
     its lan run reached the target; `none` off lan runs P2_ONLY_STEPS unless `none_to_target`.
     `extra(profile, method)`: more flags for that run (`one_run`)."""
@@ -221,7 +238,7 @@ def run_all(cluster: SimCluster, inventory: Path, plan: list[tuple[str, list[str
                 count, steps = 1, P2_ONLY_STEPS
             with cluster.profile(profile):
                 run = one_run(cluster, inventory, method, profile, count, first=not runs, steps_per_epoch=steps,
-                              extra=extra(profile, method))
+                              extra=extra(profile, method), hosts=hosts)
             runs.append(run)
             if profile == "lan" and run.hit_epoch is not None:
                 hit_epoch[method] = run.hit_epoch
