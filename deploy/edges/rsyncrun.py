@@ -32,8 +32,8 @@ def io_timeout_option() -> str:
 def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint: str, stdin: bytes | None = None,
               on_line: Callable[[bytes], None] | None = None, success: tuple[int, ...] = (0,)) -> None:
     """Run rsync to its end within `timeout` s, each line of its stdout (split at \\n and \\r) to
-    `on_line`; an exit status in `success` is success. A failure is one MeshrunError: `host '<host>': <what> failed (rsync exit N): <the
-    last lines of its stderr>; <hint>`."""
+    `on_line`; an exit status in `success` is success. A failure is one MeshrunError:
+    `host '<host>': <what> failed (rsync exit N): <the last lines of its stderr>; <hint>`."""
     lines, errors = LineSplitter(b"\r\n"), TailLines(ERR_LINES)
 
     def out(data: bytes) -> None:

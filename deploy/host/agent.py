@@ -202,12 +202,10 @@ class Supervisor:
         saw a finished run moved to a new rendezvous that waited 130 s for nobody). Wait for
         torchrun's own exit, at most WORKERS_DONE_GRACE_S; a worker running (the host lost in
         mid-run, this host's workers stuck in a collective) or a stop request ends the wait."""
-        spared = {os.getpid(), child.pid}
         deadline = time.monotonic() + WORKERS_DONE_GRACE_S
         said = False
         while child.poll() is None:
-            workers = [pid for pid in tagged_pids(self.args.run_id, self.args.host) if pid not in spared]
-            if workers or self.stop_reason is not None or time.monotonic() > deadline:
+            if self.workers() or self.stop_reason is not None or time.monotonic() > deadline:
                 return False
             if not said:
                 said = True
@@ -235,11 +233,15 @@ class Supervisor:
     def restart_workers(self) -> None:
         """SIGKILL this run's workers but not torchrun: its elastic agent sees failed workers and
         re-rendezvouses the survivors at once."""
-        spared = {os.getpid(), self.torchrun_pid}
-        workers = [pid for pid in tagged_pids(self.args.run_id, self.args.host) if pid not in spared]
+        workers = self.workers()
         self.emit(f"meshrun-agent: a peer was lost; restarting {len(workers)} worker(s)\n".encode())
         self.journal("workers_restarted", f"a peer was lost; {len(workers)} worker(s) restarted")
         signal_all(None, workers, signal.SIGKILL)
+
+    def workers(self) -> list[int]:
+        """This run's processes on this host but the agent and torchrun: its workers."""
+        spared = {os.getpid(), self.torchrun_pid}
+        return [pid for pid in tagged_pids(self.args.run_id, self.args.host) if pid not in spared]
 
     def journal(self, event: str, text: str) -> None:
         """One line of this host's events file, for `fab status --watch` (deploy/host/usage.py reads its tail)."""
