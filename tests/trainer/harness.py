@@ -1,7 +1,7 @@
 """Launch the trainer the way the controller does, and read what it wrote.
 
 Everything runs in real processes: ``torchrun --standalone`` with gloo on CPU for the trainer,
-``torch.multiprocessing`` for function-level multi-rank tests.
+``torch.multiprocessing`` (forked ranks) for function-level multi-rank tests.
 """
 
 from __future__ import annotations
@@ -87,13 +87,18 @@ def free_port() -> int:
 
 
 def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
-    """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` fresh processes; ``fn`` must
-    create its own gloo group on ``tcp://127.0.0.1:<port>`` and write results to files."""
+    """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` processes forked from this one;
+    ``fn`` must create its own gloo group on ``tcp://127.0.0.1:<port>`` and write results to files.
+
+    Forked, not spawned: a spawned process imports torch again, and its first optimizer imports
+    torch._dynamo (torch 2.14), about 9 s of CPU per rank on the 2-core CI machine for tests whose
+    own work takes milliseconds. The ranks are still separate processes with their own gloo
+    group; each runs one intra-op thread, as the trainer's ranks do under OMP_NUM_THREADS=1."""
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.start_processes(_run_then_exit, args=(fn, world_size, free_port(), *args),
-                       nprocs=world_size, start_method="spawn")
+                       nprocs=world_size, start_method="fork")
 
 
 def _run_then_exit(rank: int, fn: Callable[..., None], *args: Any) -> None:
@@ -101,6 +106,9 @@ def _run_then_exit(rank: int, fn: Callable[..., None], *args: Any) -> None:
     there ("terminate called without an active exception") after a clean
     ``destroy_process_group()``, which would fail a test whose ranks all did their work. An
     exception from ``fn`` still propagates, so a real failure is still reported."""
+    import torch
+
+    torch.set_num_threads(1)  # a pool inherited across fork is not safe to use; one thread needs none
     fn(rank, *args)
     sys.stdout.flush()
     sys.stderr.flush()
