@@ -67,12 +67,12 @@ class FabProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def wait_for(self, pattern: str, timeout: float) -> str:
-        """Block until the output matches `pattern`; returns the output so far."""
+    def wait_for(self, pattern: str, timeout: float, since: int = 0) -> str:
+        """Block until the output from character `since` on matches `pattern`; returns the output so far."""
         regex = re.compile(pattern, re.M)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if regex.search(self.output):
+            if regex.search(self.output, since):
                 return self.output
             if self.proc.poll() is not None and not self.reader.is_alive():
                 break

@@ -43,12 +43,6 @@ def summary_of(run_id: str) -> dict:
     return json.loads((ROOT / "runs" / run_id / "summary.json").read_text())
 
 
-def clean_accuracy(inventory: Path) -> float:
-    done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--", *TRAIN, timeout=400)
-    assert done.returncode == 0, done.stdout[-2000:]
-    return summary_of(run_id_of(done.stdout))["metrics"]["test_acc"]
-
-
 def _argv_holding(text: str, but: int) -> list[int]:
     """Processes of this machine (every simulated host's too) whose argv holds `text`, but pid `but`."""
     found = []
@@ -179,9 +173,11 @@ def firewall_chain(testbed, i: int) -> str:
     return testbed.exec(i, ["iptables", "-S", "MESHRUN"], check=False).stdout
 
 
-def test_c_a_joining_host_grows_the_world(testbed, inventory: Path) -> None:
-    """Behind `--firewall` too: the members' chains let the joiner in before it starts (else they
-    would reset its connections), and every chain, the joiner's included, is gone at the end."""
+def test_c_a_joining_host_grows_the_world_and_leaving_on_purpose_shrinks_it(testbed, inventory: Path) -> None:
+    """One run, both membership changes: h3 joins a run of h1 and h2 (behind `--firewall`: the
+    members' chains let the joiner in before it starts, else they would reset its connections),
+    trains in the world of 3, then leaves on purpose (`fab leave`: no loss, no succession) and the
+    run finishes on h1 and h2. Every chain, the joiner's included, is gone at the end."""
     run = FabProcess("train", "--firewall", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "2:3",
                      "--", *TRAIN)
     try:
@@ -192,6 +188,11 @@ def test_c_a_joining_host_grows_the_world(testbed, inventory: Path) -> None:
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert "started on h3" in joined.stdout
         assert all(joiner in firewall_chain(testbed, i) for i in (1, 2, 3))
+        grown = run.wait_for(r"now world size 3, lr ", timeout=240)  # the trainer resumed in the world of 3
+        run.wait_for(r"\[h\d:0\] epoch \d+/\d+ train_loss", timeout=240, since=len(grown))  # ... and ended an epoch in it
+        left = fab("leave", "--run", run_id, "--hosts", "h3", timeout=120)
+        assert left.returncode == 0, left.stdout + left.stderr
+        assert "stopping h3" in left.stdout
         assert run.finish(timeout=400) == 0, run.output[-3000:]
     finally:
         run.close()
@@ -201,11 +202,14 @@ def test_c_a_joining_host_grows_the_world(testbed, inventory: Path) -> None:
                          check=False)
     assert leftovers == {1: "", 2: "", 3: ""}, "a host kept meshrun's chain"
     summary = summary_of(run_id)
-    assert ("joined", "h3") in [(e["event"], e["host"]) for e in summary["timeline"]]
-    assert summary["status"] == "succeeded" and summary["world_size"] == 3
-    assert fab("fetch-checkpoints", "--run", run_id).returncode == 0
-    sizes = [r["world_size"] for r in epoch_records(run_id)]
-    assert sizes[0] == 2 and sizes[-1] == 3, sizes
+    events = [(e["event"], e["host"]) for e in summary["timeline"]]
+    assert events.index(("joined", "h3")) < events.index(("left", "h3")), events
+    assert summary["lost_hosts"] == [] and summary["status"] == "succeeded" and summary["world_size"] == 2
+    assert not [e for e in events if e[0] == "succession"], events
+    assert not [p for p in run_processes(run_id) if _on_host(p, "h3")]
+    records = assert_whole_epochs(run_id)
+    sizes = [r["world_size"] for r in records]
+    assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
 
 
 def all_epoch_records(run_id: str) -> list[dict]:
@@ -257,22 +261,6 @@ def test_d_losing_the_rendezvous_host_is_survived_by_succession(testbed, invento
     assert summary["restarts"] >= 1
     records = assert_whole_epochs(run_id)
     print(f"{fault} of the rendezvous host: final accuracy {records[-1]['test_acc']:.4f}; timeline {events}")
-
-
-def test_e_a_host_leaves_on_purpose_and_the_run_goes_on(testbed, inventory: Path) -> None:
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
-    try:
-        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
-        left = fab("leave", "--run", run_id, "--hosts", "h3", timeout=120)
-        assert left.returncode == 0, left.stdout + left.stderr
-        assert "stopping h3" in left.stdout
-        assert run.finish(timeout=400) == 0, run.output[-3000:]
-    finally:
-        run.close()
-    summary = summary_of(run_id)
-    assert ("left", "h3") in [(e["event"], e["host"]) for e in summary["timeline"]]
-    assert summary["lost_hosts"] == [] and summary["status"] == "succeeded" and summary["world_size"] == 2
-    assert not [p for p in run_processes(run_id) if _on_host(p, "h3")]
 
 
 def test_join_refuses_a_fixed_size_run(tmp_path: Path) -> None:
