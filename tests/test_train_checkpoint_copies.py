@@ -22,7 +22,7 @@ from meshrun.train.config import CheckpointConfig, load_config
 from meshrun.train.safe_load import load_file
 from meshrun.fsutil import sha256_file
 from tests.test_train_checkpoint_safety import plant
-from tests.trainer.harness import records, spawn, train_hosts
+from tests.trainer.harness import records, fork_ranks, train_hosts
 
 # Ranks 0 and 2 see directory "x", rank 1 sees "y": the writers are the lowest rank of each.
 DIRS = ("x", "y", "x")
@@ -51,7 +51,7 @@ def _elect_and_save(rank: int, world: int, port: int, base: str) -> None:
 
 
 def test_one_writer_per_directory_and_copies_equal_rank0s(tmp_path: Path) -> None:
-    spawn(_elect_and_save, 3, str(tmp_path))
+    fork_ranks(_elect_and_save, 3, str(tmp_path))
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     assert [g["writer"] for g in got] == [True, True, False]
     assert all(g["writers"] == [0, 1] for g in got)
@@ -81,7 +81,7 @@ def _capture_buffers(rank: int, world: int, port: int, base: str) -> None:
 
 
 def test_saved_buffers_are_rank0s_on_every_writer(tmp_path: Path) -> None:
-    spawn(_capture_buffers, 2, str(tmp_path))
+    fork_ranks(_capture_buffers, 2, str(tmp_path))
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert got == [{"mean": None, "count": None, "live": [1.0, 1.0, 1.0]},
                    {"mean": [1.0, 1.0, 1.0], "count": 5, "live": [2.0, 2.0, 2.0]}]

@@ -18,7 +18,7 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 from torch import nn
 
-from tests.trainer.harness import spawn
+from tests.trainer.harness import fork_ranks
 from meshrun.train import comm
 from meshrun.train.config import CommConfig, CommHook
 from meshrun.train.diloco import DiLoCo, DiLoCoSettings, local_mean
@@ -83,7 +83,7 @@ def _worker(rank: int, world: int, port: int, out: str, hook: str) -> None:
 
 
 def run_ranks(tmp_path: Path, hook: str) -> list[dict]:
-    spawn(_worker, WORLD, str(tmp_path), hook)
+    fork_ranks(_worker, WORLD, str(tmp_path), hook)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from meshrun.train.loop import evaluate
 from meshrun.train.sampler import eval_shard
-from tests.trainer.harness import spawn
+from tests.trainer.harness import fork_ranks
 
 N_SAMPLES, N_CLASSES = 11, 7  # 11 over 3 ranks: DistributedSampler would pad to 12
 
@@ -35,7 +35,7 @@ def _worker(rank: int, world: int, port: int, out: Path) -> None:
 
 
 def test_three_ranks_match_single_process_exactly(tmp_path: Path) -> None:
-    spawn(_worker, 3, tmp_path)
+    fork_ranks(_worker, 3, tmp_path)
     x, y = dataset().tensors  # logits are the inputs themselves (identity model)
     expected_top1 = (x.argmax(1) == y).sum().item() / N_SAMPLES
     expected_top5 = (x.topk(5, 1).indices == y[:, None]).any(1).sum().item() / N_SAMPLES

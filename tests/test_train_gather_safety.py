@@ -17,7 +17,7 @@ import torch
 import torch.distributed as torch_dist
 
 from meshrun.train import dist
-from tests.trainer.harness import spawn
+from tests.trainer.harness import fork_ranks
 
 
 class Planted:
@@ -48,7 +48,7 @@ def _gather(rank: int, world: int, port: int, base: str) -> None:
 
 
 def test_plain_state_goes_round_every_rank(tmp_path: Path) -> None:
-    spawn(_gather, 3, str(tmp_path))
+    fork_ranks(_gather, 3, str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok0", "ok1", "ok2"]
 
 
@@ -72,7 +72,7 @@ def _hostile(rank: int, world: int, port: int, base: str) -> None:
 
 
 def test_a_hostile_rank_cannot_run_code_in_the_others(tmp_path: Path) -> None:
-    spawn(_hostile, 3, str(tmp_path))
+    fork_ranks(_hostile, 3, str(tmp_path))
     assert not (tmp_path / "planted").exists()
     for rank in (0, 2):
         message = (tmp_path / f"refused{rank}").read_text()

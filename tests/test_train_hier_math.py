@@ -26,7 +26,7 @@ from meshrun.train.dist import DistEnv
 from meshrun.train.loop import MicroStep, StepParts, forward_backward, micro_steps, optimizer_step
 from meshrun.train.sampler import GlobalStep, RankBatch
 from tests.test_train_diloco_math import LR, MU, Outer, batch, batch_size, close  # uneven, varying
-from tests.trainer.harness import spawn
+from tests.trainer.harness import fork_ranks
 
 KEYS = ("office", "home", "office")  # sites 2 + 1; the office's ranks are not adjacent
 SITES = ((0, 2), (1,))
@@ -147,7 +147,7 @@ def test_site_peers_scale_each_loss_to_the_sites_mean() -> None:
 
 @pytest.mark.slow
 def test_hierarchical_update_equals_the_one_process_reference(tmp_path: Path) -> None:
-    spawn(_worker, WORLD, str(tmp_path))
+    fork_ranks(_worker, WORLD, str(tmp_path))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     assert ranks[0]["keys"] == list(KEYS)
     site_of = {r: s for s, members in enumerate(SITES) for r in members}

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from meshrun.train.loop import StepParts, forward_backward, micro_steps, optimizer_step
 from meshrun.train.sampler import plan_steps
-from tests.trainer.harness import spawn
+from tests.trainer.harness import fork_ranks
 
 IN, HIDDEN, CLASSES, LR = 5, 7, 3, 0.5
 
@@ -89,7 +89,7 @@ CASES = {
 @pytest.mark.parametrize("sizes, accum, n", CASES.values(), ids=CASES.keys())
 def test_uneven_batches_equal_one_process_on_the_global_batch(
         tmp_path: Path, sizes: tuple[int, ...], accum: int, n: int) -> None:
-    spawn(_worker, len(sizes), tmp_path, sizes, accum, n, False)
+    fork_ranks(_worker, len(sizes), tmp_path, sizes, accum, n, False)
     expected = reference(sizes, accum, n)
     for rank in range(len(sizes)):
         got = torch.load(tmp_path / f"rank{rank}.pt")
@@ -100,5 +100,5 @@ def test_uneven_batches_equal_one_process_on_the_global_batch(
 def test_averaging_rank_means_is_detectably_wrong(tmp_path: Path) -> None:
     """The check above is sensitive: DDP's plain average of per-rank means misses by far."""
     sizes, accum, n = (8, 16, 40), 1, 64
-    spawn(_worker, 3, tmp_path, sizes, accum, n, True)
+    fork_ranks(_worker, 3, tmp_path, sizes, accum, n, True)
     assert max_diff(torch.load(tmp_path / "rank0.pt"), reference(sizes, accum, n)) > 1e-4

@@ -86,7 +86,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
+def fork_ranks(fn: Callable[..., None], world_size: int, *args: Any) -> None:
     """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` processes forked from this one;
     ``fn`` must create its own gloo group on ``tcp://127.0.0.1:<port>`` and write results to files.
 
