@@ -152,7 +152,7 @@ def test_a_member_planting_a_pickle_in_the_check_store_runs_nothing_anywhere(tes
     # When the plant reaches h1's store before the probe's short round completes, the check FAILs
     # naming h1. Under load the honest round can complete first (a CI run, 2026-12-02) and the
     # probe ends before anyone reads the state again: the check passes. Either way nothing ran
-    # (above); a run's live store is read again and refused every time (test_elastic.py::test_h).
+    # (above); a run's live store is read again and refused every time (test_rdzv_store_hostile.py).
     outcome = (code, report["allreduce"]["status"])
     assert outcome in {(1, "failed"), (0, "ok")}, report["allreduce"]
     if outcome[0] == 1:

@@ -14,14 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of
+from tests.runrecords import summary_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 TRAIN = ("epochs=6", "log.tensorboard=false", "comm.start_iter=5", "comm.powersgd_rank=4")
-
-
-def summary_of(run_id: str) -> dict:
-    return json.loads((ROOT / "runs" / run_id / "summary.json").read_text())
 
 
 def test_each_hook_trains_within_one_point_of_plain_ddp(testbed, inventory: Path) -> None:
@@ -102,14 +99,17 @@ def test_hier_trains_by_site_and_records_the_matrix(testbed, make_inventory) -> 
     assert [(r["world_size"], r["saved_world_size"]) for r in resumes][-2:] == [(2, 3), (1, 2)], resumes
     epochs = [r for r in lines if r.get("kind") == "epoch"]
     assert [r["epoch"] for r in epochs][-1] == 6 and (epochs[0]["world_size"], epochs[-1]["world_size"]) == (3, 1)
-    # Issue 23: the provenance holds the measured matrix and, with --skip-checks, each host's versions.
-    prov = summary["provenance"]
+    assert_provenance_holds_the_matrix(summary["provenance"], plan)
+    # It learns (87.5 % when written): 6 epochs are 12 outer steps; the accuracy bar against plain
+    # DDP is tests/test_train_hier.py's, at digits' 20 epochs.
+    assert summary["metrics"]["test_acc"] >= 0.8, summary["metrics"]
+
+
+def assert_provenance_holds_the_matrix(prov: dict, plan: dict) -> None:
+    """Issue 23: the provenance holds the measured matrix and, with --skip-checks, each host's versions."""
     assert prov["links"]["matrix"] == [{k: link[k] for k in ("source", "target", "mbit_s", "rtt_ms")}
                                        for link in plan["links"]] and prov["links"]["hook"] == "hier"
     assert sorted(prov["hosts"]) == ["h1", "h2", "h3"]
     assert all(h["python"] == platform.python_version() and h["torch"] and h["gpus"] == []
                and h["meshrun"] == f"{prov['meshrun']['version']} (build {prov['meshrun']['build']})"
                for h in prov["hosts"].values()), prov["hosts"]
-    # It learns (87.5 % when written): 6 epochs are 12 outer steps; the accuracy bar against plain
-    # DDP is tests/test_train_hier.py's, at digits' 20 epochs.
-    assert summary["metrics"]["test_acc"] >= 0.8, summary["metrics"]

@@ -1,5 +1,7 @@
 """Elastic runs on the simulated cluster (`--nnodes 2:3`): kill a host, cut a link (and heal it),
-join a host, lose the rendezvous host (killed or cut). Real torchrun elastic agents, real gloo, real SIGKILL and link cuts.
+join and leave a host, lose the rendezvous host (killed or cut), a slow or stalled host. Real
+torchrun elastic agents, real gloo, real SIGKILL and link cuts. The detached run is in
+test_elastic_detached.py, the hostile store member in test_rdzv_store_hostile.py.
 """
 
 from __future__ import annotations
@@ -9,14 +11,13 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.fabrun import REPO, ROOT, FabProcess, fab, run_id_of, run_processes
+from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes
+from tests.runrecords import assert_whole_epochs, epoch_records, logs_of, on_host, summary_of
 from tests.testbed import network
 from tests.webhook import Receiver
 
@@ -25,22 +26,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 # Small steps so a kill lands mid-epoch; a checkpoint every 5 steps bounds what is redone.
 TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
 LONG_TRAIN = ["epochs=24", "checkpoint.every_steps=5", "data.batch_size=16"]
-
-
-def epoch_records(run_id: str, host: str = "h1") -> list[dict]:
-    """The rank-0 epoch records, fetched from the host(s) that wrote them."""
-    path = ROOT / "runs" / run_id / "hosts" / host / "metrics.jsonl"
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"]
-
-
-def logs_of(run_id: str, tail: int = 3000) -> str:
-    """The end of each host's run log, for a failure's message."""
-    return "".join(f"\n--- {path.name} ---\n{path.read_text(errors='replace')[-tail:]}"
-                   for path in sorted((ROOT / "runs" / run_id / "logs").glob("*.log")))
-
-
-def summary_of(run_id: str) -> dict:
-    return json.loads((ROOT / "runs" / run_id / "summary.json").read_text())
 
 
 def _argv_holding(text: str, but: int) -> list[int]:
@@ -120,21 +105,12 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
         with testbed.link_cut(3):
             cut_at = time.monotonic()
             run.wait_for(r"meshrun: h3 lost", timeout=60)
-            # Issue 23, item 1: the live view shows the cut host as not answering, the others running.
-            view = fab("status", "--watch", "--frames", "5", "--run", run_id, timeout=90, env={"COLUMNS": "200"})
-            last = view.stdout.split(f"run {run_id} — ")[-1]
-            assert view.returncode == 0 and re.search(r"│ h3 +│ not answering +│", last), view.stdout + view.stderr
-            assert all(re.search(rf"│ {h} +│ running +│", last) for h in ("h1", "h2")), view.stdout
-            # ... each survivor's link to the rendezvous store measured, its workers' CPU and RSS,
-            # and under the table the controller's event and the survivors' agents restarting their workers.
-            cells = r"(?:[^│]+│ ){4}[^│]+│ [^│]+│ \d+\.\d ms +│ (?:CPU \d+%|-) +│ RSS \d+\.\d +│ - +│"
-            assert all(re.search(rf"│ {h} +│ running +│ {cells}", last) for h in ("h1", "h2")), last
-            assert re.search(r"h3 lost \(.*\); world size \d", last) and "h2 restarted its workers" in last, last
+            assert_live_view_shows_h3_not_answering(run_id)
             # h3's agent stops its own run once the controller has been silent 30 s.
             deadline = cut_at + 75
-            while [p for p in run_processes(run_id) if _on_host(p, "h3")] and time.monotonic() < deadline:
+            while [p for p in run_processes(run_id) if on_host(p, "h3")] and time.monotonic() < deadline:
                 time.sleep(1)
-            left_on_h3 = [p for p in run_processes(run_id) if _on_host(p, "h3")]
+            left_on_h3 = [p for p in run_processes(run_id) if on_host(p, "h3")]
             gone_after = time.monotonic() - cut_at
         assert not left_on_h3, f"h3 still runs {left_on_h3} {gone_after:.0f} s after the cut"
         assert run.finish(timeout=400) == 0, run.output[-3000:]
@@ -161,12 +137,17 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
     print(f"cut host's run processes gone {gone_after:.0f} s after the cut; timeline {events}")
 
 
-def _on_host(pid: int, host: str) -> bool:
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"MESHRUN_HOST={host}".encode() in env
+def assert_live_view_shows_h3_not_answering(run_id: str) -> None:
+    """Issue 23, item 1: the live view shows the cut host as not answering, the others running."""
+    view = fab("status", "--watch", "--frames", "5", "--run", run_id, timeout=90, env={"COLUMNS": "200"})
+    last = view.stdout.split(f"run {run_id} — ")[-1]
+    assert view.returncode == 0 and re.search(r"│ h3 +│ not answering +│", last), view.stdout + view.stderr
+    assert all(re.search(rf"│ {h} +│ running +│", last) for h in ("h1", "h2")), view.stdout
+    # ... each survivor's link to the rendezvous store measured, its workers' CPU and RSS,
+    # and under the table the controller's event and the survivors' agents restarting their workers.
+    cells = r"(?:[^│]+│ ){4}[^│]+│ [^│]+│ \d+\.\d ms +│ (?:CPU \d+%|-) +│ RSS \d+\.\d +│ - +│"
+    assert all(re.search(rf"│ {h} +│ running +│ {cells}", last) for h in ("h1", "h2")), last
+    assert re.search(r"h3 lost \(.*\); world size \d", last) and "h2 restarted its workers" in last, last
 
 
 def firewall_chain(testbed, i: int) -> str:
@@ -206,32 +187,10 @@ def test_c_a_joining_host_grows_the_world_and_leaving_on_purpose_shrinks_it(test
     assert events.index(("joined", "h3")) < events.index(("left", "h3")), events
     assert summary["lost_hosts"] == [] and summary["status"] == "succeeded" and summary["world_size"] == 2
     assert not [e for e in events if e[0] == "succession"], events
-    assert not [p for p in run_processes(run_id) if _on_host(p, "h3")]
+    assert not [p for p in run_processes(run_id) if on_host(p, "h3")]
     records = assert_whole_epochs(run_id)
     sizes = [r["world_size"] for r in records]
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
-
-
-def all_epoch_records(run_id: str) -> list[dict]:
-    """Epoch records from every fetched host (rank 0 moves when the rendezvous host is lost); for an
-    epoch written twice (a resume redid it), the one written last."""
-    by_epoch: dict[int, dict] = {}
-    for path in sorted((ROOT / "runs" / run_id / "hosts").glob("*/metrics.jsonl")):
-        for record in map(json.loads, path.read_text().splitlines()):
-            if record.get("kind") == "epoch" and record["time"] >= by_epoch.get(record["epoch"], {}).get("time", 0):
-                by_epoch[record["epoch"]] = record
-    return [by_epoch[e] for e in sorted(by_epoch)]
-
-
-def assert_whole_epochs(run_id: str, epochs: int = 12) -> list[dict]:
-    """Finished every epoch, ≥ 95 %, and every sample of every epoch used exactly once."""
-    assert fab("fetch-checkpoints", "--run", run_id).returncode == 0
-    records = all_epoch_records(run_id)
-    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
-    per_epoch = records[0]["samples_seen"]
-    assert [r["samples_seen"] for r in records] == [per_epoch * (i + 1) for i in range(epochs)]
-    assert records[-1]["test_acc"] >= 0.95
-    return records
 
 
 @pytest.mark.parametrize("fault", ["kill", "cut"])
@@ -287,7 +246,7 @@ def _workers_on(run_id: str, host: str) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if _on_host(pid, host) and b"meshrun.deploy.host.torchrun" not in argv and b"meshrun.train" in argv:
+        if on_host(pid, host) and b"meshrun.deploy.host.torchrun" not in argv and b"meshrun.train" in argv:
             found.append(pid)
     return found
 
@@ -332,99 +291,3 @@ def test_a_run_id_is_one_path_component(run: str) -> None:
     with pytest.raises(InputError) as err:
         load_record(ROOT / "runs", run)
     assert "not a run id" in str(err.value) and "\n" not in str(err.value)
-
-
-def _host_records(testbed, host: int, run_id: str, name: str) -> list[dict]:
-    out = testbed.exec(host, ["sh", "-c", f"cat /root/meshrun/runs/{run_id}/{name} 2>/dev/null"], check=False).stdout
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
-def _wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
-        time.sleep(1)
-
-
-def test_g_a_detached_run_survives_a_cut_worker_without_its_controller(testbed, inventory: Path) -> None:
-    """Detached: no controller probes the hosts or sends `restart`. The agents probe each other's
-    sshd (deploy/host/succession.py::PeerWatcher); when h3's link is cut (no reset reaches anyone),
-    h1's and h2's agents restart their workers and torchrun re-rendezvouses without h3. The
-    process-group timeout is raised to 300 s, so it cannot be what frees the survivors: they must
-    resume long before it (the bound below is 120 s; bench/recovery.py measures the attached path)."""
-    started = fab("train", "--inventory", str(inventory), "--nnodes", "2:3", "--detach", "--timeout", "300",
-                  "--", *TRAIN, timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
-    run_id = run_id_of(started.stdout)
-    try:
-        _wait_until(lambda: any(r.get("kind") == "step" and r.get("epoch", 0) >= 3
-                                for r in _host_records(testbed, 1, run_id, "metrics.rank0.jsonl")),
-                    300, "h1 training in epoch 3")
-        with testbed.link_cut(3):
-            cut_at = time.time()
-            resumed: list[dict] = []
-
-            def survivors_resumed() -> bool:  # rank 0 may be on h1 or h2 after the re-rendezvous
-                resumed[:] = sorted((r for i in (1, 2) for r in _host_records(testbed, i, run_id, "metrics.jsonl")
-                                     if r.get("kind") == "resume" and r["time"] > cut_at), key=lambda r: r["time"])
-                return bool(resumed)
-
-            def log_of(i: int) -> str:
-                return testbed.exec(i, ["cat", f"/root/meshrun/runs/{run_id}/hosts/h{i}/train.log"], check=False).stdout
-
-            try:
-                _wait_until(survivors_resumed, 150, "h1 and h2 resuming without h3")
-            except AssertionError as err:
-                raise AssertionError(f"{err}\n--- h1 ---\n{log_of(1)[-2500:]}\n--- h2 ---\n{log_of(2)[-1500:]}") from None
-            assert resumed[0]["world_size"] == 2 and resumed[0]["time"] - cut_at < 120, resumed[0]
-            assert "peer(s) h3 stopped answering" in log_of(1), log_of(1)[-2000:]
-            survivors = lambda: [p for p in run_processes(run_id) if _on_host(p, "h1") or _on_host(p, "h2")]  # noqa: E731
-            _wait_until(lambda: not survivors(), 400, "the survivors finishing")
-        print(f"detached: resumed {resumed[0]['time'] - cut_at:.1f} s after the cut of h3")
-    finally:
-        testbed.kill_processes(3)  # h3, alone, would wait out its rendezvous timeouts
-        fab("stop", "--run", run_id, timeout=120)
-    records = assert_whole_epochs(run_id)
-    assert records[-1]["world_size"] == 2
-
-
-def test_h_a_member_planting_a_pickle_in_the_live_store_runs_nothing_anywhere(testbed, inventory: Path,
-                                                                              tmp_path: Path) -> None:
-    """Issue 20: h3 plays a compromised member. While the run trains, a process on h3 writes into h1's
-    store (and h2's, where generation 1 would rendezvous) a pickle that would create a file, under
-    the run's rendezvous key and the next generations' (tests/rdzv_attacker.py). Every torchrun reads
-    the state as data (deploy/host/torchrun.py): nothing runs anywhere, and the run fails in one line
-    naming the rendezvous host."""
-    marks = tmp_path / "planted"
-    marks.mkdir()
-    stores = [f"{testbed.host(i).address}:29400" for i in (1, 2)]
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
-    attacker = None
-    try:
-        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 1 step", timeout=240))
-        attacker = testbed.popen(3, [sys.executable, str(REPO / "tests" / "rdzv_attacker.py"), str(marks), "h3",
-                                     "200", *stores], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        code = run.finish(timeout=300)
-        planted = json.loads(attacker.communicate(timeout=120)[0].splitlines()[-1])
-    finally:
-        run.close()
-        if attacker is not None and attacker.poll() is None:
-            attacker.kill()
-            attacker.wait()
-    assert sorted(p.name for p in marks.iterdir()) == []  # on the old code: ran-h1-<pid>, ran-h2-..., ran-h3-...
-    assert planted["rdzv_id"] == run_id and planted["landed"][stores[0]] >= 1, planted
-    assert code == 1, run.output[-3000:]
-    # h1 reads its own store, so it always refuses, and its refusal is the failed host's last line, shown
-    # again at the end. (A member that found h1's store already gone would move on to h2's and refuse
-    # what was planted there: either way the run fails, and nothing runs.)
-    assert (f"[h1] meshrun: the rendezvous store on host 'h1' ({stores[0]}) holds a rendezvous state that no "
-            "torchrun of this run wrote (not JSON): refused; a member of the run may be compromised") in run.output
-    assert "internal error" not in run.output
-    summary = summary_of(run_id)
-    events = [(e["event"], e["host"], e["detail"]) for e in summary["timeline"]]
-    assert summary["status"] == "failed" and not [e for e in events if e[0] == "succession"], events
-    # Each host that refused is recorded as lost for that reason; which ones the controller records
-    # before the run falls below its minimum depends on who read the state first (h1 lingers 5 s).
-    refused = "it refused the rendezvous state: a member of the run may be compromised"
-    lost = [e for e in events if e[0] == "lost"]
-    assert lost and all(e[2] == refused for e in lost), events

@@ -70,23 +70,7 @@ def test_fab_train_local_default_reaches_95_percent_and_writes_summary() -> None
                        if '"kind": "config"' in line)
     assert prov["trainer_config"] == config_line["config"] and prov["links"] is None
 
-    # fab report on the same run: a table, JSON, and a real PNG with curves in it.
-    shown = fab("report", "--run", run_id)
-    assert shown.returncode == 0, shown.stderr
-    assert "local" in shown.stdout and "samples/s" in shown.stdout
-    assert f"project: commit {expected['commit']}, dirty: 2 file(s) differ, diff sha256 {expected['diff_sha256']}" \
-        in shown.stdout
-    assert f"meshrun: {build['version']} (build {build['build']})" in shown.stdout
-    data = json.loads(fab("report", "--run", run_id, "--json").stdout)
-    assert data["provenance"] == prov
-    assert data["final_test_acc"] == pytest.approx(summary["metrics"]["test_acc"])
-    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["total_samples_per_s"] > 0
-    png = ROOT / "runs" / run_id / "report.png"
-    import matplotlib.image
-
-    pixels = matplotlib.image.imread(png)
-    assert pixels.shape[0] >= 300 and pixels.shape[1] >= 900
-    assert pixels[..., :3].std() > 0.05  # not a blank canvas
+    assert_report_shows_the_run(run_id, summary, expected)
 
 
 @pytest.mark.parametrize("sig,limit", [(signal.SIGINT, 15.0), (signal.SIGKILL, 30.0)])
@@ -128,6 +112,27 @@ def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: flo
             assert "every host is clean" in fab_run.output
     finally:
         fab_run.close()
+
+
+def assert_report_shows_the_run(run_id: str, summary: dict, expected: dict) -> None:
+    """fab report on the same run: a table, JSON, and a real PNG with curves in it."""
+    prov, build = summary["provenance"], summary["provenance"]["meshrun"]
+    shown = fab("report", "--run", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "local" in shown.stdout and "samples/s" in shown.stdout
+    assert f"project: commit {expected['commit']}, dirty: 2 file(s) differ, diff sha256 {expected['diff_sha256']}" \
+        in shown.stdout
+    assert f"meshrun: {build['version']} (build {build['build']})" in shown.stdout
+    data = json.loads(fab("report", "--run", run_id, "--json").stdout)
+    assert data["provenance"] == prov
+    assert data["final_test_acc"] == pytest.approx(summary["metrics"]["test_acc"])
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["total_samples_per_s"] > 0
+    png = ROOT / "runs" / run_id / "report.png"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(png)
+    assert pixels.shape[0] >= 300 and pixels.shape[1] >= 900
+    assert pixels[..., :3].std() > 0.05  # not a blank canvas
 
 
 def test_an_idle_run_is_warned_about_then_stopped() -> None:

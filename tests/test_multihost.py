@@ -17,16 +17,13 @@ from meshrun.train.safe_load import load_file
 from tests.cpuhog import cpu_hog
 from tests.fabrun import (ROOT, FabProcess, fab, run_id_of, run_processes, torchrun_envs,
                           wait_no_run_processes)
+from tests.runrecords import summary_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 HOSTILE = ["a b", "it's", 'say "hi"', "$(touch /tmp/meshrun-pwned)", "`touch /tmp/meshrun-pwned`",
            "x; touch /tmp/meshrun-pwned", "line1\nline2", "$HOME", "*", "\\", "--epochs", "-rf", "é ü 漢"]
 PWNED = Path("/tmp/meshrun-pwned")
-
-
-def summary_of(run_id: str) -> dict:
-    return json.loads((ROOT / "runs" / run_id / "summary.json").read_text())
 
 
 def sha256(path: Path) -> str:
@@ -60,20 +57,7 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     assert (home / "hosts/h2").is_dir() and (home / "hosts/h1/metrics.jsonl").exists()
     assert "fab train --resume" in fetched.stdout
 
-    # A damaged copy on the host is caught and not kept (another host's verified copy is taken);
-    # a differing local file is not overwritten.
-    (home / "checkpoints" / newest).unlink()
-    (home / "hosts/h1/checkpoints" / newest).unlink()
-    remote = f"/root/meshrun/runs/{run_id}/checkpoints/{newest}"
-    testbed.exec(1, ["python3", "-c", f"f=open('{remote}','r+b'); f.seek(100); f.write(b'XXXX')"])
-    (home / "hosts/h2/metrics.rank1.jsonl").write_text("edited locally\n")
-    again = fab("fetch-checkpoints", "--run", run_id)
-    assert again.returncode == 1
-    assert f"checksum mismatch, not kept: h1:checkpoints/{newest}" in again.stderr
-    assert not (home / "hosts/h1/checkpoints" / newest).exists()
-    assert sha256(home / "checkpoints" / newest) == manifest[newest]  # h2's copy
-    assert (home / "hosts/h2/metrics.rank1.jsonl").read_text() == "edited locally\n"
-    assert "metrics.rank1.jsonl" in again.stdout  # listed as not overwritten
+    assert_a_damaged_copy_is_not_kept(testbed, run_id, newest, manifest)
 
     # The hosts lose every copy; `fab train --resume` pushes the fetched, verified checkpoints to the
     # rendezvous host with the controller's manifest, and the run continues from that step.
@@ -87,6 +71,24 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     lines = testbed.exec(1, ["cat", f"/root/meshrun/runs/{run_id}/metrics.jsonl"]).stdout.splitlines()
     resumes = [r for r in map(json.loads, lines) if r.get("kind") == "resume"]
     assert resumes and resumes[-1]["from_step"] == step
+
+
+def assert_a_damaged_copy_is_not_kept(testbed, run_id: str, newest: str, manifest: dict[str, str]) -> None:
+    """A damaged copy on the host is caught and not kept (another host's verified copy is taken);
+    a differing local file is not overwritten."""
+    home = ROOT / "runs" / run_id
+    (home / "checkpoints" / newest).unlink()
+    (home / "hosts/h1/checkpoints" / newest).unlink()
+    remote = f"/root/meshrun/runs/{run_id}/checkpoints/{newest}"
+    testbed.exec(1, ["python3", "-c", f"f=open('{remote}','r+b'); f.seek(100); f.write(b'XXXX')"])
+    (home / "hosts/h2/metrics.rank1.jsonl").write_text("edited locally\n")
+    again = fab("fetch-checkpoints", "--run", run_id)
+    assert again.returncode == 1
+    assert f"checksum mismatch, not kept: h1:checkpoints/{newest}" in again.stderr
+    assert not (home / "hosts/h1/checkpoints" / newest).exists()
+    assert sha256(home / "checkpoints" / newest) == manifest[newest]  # h2's copy
+    assert (home / "hosts/h2/metrics.rank1.jsonl").read_text() == "edited locally\n"
+    assert "metrics.rank1.jsonl" in again.stdout  # listed as not overwritten
 
 
 def test_uneven_processes_over_the_wireguard_overlay(testbed_wg, make_inventory) -> None:

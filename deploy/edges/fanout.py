@@ -76,18 +76,23 @@ def on_each(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
         threading.Thread(target=work, daemon=True, name=f"fanout-{n}").start()
     waves = -(-len(hosts) // threads) if hosts else 0
     deadline = None if timeout is None else time.monotonic() + timeout * waves
-    with changed:
-        while len(results) < len(hosts) and not crashes:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            changed.wait(left)
+    _wait_until(changed, lambda: len(results) == len(hosts) or bool(crashes), deadline)
     if crashes:
         raise crashes[0]
     for host in hosts:
         if host.name not in results:
             results[host.name] = MeshrunError(f"host '{host.name}': no answer within {timeout:g} s")
     return HostResults((h.name, results[h.name]) for h in hosts)
+
+
+def _wait_until(changed: threading.Condition, done: Callable[[], bool], deadline: float | None) -> None:
+    """Wait on `changed` until done() holds or the monotonic deadline (None: none) passes."""
+    with changed:
+        while not done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            changed.wait(left)
 
 
 def start_each(items: Sequence[T], start: Callable[[T], None], workers: int = FANOUT_WORKERS) -> None:

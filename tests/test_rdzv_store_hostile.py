@@ -1,0 +1,60 @@
+"""A compromised member of a live run writes a pickle into torch's rendezvous store (issue 20):
+every torchrun reads the state as data, nothing runs anywhere, and the run fails in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fabrun import REPO, FabProcess, run_id_of
+from tests.runrecords import summary_of
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
+
+TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
+
+
+def test_a_member_planting_a_pickle_in_the_live_store_runs_nothing_anywhere(testbed, inventory: Path,
+                                                                              tmp_path: Path) -> None:
+    """Issue 20: h3 plays a compromised member. While the run trains, a process on h3 writes into h1's
+    store (and h2's, where generation 1 would rendezvous) a pickle that would create a file, under
+    the run's rendezvous key and the next generations' (tests/rdzv_attacker.py). Every torchrun reads
+    the state as data (deploy/host/torchrun.py): nothing runs anywhere, and the run fails in one line
+    naming the rendezvous host."""
+    marks = tmp_path / "planted"
+    marks.mkdir()
+    stores = [f"{testbed.host(i).address}:29400" for i in (1, 2)]
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
+    attacker = None
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 1 step", timeout=240))
+        attacker = testbed.popen(3, [sys.executable, str(REPO / "tests" / "rdzv_attacker.py"), str(marks), "h3",
+                                     "200", *stores], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        code = run.finish(timeout=300)
+        planted = json.loads(attacker.communicate(timeout=120)[0].splitlines()[-1])
+    finally:
+        run.close()
+        if attacker is not None and attacker.poll() is None:
+            attacker.kill()
+            attacker.wait()
+    assert sorted(p.name for p in marks.iterdir()) == []  # on the old code: ran-h1-<pid>, ran-h2-..., ran-h3-...
+    assert planted["rdzv_id"] == run_id and planted["landed"][stores[0]] >= 1, planted
+    assert code == 1, run.output[-3000:]
+    # h1 reads its own store, so it always refuses, and its refusal is the failed host's last line, shown
+    # again at the end. (A member that found h1's store already gone would move on to h2's and refuse
+    # what was planted there: either way the run fails, and nothing runs.)
+    assert (f"[h1] meshrun: the rendezvous store on host 'h1' ({stores[0]}) holds a rendezvous state that no "
+            "torchrun of this run wrote (not JSON): refused; a member of the run may be compromised") in run.output
+    assert "internal error" not in run.output
+    summary = summary_of(run_id)
+    events = [(e["event"], e["host"], e["detail"]) for e in summary["timeline"]]
+    assert summary["status"] == "failed" and not [e for e in events if e[0] == "succession"], events
+    # Each host that refused is recorded as lost for that reason; which ones the controller records
+    # before the run falls below its minimum depends on who read the state first (h1 lingers 5 s).
+    refused = "it refused the rendezvous state: a member of the run may be compromised"
+    lost = [e for e in events if e[0] == "lost"]
+    assert lost and all(e[2] == refused for e in lost), events
