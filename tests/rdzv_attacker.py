@@ -39,14 +39,18 @@ class Planted:
 
 
 def rdzv_id_on(host: str) -> str | None:
-    """The `--rdzv-id` of a torchrun on this host (its environment says MESHRUN_HOST=host)."""
+    """The `--rdzv-id` of a torchrun on this host: its environment says MESHRUN_HOST=host and it
+    lives in this process's network namespace. (The simulated hosts share one /proc, and the
+    other test-bed slot's cluster has an h3 too, running its own tests meanwhile.)"""
+    here = os.readlink("/proc/self/ns/net")
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            same_host = os.readlink(f"/proc/{entry}/ns/net") == here
         except OSError:
             continue
-        if f"MESHRUN_HOST={host}".encode() in env and "--rdzv-id" in argv:
+        if same_host and f"MESHRUN_HOST={host}".encode() in env and "--rdzv-id" in argv:
             return argv[argv.index("--rdzv-id") + 1]
     return None
 
