@@ -12,12 +12,18 @@ For each N, in one run, every host starts one process of the lightest real workl
   then `fab stop --run` until every host is reported clean;
 - fetch: `fab fetch-checkpoints --run` of the default-path run (logs and records of N hosts).
 
+With `--repeats K` (K > 1) the bare launch and `--no-sync --skip-checks` are each timed K times,
+alternated (bare, fast, bare, fast, ...), and their columns are the means: one launch of each
+cannot measure 10 % on 2 shared cores (1.04x and 1.16x in one run, the same code 11 s apart).
+The P8 launch ratio is then the mean of every timed `fab train` (default path and fast) over the
+mean of the bare ones, and a `launches` line lists each time.
+
 Each is printed in seconds and as a ratio to bare at the same N, with the controller's peak RSS,
 its most threads and its most open SSH connections at once (sampled every 0.2 s from /proc and
 `ss`). Goals at N = 32 (issue 21): launch/bare <= 1.1, check/bare <= 1.5, stop <= 15 s,
 status <= 5 s, RSS <= 500 MB. The last line: `P8 N=32 launch RATIO check RATIO stop SECONDS`.
 
-Usage: sudo .venv/bin/python bench/scale.py [--sizes 3,8,16,32]
+Usage: sudo .venv/bin/python bench/scale.py [--sizes 3,8,16,32] [--repeats K]
 """
 
 from __future__ import annotations
@@ -172,20 +178,41 @@ def settle(cluster: SimCluster, n: int, limit_s: float = 120.0) -> None:
     raise RuntimeError(f"the hosts still run processes {limit_s:.0f} s after the last command")
 
 
-def measure(cluster: SimCluster, n: int) -> dict[str, Timed | float]:
+@dataclass
+class Launches:
+    """Every timed launch at one N: bare ones and `fab train` ones (default path first)."""
+    bare: list[float]
+    meshrun: list[float]
+
+    @property
+    def ratio(self) -> float:
+        """Mean meshrun launch over mean bare launch."""
+        return (sum(self.meshrun) / len(self.meshrun)) / (sum(self.bare) / len(self.bare))
+
+
+def measure(cluster: SimCluster, n: int, repeats: int = 1) -> dict[str, Timed | float | Launches]:
     inventory = cluster.write_inventory(Path(tempfile.mkdtemp(prefix="meshrun-p8-")) / "hosts.yaml")
     # A private cache: the pre-flight pass the default path reuses is the one stored here.
     env = {**os.environ, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="meshrun-p8-cache-")}
     inv = ("--inventory", str(inventory))
     fab("sync", *inv, env=env)
     settle(cluster, n)
-    out: dict[str, Timed | float] = {"bare": bare_launch(cluster, n)}
+    bares = [bare_launch(cluster, n)]
     settle(cluster, n)
-    out["check"] = fab("check-network", *inv, env=env)
+    out: dict[str, Timed | float | Launches] = {"check": fab("check-network", *inv, env=env)}
     fab("train", *inv, "--script", PROBE, env=env)  # the user's previous run
     for name, flags in (("train", ()), ("train_fast", FAST)):
         settle(cluster, n)
         out[name] = fab("train", *inv, *flags, "--script", PROBE, env=env).to_last_barrier(n)
+    fasts = [out["train_fast"]]
+    for _ in range(repeats - 1):  # alternated, so a drift of the machine touches both alike
+        settle(cluster, n)
+        bares.append(bare_launch(cluster, n))
+        settle(cluster, n)
+        fasts.append(fab("train", *inv, *FAST, "--script", PROBE, env=env).to_last_barrier(n))
+    out["bare"] = sum(bares) / len(bares)
+    out["train_fast"] = _mean_of(fasts)  # type: ignore[arg-type]
+    out["launches"] = Launches(bares, [out["train"].seconds, *(t.seconds for t in fasts)])  # type: ignore[union-attr]
     settle(cluster, n)
     detached = fab("train", *inv, *FAST, "--detach", "--script", HOLD, env=env)
     hold = run_id_of(detached.output)
@@ -196,10 +223,16 @@ def measure(cluster: SimCluster, n: int) -> dict[str, Timed | float]:
     return out
 
 
+def _mean_of(runs: list[Timed]) -> Timed:
+    """One column's cell for repeated launches: the mean time, the most the controller held."""
+    usage = Usage(max(t.usage.rss_mb for t in runs), max(t.usage.threads for t in runs), max(t.usage.ssh for t in runs))
+    return Timed(runs[0].started, sum(t.seconds for t in runs) / len(runs), runs[-1].output, usage)
+
+
 COLUMNS = ("check", "train", "train_fast", "status", "stop", "fetch")
 
 
-def print_table(results: dict[int, dict[str, Timed | float]], last_line: bool = True) -> None:
+def print_table(results: dict[int, dict[str, Timed | float | Launches]], last_line: bool = True) -> None:
     print(f"{'N':>3} {'bare s':>7} " + " ".join(f"{c + ' s (x)':>17}" for c in COLUMNS)
           + f" {'peak RSS MB':>11} {'threads':>7} {'ssh':>4}")
     for n, row in results.items():
@@ -211,6 +244,11 @@ def print_table(results: dict[int, dict[str, Timed | float]], last_line: bool = 
         threads = max(t.usage.threads for t in timed)  # type: ignore[union-attr]
         ssh = max(t.usage.ssh for t in timed)  # type: ignore[union-attr]
         print(f"{n:>3} {bare:>7.1f} {cells} {rss:>11.0f} {threads:>7} {ssh:>4}", flush=True)
+        launches = row["launches"]
+        assert isinstance(launches, Launches)
+        if len(launches.bare) > 1:
+            print(f"    launches at {n}: bare {', '.join(f'{x:.1f}' for x in launches.bare)} s; fab train "
+                  f"{', '.join(f'{x:.1f}' for x in launches.meshrun)} s; mean/mean {launches.ratio:.2f}", flush=True)
     if not last_line:
         return
     for line in slope_lines(results):
@@ -218,11 +256,13 @@ def print_table(results: dict[int, dict[str, Timed | float]], last_line: bool = 
     last = max(results)
     row = results[last]
     bare = row["bare"]
-    print(f"P8 N={last} launch {row['train'].seconds / bare:.2f} check {row['check'].seconds / bare:.2f} "  # type: ignore
+    launches = row["launches"]
+    launch = launches.ratio if len(launches.bare) > 1 else row["train"].seconds / bare  # type: ignore
+    print(f"P8 N={last} launch {launch:.2f} check {row['check'].seconds / bare:.2f} "  # type: ignore
           f"stop {row['stop'].seconds:.1f}")  # type: ignore[union-attr]
 
 
-def slope_lines(results: dict[int, dict[str, Timed | float]]) -> list[str]:
+def slope_lines(results: dict[int, dict[str, Timed | float | Launches]]) -> list[str]:
     """Seconds per added host, least squares over the sizes measured (docs/scale.md quotes them)."""
     sizes = sorted(results)
     if len(sizes) < 2:
@@ -239,16 +279,18 @@ def slope_lines(results: dict[int, dict[str, Timed | float]]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="3,8,16,32", help="host counts, comma-separated")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="time the bare and the fast launch this many times each, alternated (means shown)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     cluster = SimCluster("/tmp/meshrun-testbed")
-    results: dict[int, dict[str, Timed | float]] = {}
+    results: dict[int, dict[str, Timed | float | Launches]] = {}
     failures: dict[int, str] = {}
     with exclusive():
         for n in sizes:
             print(f"testbed: {n} hosts up in {cluster.up(n):.1f} s", flush=True)
             try:
-                results[n] = measure(cluster, n)
+                results[n] = measure(cluster, n, max(1, args.repeats))
                 print_table({n: results[n]}, last_line=False)  # each size as it is measured
             except RuntimeError as err:  # a task that fails at this size is a finding, not the end
                 failures[n] = str(err).splitlines()[0]
