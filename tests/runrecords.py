@@ -26,7 +26,8 @@ def summary_of(run_id: str) -> dict:
 
 
 def on_host(pid: int, host: str) -> bool:
-    """Whether process `pid` belongs to simulated host `host` (its MESHRUN_HOST)."""
+    """Whether process `pid` belongs to simulated host `host` (its MESHRUN_HOST). Both test-bed
+    slots name their hosts h1, h2, ...: pass only pids of one run (`run_processes(run_id)`)."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
