@@ -1,5 +1,6 @@
 """What a finished run left in the controller's runs/: its summary, logs and epoch records, and
-which simulated host a process belongs to (shared by the elastic and multi-host tests)."""
+which simulated host a process belongs to (shared by the elastic and multi-host tests); and the
+elastic tests' short run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 from pathlib import Path
 
 from tests.fabrun import ROOT, fab
+
+# Small steps so a kill lands mid-epoch; a checkpoint every 5 steps bounds what is redone.
+ELASTIC_TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
 
 
 def epoch_records(run_id: str, host: str = "h1") -> list[dict]:

@@ -17,14 +17,12 @@ from pathlib import Path
 import pytest
 
 from tests.fabrun import ROOT, FabProcess, fab, run_id_of, run_processes
-from tests.runrecords import assert_whole_epochs, epoch_records, logs_of, on_host, summary_of
+from tests.runrecords import ELASTIC_TRAIN, assert_whole_epochs, epoch_records, logs_of, on_host, summary_of
 from tests.testbed import network
 from tests.webhook import Receiver
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
-# Small steps so a kill lands mid-epoch; a checkpoint every 5 steps bounds what is redone.
-TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
 LONG_TRAIN = ["epochs=24", "checkpoint.every_steps=5", "data.batch_size=16"]
 
 
@@ -43,7 +41,7 @@ def _argv_holding(text: str, but: int) -> list[int]:
 def test_a_killed_host_is_survived(testbed, inventory: Path) -> None:
     """Also the run's notifications (issue 23): a real webhook receiver gets each event once, in order."""
     receiver = Receiver()
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url, "--", *TRAIN)
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url, "--", *ELASTIC_TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
         on_argv = _argv_holding(receiver.token, but=run.proc.pid)  # the URL is on no host's command line
@@ -160,7 +158,7 @@ def test_c_a_joining_host_grows_the_world_and_leaving_on_purpose_shrinks_it(test
     trains in the world of 3, then leaves on purpose (`fab leave`: no loss, no succession) and the
     run finishes on h1 and h2. Every chain, the joiner's included, is gone at the end."""
     run = FabProcess("train", "--firewall", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "2:3",
-                     "--", *TRAIN)
+                     "--", *ELASTIC_TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
         joiner = f"-s {testbed.host(3).address}/32"
@@ -199,7 +197,7 @@ def test_d_losing_the_rendezvous_host_is_survived_by_succession(testbed, invento
     answering and move to a new rendezvous on h2 (the next of the order fixed at launch); the
     trainer resumes from the newest checkpoint, which h2 and h3 hold too. A cut h1 ends its own
     run (no heartbeat) and, once its link heals, comes back into the run."""
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *ELASTIC_TRAIN)
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
         if fault == "kill":

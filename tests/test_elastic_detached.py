@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.fabrun import fab, run_id_of, run_processes
-from tests.runrecords import assert_whole_epochs, on_host
+from tests.runrecords import ELASTIC_TRAIN, assert_whole_epochs, on_host
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
-TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
 
 
 def _host_records(testbed, host: int, run_id: str, name: str) -> list[dict]:
@@ -36,7 +35,7 @@ def test_a_detached_run_survives_a_cut_worker_without_its_controller(testbed, in
     process-group timeout is raised to 300 s, so it cannot be what frees the survivors: they must
     resume long before it (the bound below is 120 s; bench/recovery.py measures the attached path)."""
     started = fab("train", "--inventory", str(inventory), "--nnodes", "2:3", "--detach", "--timeout", "300",
-                  "--", *TRAIN, timeout=300)
+                  "--", *ELASTIC_TRAIN, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
     run_id = run_id_of(started.stdout)
     try:

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.fabrun import REPO, FabProcess, run_id_of
-from tests.runrecords import summary_of
+from tests.runrecords import ELASTIC_TRAIN, summary_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
-TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
 
 
 def test_a_member_planting_a_pickle_in_the_live_store_runs_nothing_anywhere(testbed, inventory: Path,
@@ -28,7 +27,7 @@ def test_a_member_planting_a_pickle_in_the_live_store_runs_nothing_anywhere(test
     marks = tmp_path / "planted"
     marks.mkdir()
     stores = [f"{testbed.host(i).address}:29400" for i in (1, 2)]
-    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *TRAIN)
+    run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *ELASTIC_TRAIN)
     attacker = None
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 1 step", timeout=240))
