@@ -12,13 +12,17 @@ until the LAST rank is past that barrier, for
 - bare: three parallel `ssh host torchrun ...` (the baseline of both ratios).
 
 Runs rotate default/fast/bare to cancel drift; each ratio is the median over the rounds.
+`--profile far` (or home, any of tests/testbed/latency.py's) runs every side over that profile's
+links: the controller's round trips to the hosts then cost what they cost a user whose hosts are
+a continent away, and every serial step of the launch shows in the ratio.
 
-Usage: sudo .venv/bin/python bench/launch.py [--repeats 3]
+Usage: sudo .venv/bin/python bench/launch.py [--repeats 3] [--profile lan|home|far]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import secrets
@@ -90,28 +94,35 @@ def run_ssh(cluster: SimCluster) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", default="lan", help="the test bed's network profile for every launch")
     args = parser.parse_args()
     cluster = SimCluster("/tmp/meshrun-testbed")
     with exclusive():
         cluster.up(3)
         try:
-            inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-launch.yaml"))
-            sync = subprocess.run([sys.executable, "-m", "fabric", "sync", "--inventory", str(inventory)], cwd=REPO,
-                                  capture_output=True, text=True)
-            if sync.returncode != 0:
-                raise RuntimeError(sync.stderr)
-            # A private cache folder: the pre-flight pass reused is the one the warm-up stored.
-            env = {**os.environ, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="meshrun-p1-")}
-            run_fab(inventory, (), env)  # the user's previous run
-            rounds = [(run_fab(inventory, (), env), run_fab(inventory, FAST, env), run_ssh(cluster))
-                      for _ in range(args.repeats)]
+            profile = cluster.profile(args.profile) if args.profile != "lan" else contextlib.nullcontext()
+            with profile:
+                rounds = measure(cluster, args.repeats)
         finally:
             cluster.down()
-    print_table(rounds)
+    print_table(rounds, args.profile)
     return 0
 
 
-def print_table(rounds: list[tuple[float, float, float]]) -> None:
+def measure(cluster: SimCluster, repeats: int) -> list[tuple[float, float, float]]:
+    """Rounds of (default path, fast path, bare), rotated."""
+    inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-launch.yaml"))
+    sync = subprocess.run([sys.executable, "-m", "fabric", "sync", "--inventory", str(inventory)], cwd=REPO,
+                          capture_output=True, text=True)
+    if sync.returncode != 0:
+        raise RuntimeError(sync.stderr)
+    # A private cache folder: the pre-flight pass reused is the one the warm-up stored.
+    env = {**os.environ, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="meshrun-p1-")}
+    run_fab(inventory, (), env)  # the user's previous run
+    return [(run_fab(inventory, (), env), run_fab(inventory, FAST, env), run_ssh(cluster)) for _ in range(repeats)]
+
+
+def print_table(rounds: list[tuple[float, float, float]], profile: str = "lan") -> None:
     print(f"{'round':>5}  {'fab train (s)':>13}  {'--no-sync --skip-checks (s)':>27}  {'bare ssh (s)':>12}  "
           f"{'default/bare':>12}  {'fast/bare':>9}")
     for n, (default_s, fast_s, bare_s) in enumerate(rounds, 1):
@@ -121,7 +132,7 @@ def print_table(rounds: list[tuple[float, float, float]]) -> None:
     fast = statistics.median(f / b for _, f, b in rounds)
     print(f"P1 default path = median(fab train / bare) = {default:.2f}  (goal <= 1.3)")
     print(f"P1 --no-sync --skip-checks = median(fab / bare) = {fast:.2f}  (goal <= 1.2)  on 3 simulated hosts, "
-          "start to all ranks past their first barrier")
+          f"start to all ranks past their first barrier, profile {profile}")
 
 
 if __name__ == "__main__":
