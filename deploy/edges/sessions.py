@@ -13,7 +13,7 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host, Inventory
-from meshrun.deploy.edges.host_queries import peer_address_for, route_interface
+from meshrun.deploy.edges.host_queries import peer_address_for, route_dev
 from meshrun.deploy.edges.transport import CommandResult, Session, connect
 
 
@@ -75,7 +75,7 @@ def training_interfaces(hosts: tuple[Host, ...], head: Host, sessions: Mapping[s
 
     def probe(host: Host) -> str:
         peer = peer_address_for(host.name, head.name, addresses)
-        return route_interface(sessions[host.name], peer).name if peer else ""
+        return route_dev(sessions[host.name], peer) if peer else ""
 
     results = on_each(hosts, probe, timeout=30).require_all()
     return {name: iface for name, iface in results.items() if iface}
