@@ -19,6 +19,7 @@ from meshrun.deploy.commands.check import preflight
 from meshrun.deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
 from meshrun.deploy.commands.sync import code_files, sync_code
 from meshrun.deploy.edges import provenance
+from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.host.notify import Sender
 from meshrun.deploy.run import notify
 from meshrun.deploy.run.idle import IdlePolicy
@@ -188,22 +189,31 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
                             rdzv_id=rdzv_id, idle=request.idle if request.detach else None,
                             usage_every_s=None if request.detach else request.idle.sample_s)
-    with sessions_to(hosts, inventory, project.root) as sessions:
-        options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer)
-        plan = plan_launch(selection, options, training_interfaces(hosts, head, sessions), sys.executable)
-        record = _record(request, inventory, hosts, plan, options, project)
-        renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
-        origin = provenance.at_launch(hosts, sessions, project.root, code_files(inventory, project.root), sys.executable)
-        if request.detach:
-            provenance.save_at_launch(project.runs, run_id, origin)
-            start_detached(plan, sessions, urls, request.every_checkpoint)
-            renderer.info(f"run {run_id} is running detached; follow it: fab logs --run {run_id} -f; "
-                          f"state: fab status --run {run_id}; stop it: fab stop --run {run_id}")
-            return 0
-        sender = Sender(urls, renderer.warn)
-        sender.send(notify.started(run_id, time.time(), [h.name for h in hosts], plan.world_size))
-        outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin, sender,
-                                         request.idle, request.every_checkpoint)
+    files = code_files(inventory, project.root)
+    # The code sync needs no session (rsync brings its own ssh): it runs while they open and the
+    # pre-flight checks, and is waited for before anything uses the code (_prepare_hosts).
+    syncing = None if request.no_sync else Beside(sync_code, hosts, inventory, project.root, renderer, files)
+    try:
+        with sessions_to(hosts, inventory, project.root) as sessions:
+            if not request.skip_checks:
+                preflight(selection, sessions, renderer)
+            interfaces = training_interfaces(hosts, head, sessions)  # also while the code syncs
+            options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer, syncing)
+            plan = plan_launch(selection, options, interfaces, sys.executable)
+            record = _record(request, inventory, hosts, plan, options, project)
+            renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
+            # What the hosts run is read while their agents start: only the records need it.
+            origin = Beside(provenance.at_launch, hosts, sessions, project.root, files, sys.executable)
+            if request.detach:
+                return _detached(plan, sessions, urls, request.every_checkpoint, origin, project, renderer)
+            sender = Sender(urls, renderer.warn)
+            sender.send(notify.started(run_id, time.time(), [h.name for h in hosts], plan.world_size))
+            outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin, sender,
+                                             request.idle, request.every_checkpoint)
+    except MeshrunError:
+        if syncing is not None:
+            syncing.settle()  # a failed connect or pre-flight leaves the hosts' code whole, not half-synced
+        raise
     status = _conclude(outcome, summary, project, renderer)
     sender.send(notify.ended(run_id, outcome.ended, summary.status, summary.duration_s, summary.reason,
                              summary.failed_host))
@@ -211,14 +221,21 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     return status
 
 
+def _detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...], every_checkpoint: bool,
+              origin: Beside[dict], project: Project, renderer: Renderer) -> int:
+    start_detached(plan, sessions, urls, every_checkpoint)
+    provenance.save_at_launch(project.runs, plan.run_id, origin.result())
+    renderer.info(f"run {plan.run_id} is running detached; follow it: fab logs --run {plan.run_id} -f; "
+                  f"state: fab status --run {plan.run_id}; stop it: fab stop --run {plan.run_id}")
+    return 0
+
+
 def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inventory,
                    sessions: Mapping[str, Session], options: LaunchOptions, project: Project,
-                   renderer: Renderer) -> LaunchOptions:
-    """Pre-flight, code sync, checkpoints back for a resume, and the comm hook choice."""
-    if not request.skip_checks:
-        preflight(selection, sessions, renderer)
-    if not request.no_sync:
-        sync_code(selection.hosts, inventory, project.root, renderer)
+                   renderer: Renderer, syncing: Beside | None) -> LaunchOptions:
+    """After the pre-flight: the code sync's end, checkpoints back for a resume, the comm hook choice."""
+    if syncing is not None:
+        syncing.result()  # its error, naming each host that failed
     if request.resume:
         push_checkpoints(selection, sessions, options.run_id, inventory, project, renderer)
     if not request.comm:
@@ -241,7 +258,7 @@ def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...]
 
 
 def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, sessions: Mapping[str, Session],
-                  project: Project, renderer: Renderer, origin: dict, sender: Sender,
+                  project: Project, renderer: Renderer, origin: Beside[dict], sender: Sender,
                   policy: IdlePolicy, every_checkpoint: bool = False) -> tuple[JobOutcome, RunSummary]:
     """Run with this controller watching; returns the outcome and the summary to write."""
     poller = RequestPoller(record, inventory, project, renderer) if plan.elastic else None
@@ -254,7 +271,7 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
     measured = comm_cmd.read_comm_record(answering, plan) if saved_plan else None
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
     names = [h.host.name for h in plan.hosts]
-    made = {**origin, **provenance.at_end(answering, names, plan.run_id, saved_plan)}
+    made = {**origin.result(), **provenance.at_end(answering, names, plan.run_id, saved_plan)}
     summary = build_summary(plan, outcome, read_result(answering, plan), comm, made)
     return outcome, dataclasses.replace(summary, idle=idle)
 

@@ -1,0 +1,122 @@
+"""`fab train` runs the steps that need no answer of each other side by side
+(deploy/edges/beside.py): the code sync beside the connect and the pre-flight.
+
+The hosts here are stand-ins: `sessions_to`, `preflight` and `sync_code` are replaced in the train
+module, so what is proven is the order of the controller's own steps (the sync starts before the
+pre-flight ends; a pre-flight that fails waits for the sync to end whole; a sync that fails fails
+the run with its own error, before any launch). The time it saves is measured on real shaped links
+by `bench/launch.py --profile far` (docs/performance.md, P1); the real sync and pre-flight paths run in
+tests/test_user_project.py, tests/test_preflight_reuse.py and the cluster tests."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from meshrun.deploy.commands import train as train_cmd
+from meshrun.deploy.edges.beside import Beside
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.project import Project
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.run.plan import Workload
+
+WAIT_S = 20.0  # a stand-in waits at most this long for the other: a serial order fails, never hangs
+
+
+class Steps:
+    """The stand-ins and what they saw."""
+
+    def __init__(self, preflight_fails: str | None = None, sync_fails: str | None = None) -> None:
+        self.preflight_fails, self.sync_fails = preflight_fails, sync_fails
+        self.sync_started, self.preflight_started = threading.Event(), threading.Event()
+        self.sync_ended = threading.Event()
+        self.sync_seen_by_preflight = False
+        self.planned = False
+
+    def sync_code(self, *_args: object) -> dict:
+        self.sync_started.set()
+        self.preflight_started.wait(WAIT_S)
+        time.sleep(0.3)  # still syncing when a failed pre-flight raises
+        self.sync_ended.set()
+        if self.sync_fails:
+            raise MeshrunError(self.sync_fails)
+        return {}
+
+    def preflight(self, *_args: object) -> bool:
+        self.preflight_started.set()
+        self.sync_seen_by_preflight = self.sync_started.wait(WAIT_S)
+        if self.preflight_fails:
+            raise MeshrunError(self.preflight_fails)
+        return False
+
+    @contextlib.contextmanager
+    def sessions_to(self, *_args: object):
+        yield {}
+
+    def training_interfaces(self, *_args: object) -> dict:
+        return {}
+
+    def plan_launch(self, *_args: object) -> None:
+        self.planned = True
+        raise MeshrunError("stop here: the launch is not what this test is about")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "train.py").write_text("print('hello')\n")
+    (root / "hosts.yaml").write_text("hosts:\n  h1: {address: 192.0.2.1}\n  h2: {address: 192.0.2.2}\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)  # meshrun ships a git checkout's files
+    return Project(root, tmp_path / "runs")
+
+
+def train(project: Project, steps: Steps, monkeypatch: pytest.MonkeyPatch) -> str:
+    for name in ("sync_code", "preflight", "sessions_to", "training_interfaces", "plan_launch"):
+        monkeypatch.setattr(train_cmd, name, getattr(steps, name))
+    request = train_cmd.TrainRequest(str(project.root / "hosts.yaml"), None, Workload(script="train.py"))
+    with pytest.raises(MeshrunError) as raised:
+        train_cmd.train(request, Renderer(), project)
+    return str(raised.value)
+
+
+def test_the_sync_runs_beside_the_preflight_and_a_failed_preflight_waits_for_it(project, monkeypatch):
+    steps = Steps(preflight_fails="pre-flight failed: h2: no torch")
+    assert train(project, steps, monkeypatch) == "pre-flight failed: h2: no torch"
+    assert steps.sync_seen_by_preflight  # the sync had started before the pre-flight ended
+    assert steps.sync_ended.is_set()  # ... and had ended when train gave up: the hosts' code is whole
+    assert not steps.planned
+
+
+def test_a_failed_sync_fails_the_run_with_its_own_error_before_the_launch(project, monkeypatch):
+    steps = Steps(sync_fails="host 'h2': code sync failed (rsync: No space left on device)")
+    assert train(project, steps, monkeypatch) == "host 'h2': code sync failed (rsync: No space left on device)"
+    assert steps.sync_seen_by_preflight
+    assert not steps.planned  # nothing planned or started on a host with half the code
+
+
+def test_a_passed_preflight_and_sync_go_on_to_the_launch(project, monkeypatch):
+    steps = Steps()
+    assert train(project, steps, monkeypatch) == "stop here: the launch is not what this test is about"
+    assert steps.sync_ended.is_set() and steps.planned
+
+
+def test_beside_returns_or_raises_in_the_callers_thread():
+    assert Beside(lambda a, b: a + b, 2, 3).result() == 5
+    failing = Beside(_fail)
+    with pytest.raises(MeshrunError, match="host 'h1': gone"):
+        failing.result()
+    failing.settle()  # settle never raises: the caller is already failing for another reason
+    started = threading.Event()
+    slow = Beside(lambda: (started.set(), time.sleep(0.2), "done")[-1])
+    assert started.wait(WAIT_S)  # it runs at once, beside this thread
+    assert slow.result() == "done"
+
+
+def _fail() -> None:
+    raise MeshrunError("host 'h1': gone")
