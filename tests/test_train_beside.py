@@ -1,16 +1,19 @@
 """`fab train` runs the steps that need no answer of each other side by side
 (deploy/edges/beside.py): the code sync beside the connect and the pre-flight.
 
-The hosts here are stand-ins: `sessions_to`, `preflight` and `sync_code` are replaced in the train
-module, so what is proven is the order of the controller's own steps (the sync starts before the
+In the first three tests the hosts are stand-ins: `sessions_to`, `preflight` and `sync_code` are
+replaced in the train module, so what is proven is the order of the controller's own steps (the sync starts before the
 pre-flight ends; a pre-flight that fails waits for the sync to end whole; a sync that fails fails
 the run with its own error, before any launch). The time it saves is measured on real shaped links
-by `bench/launch.py --profile far` (docs/performance.md, P1); the real sync and pre-flight paths run in
-tests/test_user_project.py, tests/test_preflight_reuse.py and the cluster tests."""
+by `bench/launch.py --profile far` (docs/performance.md, P1). The last test is the real thing: a
+first `fab train --skip-checks` on simulated hosts that have no workdir yet, where the route query
+runs beside the sync that makes it."""
 
 from __future__ import annotations
 
 import contextlib
+import re
+import secrets
 import subprocess
 import threading
 import time
@@ -24,6 +27,7 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.plan import Workload
+from tests.fabrun import fab, run_id_of
 
 WAIT_S = 20.0  # a stand-in waits at most this long for the other: a serial order fails, never hangs
 
@@ -120,3 +124,18 @@ def test_beside_returns_or_raises_in_the_callers_thread():
 
 def _fail() -> None:
     raise MeshrunError("host 'h1': gone")
+
+
+def test_a_first_run_on_hosts_without_a_workdir_needs_no_setup_or_preflight(testbed, make_inventory):
+    """No pre-flight (`--skip-checks`) makes the workdir here: the route query and the sync both may
+    be first to reach the host, and each must find its workdir, or make it."""
+    workdir = f"~/fresh-{secrets.token_hex(3)}"
+    inventory = make_inventory(defaults_overrides={"workdir": workdir})
+    done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--skip-checks",
+               "--script", "bench/barrier_probe.py", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert sorted(re.findall(r"BARRIER (rank=\d+)", done.stdout)) == ["rank=0", "rank=1"]
+    for i in (1, 2):  # the code is where the run ran, on each host
+        listed = testbed.exec(i, ["ls", f"/root/{workdir[2:]}/bench/barrier_probe.py",
+                                  f"/root/{workdir[2:]}/runs/{run_id_of(done.stdout)}"], check=False)
+        assert listed.returncode == 0, listed.stdout + listed.stderr

@@ -65,8 +65,9 @@ def route_interface(session: Session, address: str) -> Interface:
 
 def route_dev(session: Session, address: str) -> str:
     """The name of the interface `session.host` uses to reach `address`: all a launch needs (one
-    command; over a 150 ms link each costs about half a second)."""
-    result = session.run(route_get_argv(address), timeout=10)
+    command; over a 150 ms link each costs about half a second). create_workdir: at launch this runs
+    beside the code sync, which is what makes a fresh host's workdir (and every command starts there)."""
+    result = session.run(route_get_argv(address), timeout=10, create_workdir=True)
     name = parse_route_dev(result.stdout) if result.ok else None
     if name is None:
         why = (f"ip route get gave no interface: {shown(result.stdout.strip(), 120)}" if result.ok else
