@@ -119,7 +119,8 @@ def test_every_rsync_protects_its_arguments_and_brackets_ipv6(tmp_path: Path) ->
     ssh = shlex.join(ssh_argv(v6, kh))  # how ssh is called is sshargv's own subject
     assert rsync_argv(v6, root, kh) == [
         "rsync", "--protect-args", "--timeout=60", "--archive", "--compress", "--mkpath", "--files-from=-", "--from0",
-        "--info=progress2", "--no-inc-recursive", "-e", ssh, f"{root}/", "[fd00::2]:/srv/mesh run $(x)/"]
+        "--info=progress2", "--no-inc-recursive", "--rsync-path", "mkdir -p '/srv/mesh run $(x)' && rsync",
+        "-e", ssh, f"{root}/", "[fd00::2]:/srv/mesh run $(x)/"]
     assert push_dir_argv(host(), tmp_path / "ck", "runs/r1/checkpoints", root, kh) == [
         "rsync", "--protect-args", "--timeout=60", "--archive", "--no-links", "--no-devices", "--no-specials",
         "--mkpath", "--ignore-existing", "-e", shlex.join(ssh_argv(host(), kh)), f"{tmp_path / 'ck'}/", "10.0.0.2:meshrun/runs/r1/checkpoints/"]

@@ -21,7 +21,7 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from meshrun.deploy.inventory.model import Host
-from meshrun.deploy.run.shell import local_workdir
+from meshrun.deploy.run.shell import local_workdir, shell_path
 from meshrun.deploy.run.syncset import shippable
 
 # The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
@@ -84,8 +84,13 @@ def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | Non
             "--from0", "--info=progress2", "--no-inc-recursive"]
     if host.is_local:
         return argv + [f"{root}/", f"{target}/"]
+    # The workdir is made before the remote rsync looks at it: `fab train` runs commands beside the
+    # sync that may make it too (deploy/commands/train.py), and rsync's own mkdir of a destination it
+    # found missing fails if another makes it between rsync's stat and its mkdir. `mkdir -p` does not.
+    made = ["--rsync-path", f"mkdir -p {shell_path(host.workdir)} && rsync"] if dest is None else []
     # rsync splits -e itself and honours quotes, so a shlex-joined argv survives.
-    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/", remote_spec(host.ssh_host, f"{target}/")]
+    return argv + [*made, "-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/",
+                   remote_spec(host.ssh_host, f"{target}/")]
 
 
 def is_project_itself(host: Host, root: Path) -> bool:
@@ -98,6 +103,8 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
     count = files.count(b"\0")
     if is_project_itself(host, root):
         return SyncResult(host.name, True, count)
+    if host.is_local:  # made before rsync looks, as rsync_argv's --rsync-path does on a remote host
+        local_workdir(host.workdir, root).mkdir(parents=True, exist_ok=True)
     argv = rsync_argv(host, root, known_hosts,
                       str(local_workdir(host.workdir, root)) if host.is_local else None)
 
