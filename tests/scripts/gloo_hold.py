@@ -1,7 +1,6 @@
 """Test workload (issue 12, hole 6): joins the gloo process group, all-reduces once, says so, then
 holds the group (its store and gloo sockets open) for argv[1] seconds so a test can probe them."""
 
-import os
 import sys
 import time
 
