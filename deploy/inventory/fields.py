@@ -78,6 +78,9 @@ def path_text(node: yaml.Node, at: Where) -> str:
     if value.startswith("~") and not (value == "~" or value.startswith("~/")):
         raise at.fail(f"{shown(value)}: only `~` or `~/...` (the login user's home) is supported",
                       "write an absolute path or one starting with ~/")
+    if value.startswith("-"):  # on a host's command line (mkdir, cd, exec) it would read as an option
+        raise at.fail(f"{shown(value)} starts with '-', which commands read as an option",
+                      f"write it as ./{value}")
     return value
 
 
