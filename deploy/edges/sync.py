@@ -21,7 +21,7 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from meshrun.deploy.inventory.model import Host
-from meshrun.deploy.run.shell import local_workdir, shell_path
+from meshrun.deploy.run.shell import local_workdir, make_workdir
 from meshrun.deploy.run.syncset import shippable
 
 # The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
@@ -87,7 +87,7 @@ def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | Non
     # The workdir is made before the remote rsync looks at it: `fab train` runs commands beside the
     # sync that may make it too (deploy/commands/train.py), and rsync's own mkdir of a destination it
     # found missing fails if another makes it between rsync's stat and its mkdir. `mkdir -p` does not.
-    made = ["--rsync-path", f"mkdir -p {shell_path(host.workdir)} && rsync"] if dest is None else []
+    made = ["--rsync-path", f"{make_workdir(host.workdir)} && rsync"] if dest is None else []
     # rsync splits -e itself and honours quotes, so a shlex-joined argv survives.
     return argv + [*made, "-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/",
                    remote_spec(host.ssh_host, f"{target}/")]

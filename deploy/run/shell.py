@@ -21,13 +21,18 @@ def shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
+def make_workdir(workdir: str) -> str:
+    """The shell command that makes `workdir` (and its parents), quiet when it exists already."""
+    return f"mkdir -p {shell_path(workdir)}"
+
+
 def remote_command(workdir: str, argv: Sequence[str], *, create_workdir: bool = False) -> str:
     """`cd WORKDIR && exec ARGV`, every piece quoted. argv[0] may start with `~/`."""
     if not argv:
         raise ValueError("empty argv")
     cd = f"cd {shell_path(workdir)}"
     if create_workdir:
-        cd = f"mkdir -p {shell_path(workdir)} && {cd}"
+        cd = f"{make_workdir(workdir)} && {cd}"
     rest = " ".join(shlex.quote(a) for a in argv[1:])
     return f"{cd} && exec {shell_path(argv[0])}" + (f" {rest}" if rest else "")
 
