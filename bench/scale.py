@@ -17,6 +17,11 @@ alternated (bare, fast, bare, fast, ...), and their columns are the means: one l
 cannot measure 10 % on 2 shared cores (1.04x and 1.16x in one run, the same code 11 s apart).
 The P8 launch ratio is then the mean of every timed `fab train` (default path and fast) over the
 mean of the bare ones, and a `launches` line lists each time.
+Beside each launch's time, the CPU-seconds the whole machine spent from its start until every
+host is quiet again (/proc/stat; the hosts and the controller share its cores): a `CPU-s` line
+lists them, bare and `fab train`, with the ratio of the means. On a shared 2-core machine the
+wall time of a 32-host launch drifts by 20 % between two bare launches minutes apart; what the
+launch costs in CPU drifts less, and says whether meshrun adds work or only waits.
 
 Each is printed in seconds and as a ratio to bare at the same N, with the controller's peak RSS,
 its most threads and its most open SSH connections at once (sampled every 0.2 s from /proc and
@@ -150,6 +155,14 @@ def bare_launch(cluster: SimCluster, n: int) -> float:
     return last_barrier("".join(outputs), n) - start
 
 
+def busy_cpu_s() -> float:
+    """CPU-seconds this machine has spent busy since boot (/proc/stat: all but idle and iowait). The
+    simulated hosts share its cores, so the difference over a launch is what the launch cost all
+    of them together, the controller included: a measure the machine's load drifts less than wall time."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_running(run_id: str, n: int, env: dict[str, str]) -> None:
     """Until every host of a detached run says its workers run AND every rank is past its barrier:
     an agent says "running" as soon as its workers start, while they still import torch (32 hosts:
@@ -183,11 +196,17 @@ class Launches:
     """Every timed launch at one N: bare ones and `fab train` ones (default path first)."""
     bare: list[float]
     meshrun: list[float]
+    bare_cpu: list[float]  # CPU-s of the whole machine per launch, start to quiet (busy_cpu_s)
+    meshrun_cpu: list[float]
 
     @property
     def ratio(self) -> float:
         """Mean meshrun launch over mean bare launch."""
         return (sum(self.meshrun) / len(self.meshrun)) / (sum(self.bare) / len(self.bare))
+
+    @property
+    def cpu_ratio(self) -> float:
+        return (sum(self.meshrun_cpu) / len(self.meshrun_cpu)) / (sum(self.bare_cpu) / len(self.bare_cpu))
 
 
 def measure(cluster: SimCluster, n: int, repeats: int = 1) -> dict[str, Timed | float | Launches]:
@@ -197,22 +216,33 @@ def measure(cluster: SimCluster, n: int, repeats: int = 1) -> dict[str, Timed | 
     inv = ("--inventory", str(inventory))
     fab("sync", *inv, env=env)
     settle(cluster, n)
-    bares = [bare_launch(cluster, n)]
-    settle(cluster, n)
+    bare_cpu, train_cpu = [], []
+
+    def costed(launch, cpu: list[float]):
+        """One timed launch, and the CPU-s the whole machine spent from its start until every host
+        is quiet again (its teardown included, alike for both)."""
+        before = busy_cpu_s()
+        result = launch()
+        settle(cluster, n)
+        cpu.append(busy_cpu_s() - before)
+        return result
+
+    bares = [costed(lambda: bare_launch(cluster, n), bare_cpu)]
     out: dict[str, Timed | float | Launches] = {"check": fab("check-network", *inv, env=env)}
     fab("train", *inv, "--script", PROBE, env=env)  # the user's previous run
     for name, flags in (("train", ()), ("train_fast", FAST)):
         settle(cluster, n)
-        out[name] = fab("train", *inv, *flags, "--script", PROBE, env=env).to_last_barrier(n)
+        out[name] = costed(lambda: fab("train", *inv, *flags, "--script", PROBE, env=env).to_last_barrier(n),
+                           train_cpu)
     fasts = [out["train_fast"]]
     for _ in range(repeats - 1):  # alternated, so a drift of the machine touches both alike
-        settle(cluster, n)
-        bares.append(bare_launch(cluster, n))
-        settle(cluster, n)
-        fasts.append(fab("train", *inv, *FAST, "--script", PROBE, env=env).to_last_barrier(n))
+        bares.append(costed(lambda: bare_launch(cluster, n), bare_cpu))
+        fasts.append(costed(lambda: fab("train", *inv, *FAST, "--script", PROBE, env=env).to_last_barrier(n),
+                            train_cpu))
     out["bare"] = sum(bares) / len(bares)
     out["train_fast"] = _mean_of(fasts)  # type: ignore[arg-type]
-    out["launches"] = Launches(bares, [out["train"].seconds, *(t.seconds for t in fasts)])  # type: ignore[union-attr]
+    out["launches"] = Launches(bares, [out["train"].seconds, *(t.seconds for t in fasts)],  # type: ignore[union-attr]
+                               bare_cpu, train_cpu)
     settle(cluster, n)
     detached = fab("train", *inv, *FAST, "--detach", "--script", HOLD, env=env)
     hold = run_id_of(detached.output)
@@ -249,6 +279,9 @@ def print_table(results: dict[int, dict[str, Timed | float | Launches]], last_li
         if len(launches.bare) > 1:
             print(f"    launches at {n}: bare {', '.join(f'{x:.1f}' for x in launches.bare)} s; fab train "
                   f"{', '.join(f'{x:.1f}' for x in launches.meshrun)} s; mean/mean {launches.ratio:.2f}", flush=True)
+        print(f"    CPU-s per launch at {n} (start to quiet, every host and the controller): bare "
+              f"{', '.join(f'{x:.0f}' for x in launches.bare_cpu)}; fab train "
+              f"{', '.join(f'{x:.0f}' for x in launches.meshrun_cpu)}; mean/mean {launches.cpu_ratio:.2f}", flush=True)
     if not last_line:
         return
     for line in slope_lines(results):
