@@ -11,6 +11,17 @@ def names(n: int) -> list[str]:
     return [f"h{i}" for i in range(1, n + 1)]
 
 
+def reached_from_the_first(plan: LinkPlan, hosts: list[str]) -> set[str]:
+    """The hosts that probed links join to the first one."""
+    reached, frontier = {hosts[0]}, [hosts[0]]
+    while frontier:
+        for peer in plan.peers[frontier.pop()]:
+            if peer not in reached:
+                reached.add(peer)
+                frontier.append(peer)
+    return reached
+
+
 def test_up_to_the_limit_every_pair_is_probed() -> None:
     assert link_plan(["a", "b", "c"]) == LinkPlan({"a": ("b", "c"), "b": ("c", "a"), "c": ("a", "b")},
                                                   "every pair")
@@ -36,13 +47,7 @@ def test_a_sampled_plan_covers_every_host_both_ways_and_joins_them_all() -> None
         k = len(offsets(n))
         assert all(len(set(targets)) == k and source not in targets for source, targets in plan.peers.items())
         assert set(Counter(t for targets in plan.peers.values() for t in targets).values()) == {k}
-        reached, frontier = {hosts[0]}, [hosts[0]]
-        while frontier:
-            for peer in plan.peers[frontier.pop()]:
-                if peer not in reached:
-                    reached.add(peer)
-                    frontier.append(peer)
-        assert reached == set(hosts)
+        assert reached_from_the_first(plan, hosts) == set(hosts)
     assert link_plan(names(1000)).pairs == 10_000
 
 
@@ -55,3 +60,69 @@ def test_at_each_step_every_host_sends_to_one_host_and_receives_from_one() -> No
         for step in range(len(plan.peers["h1"])):
             receivers = [targets[step] for targets in plan.peers.values()]
             assert sorted(receivers) == sorted(names(n)), (n, step)
+
+
+def sites_of(*sizes: int) -> tuple[list[str], dict[str, str]]:
+    """Hosts h1..hN in inventory order, the first sizes[0] in site s1, and so on."""
+    hosts, site_of = names(sum(sizes)), {}
+    for s, size in enumerate(sizes):
+        start = sum(sizes[:s])
+        site_of.update({h: f"s{s + 1}" for h in hosts[start:start + size]})
+    return hosts, site_of
+
+
+def test_past_the_limit_with_sites_each_host_probes_one_host_per_other_site_then_its_own_site() -> None:
+    hosts, site_of = sites_of(20, 20)
+    plan = link_plan(hosts, site_of)
+    assert plan.peers["h1"] == ("h21", *names(20)[1:])
+    assert plan.peers["h20"] == ("h40", *names(19))  # its own site in order of offset, wrapping round
+    assert plan.peers["h40"] == ("h20", *(f"h{i}" for i in range(21, 40)))
+    assert plan.pairs == 40 * 20
+    assert plan.rule == ("sampled by site, of 1560 pairs (2 sites): each host to one host of every other site, "
+                         "then to every host of its own; past 32 sites or hosts in a site, to those 1, 2, 4, … "
+                         "places after it")
+
+
+def test_a_plan_by_site_probes_every_pair_inside_a_site_wherever_its_hosts_are_listed() -> None:
+    """Sites interleaved in the inventory (h1 office, h2 home, h3 office, …): the offset sample
+    probes a quarter of the pairs inside them; by site, all of them."""
+    hosts = names(40)
+    site_of = {h: ("office" if i % 2 == 0 else "home") for i, h in enumerate(hosts)}
+    plan = link_plan(hosts, site_of)
+    probed = {(a, b) for a, targets in plan.peers.items() for b in targets}
+    inside = {(a, b) for a in hosts for b in hosts if a != b and site_of[a] == site_of[b]}
+    assert inside <= probed
+    assert plan.peers["h1"][0] == "h2" and plan.peers["h2"][0] == "h1"  # one host of the other site first
+    by_offset = {(a, b) for a, targets in link_plan(hosts).peers.items() for b in targets}
+    assert len(inside) == 760 and len(inside & by_offset) == 200  # without sites: 5 of each host's 19
+
+
+def test_a_plan_by_site_keeps_one_receiver_per_host_at_each_step_when_sites_are_equal() -> None:
+    for sizes in ((20, 20), (11, 11, 11), (40, 40, 40)):
+        hosts, site_of = sites_of(*sizes)
+        plan = link_plan(hosts, site_of)
+        for step in range(len(plan.peers["h1"])):
+            receivers = [targets[step] for targets in plan.peers.values()]
+            assert sorted(receivers) == sorted(hosts), (sizes, step)
+
+
+def test_a_plan_by_site_covers_every_host_joins_them_all_and_stays_bounded() -> None:
+    for sizes in ((30, 5, 1), (100,) * 10, (2,) * 40, (1, 33)):
+        hosts, site_of = sites_of(*sizes)
+        plan = link_plan(hosts, site_of)
+        assert all(source not in targets and len(set(targets)) == len(targets)
+                   for source, targets in plan.peers.items())
+        assert {t for targets in plan.peers.values() for t in targets} == set(hosts)  # every host is probed
+        assert reached_from_the_first(plan, hosts) == set(hosts), sizes
+    ten_sites = link_plan(*sites_of(*(100,) * 10))
+    assert {len(targets) for targets in ten_sites.peers.values()} == {9 + 7}  # 9 other sites, offsets 1..64 inside
+    forty_sites = link_plan(*sites_of(*(2,) * 40))
+    assert {len(targets) for targets in forty_sites.peers.values()} == {6 + 1}  # sites at offsets 1..32, one peer inside
+
+
+def test_without_sites_or_with_one_site_the_plan_is_the_offset_sample() -> None:
+    hosts = names(40)
+    assert link_plan(hosts, {}) == link_plan(hosts)
+    assert link_plan(hosts, {h: None for h in hosts}) == link_plan(hosts)
+    assert link_plan(hosts, {h: "office" for h in hosts}) == link_plan(hosts)
+    assert link_plan(names(5), {"h1": "a", "h2": "b"}) == link_plan(names(5))  # every pair up to the limit

@@ -267,6 +267,17 @@ def test_zerotier_scenarios_decide_the_report(scenario: str, level: Level) -> No
     assert [f.level for f in direct] == ([] if level is Level.PASS else [level])
 
 
+def test_the_report_states_the_link_rule_by_site_past_32_hosts() -> None:
+    """The rule in the summary and --json follows the inventory's sites, as the probe did."""
+    names = [f"h{i}" for i in range(1, 41)]
+    links = tuple(LinkResult(n, "h1", "10.0.0.1", 40001, PortState.OPEN, connect_ms=0.3) for n in names)
+    skipped = AllReduceResult(ProbeStatus.SKIPPED)
+    sites = {n: ("office" if i < 20 else "home") for i, n in enumerate(names)}
+    by_site = build_report((), None, links, skipped, "lan", 1.0, sites)
+    assert by_site.links_rule.startswith("sampled by site, of 1560 pairs (2 sites): ")
+    assert build_report((), None, links, skipped, "lan", 1.0).links_rule.startswith("sampled, of 1560 pairs: ")
+
+
 def test_report_renders_tables_matrix_findings_and_summary() -> None:
     links = (LinkResult("h1", "h2", "10.0.0.2", 40002, PortState.OPEN, connect_ms=0.25, df_size=1472, df_ok=True),
              LinkResult("h2", "h1", "10.0.0.1", 40001, PortState.REFUSED, detail="connection refused"),

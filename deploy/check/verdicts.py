@@ -286,8 +286,10 @@ def has_failures(found: Iterable[Finding]) -> bool:
 
 
 def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, links: tuple[LinkResult, ...],
-                 allreduce: AllReduceResult, network: str, duration_s: float) -> CheckReport:
-    """All findings in a stable order: hosts, versions, rendezvous, links, end to end."""
+                 allreduce: AllReduceResult, network: str, duration_s: float,
+                 sites: Mapping[str, str | None] | None = None) -> CheckReport:
+    """All findings in a stable order: hosts, versions, rendezvous, links, end to end. `sites`: each
+    host's `site:`, which the link plan's rule follows past 32 hosts (deploy/check/linkplan.py)."""
     nodes = {h.zerotier.node: h.name for h in hosts if h.zerotier is not None and h.zerotier.node}
     found = [f for h in hosts for f in host_findings(h, nodes)] + local_findings(hosts) + version_findings(hosts)
     if rdzv is not None:
@@ -295,7 +297,7 @@ def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, lin
     found += link_findings(links, {h.name: h.mtu for h in hosts}) + allreduce_findings(allreduce)
     sources = list(dict.fromkeys(link.source for link in links if not link.rendezvous))  # the probing hosts, in order
     return CheckReport(worst(f.level for f in found), hosts, rdzv, links, allreduce, tuple(found), round(duration_s, 2),
-                       link_plan(sources).rule)
+                       link_plan(sources, sites).rule)
 
 
 def link_targets(source: str, ports: Mapping[str, tuple[str, int]], head: str | None,

@@ -48,6 +48,7 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     network = head.network.value
+    sites = {h.name: h.site for h in hosts}
     sessions, unreachable = open_sessions(hosts, inventory, project.root, request.timeout)
     try:
         facts = gather_facts(hosts, head, sessions, unreachable, sys.executable)
@@ -55,16 +56,16 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
                                   BANDWIDTH_S if request.bandwidth else 0.0, sys.executable)
         exposure = probe_exposure(hosts, head, inventory.rendezvous.port, sessions, sys.executable)
         allreduce = AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first")
-        if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0).findings):
+        if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0, sites).findings):
             interfaces = {f.name: f.interface for f in facts if f.interface}
             allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable,
                                       allreduce_budget(facts))
     finally:
         close_all(sessions)
-    places = (site_findings([h.name for h in hosts], {h.name: h.site for h in hosts},
+    places = (site_findings([h.name for h in hosts], sites,
                             [(k.source, k.target, k.mbit_s, k.connect_ms) for k in links if not k.rendezvous])
               if request.bandwidth else [])  # measured places the inventory does not declare (docs/sites.md)
-    report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started),
+    report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started, sites),
                            meshrun_findings(facts, str(controller_identity())) + exposure_findings(exposure) + places)
     if request.json:
         renderer.json(asdict(report))
@@ -103,7 +104,8 @@ def _check_before_run(selection: Selection, sessions: Mapping[str, Session], ren
     facts = gather_facts(hosts, head, sessions, {}, sys.executable)
     rdzv, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable)
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
-    report = with_findings(build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started),
+    report = with_findings(build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started,
+                                        {h.name: h.site for h in hosts}),
                            meshrun_findings(facts, str(controller_identity())))
     warnings = tuple(f"pre-flight: {f.where}: {f.message}" for f in report.findings if f.level is Level.WARN)
     for warning in warnings:

@@ -247,7 +247,8 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
     able = tuple(h for h in hosts if h.name in ok and not h.is_local)
     if not able:
         return None, ()
-    plan = link_plan([h.name for h in able])  # every pair up to 32 hosts, else sampled (linkplan.py)
+    # every pair up to 32 hosts, else sampled, by site where the inventory declares sites (linkplan.py)
+    plan = link_plan([h.name for h in able], {h.name: h.site for h in able})
     lifetime = 60 + bandwidth_s * len(hosts) * 3
     started = on_each(able, lambda h: start_listener(sessions[h.name], h, rdzv_port if h.name == head.name else None,
                                                      lifetime, local_python), timeout=FACTS_TIMEOUT_S)
