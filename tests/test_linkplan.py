@@ -71,16 +71,27 @@ def sites_of(*sizes: int) -> tuple[list[str], dict[str, str]]:
     return hosts, site_of
 
 
-def test_past_the_limit_with_sites_each_host_probes_one_host_per_other_site_then_its_own_site() -> None:
+def test_past_the_limit_with_sites_each_host_probes_its_own_site_then_one_host_per_other_site() -> None:
     hosts, site_of = sites_of(20, 20)
     plan = link_plan(hosts, site_of)
-    assert plan.peers["h1"] == ("h21", *names(20)[1:])
-    assert plan.peers["h20"] == ("h40", *names(19))  # its own site in order of offset, wrapping round
-    assert plan.peers["h40"] == ("h20", *(f"h{i}" for i in range(21, 40)))
+    assert plan.peers["h1"] == (*names(20)[1:], "h21")
+    assert plan.peers["h20"] == (*names(19), "h40")  # its own site in order of offset, wrapping round
+    assert plan.peers["h40"] == (*(f"h{i}" for i in range(21, 40)), "h20")
     assert plan.pairs == 40 * 20
-    assert plan.rule == ("sampled by site, of 1560 pairs (2 sites): each host to one host of every other site, "
-                         "then to every host of its own; past 32 sites or hosts in a site, to those 1, 2, 4, … "
-                         "places after it")
+    assert plan.rule == ("sampled by site, of 1560 pairs (2 sites): each host to every host of its own site, "
+                         "then to the host at its index in each other site; past 32 sites or hosts in a site, to "
+                         "those 1, 2, 4, … places after it")
+
+
+def test_uneven_sites_never_send_two_hosts_of_a_site_to_one_receiver_of_another() -> None:
+    """30 office hosts and 5 at home: the first 5 office hosts carry the office's links home, one
+    receiver each (all 30 on 5 receivers would each have measured a sixth of the link)."""
+    hosts, site_of = sites_of(30, 5)
+    plan = link_plan(hosts, site_of)
+    across = [(a, b) for a, targets in plan.peers.items() for b in targets if site_of[a] != site_of[b]]
+    assert sorted(across) == sorted([(f"h{i}", f"h{30 + i}") for i in range(1, 6)]
+                                    + [(f"h{30 + i}", f"h{i}") for i in range(1, 6)])
+    assert plan.peers["h6"] == tuple(f"h{(5 + d) % 30 + 1}" for d in range(1, 30))  # inside only
 
 
 def test_a_plan_by_site_probes_every_pair_inside_a_site_wherever_its_hosts_are_listed() -> None:
@@ -92,7 +103,7 @@ def test_a_plan_by_site_probes_every_pair_inside_a_site_wherever_its_hosts_are_l
     probed = {(a, b) for a, targets in plan.peers.items() for b in targets}
     inside = {(a, b) for a in hosts for b in hosts if a != b and site_of[a] == site_of[b]}
     assert inside <= probed
-    assert plan.peers["h1"][0] == "h2" and plan.peers["h2"][0] == "h1"  # one host of the other site first
+    assert plan.peers["h1"][-1] == "h2" and plan.peers["h2"][-1] == "h1"  # then one host of the other site
     by_offset = {(a, b) for a, targets in link_plan(hosts).peers.items() for b in targets}
     assert len(inside) == 760 and len(inside & by_offset) == 200  # without sites: 5 of each host's 19
 
@@ -117,7 +128,8 @@ def test_a_plan_by_site_covers_every_host_joins_them_all_and_stays_bounded() -> 
     ten_sites = link_plan(*sites_of(*(100,) * 10))
     assert {len(targets) for targets in ten_sites.peers.values()} == {9 + 7}  # 9 other sites, offsets 1..64 inside
     forty_sites = link_plan(*sites_of(*(2,) * 40))
-    assert {len(targets) for targets in forty_sites.peers.values()} == {6 + 1}  # sites at offsets 1..32, one peer inside
+    # sites at offsets 1, 2, … 32, and the one other host of its site
+    assert {len(targets) for targets in forty_sites.peers.values()} == {6 + 1}
 
 
 def test_without_sites_or_with_one_site_the_plan_is_the_offset_sample() -> None:

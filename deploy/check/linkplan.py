@@ -15,11 +15,14 @@ of one site sending to the other site at once measured half the link between sit
 
 With sites declared (inventory `site:`, docs/sites.md), the sample past the limit follows them, as
 `--comm hier`'s plan needs the links inside each site and between sites (deploy/run/commplan.py):
-each host first probes one host of every other site (the member at its own index in its site,
-modulo that site's size: equal sites are a permutation at each step), then every host of its
-own site (in order of offset, as above). Past the limit in sites, or inside a site, the same
-1, 2, 4, … offsets apply to sites and to a site's hosts. A host without a site is a place of its
-own, so without any site this is the plan above. 1000 hosts in 10 sites of 100: 16 links a host.
+each host first probes every host of its own site (in order of offset, as above: one receiver per
+host at each step inside a site), then, in each other site, the host at its own index there, if
+that site has one. So no two hosts of a site send to one receiver of another (30 office hosts
+all probing the 5 at home would measure a sixth of the link each): a site's first hosts carry its
+links between sites, and sites of equal size stay one receiver per host at each step. Past the
+limit in sites, or inside a site, the same 1, 2, 4, … offsets apply to sites and to a site's
+hosts. A host without a site is a place of its own, so without any site (or with one) this is
+the plan above. 1000 hosts in 10 sites of 100: 16 links a host.
 """
 
 from __future__ import annotations
@@ -82,11 +85,11 @@ def _by_site(names: Sequence[str], places: list[tuple[str, ...]]) -> LinkPlan:
     k, peers = len(places), {}
     for s, members in enumerate(places):
         for i, host in enumerate(members):
-            between = tuple(places[(s + t) % k][i % len(places[(s + t) % k])] for t in steps_for(k))
             inside = tuple(members[(i + d) % len(members)] for d in steps_for(len(members)))
-            peers[host] = between + inside
+            between = tuple(places[(s + t) % k][i] for t in steps_for(k) if i < len(places[(s + t) % k]))
+            peers[host] = inside + between
     n = len(names)
     return LinkPlan({name: peers[name] for name in names},
-                    f"sampled by site, of {n * (n - 1)} pairs ({k} sites): each host to one host of every other "
-                    f"site, then to every host of its own; past {ALL_PAIRS_MAX_HOSTS} sites or hosts in a site, "
-                    f"to those 1, 2, 4, … places after it")
+                    f"sampled by site, of {n * (n - 1)} pairs ({k} sites): each host to every host of its own "
+                    f"site, then to the host at its index in each other site; past {ALL_PAIRS_MAX_HOSTS} sites or "
+                    f"hosts in a site, to those 1, 2, 4, … places after it")
