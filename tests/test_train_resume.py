@@ -11,6 +11,9 @@ from tests.trainer.harness import records, train
 
 
 def test_resume_after_epoch_2_continues_at_epoch_3(tmp_path: Path) -> None:
+    """The stop comes right after epoch 2's checkpoint is written, the moment a restart cost the run
+    its epoch record when the record came after the save (a CI run of tests/test_elastic.py lost
+    epoch 6 so): the record must be there, and the resume must not redo the epoch."""
     run = tmp_path / "run"
     first = train(run, "epochs=4", "debug.stop_after_epoch=2", "log.tensorboard=false")
     assert first.returncode != 0, first.stderr

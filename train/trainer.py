@@ -287,7 +287,7 @@ class Trainer:
             loss_sum, count, correct = tally.partial()
             self._save(is_best=False, pos=self._position(cur, loss_sum, count, correct))
             if self.cfg.debug.stop_after_step == gs:
-                raise InjectedFailure(f"debug.stop_after_step={gs}: stopping after checkpoint")
+                self._injected_stop(f"debug.stop_after_step={gs}: stopping after checkpoint")
 
     def _progress(self, epoch: int, done: int, step: int, samples: int) -> ProgressRecord:
         """Built only when due (every `log.progress_seconds`): a few fields more cost the loop nothing."""
@@ -309,7 +309,10 @@ class Trainer:
             pos, epoch=epoch + 1, consumed=0, epoch_loss_sum=0.0, epoch_loss_count=0,
             epoch_correct=0, best_acc=max(pos.best_acc, result.top1), last_test_acc=result.top1,
             last_test_loss=result.loss)
-        self._save(is_best)
+        # The epoch's record before its checkpoint: a run killed while the checkpoint is written
+        # (a restart when a host comes back) resumes after this epoch, so a record written after
+        # the save would be lost for good; written before, a resume that redoes the epoch writes
+        # it again, and readers keep the one written last (deploy/run/report.py).
         lr = self.parts.optimizer.param_groups[0]["lr"]
         self.sink.event(EpochRecord(
             epoch + 1, train_loss, result.loss, result.top1, result.top5, lr,
@@ -322,10 +325,18 @@ class Trainer:
         self.sink.scalars({"train/loss": train_loss, "train/acc1": train_acc,
                            "test/loss": result.loss, "test/acc1": result.top1,
                            "test/acc5": result.top5, "lr": lr}, self.pos.global_step)
-        self.sink.progress(self._progress(epoch + 1, 0, self.pos.global_step, self.pos.samples_seen), force=True)
         self._log_epoch(epoch, train_loss, train_acc, result, lr, train_s, totals)
-        if self.cfg.debug.stop_after_epoch == epoch + 1:
-            raise InjectedFailure(f"debug.stop_after_epoch={epoch + 1}: stopping after checkpoint")
+        self._save(is_best)
+        if self.cfg.debug.stop_after_epoch == epoch + 1:  # the moment a kill costs the most: just saved
+            self._injected_stop(f"debug.stop_after_epoch={epoch + 1}: stopping after checkpoint")
+        self.sink.progress(self._progress(epoch + 1, 0, self.pos.global_step, self.pos.samples_seen), force=True)
+
+    def _injected_stop(self, why: str) -> None:
+        """A test's stop right after a checkpoint: once every host has written its copy (each writes
+        after the collective part of the save), so that the first rank to raise cannot have the
+        others killed mid-write."""
+        dist.barrier()
+        raise InjectedFailure(why)
 
     def _log_epoch(self, epoch: int, train_loss: float, train_acc: float, result: EvalResult,
                    lr: float, train_s: float, totals: EpochTotals) -> None:
