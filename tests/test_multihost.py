@@ -30,8 +30,9 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path) -> None:
-    done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2,h3", "--", "epochs=10", timeout=300)
+def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path, tmp_path: Path) -> None:
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # what this controller last synced where: its own
+    done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2,h3", "--", "epochs=10", timeout=300, env=cache)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     run_id = run_id_of(done.stdout)
     summary = summary_of(run_id)
@@ -63,8 +64,13 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     # rendezvous host with the controller's manifest, and the run continues from that step.
     for i in (1, 2, 3):
         testbed.exec(i, ["rm", "-rf", f"/root/meshrun/runs/{run_id}/checkpoints"])
-    resumed = fab("train", "--resume", run_id, "--skip-checks", "--", "epochs=12", timeout=300)
+    # The code is unchanged here, and on h1 and h3 (deploy/run/codehint.py); h2's copy of a file
+    # was edited there: h2 alone is synced, and gets the project's file back.
+    testbed.exec(2, ["sh", "-c", "echo edited on h2 >> /root/meshrun/README.md"])
+    resumed = fab("train", "--resume", run_id, "--skip-checks", "--", "epochs=12", timeout=300, env=cache)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    assert "sync: the code on 2 of 3 host(s) was already this project's" in resumed.stdout
+    assert testbed.exec(2, ["cat", "/root/meshrun/README.md"]).stdout == (ROOT / "README.md").read_text()
     step = int(newest[len("ckpt-step"):-len(".pt")])
     assert f"resume: pushed checkpoints up to step {step} to h1" in resumed.stdout
     assert summary_of(run_id)["epochs_completed"] == 12

@@ -1,10 +1,11 @@
 """`fab train` runs the steps that need no answer of each other side by side
 (deploy/edges/beside.py): the code sync beside the connect and the pre-flight.
 
-In the first three tests the hosts are stand-ins: `sessions_to`, `preflight` and `sync_code` are
+In the first four tests the hosts are stand-ins: `sessions_to`, `preflight` and `sync_code` are
 replaced in the train module, so what is proven is the order of the controller's own steps (the sync starts before the
 pre-flight ends; a pre-flight that fails waits for the sync to end whole; a sync that fails fails
-the run with its own error, before any launch). The time it saves is measured on real shaped links
+the run with its own error, before any launch; the sync gets the sessions once open, and is
+released at once when the connect fails). The time it saves is measured on real shaped links
 by `bench/launch.py --profile far` (docs/performance.md, P1). The last test is the real thing: a
 first `fab train --skip-checks` on simulated hosts that have no workdir yet, where the route query
 runs beside the sync that makes it."""
@@ -40,11 +41,13 @@ class Steps:
         self.sync_started, self.preflight_started = threading.Event(), threading.Event()
         self.sync_ended = threading.Event()
         self.sync_seen_by_preflight = False
+        self.session_seen: object = None
         self.planned = False
 
-    def sync_code(self, *_args: object) -> dict:
+    def sync_code(self, *args: object) -> dict:
         self.sync_started.set()
         self.preflight_started.wait(WAIT_S)
+        self.session_seen = args[-1].get("h1", WAIT_S)  # type: ignore[attr-defined]  # SessionsLater
         time.sleep(0.3)  # still syncing when a failed pre-flight raises
         self.sync_ended.set()
         if self.sync_fails:
@@ -60,7 +63,7 @@ class Steps:
 
     @contextlib.contextmanager
     def sessions_to(self, *_args: object):
-        yield {}
+        yield {"h1": "session of h1"}
 
     def training_interfaces(self, *_args: object) -> dict:
         return {}
@@ -108,6 +111,23 @@ def test_a_passed_preflight_and_sync_go_on_to_the_launch(project, monkeypatch):
     steps = Steps()
     assert train(project, steps, monkeypatch) == "stop here: the launch is not what this test is about"
     assert steps.sync_ended.is_set() and steps.planned
+    assert steps.session_seen == "session of h1"  # the sync may ask a host over the session train opened
+
+
+def test_a_sync_that_waits_for_sessions_is_released_when_the_connect_fails(project, monkeypatch):
+    steps = Steps()
+
+    @contextlib.contextmanager
+    def no_sessions(*_args: object):
+        raise MeshrunError("host 'h2': connection refused")
+        yield {}
+
+    steps.sessions_to = no_sessions  # type: ignore[method-assign]
+    steps.preflight_started.set()  # no pre-flight comes: the sync must not wait for one
+    started = time.monotonic()
+    assert train(project, steps, monkeypatch) == "host 'h2': connection refused"
+    assert steps.sync_ended.is_set() and steps.session_seen is None
+    assert time.monotonic() - started < WAIT_S  # released by the way out, not by the wait's end
 
 
 def test_beside_returns_or_raises_in_the_callers_thread():

@@ -3,12 +3,17 @@ with `--data` the dataset at the same time."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from meshrun.deploy.edges import sshtarget
-from meshrun.deploy.edges.sessions import sessions_to
+from meshrun.deploy.edges.codehints import hint_file, host_holds, load_hints, save_hints
+from meshrun.deploy.edges.sessions import SessionsLater, sessions_to
+from meshrun.deploy.host import codestat
+from meshrun.deploy.run.codehint import hint_key, may_hold
 from meshrun.deploy.edges.datasync import DataResult, DataSpec, build_manifest, parse_data_flag, sync_data
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
 from meshrun.deploy.project import Project
@@ -21,6 +26,7 @@ from meshrun.deploy.render.console import HostProgress, Renderer
 from meshrun.deploy.edges.sync import SyncResult, project_files, sync_host
 
 SYNC_TIMEOUT_S = 900
+SESSION_WAIT_S = 60  # a hinted host's session, at most; then it is synced as any other
 FANOUT_MARGIN_S = 30  # rsync is stopped at its own deadline: its message, not the fan-out's, says why
 
 
@@ -31,14 +37,34 @@ def code_files(inventory: Inventory, root: Path) -> bytes:
 
 
 def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer,
-              files: bytes | None = None) -> dict[str, SyncResult]:
-    """Sync to every host; raises one MeshrunError naming each host that failed."""
+              files: bytes | None = None, later: SessionsLater | None = None) -> dict[str, SyncResult]:
+    """Sync to every host; raises one MeshrunError naming each host that failed. With `later`
+    (`fab train`), a host last synced this very code is asked first, over its session once open,
+    and synced only if what it holds differs (deploy/run/codehint.py); the others at once."""
     files = code_files(inventory, root) if files is None else files
     sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
+    names = [n for n in files.split(b"\0") if n]
+    local, project = codestat.digest(os.fsencode(root), names), os.path.realpath(root)
+    hints, started = (load_hints(hint_file()) if later is not None else {}), time.monotonic()
+
+    def one(host: Host, bars: HostProgress) -> SyncResult:
+        key = hint_key(project, host)
+        if later is not None and may_hold(hints, key, local) and _holds(host, later, files, local):
+            bars.update(host.name, 100)
+            return SyncResult(host.name, False, len(names), unchanged=True)
+        left = SYNC_TIMEOUT_S - (time.monotonic() - started)  # the ask's time is the sync's
+        return sync_host(host, root, inventory.known_hosts, files, bars.update, left)
+
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
-        results = on_each(hosts, lambda h: sync_host(h, root, inventory.known_hosts, files, bars.update,
-                                                     SYNC_TIMEOUT_S), timeout=SYNC_TIMEOUT_S + FANOUT_MARGIN_S)
+        results = on_each(hosts, lambda h: one(h, bars), timeout=SYNC_TIMEOUT_S + FANOUT_MARGIN_S)
+    done = results.ok
+    save_hints(hint_file(), {hint_key(project, h): local for h in hosts if h.name in done and not done[h.name].skipped})
     return results.require_all()
+
+
+def _holds(host: Host, later: SessionsLater, files: bytes, digest: str) -> bool:
+    session = later.get(host.name, SESSION_WAIT_S)
+    return session is not None and host_holds(session, python_of(host, sys.executable), files, digest)
 
 
 def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec: DataSpec) -> dict[str, DataResult]:

@@ -16,7 +16,7 @@ from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, parse_manifest
 from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
-from meshrun.deploy.edges.sessions import sessions_to, reachable_results, training_interfaces
+from meshrun.deploy.edges.sessions import SessionsLater, sessions_to, reachable_results, training_interfaces
 from meshrun.deploy.commands.sync import code_files, sync_code
 from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
@@ -181,20 +181,17 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     urls = notify.receivers(request.notify, inventory.notify)  # checked before any host is contacted
-    elastic = parse_nnodes(request.nnodes, inventory, len(hosts))
-    if elastic is not None and (risk := split_brain_risk(elastic, len(hosts))):
-        renderer.warn(risk)
-    run_id = request.resume or new_run_id()
-    rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
-    options = LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
-                            rdzv_id=rdzv_id, idle=request.idle if request.detach else None,
-                            usage_every_s=None if request.detach else request.idle.sample_s)
+    options = _launch_options(request, inventory, len(hosts), renderer)
+    run_id = options.run_id
     files = code_files(inventory, project.root)
     # The code sync needs no session (rsync brings its own ssh): it runs while they open and the
-    # pre-flight checks, and is waited for before anything uses the code (_prepare_hosts).
-    syncing = None if request.no_sync else Beside(sync_code, hosts, inventory, project.root, renderer, files)
+    # pre-flight checks, and is waited for before anything uses the code (_prepare_hosts). A host
+    # it last synced this very code is asked first, over its session once open (deploy/run/codehint.py).
+    later = SessionsLater()
+    syncing = None if request.no_sync else Beside(sync_code, hosts, inventory, project.root, renderer, files, later)
     try:
         with sessions_to(hosts, inventory, project.root) as sessions:
+            later.put(sessions)
             if not request.skip_checks:
                 preflight(selection, sessions, renderer)
             interfaces = training_interfaces(hosts, head, sessions)  # also while the code syncs
@@ -211,14 +208,29 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
             outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin, sender,
                                              request.idle, request.every_checkpoint)
     except MeshrunError:
+        later.put({})  # a failed connect: the hinted hosts are synced without asking
         if syncing is not None:
             syncing.settle()  # a failed connect or pre-flight leaves the hosts' code whole, not half-synced
         raise
+    finally:
+        later.put({})  # whatever else ends this: the sync never waits for sessions that will not come
     status = _conclude(outcome, summary, project, renderer)
     sender.send(notify.ended(run_id, outcome.ended, summary.status, summary.duration_s, summary.reason,
                              summary.failed_host))
     sender.close(NOTIFY_CLOSE_S)
     return status
+
+
+def _launch_options(request: TrainRequest, inventory: Inventory, count: int, renderer: Renderer) -> LaunchOptions:
+    """The run's id and how it launches, from the request (a resume gets a fresh rendezvous id)."""
+    elastic = parse_nnodes(request.nnodes, inventory, count)
+    if elastic is not None and (risk := split_brain_risk(elastic, count)):
+        renderer.warn(risk)
+    run_id = request.resume or new_run_id()
+    rdzv_id = f"{run_id}-{secrets.token_hex(2)}" if request.resume else None
+    return LaunchOptions(run_id, request.workload, request.pg_timeout_s, elastic, detach=request.detach,
+                         rdzv_id=rdzv_id, idle=request.idle if request.detach else None,
+                         usage_every_s=None if request.detach else request.idle.sample_s)
 
 
 def _detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...], every_checkpoint: bool,
@@ -235,7 +247,10 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
                    renderer: Renderer, syncing: Beside | None) -> LaunchOptions:
     """After the pre-flight: the code sync's end, checkpoints back for a resume, the comm hook choice."""
     if syncing is not None:
-        syncing.result()  # its error, naming each host that failed
+        synced = syncing.result()  # its error, naming each host that failed
+        if unchanged := [r.host for r in synced.values() if r.unchanged]:
+            renderer.info(f"sync: the code on {len(unchanged)} of {len(synced)} host(s) was already this project's "
+                          "(every file's size and mtime, as rsync compares them); nothing sent there")
     if request.resume:
         push_checkpoints(selection, sessions, options.run_id, inventory, project, renderer)
     if not request.comm:

@@ -67,6 +67,28 @@ def sessions_to(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> It
         close_all(sessions)
 
 
+class SessionsLater:
+    """Sessions that a step started before the connect may use once they are open: `fab train`'s
+    code sync starts first and asks a hinted host over its session (deploy/run/codehint.py).
+    `put` is called once they are open, and again (ignored) on every way out, so `get` never
+    waits past the connect: an empty put means "none"."""
+
+    def __init__(self) -> None:
+        self._sessions: Mapping[str, Session] | None = None
+        self._put = threading.Event()
+
+    def put(self, sessions: Mapping[str, Session]) -> None:
+        if not self._put.is_set():
+            self._sessions = sessions
+            self._put.set()
+
+    def get(self, name: str, timeout: float) -> Session | None:
+        """The host's session, when the connect gave one within `timeout` s."""
+        if not self._put.wait(timeout) or self._sessions is None:
+            return None
+        return self._sessions.get(name)
+
+
 def training_interfaces(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Session]) -> dict[str, str]:
     """Per host, the interface that routes to the rendezvous host (for NCCL/GLOO_SOCKET_IFNAME)."""
     if len(hosts) == 1 and hosts[0].is_local:

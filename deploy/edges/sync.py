@@ -37,6 +37,7 @@ class SyncResult:
     skipped: bool  # a local host whose workdir is the project itself
     files: int
     seconds: float = 0.0
+    unchanged: bool = False  # asked first, it held this very code: nothing sent (deploy/run/codehint.py)
 
 
 def project_files(root: Path, private: tuple[Path, ...] = ()) -> bytes:

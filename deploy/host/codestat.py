@@ -1,0 +1,53 @@
+"""Host-side quick check of the synced code; stdlib only, run as `python -I -S -c <this file>`.
+
+Reads the code sync's file list (NUL-separated paths relative to the workdir, the current
+directory) on stdin and prints one sha256: over each listed path's type, permission bits, size and
+modification time in seconds (a symlink by its target alone; a missing file counts as missing). The
+controller computes the same digest over its own project with `digest` from this module, so the
+rule is written once. Equal digests mean rsync's own quick check (size and mtime, `--archive`
+keeping both) would send nothing. `-S` keeps site-packages' `.pth` files from running: a third
+of the interpreter's start on a venv with torch (deploy/commands/sync.py says why it counts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import sys
+
+
+def describe(root: bytes, name: bytes) -> bytes:
+    """One path's record: what rsync's quick check and `--archive` compare, and nothing else (not
+    the owner: a host's user need not be the controller's)."""
+    path = os.path.join(root, name)
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return b"-"
+    if stat.S_ISLNK(info.st_mode):  # rsync compares a link by its target: its time is not always kept
+        try:
+            return b"link " + os.readlink(path)
+        except OSError:
+            return b"-"
+    # Whole seconds, as rsync compares times by default (`--modify-window=0`): a finer time here
+    # would tell a copy from its original forever, since rsync never sends a file to mend it.
+    seconds = info.st_mtime_ns // 1_000_000_000
+    return b"%o %o %d %d" % (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_size, seconds)
+
+
+def digest(root: bytes, names: list[bytes]) -> str:
+    """sha256 over every listed path and its record, in the order given."""
+    summed = hashlib.sha256()
+    for name in names:
+        summed.update(name + b"\0" + describe(root, name) + b"\0")
+    return summed.hexdigest()
+
+
+def main() -> None:
+    names = [n for n in sys.stdin.buffer.read().split(b"\0") if n]
+    print(digest(b".", names))
+
+
+if __name__ == "__main__":
+    main()
