@@ -2,7 +2,7 @@
 (deploy/edges/beside.py): the code sync beside the connect and the pre-flight.
 
 In the first four tests the hosts are stand-ins: `sessions_to`, `preflight` and `sync_code` are
-replaced in the train module, so what is proven is the order of the controller's own steps (the sync starts before the
+replaced in the train module, so what is proven is the order of the controller's own steps (the sync and the route query start before the
 pre-flight ends; a pre-flight that fails waits for the sync to end whole; a sync that fails fails
 the run with its own error, before any launch; the sync gets the sessions once open, and is
 released at once when the connect fails). The time it saves is measured on real shaped links
@@ -42,6 +42,8 @@ class Steps:
         self.sync_ended = threading.Event()
         self.sync_seen_by_preflight = False
         self.session_seen: object = None
+        self.routes_asked, self.routes_ended = threading.Event(), threading.Event()
+        self.routes_seen_by_preflight = False
         self.planned = False
 
     def sync_code(self, *args: object) -> dict:
@@ -57,6 +59,7 @@ class Steps:
     def preflight(self, *_args: object) -> bool:
         self.preflight_started.set()
         self.sync_seen_by_preflight = self.sync_started.wait(WAIT_S)
+        self.routes_seen_by_preflight = self.routes_asked.wait(WAIT_S)
         if self.preflight_fails:
             raise MeshrunError(self.preflight_fails)
         return False
@@ -66,6 +69,10 @@ class Steps:
         yield {"h1": "session of h1"}
 
     def training_interfaces(self, *_args: object) -> dict:
+        self.routes_asked.set()
+        self.preflight_started.wait(WAIT_S)
+        time.sleep(0.3)  # still asking when a failed pre-flight raises
+        self.routes_ended.set()
         return {}
 
     def plan_launch(self, *_args: object) -> None:
@@ -97,6 +104,7 @@ def test_the_sync_runs_beside_the_preflight_and_a_failed_preflight_waits_for_it(
     assert train(project, steps, monkeypatch) == "pre-flight failed: h2: no torch"
     assert steps.sync_seen_by_preflight  # the sync had started before the pre-flight ended
     assert steps.sync_ended.is_set()  # ... and had ended when train gave up: the hosts' code is whole
+    assert steps.routes_seen_by_preflight and steps.routes_ended.is_set()  # the routes, too, beside it
     assert not steps.planned
 
 
@@ -111,6 +119,7 @@ def test_a_passed_preflight_and_sync_go_on_to_the_launch(project, monkeypatch):
     steps = Steps()
     assert train(project, steps, monkeypatch) == "stop here: the launch is not what this test is about"
     assert steps.sync_ended.is_set() and steps.planned
+    assert steps.routes_seen_by_preflight  # each host's route was asked before the pre-flight ended
     assert steps.session_seen == "session of h1"  # the sync may ask a host over the session train opened
 
 

@@ -179,7 +179,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     check_trainer_args(request.workload, request.pg_timeout_s, project.root)  # before any host is contacted
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
-    hosts, head = selection.hosts, selection.head
+    hosts = selection.hosts
     urls = notify.receivers(request.notify, inventory.notify)  # checked before any host is contacted
     options = _launch_options(request, inventory, len(hosts), renderer)
     run_id = options.run_id
@@ -192,9 +192,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     try:
         with sessions_to(hosts, inventory, project.root) as sessions:
             later.put(sessions)
-            if not request.skip_checks:
-                preflight(selection, sessions, renderer)
-            interfaces = training_interfaces(hosts, head, sessions)  # also while the code syncs
+            interfaces = _checked_routes(request.skip_checks, selection, sessions, renderer)  # as the code syncs
             options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer, syncing)
             plan = plan_launch(selection, options, interfaces, sys.executable)
             record = _record(request, inventory, hosts, plan, options, project)
@@ -219,6 +217,21 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
                              summary.failed_host))
     sender.close(NOTIFY_CLOSE_S)
     return status
+
+
+def _checked_routes(skip_checks: bool, selection: Selection, sessions: Mapping[str, Session],
+                    renderer: Renderer) -> dict[str, str]:
+    """The pre-flight and, beside it, each host's route to the rendezvous host (the interfaces the
+    launch names): neither needs the other's answer, and over a far link each is a round of
+    commands (~0.5 s) before the agents can start. A failed pre-flight waits for the routes' end."""
+    routes = Beside(training_interfaces, selection.hosts, selection.head, sessions)
+    try:
+        if not skip_checks:
+            preflight(selection, sessions, renderer)
+    except BaseException:
+        routes.settle()
+        raise
+    return routes.result()
 
 
 def _launch_options(request: TrainRequest, inventory: Inventory, count: int, renderer: Renderer) -> LaunchOptions:
