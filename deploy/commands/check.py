@@ -16,6 +16,7 @@ from meshrun.deploy.check.sites import site_findings
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.edges.wheel import controller_identity
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
+from meshrun.deploy.inventory.model import sites_of
 from meshrun.deploy.project import Project
 
 from meshrun.deploy.check.verdicts import AllReduceResult, ProbeStatus, allreduce_budget, build_report, has_failures
@@ -48,7 +49,7 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     selection = select_hosts(inventory, request.hosts)
     hosts, head = selection.hosts, selection.head
     network = head.network.value
-    sites = {h.name: h.site for h in hosts}
+    sites = sites_of(hosts)
     sessions, unreachable = open_sessions(hosts, inventory, project.root, request.timeout)
     try:
         facts = gather_facts(hosts, head, sessions, unreachable, sys.executable)
@@ -56,7 +57,7 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
                                   BANDWIDTH_S if request.bandwidth else 0.0, sys.executable)
         exposure = probe_exposure(hosts, head, inventory.rendezvous.port, sessions, sys.executable)
         allreduce = AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first")
-        if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0, sites).findings):
+        if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0).findings):
             interfaces = {f.name: f.interface for f in facts if f.interface}
             allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable,
                                       allreduce_budget(facts))
@@ -105,7 +106,7 @@ def _check_before_run(selection: Selection, sessions: Mapping[str, Session], ren
     rdzv, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable)
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
     report = with_findings(build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started,
-                                        {h.name: h.site for h in hosts}),
+                                        sites_of(hosts)),
                            meshrun_findings(facts, str(controller_identity())))
     warnings = tuple(f"pre-flight: {f.where}: {f.message}" for f in report.findings if f.level is Level.WARN)
     for warning in warnings:

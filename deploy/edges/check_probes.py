@@ -25,7 +25,7 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.edges.fanout import HostResults, on_each
-from meshrun.deploy.inventory.model import Host, Inventory, Network
+from meshrun.deploy.inventory.model import Host, Inventory, Network, sites_of
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.check.verdicts import (AllReduceBudget, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult,
                              ProbeStatus, RendezvousFacts, errored_links, link_targets)
@@ -248,7 +248,7 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
     if not able:
         return None, ()
     # every pair up to 32 hosts, else sampled, by site where the inventory declares sites (linkplan.py)
-    plan = link_plan([h.name for h in able], {h.name: h.site for h in able})
+    plan = link_plan([h.name for h in able], sites_of(able))
     lifetime = 60 + bandwidth_s * len(hosts) * 3
     started = on_each(able, lambda h: start_listener(sessions[h.name], h, rdzv_port if h.name == head.name else None,
                                                      lifetime, local_python), timeout=FACTS_TIMEOUT_S)

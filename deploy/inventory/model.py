@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 LOCAL = "local"  # `address: local` means this machine: subprocesses, no SSH
 DEFAULT_RDZV_PORT = 29400
@@ -63,6 +63,11 @@ class Host:
         if self.gpus is not None:
             return len(self.gpus)
         return self.nproc if self.nproc is not None else 1
+
+
+def sites_of(hosts: Iterable[Host]) -> dict[str, str | None]:
+    """Each host's `site:` by name (None: a place of its own), as the link plan and the report read it."""
+    return {h.name: h.site for h in hosts}
 
 
 @dataclass(frozen=True)
