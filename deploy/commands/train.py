@@ -206,12 +206,10 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
             outcome, summary = _run_attached(plan, record, inventory, sessions, project, renderer, origin, sender,
                                              request.idle, request.every_checkpoint)
     except MeshrunError:
-        later.put({})  # a failed connect: the hinted hosts are synced without asking
+        later.put({})  # a failed connect: the hinted hosts are synced without asking (a later put is ignored)
         if syncing is not None:
             syncing.settle()  # a failed connect or pre-flight leaves the hosts' code whole, not half-synced
         raise
-    finally:
-        later.put({})  # whatever else ends this: the sync never waits for sessions that will not come
     status = _conclude(outcome, summary, project, renderer)
     sender.send(notify.ended(run_id, outcome.ended, summary.status, summary.duration_s, summary.reason,
                              summary.failed_host))

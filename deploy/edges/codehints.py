@@ -7,13 +7,13 @@ the user's cache folder, written atomically; a missing or unreadable file means 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from meshrun.fsutil import atomic_write_bytes, read_regular
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.check_probes import PROBE_DIR
+from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.stdinfeed import run_fed
 from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.inputfiles import RECORD_MAX
@@ -23,8 +23,8 @@ CODE_CHECK_TIMEOUT_S = 20.0  # a stat of the listed files; past it the host is s
 
 
 def hint_file() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "meshrun" / "codesync.json"
+    """Beside the pre-flight's record, in the same cache folder."""
+    return cache_file().with_name("codesync.json")
 
 
 def load_hints(path: Path) -> dict[str, str]:

@@ -6,7 +6,7 @@ modification time in seconds (a symlink by its target alone; a missing file coun
 controller computes the same digest over its own project with `digest` from this module, so the
 rule is written once. Equal digests mean rsync's own quick check (size and mtime, `--archive`
 keeping both) would send nothing. `-S` keeps site-packages' `.pth` files from running: a third
-of the interpreter's start on a venv with torch (deploy/commands/sync.py says why it counts).
+of the interpreter's start on a venv with torch (docs/performance.md: why it counts at 32 hosts).
 """
 
 from __future__ import annotations
