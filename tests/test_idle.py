@@ -82,10 +82,14 @@ def test_usage_answers_are_shape_checked() -> None:
 def test_the_usage_probe_counts_the_tagged_processes_cpu() -> None:
     """The host probe on real processes: a busy and a sleeping one carrying the run's tags."""
     env = {**os.environ, "MESHRUN_RUN_ID": "r-usage", "MESHRUN_HOST": "h1"}
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nend=time.time()+30\nwhile time.time()<end: pass"],
-                            env=env)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    started = "print('started', flush=True)\nimport time\n"
+    busy = subprocess.Popen([sys.executable, "-c", started + "end=time.time()+30\nwhile time.time()<end: pass"],
+                            env=env, stdout=subprocess.PIPE)
+    sleeper = subprocess.Popen([sys.executable, "-c", started + "time.sleep(30)"], env=env, stdout=subprocess.PIPE)
     try:
+        # Until a child has exec'd, /proc/PID/environ is still this process's (no tags): on a
+        # loaded machine the first sample once counted 1 of the 2 (CI, 2026-12-03).
+        assert busy.stdout.readline() == sleeper.stdout.readline() == b"started\n"
         first = usage.usage("r-usage", "h1")
         time.sleep(1.0)
         second = usage.usage("r-usage", "h1")
@@ -94,6 +98,7 @@ def test_the_usage_probe_counts_the_tagged_processes_cpu() -> None:
         for proc in (busy, sleeper):
             proc.kill()
             proc.wait()
+            proc.stdout.close()
     assert first["procs"] == second["procs"] == 2 and first["gpu_util"] is None  # no nvidia-smi here
     util = idle.utilisation(idle.read_usage("h1", json.dumps(first)), idle.read_usage("h1", json.dumps(second)))
     assert util is not None and 0 < util  # the busy one: about 1, less on a loaded machine

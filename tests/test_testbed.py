@@ -21,7 +21,9 @@ from tests.testbed import SimCluster
 from tests.testbed.homes import passthrough_dirs
 from tests.testbed.inventory import check_workdir
 from tests.testbed.network import own_netns, own_root_links
-from tests.testbed.proc import alive, read_pidfile
+from tests.testbed import wireguard as testbed_wireguard
+from tests.testbed.layout import WG_PORT
+from tests.testbed.proc import alive, read_pidfile, run
 
 pytestmark = pytest.mark.cluster
 
@@ -208,6 +210,15 @@ def test_wireguard_overlay(testbed_wg: SimCluster, wg_inventory: Path) -> None:
     result = ssh(testbed_wg, 2, "ip", "-4", "-o", "addr", "show", "wg0",
                  known_hosts=known_hosts_of(wg_inventory))
     assert f"{h2.overlay_address}/24" in result.stdout
+    # Another test bed going down meanwhile (the other pytest worker's) leaves these daemons' control
+    # sockets where `wg` finds them: its teardown once removed the shared mount point, which
+    # detached every tmpfs on it (CI, 2026-12-03).
+    testbed_wireguard.down([], testbed_wg.paths, owned=set())
+    for h in testbed_wg.hosts:
+        pid = testbed_wireguard.pid_of(h, testbed_wg.paths)
+        assert pid is not None
+        shown = run(testbed_wireguard.wg_argv(pid, ["wg", "show", "wg0", "listen-port"]), check=False)
+        assert (shown.returncode, shown.stdout.strip()) == (0, str(WG_PORT)), shown.stderr
 
 
 def _iperf_bits_per_second(testbed: SimCluster) -> float:
