@@ -65,3 +65,25 @@ def test_torch_is_imported_only_where_its_files_do_not_tell(tmp_path: Path, vers
 def test_no_torch_is_named_as_before(tmp_path: Path) -> None:
     assert probe(tmp_path, None) == ({"torch": None, "cuda": None, "nccl": None,
                                       "error": "ModuleNotFoundError: No module named 'torch'"}, False)
+
+
+def test_installed_versions_are_importlib_metadatas_for_every_distribution_here() -> None:
+    """Read from the dist-info folders' names (importlib.metadata's import alone costs each host
+    ~25 ms at every launch), they must be what importlib.metadata says, for all of this venv."""
+    from importlib import metadata
+
+    names = tuple(sorted({d.metadata["Name"] for d in metadata.distributions()}))
+    assert len(names) > 20 and "torch" in names
+    assert facts.installed_versions((*names, "no-such-project")) == {n: metadata.version(n) for n in names}
+
+
+def test_an_egg_info_is_read_by_importlib_metadata(tmp_path: Path) -> None:
+    """An egg-info folder's name need not hold the version: importlib.metadata reads its PKG-INFO."""
+    (tmp_path / "Old_Proj.egg-info").mkdir()
+    (tmp_path / "Old_Proj.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: old-proj\nVersion: 1.2\n")
+    (tmp_path / "new_proj-3.4.dist-info").mkdir()  # no METADATA needed: the name says it
+    code = f"{SOURCE}\nprint(json.dumps(installed_versions(('old-proj', 'new.proj', 'none'))))"
+    done = subprocess.run([sys.executable, "-S", "-c", code, "x"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"old-proj": "1.2", "new.proj": "3.4"}

@@ -24,6 +24,13 @@ then ends with one line naming the rendezvous host and `STATE_REFUSED_EXIT`, whi
 not to move the run to the next rendezvous host (deploy/host/agent.py) and the controller not to
 record a succession. Everything else torchrun does is untouched.
 
+Also: torchrun's `--tee` (how each rank's lines reach the agent with their `[host:rank]` prefix)
+reads every rank's log file in a thread of its own that looks for new lines every 0.1 s, two threads
+a rank (stdout, stderr). Idle, that polling costs a host about 2.5 ms of CPU a second (measured: a
+torchrun with a sleeping worker, 0.1 s against 0.5 s), as much as the rest of torchrun's watching;
+with many hosts on one machine (the test bed) or many ranks on one host, it adds up. `slow_tails`
+makes it every `TAIL_EVERY_S`: a line reaches `fab logs` at most that much later.
+
 Standard library and torch only, and self-contained: `fab check-network` ships this file to hosts
 that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG` and
 `STATE_REFUSED_EXIT` are copies of common/layout.py's names (tests/test_rdzv_state.py holds them equal).
@@ -32,6 +39,7 @@ that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG` and
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import pickle
 import sys
@@ -42,6 +50,7 @@ from typing import Any, Callable
 HOST_FLAG = "--meshrun-rdzv-host"  # this module's own option, first on its argv; the rest is torchrun's
 STATE_REFUSED_EXIT = 65  # sysexits' EX_DATAERR: the store held a state nobody of this run wrote
 REFUSAL_LINGER_S = 5.0  # members read the state every second or two (torch's cache, keep-alives every 2 s)
+TAIL_EVERY_S = 0.5  # torch's --tee reads the ranks' log files every 0.1 s; a human reading logs needs no less
 MAX_STATE_BYTES = 1 << 20  # a node takes about 200 bytes of state: thousands of nodes fit
 MAX_ADDR_CHARS = 1024
 MAX_NUMBER = 1 << 63
@@ -160,6 +169,30 @@ def install(rendezvous: Any) -> StateCodec:
     return codec
 
 
+def slow_tails(api: Any) -> bool:
+    """torchrun's `--tee` tails (`TailLog`, built by torch's multiprocessing `api` module with the
+    default interval) look for new lines every `TAIL_EVERY_S`. A torch whose TailLog has no
+    `interval_sec` is left as it is (False)."""
+    shipped = api.TailLog
+    if getattr(shipped, "meshrun_tail", False):
+        return True
+    names = list(inspect.signature(shipped.__init__).parameters)[1:]  # after self
+    if "interval_sec" not in names:
+        return False
+    position = names.index("interval_sec")
+
+    class Tail(shipped):  # type: ignore[misc, valid-type]
+        meshrun_tail = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if len(args) <= position:  # torch's own call gives no interval: ours
+                kwargs.setdefault("interval_sec", TAIL_EVERY_S)
+            super().__init__(*args, **kwargs)
+
+    api.TailLog = Tail
+    return True
+
+
 def refusal(exc: BaseException | None) -> StateRefused | None:
     """The StateRefused behind what torchrun raised (torch wraps it in RendezvousStateError)."""
     seen: set[int] = set()
@@ -186,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == [HOST_FLAG] and len(args) > 1:
         head, args = f"host {args[1]!r}", args[2:]
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    slow_tails(api)
 
     try:
         install(dynamic_rendezvous)
