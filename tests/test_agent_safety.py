@@ -104,10 +104,32 @@ def test_torchrun_and_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         while tagged(run_id) and time.monotonic() < deadline:
             time.sleep(0.25)
-        assert not tagged(run_id), f"left behind by the killed agent: {tagged(run_id)}"
+        left = tagged(run_id)
+        assert not left, f"left behind by the killed agent: {left}\n{process_states(left)}"
     finally:
         for pid in tagged(run_id):
             os.kill(pid, signal.SIGKILL)
+
+
+def process_states(pids: list[int]) -> str:
+    """What a process left behind is doing, for the failure message: its command, parent, signal
+    masks (a SIGTERM pending but blocked, or no handler) and where each of its threads waits."""
+    lines = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+            status = {k: v.strip() for k, v in (line.split(":", 1) for line in
+                                                 Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)}
+            lines.append(f"{pid}: {command}; " + ", ".join(f"{k} {status.get(k)}" for k in
+                                                           ("State", "PPid", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+            for task in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                state = stat[stat.rindex(")") + 2]
+                lines.append(f"  thread {task} {name}: {state} in {Path(f'/proc/{pid}/task/{task}/wchan').read_text()}")
+        except OSError as err:
+            lines.append(f"{pid}: {err}")
+    return "\n".join(lines)
 
 
 def test_signal_handlers_are_in_place_before_torchrun_is_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
