@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.host.procs import alive, start_time, terminate_run
+from tests.testbed.proc import argv_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,7 +118,7 @@ def process_states(pids: list[int]) -> str:
     lines = []
     for pid in pids:
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+            command = " ".join(argv_of(pid))[:300]
             status = {k: v.strip() for k, v in (line.split(":", 1) for line in
                                                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)}
             lines.append(f"{pid}: {command}; " + ", ".join(f"{k} {status.get(k)}" for k in
