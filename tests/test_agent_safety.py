@@ -91,7 +91,7 @@ def test_torchrun_and_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
     marker = tmp_path / "worker.pid"
     run_id = "pdeathsig-" + os.urandom(3).hex()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                str(script), str(marker)]
+                "--log-dir", str(tmp_path / "torchrun-logs"), str(script), str(marker)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     agent = subprocess.Popen([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host", "local",
                               "--heartbeat-timeout", "0", "--quiet", "--", *torchrun],

@@ -26,9 +26,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def torchrun_logs(folder: Path) -> list[str]:
+    """torchrun's per-attempt folders under the test's own temporary folder: without `--log-dir`
+    torchrun makes a `torchelastic_*` folder in /tmp that nothing removes (hundreds per suite run)."""
+    return [f"--log-dir={folder / 'torchrun-logs'}"]
+
+
 def train_argv(run_dir: Path, overrides: tuple[str, ...], nproc: int, config: Path | None) -> list[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={nproc}", "-m", "meshrun.train"] if nproc else \
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                *torchrun_logs(run_dir.parent), "-m", "meshrun.train"] if nproc else \
         [sys.executable, "-m", "meshrun.train"]
     cfg = ["--config", str(config)] if config else []
     return [*launcher, *cfg, "--run-dir", str(run_dir), *overrides]
@@ -56,7 +62,7 @@ def train_hosts(base: Path, hosts: tuple[tuple[str, int], ...], *overrides: str,
             home = base / host
             home.mkdir(parents=True, exist_ok=True)
             argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
-                    f"--node-rank={node}", f"--nproc-per-node={nproc}",
+                    f"--node-rank={node}", f"--nproc-per-node={nproc}", *torchrun_logs(home),
                     "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "meshrun.train",
                     "--run-dir", str(home / "run"), *overrides]
             # Files, not pipes: a full pipe would stall one host, and with it the collectives.
