@@ -48,18 +48,23 @@ EXIT_RECORD = "exit.json"
 # lost, rendezvous moved, workers restarted, ended); an attached controller in the run directory.
 EVENTS = "events.jsonl"
 TORCHRUN_LOGS = "torchrun"
+EXIT_BARRIER_MARK = "exit-barrier"  # created by torchrun when its workers succeeded (TORCHRUN_EXIT_MARK_ENV)
 
 AGENT_MODULE = "meshrun.deploy.host.agent"
 SCRIPT_RUNNER_MODULE = "meshrun.deploy.host.runscript"  # runs a user's --script, then leaves with os._exit
 # torchrun as meshrun starts it: the rendezvous state read as data (deploy/host/torchrun.py, which keeps its own
-# copies of the two names below: the check ships it to hosts without meshrun; tests/test_rdzv_state.py holds them equal).
+# copies of the three names below: the check ships it to hosts without meshrun; tests/test_rdzv_state.py holds them equal).
 TORCHRUN_MODULE = "meshrun.deploy.host.torchrun"
 TORCHRUN_RDZV_HOST_FLAG = "--meshrun-rdzv-host"  # its own first option: the rendezvous host's inventory name
 STATE_REFUSED_EXIT = 65  # its exit status when the store held a rendezvous state no torchrun of the run wrote
+TORCHRUN_EXIT_MARK_ENV = "MESHRUN_EXIT_BARRIER_MARK"  # the file it creates when its workers succeeded (its exit barrier)
 
 # The controller's lines to an agent's stdin: any line is a heartbeat; this one also asks the agent
 # to restart its worker group (a peer was cut off, see deploy/edges/launcher.py).
 AGENT_RESTART_LINE = b"restart\n"
+# This one tells it a peer ended without finishing (lost or left): a torchrun of its host waiting
+# for that peer in torch's exit barrier is ended at once (deploy/host/exitbarrier.py), not in 300 s.
+AGENT_PEER_GONE_LINE = b"peer-gone\n"
 # An attached run's agent to the controller: its host's usage for the idle rule, one JSON object
 # after this prefix, on the stream that carries the run's output (deploy/host/idle.py UsageFeed);
 # the controller takes these lines out of the log (deploy/edges/launcher.py).

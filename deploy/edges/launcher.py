@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from meshrun.layout import AGENT_RESTART_LINE, AGENT_USAGE_PREFIX, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
+from meshrun.layout import AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_USAGE_PREFIX, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each, start_each
 from meshrun.deploy.edges.records import append_event
@@ -313,13 +313,15 @@ class JobRunner:
             self.head = new
             self._record(Change.SUCCESSION, new, f"rendezvous moved from {lost.name} to {new}")
 
-    def _restart_survivors(self, cut: str) -> None:
-        """A cut host sends no reset: the survivors' workers would wait in a collective for the
-        whole process-group timeout. Their agents restart them now, and torchrun re-rendezvouses
-        without the cut host. (A killed host needs none of this: its reset fails them at once.)"""
+    def _tell_survivors(self, gone: str, line: bytes) -> None:
+        """`restart`: a cut host sends no reset, so the survivors' workers would wait in a collective
+        for the whole process-group timeout; their agents restart them now, and torchrun
+        re-rendezvouses without the cut host (a killed host needs none of this: its reset fails
+        them at once). `peer-gone`, for every host that ended without finishing: an agent whose
+        torchrun waits for it in torch's exit barrier ends that wait (deploy/host/exitbarrier.py)."""
         for live in list(self.hosts):
-            if live.name != cut and live.stream is not None and not live.done.is_set():
-                live.stream.send(AGENT_RESTART_LINE)
+            if live.name != gone and live.stream is not None and not live.done.is_set():
+                live.stream.send(line)
 
     def _wait(self) -> Verdict:
         """Until the job is finished or has failed; records each host's end as it happens."""
@@ -333,6 +335,8 @@ class JobRunner:
                     live.recorded = True
                     change = Change.LEFT if live.leaving else Change.FINISHED if live.rc == 0 else Change.LOST
                     self._record(change, live.name, None if live.rc == 0 else _end_detail(live.rc))
+                    if change is not Change.FINISHED:
+                        self._tell_survivors(live.name, AGENT_PEER_GONE_LINE)
                     # A refused rendezvous state fails the run: the agents do not move it on (deploy/host/agent.py).
                     if change is not Change.FINISHED and live.name == self.head and live.rc != STATE_REFUSED_EXIT:
                         self._succeed(live, hosts)
@@ -343,7 +347,7 @@ class JobRunner:
                 if live.cut and not live.restarted_peers:
                     live.restarted_peers = True
                     if not live.was_head:  # the agents themselves move off a lost rendezvous host
-                        self._restart_survivors(live.name)
+                        self._tell_survivors(live.name, AGENT_RESTART_LINE)
             time.sleep(0.2)
 
     def stop_all(self) -> dict[str, object]:

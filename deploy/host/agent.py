@@ -26,9 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-from meshrun.layout import (AGENT_MODULE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EVENTS, EXIT_RECORD,
-                           PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT, TRAIN_LOG, host_dir, run_dir)
+from meshrun.layout import (AGENT_MODULE, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
+                           EVENTS, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT,
+                           TORCHRUN_EXIT_MARK_ENV, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.agentargs import parse
+from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
@@ -70,6 +72,7 @@ class Supervisor:
         self.idle: HostIdle | None = None
         self.usage: UsageFeed | None = None
         self.next_checkpoint_look = 0.0
+        self.barrier = ExitBarrier(self.dir / EXIT_BARRIER_MARK, self.workers)
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +86,7 @@ class Supervisor:
                                     self.args.host, lambda line: self.emit(f"meshrun-agent: {line}\n".encode()))
         env.update(self.args.secret_env)  # the inventory's `env`, read from stdin, never argv
         # Our own tags are set last: the sweep in `stop` relies on them.
-        env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host})
+        env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host, TORCHRUN_EXIT_MARK_ENV: str(self.barrier.mark)})
         self.log = open(self.dir / TRAIN_LOG, "ab")
         # Before any child exists: a signal between Popen and here would kill us and orphan it.
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -123,6 +126,7 @@ class Supervisor:
         """torchrun for one rendezvous, watched until it ends, we must stop, or its host is lost."""
         self.head_lost = False
         self.head = generation.head
+        self.barrier.new_torchrun()
         try:
             child = subprocess.Popen(generation.torchrun, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True,
@@ -165,6 +169,7 @@ class Supervisor:
                 self.emit(f"meshrun-agent: peer(s) {', '.join(lost_peers)} stopped answering\n".encode())
                 self.notices.lost(lost_peers, self.head)
                 self.journal("peers_lost", f"peer(s) {', '.join(lost_peers)} stopped answering")
+                self.barrier.peer_gone()
                 self.restart_workers()
             back_peers = self.peers.take_back() if self.peers is not None else []
             if back_peers:  # its link is back; its agent, if it still runs, rejoins at the next rendezvous
@@ -187,6 +192,8 @@ class Supervisor:
                 terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start)
                 child.wait()
                 return 1
+            if self.barrier.release():
+                return self.leave_exit_barrier(child)
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
         terminate_run(self.args.run_id, self.args.host, child.pid, 2, self.torchrun_start)
@@ -215,6 +222,17 @@ class Supervisor:
             time.sleep(POLL_S)
         return True
 
+    def leave_exit_barrier(self, child: subprocess.Popen) -> int:
+        """This host's workers succeeded and a peer torchrun waits for is gone: end the wait (see
+        deploy/host/exitbarrier.py). The status is the workers' success."""
+        text = "this host's workers had finished; a peer it waited for is gone: not waiting for it"
+        self.emit(f"meshrun-agent: {text} (torch's exit barrier)\n".encode())
+        self.journal("exit_barrier_left", text)
+        # No grace: a torchrun in its exit barrier sits in the store's wait and does not see a TERM.
+        terminate_run(self.args.run_id, self.args.host, child.pid, 0.0, self.torchrun_start)
+        child.wait()
+        return 0
+
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
@@ -226,6 +244,8 @@ class Supervisor:
         stdin = sys.stdin.buffer
         while line := stdin.readline():
             self.last_beat = time.monotonic()
+            if line in (AGENT_RESTART_LINE, AGENT_PEER_GONE_LINE):
+                self.barrier.peer_gone()  # before the restart: the group it names is the current one
             if line == AGENT_RESTART_LINE:
                 self.restart_workers()
         self.request_stop("the controller's connection closed")

@@ -31,9 +31,16 @@ torchrun with a sleeping worker, 0.1 s against 0.5 s), as much as the rest of to
 with many hosts on one machine (the test bed) or many ranks on one host, it adds up. `slow_tails`
 makes it every `TAIL_EVERY_S`: a line reaches `fab logs` at most that much later.
 
+Also: when this host's workers have succeeded, torchrun waits in its exit barrier until every
+other host's have ended, for up to 300 s (torch's default, not an option of torchrun). A host lost
+in that time (killed at the very end of a run) keeps the survivors there for the whole 300 s.
+`mark_exit_barrier` creates the file named by `EXIT_MARK_ENV` as the barrier starts, so the agent
+knows its torchrun waits there and ends it when the controller reports a peer gone
+(deploy/host/exitbarrier.py). Workers do not inherit the variable.
+
 Standard library and torch only, and self-contained: `fab check-network` ships this file to hosts
-that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG` and
-`STATE_REFUSED_EXIT` are copies of common/layout.py's names (tests/test_rdzv_state.py holds them equal).
+that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG`,
+`STATE_REFUSED_EXIT` and `EXIT_MARK_ENV` are copies of common/layout.py's names (tests/test_rdzv_state.py holds them equal).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import pickle
 import sys
 import time
@@ -49,6 +57,7 @@ from typing import Any, Callable
 
 HOST_FLAG = "--meshrun-rdzv-host"  # this module's own option, first on its argv; the rest is torchrun's
 STATE_REFUSED_EXIT = 65  # sysexits' EX_DATAERR: the store held a state nobody of this run wrote
+EXIT_MARK_ENV = "MESHRUN_EXIT_BARRIER_MARK"  # the file to create when this host's workers succeeded
 REFUSAL_LINGER_S = 5.0  # members read the state every second or two (torch's cache, keep-alives every 2 s)
 TAIL_EVERY_S = 0.5  # torch's --tee reads the ranks' log files every 0.1 s; a human reading logs needs no less
 MAX_STATE_BYTES = 1 << 20  # a node takes about 200 bytes of state: thousands of nodes fit
@@ -193,6 +202,30 @@ def slow_tails(api: Any) -> bool:
     return True
 
 
+def mark_exit_barrier(server_api: Any, path: str) -> bool:
+    """Create `path` when torch's elastic agent enters its exit barrier (its workers succeeded; it
+    waits for the other hosts). A torch without `SimpleElasticAgent._exit_barrier` is left as it is
+    (False): its hosts wait out the barrier as before."""
+    agent_class = getattr(server_api, "SimpleElasticAgent", None)
+    shipped = getattr(agent_class, "_exit_barrier", None)
+    if shipped is None:
+        return False
+    if getattr(shipped, "meshrun_mark", False):
+        return True
+
+    def exit_barrier(self: Any) -> Any:
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError:
+            pass  # no mark: this host waits out the barrier, as torch does
+        return shipped(self)
+
+    exit_barrier.meshrun_mark = True  # type: ignore[attr-defined]
+    agent_class._exit_barrier = exit_barrier  # type: ignore[union-attr]
+    return True
+
+
 def refusal(exc: BaseException | None) -> StateRefused | None:
     """The StateRefused behind what torchrun raised (torch wraps it in RendezvousStateError)."""
     seen: set[int] = set()
@@ -220,9 +253,13 @@ def main(argv: list[str] | None = None) -> int:
         head, args = f"host {args[1]!r}", args[2:]
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.agent.server import api as server_api
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     slow_tails(api)
+    mark = os.environ.pop(EXIT_MARK_ENV, "")  # popped: the workers inherit torchrun's environment
+    if mark:
+        mark_exit_barrier(server_api, mark)
 
     try:
         install(dynamic_rendezvous)
