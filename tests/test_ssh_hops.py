@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshrun.deploy.edges.transport import connect
+from meshrun.deploy.edges.transport import TRANSPORT_POLL_S, connect
 from meshrun.deploy.inventory.load import load_inventory
 from tests.fabrun import ROOT, fab
 from tests.testbed import SimCluster
@@ -153,10 +153,13 @@ def test_proxyjump_through_h1_to_h2_works_when_both_are_pinned_for_commands_and_
     inv = load_inventory(inventory)
     session = connect(inv.host("h2"), inv.known_hosts, ROOT)
     try:
+        # Both hops' paramiko threads wake once a second when idle (h1's TCP socket, h2's channel through h1).
+        polls = [conn.client.get_transport().sock.gettimeout() for conn in session.chain]
         result = session.run(["sh", "-c", "echo $SSH_CONNECTION; hostname"], create_workdir=True)
     finally:
         session.close()
     assert result.ok and result.stdout.split()[0] == "10.77.0.11" and result.stdout.split()[-1] == "h2"
+    assert polls == [TRANSPORT_POLL_S, TRANSPORT_POLL_S]
 
     before = len(accepted_from(testbed, 2))
     testbed.exec(2, ["rm", "-rf", "/root/meshrun-jump"])
