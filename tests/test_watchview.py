@@ -176,14 +176,16 @@ def test_the_host_side_measures_for_real(tmp_path, monkeypatch) -> None:
 
 def test_every_event_a_detached_agent_journals_is_shown() -> None:
     """The agent's journal names (deploy/host/agent.py) each have words in the view; `peers_back`
-    (a lost peer answering again) and `idle` (a detached run's idle rule, issue 23) were added."""
+    (a lost peer answering again), `idle` (a detached run's idle rule, issue 23) and
+    `exit_barrier_left` (deploy/host/exitbarrier.py) were added."""
     said = [agent_event("h1", {"time": 1.0, "event": name, "text": "t"}) for name in
             ("started", "rejoined", "peers_lost", "peers_back", "idle", "rendezvous_moved", "workers_restarted",
-             "ended")]
+             "exit_barrier_left", "ended")]
     assert [e.text if e else None for e in said] == [
         "h1 started: t", "h1 rejoined: t", "h1 saw peers lost: t", "h1 saw peers back: t", "h1 idle: t", "h1 succession: t",
-        "h1 restarted its workers: t", "h1 ended: t"]
+        "h1 restarted its workers: t", "h1 stopped waiting for a gone peer: t", "h1 ended: t"]
     agent = (Path(__file__).resolve().parents[1] / "deploy" / "host" / "agent.py").read_text()
     names = {n for call in re.findall(r"self\.journal\((.*?), ", agent) for n in re.findall(r'"(\w+)"', call)}
     assert sorted(names) == sorted(
-        ["started", "rejoined", "peers_lost", "peers_back", "idle", "rendezvous_moved", "workers_restarted", "ended"])
+        ["started", "rejoined", "peers_lost", "peers_back", "idle", "rendezvous_moved", "workers_restarted",
+         "exit_barrier_left", "ended"])

@@ -18,7 +18,9 @@ GPU_LIMIT = 64
 EVENTS_LIMIT = 20  # lines read from one answer or file
 TEXT_CLIP = 120
 AGENT_EVENTS = {"started": "started", "rejoined": "rejoined", "peers_lost": "saw peers lost",
-                "peers_back": "saw peers back", "idle": "idle", "rendezvous_moved": "succession", "workers_restarted": "restarted its workers", "ended": "ended"}
+                "peers_back": "saw peers back", "idle": "idle", "rendezvous_moved": "succession",
+                "workers_restarted": "restarted its workers", "exit_barrier_left": "stopped waiting for a gone peer",
+                "ended": "ended"}
 CONTROLLER_EVENTS = {"started": "started", "joined": "joined", "left": "left", "lost": "lost",
                      "succession": "now hosts the rendezvous (succession)", "finished": "finished"}
 
