@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.host.procs import alive, start_time, terminate_run
+from meshrun.layout import TORCHRUN_MODULE
 from tests.testbed.proc import argv_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,13 +85,13 @@ def test_a_group_whose_leader_is_a_strangers_zombie_is_not_signalled(tmp_path: P
 
 @pytest.mark.slow
 def test_torchrun_and_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
-    """SIGKILL of the agent (no chance to clean up): torchrun gets SIGTERM from the kernel
-    (PR_SET_PDEATHSIG) and takes its worker with it."""
+    """SIGKILL of the agent (no chance to clean up): torchrun (meshrun's, as every run starts it)
+    gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and takes its worker with it."""
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     marker = tmp_path / "worker.pid"
     run_id = "pdeathsig-" + os.urandom(3).hex()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+    torchrun = [sys.executable, "-m", TORCHRUN_MODULE, "--standalone", "--nproc-per-node", "1",
                 "--log-dir", str(tmp_path / "torchrun-logs"), str(script), str(marker)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     agent = subprocess.Popen([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host", "local",
@@ -110,6 +111,37 @@ def test_torchrun_and_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
     finally:
         for pid in tagged(run_id):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_torchrun_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL of torchrun itself (by hand, the OOM killer): torch's own torchrun leaves its worker
+    running (a session of its own, nobody to stop it); meshrun's takes it along (the worker's
+    parent-death signal, deploy/host/torchrun.py)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    left = {}
+    for name, module in (("torch", "torch.distributed.run"), ("meshrun", TORCHRUN_MODULE)):
+        marker = tmp_path / f"{name}.pid"
+        run_id = "lifeline-" + os.urandom(3).hex()
+        torchrun = subprocess.Popen(
+            [sys.executable, "-m", module, "--standalone", "--nproc-per-node", "1", "--log-dir",
+             str(tmp_path / f"logs-{name}"), str(script), str(marker)],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO), "MESHRUN_RUN_ID": run_id},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            worker = wait_for_file(marker, 120)
+            assert alive(worker) and torchrun.poll() is None
+            torchrun.kill()
+            torchrun.wait()
+            deadline = time.monotonic() + (3 if name == "torch" else 30)
+            while alive(worker) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            left[name] = alive(worker)
+        finally:
+            for pid in tagged(run_id):
+                os.kill(pid, signal.SIGKILL)
+    assert left == {"torch": True, "meshrun": False}
 
 
 def process_states(pids: list[int]) -> str:

@@ -38,6 +38,12 @@ in that time (killed at the very end of a run) keeps the survivors there for the
 knows its torchrun waits there and ends it when the controller reports a peer gone
 (deploy/host/exitbarrier.py). Workers do not inherit the variable.
 
+Also: torch starts each worker in a session of its own, so a torchrun killed outright (SIGKILL by
+hand, the OOM killer) leaves its workers running, holding their GPUs, with nobody to stop them.
+`workers_die_with_torchrun` gives each worker a parent-death signal (SIGKILL) before it execs: a
+torchrun gone however it went takes its workers with it. A torchrun that ends normally has
+stopped them already.
+
 Standard library and torch only, and self-contained: `fab check-network` ships this file to hosts
 that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG`,
 `STATE_REFUSED_EXIT` and `EXIT_MARK_ENV` are copies of common/layout.py's names (tests/test_rdzv_state.py holds them equal).
@@ -45,11 +51,13 @@ that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG`,
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import inspect
 import json
 import os
 import pickle
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -60,6 +68,7 @@ STATE_REFUSED_EXIT = 65  # sysexits' EX_DATAERR: the store held a state nobody o
 EXIT_MARK_ENV = "MESHRUN_EXIT_BARRIER_MARK"  # the file to create when this host's workers succeeded
 REFUSAL_LINGER_S = 5.0  # members read the state every second or two (torch's cache, keep-alives every 2 s)
 TAIL_EVERY_S = 0.5  # torch's --tee reads the ranks' log files every 0.1 s; a human reading logs needs no less
+PR_SET_PDEATHSIG = 1  # prctl(2)
 MAX_STATE_BYTES = 1 << 20  # a node takes about 200 bytes of state: thousands of nodes fit
 MAX_ADDR_CHARS = 1024
 MAX_NUMBER = 1 << 63
@@ -226,6 +235,34 @@ def mark_exit_barrier(server_api: Any, path: str) -> bool:
     return True
 
 
+def workers_die_with_torchrun(handler_module: Any) -> bool:
+    """Every worker that torch's `SubprocessHandler` starts (through its module's `Popen`) gets
+    SIGKILL from the kernel when this torchrun dies. The signal follows the thread that forked the
+    worker: torch starts workers on its main thread, which lives as long as torchrun. False: a
+    torch that starts its workers some other way, left as it is."""
+    shipped = getattr(handler_module, "Popen", None)
+    if shipped is None:
+        return False
+    if getattr(shipped, "meshrun_lifeline", False):
+        return True
+    torchrun = os.getpid()
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: a threaded parent's child imports nothing before exec
+
+    def in_child() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != torchrun:  # torchrun died before the prctl took effect
+            os._exit(1)
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("preexec_fn") is None:
+            kwargs["preexec_fn"] = in_child
+        return shipped(*args, **kwargs)
+
+    popen.meshrun_lifeline = True  # type: ignore[attr-defined]
+    handler_module.Popen = popen
+    return True
+
+
 def refusal(exc: BaseException | None) -> StateRefused | None:
     """The StateRefused behind what torchrun raised (torch wraps it in RendezvousStateError)."""
     seen: set[int] = set()
@@ -254,9 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.agent.server import api as server_api
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     slow_tails(api)
+    workers_die_with_torchrun(subprocess_handler)
     mark = os.environ.pop(EXIT_MARK_ENV, "")  # popped: the workers inherit torchrun's environment
     if mark:
         mark_exit_barrier(server_api, mark)
