@@ -144,6 +144,47 @@ def test_workers_die_with_a_torchrun_killed_outright(tmp_path: Path) -> None:
     assert left == {"torch": True, "meshrun": False}
 
 
+# A torchrun whose shutdown never ends (it ignores TERM), with meshrun's orphan watch; its parent
+# prints the pid and then sleeps until the test kills it.
+HUNG_TORCHRUN = """import os, signal, sys, time
+from meshrun.deploy.host.torchrun import end_when_orphaned
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+end_when_orphaned(grace_s=float(sys.argv[2]), every_s=0.1)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+PARENT = """import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_torchrun_whose_shutdown_hangs_ends_once_its_parent_is_gone(tmp_path: Path) -> None:
+    """The agent killed: should torch's shutdown hang, meshrun's torchrun ends itself the grace
+    after its parent is gone, and not while the parent lives (deploy/host/torchrun.py)."""
+    ready = tmp_path / "ready"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, HUNG_TORCHRUN, str(ready), "2"],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert wait_for_file(ready, 60) == child
+        time.sleep(3)
+        assert alive(child), "ended while its parent lives"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(child), "still running 30 s after its parent died"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+
+
 def process_states(pids: list[int]) -> str:
     """What a process left behind is doing, for the failure message: its command, parent, signal
     masks (a SIGTERM pending but blocked, or no handler) and where each of its threads waits."""

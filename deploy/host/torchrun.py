@@ -42,7 +42,9 @@ Also: torch starts each worker in a session of its own, so a torchrun killed out
 hand, the OOM killer) leaves its workers running, holding their GPUs, with nobody to stop them.
 `workers_die_with_torchrun` gives each worker a parent-death signal (SIGKILL) before it execs: a
 torchrun gone however it went takes its workers with it. A torchrun that ends normally has
-stopped them already.
+stopped them already. And should torch's own shutdown hang once the process that started it is
+gone (the agent killed: the kernel's TERM, the agent's parent-death signal, starts that shutdown),
+`end_when_orphaned` ends torchrun `ORPHAN_GRACE_S` later, its workers with it.
 
 Standard library and torch only, and self-contained: `fab check-network` ships this file to hosts
 that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG`,
@@ -59,6 +61,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -69,6 +72,7 @@ EXIT_MARK_ENV = "MESHRUN_EXIT_BARRIER_MARK"  # the file to create when this host
 REFUSAL_LINGER_S = 5.0  # members read the state every second or two (torch's cache, keep-alives every 2 s)
 TAIL_EVERY_S = 0.5  # torch's --tee reads the ranks' log files every 0.1 s; a human reading logs needs no less
 PR_SET_PDEATHSIG = 1  # prctl(2)
+ORPHAN_GRACE_S = 45.0  # torch's shutdown after a TERM waits up to 30 s for the workers, then kills them
 MAX_STATE_BYTES = 1 << 20  # a node takes about 200 bytes of state: thousands of nodes fit
 MAX_ADDR_CHARS = 1024
 MAX_NUMBER = 1 << 63
@@ -263,6 +267,22 @@ def workers_die_with_torchrun(handler_module: Any) -> bool:
     return True
 
 
+def end_when_orphaned(grace_s: float = ORPHAN_GRACE_S, every_s: float = 1.0) -> threading.Thread:
+    """A daemon thread: once the process that started this one is gone, wait `grace_s` for torch's
+    own shutdown, then SIGKILL this process (it cannot be caught: a hung shutdown ends too)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="meshrun-orphan-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def refusal(exc: BaseException | None) -> StateRefused | None:
     """The StateRefused behind what torchrun raised (torch wraps it in RendezvousStateError)."""
     seen: set[int] = set()
@@ -285,6 +305,7 @@ def _endpoint(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    end_when_orphaned()
     head = "this host"
     if args[:1] == [HOST_FLAG] and len(args) > 1:
         head, args = f"host {args[1]!r}", args[2:]
