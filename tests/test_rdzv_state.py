@@ -177,7 +177,8 @@ def test_the_entry_point_refuses_in_one_line_naming_the_rendezvous_host(store: T
 
 def test_the_entry_points_names_are_the_layouts() -> None:
     """The check ships deploy/host/torchrun.py to hosts that may have no meshrun, so it keeps its own copies."""
-    assert (entry.HOST_FLAG, entry.STATE_REFUSED_EXIT) == (layout.TORCHRUN_RDZV_HOST_FLAG, layout.STATE_REFUSED_EXIT)
+    assert (entry.HOST_FLAG, entry.STATE_REFUSED_EXIT, entry.EXIT_MARK_ENV) == (
+        layout.TORCHRUN_RDZV_HOST_FLAG, layout.STATE_REFUSED_EXIT, layout.TORCHRUN_EXIT_MARK_ENV)
 
 
 def test_torch_unpickles_store_contents_only_where_the_codec_stands_in() -> None:
