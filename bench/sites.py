@@ -28,8 +28,11 @@ step computes ~100 ms on 2 shared cores, target test accuracy 0.96).
 Ends with the line `P9 best: METHOD RATIO; fastest on two-site: METHOD SECONDS; auto: METHOD (...)`,
 saying whether auto's choice is P9's best (by ratio) and the method that reached the target first
 on two-site (by seconds), else how many seconds behind it.
+With `--repeats K` every method but `none` runs K times on each profile, its order reversed from one
+repetition to the next, and the table holds the means (and each run's time): one run of each cannot
+separate methods 5 % apart on 2 shared cores.
 Usage: sudo .venv/bin/python bench/sites.py [--hosts 3] [--epochs 3] [--methods none,diloco-overlap,hier]
-                                            [--none-to-target]
+                                            [--none-to-target] [--repeats K]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -69,30 +73,56 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=3, help="epochs on lan (two-site runs stop at the target)")
     parser.add_argument("--methods", default=METHODS)
     parser.add_argument("--none-to-target", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each method (but none) K times on each profile, in alternating order; "
+                             "the table holds the means")
     parser.add_argument("--wait", type=float, default=900, help="seconds to wait for the test bed lock")
     args = parser.parse_args()
     methods, hosts = args.methods.split(","), args.hosts
     if hosts < 3:
         parser.error("--hosts: at least 3 (a site of two hosts, or hier is flat DiLoCo)")
+    if args.repeats < 1:
+        parser.error("--repeats: at least 1")
     cluster = SimCluster("/tmp/meshrun-testbed")
     started = time.time()
+    runs: list[Run] = []
     with exclusive(timeout=args.wait):
         cluster.up(hosts)
         try:
             inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-sites.yaml"),
                                                 host_overrides={h: {"site": s} for h, s in sites(hosts).items()})
-            runs = run_all(cluster, inventory, [("lan", methods), ("two-site", methods)], args.epochs,
-                           args.none_to_target, lambda run: (
-                               f"to {TARGET:.2f}: {run.time_to_target} (epoch {run.hit_epoch}), final "
-                               f"{run.final_acc:.4f}, step {run.step_s * 1e3:.1f} ms, home→office "
-                               f"{between_per_step(run, hosts) / 1e3:.0f} kB/step ({run.wall_s:.0f} s)"),
-                           extra=lambda profile, method: [] if profile == "lan" else
-                           ["--comm", method, *(["perf.every_steps=1"] if method == "none" else [])], hosts=hosts)
+            for order in repeated(methods, args.repeats):
+                runs += run_all(cluster, inventory, [("lan", order), ("two-site", order)], args.epochs,
+                                args.none_to_target, show(hosts), extra=flags, hosts=hosts, synced=bool(runs))
         finally:
             cluster.down()
     print(f"bench total {time.time() - started:.0f} s")
     report(runs, methods, hosts)
     return 0
+
+
+def repeated(methods: list[str], repeats: int) -> list[list[str]]:
+    """The methods' order in each repetition: as given, then reversed, and so on (a drift of the
+    machine over the bench weighs on every method alike); `none`, the accuracy baseline whose
+    two-site time is a bound, runs in the first only."""
+    timed = [m for m in methods if m != "none"]
+    return [methods] + [timed[::-1] if k % 2 else timed for k in range(1, repeats)]
+
+
+def flags(profile: str, method: str) -> list[str]:
+    """Each two-site run starts with `--comm METHOD` (which records auto's choice in commplan.json)."""
+    return [] if profile == "lan" else ["--comm", method, *(["perf.every_steps=1"] if method == "none" else [])]
+
+
+def show(hosts: int) -> Callable[[Run], str]:
+    return lambda run: (f"to {TARGET:.2f}: {run.time_to_target} (epoch {run.hit_epoch}), final "
+                        f"{run.final_acc:.4f}, step {run.step_s * 1e3:.1f} ms, home→office "
+                        f"{between_per_step(run, hosts) / 1e3:.0f} kB/step ({run.wall_s:.0f} s)")
+
+
+def mean(values: list[float | None]) -> float | None:
+    """The mean, or None when any run did not reach the target (a mean that hides a miss is wrong)."""
+    return None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
 
 
 def none_bound(lan: Run, two_site: Run) -> float | None:
@@ -115,28 +145,36 @@ def auto_choices(runs: list[Run]) -> list[tuple[str, str]]:
 
 
 def report(runs: list[Run], methods: list[str], hosts: int) -> None:
-    by = {(r.shape, r.hook): r for r in runs}
-    base = by.get(("lan", "none"))
+    by: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        by.setdefault((run.shape, run.hook), []).append(run)
+    base = by.get(("lan", "none"), [None])[0]
     placed = sites(hosts)
     where = " | ".join(f"{site} {', '.join(h for h, s in placed.items() if s == site)}" for site in ("office", "home"))
+    repeats = max(len(v) for v in by.values()) if by else 0
     print(f"\nP9: time to test accuracy {TARGET:.2f}, two-site ÷ lan, {hosts} hosts ({where}); "
-          f"goal: hier <= {GOAL} and below diloco-overlap, within 1 point of none on lan")
+          f"goal: hier <= {GOAL} and below diloco-overlap, within 1 point of none on lan"
+          + (f"; means of {repeats} runs of each method (but none) on each profile" if repeats > 1 else ""))
     print(f"{'method':>14}  {'lan s':>6}  {'two-site s':>10}  {'ratio':>7}  {'final acc':>9}  {'Δ vs none':>9}  "
           f"{'between kB/step':>15}")
     rows: list[tuple[str, float, float, bool]] = []  # (method, two-site s, ratio, a lower bound)
     for method in methods:
-        a, b = by.get(("lan", method)), by.get(("two-site", method))
-        if a is None or b is None:
+        lan, two_site = by.get(("lan", method)), by.get(("two-site", method))
+        if not lan or not two_site:
             continue
-        two, bound = b.time_to_target, False
+        a_s, two, bound = mean([r.time_to_target for r in lan]), mean([r.time_to_target for r in two_site]), False
         if two is None and method == "none":
-            two, bound = none_bound(a, b), True
-        ratio = two / a.time_to_target if a.time_to_target and two else None
-        delta = (a.final_acc - base.final_acc) * 100 if base else float("nan")
+            two, bound = none_bound(lan[0], two_site[0]), True
+        ratio = two / a_s if a_s and two else None
+        delta = (lan[0].final_acc - base.final_acc) * 100 if base else float("nan")
         ge = ">=" if bound else ""
-        print(f"{method:>14}  {_f(a.time_to_target):>6}  {ge + _f(two):>10}  "
-              f"{(ge + f'{ratio:.2f}' if ratio else '-'):>7}  {a.final_acc:>9.4f}  {delta:>+8.1f}p  "
-              f"{between_per_step(b, hosts) / 1e3:>15.0f}")
+        between = sum(between_per_step(r, hosts) for r in two_site) / len(two_site)
+        print(f"{method:>14}  {_f(a_s):>6}  {ge + _f(two):>10}  "
+              f"{(ge + f'{ratio:.2f}' if ratio else '-'):>7}  {lan[0].final_acc:>9.4f}  {delta:>+8.1f}p  "
+              f"{between / 1e3:>15.0f}")
+        if len(lan) > 1:
+            print(f"{'':>14}  each run: lan {', '.join(_f(r.time_to_target) for r in lan)}; two-site "
+                  f"{', '.join(_f(r.time_to_target) for r in two_site)}")
         if ratio is not None and two is not None and (base is None or delta >= -1.0):  # no `none` run: not compared
             rows.append((method, two, ratio, bound))
     print("between kB/step: bytes per optimizer step the office received from home on two-site (the test bed's "
@@ -145,8 +183,8 @@ def report(runs: list[Run], methods: list[str], hosts: int) -> None:
         print(f"none on two-site: a lower bound (steps to the target on lan × its fastest two-site step; "
               f"{STEPS_PER_EPOCH}-step epochs not run to the target: --none-to-target)")
     choices = auto_choices(runs)
-    for hook, reason in choices:
-        print(f"auto on two-site: {hook} ({reason})")
+    for hook, reason in sorted(set(choices)):
+        print(f"auto on two-site ({choices.count((hook, reason))} run(s)): {hook} ({reason})")
     print(last_line(rows, [hook for hook, _ in choices]))
 
 

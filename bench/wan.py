@@ -225,10 +225,12 @@ def main() -> int:
 
 def run_all(cluster: SimCluster, inventory: Path, plan: list[tuple[str, list[str]]], epochs: int,
             none_to_target: bool, show: Callable[[Run], str],
-            extra: Callable[[str, str], Sequence[str]] = lambda profile, method: (), hosts: int = HOSTS) -> list[Run]:
+            extra: Callable[[str, str], Sequence[str]] = lambda profile, method: (), hosts: int = HOSTS,
+            synced: bool = False) -> list[Run]:
     """Each (profile, its methods) in order, lan first: off lan a method stops at the epoch where
     its lan run reached the target; `none` off lan runs P2_ONLY_STEPS unless `none_to_target`.
-    `extra(profile, method)`: more flags for that run (`one_run`)."""
+    `extra(profile, method)`: more flags for that run (`one_run`); `synced`: an earlier call's first
+    run already synced the code (every later run passes `--no-sync`)."""
     runs: list[Run] = []
     hit_epoch: dict[str, int] = {}
     for profile, methods in plan:
@@ -237,7 +239,8 @@ def run_all(cluster: SimCluster, inventory: Path, plan: list[tuple[str, list[str
             if profile != "lan" and method == "none" and not none_to_target:
                 count, steps = 1, P2_ONLY_STEPS
             with cluster.profile(profile):
-                run = one_run(cluster, inventory, method, profile, count, first=not runs, steps_per_epoch=steps,
+                run = one_run(cluster, inventory, method, profile, count, first=not runs and not synced,
+                              steps_per_epoch=steps,
                               extra=extra(profile, method), hosts=hosts)
             runs.append(run)
             if profile == "lan" and run.hit_epoch is not None:
