@@ -46,6 +46,13 @@ stopped them already. And should torch's own shutdown hang once the process that
 gone (the agent killed: the kernel's TERM, the agent's parent-death signal, starts that shutdown),
 `end_when_orphaned` ends torchrun `ORPHAN_GRACE_S` later, its workers with it.
 
+Also: torch's rendezvous names every event it could record with `inspect.stack()`, even when
+nobody records events, on every pass of its state loop (~1.4 ms of CPU a pass beside torch's
+modules), and the members of an N-node rendezvous contend for the store's one state, so the
+passes grow with N. `quick_event_names` names them from the frame: 32 torchruns in one rendezvous
+on one machine used 26 % less CPU (bench/rdzv_names.py); a 32-host rendezvous on the test bed,
+whose main threads py-spy found in `inspect.stack`, had timed out after 600 s.
+
 Standard library and torch only, and self-contained: `fab check-network` ships this file to hosts
 that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG`,
 `STATE_REFUSED_EXIT` and `EXIT_MARK_ENV` are copies of common/layout.py's names (tests/test_rdzv_state.py holds them equal).
@@ -267,6 +274,31 @@ def workers_die_with_torchrun(handler_module: Any) -> bool:
     return True
 
 
+def quick_event_names(rendezvous: Any) -> bool:
+    """torch's rendezvous names each event it records after the method that records it, with
+    `get_method_name`, which calls `inspect.stack()` twice (the whole stack, every frame's source
+    line read, each frame's module looked up among torch's ~1200) before
+    `construct_and_record_rdzv_event` finds that nobody records events (the default). That is
+    ~1.4 ms of CPU on every pass of the rendezvous's state loop, and a 32-node rendezvous on busy
+    machines makes thousands. The same name, read from the frame itself. False: a torch without
+    `get_method_name`, left as it is."""
+    shipped = getattr(rendezvous, "get_method_name", None)
+    if shipped is None:
+        return False
+    if getattr(shipped, "meshrun_quick", False):
+        return True
+
+    def get_method_name(depth: int = 2) -> str:
+        try:  # frame 0 is this function's, as inspect.stack()[0] is torch's
+            return sys._getframe(depth).f_code.co_name
+        except ValueError:  # the stack is not that deep
+            return "no_method_name"
+
+    get_method_name.meshrun_quick = True  # type: ignore[attr-defined]
+    rendezvous.get_method_name = get_method_name
+    return True
+
+
 def end_when_orphaned(grace_s: float = ORPHAN_GRACE_S, every_s: float = 1.0) -> threading.Thread:
     """A daemon thread: once the process that started this one is gone, wait `grace_s` for torch's
     own shutdown, then SIGKILL this process (it cannot be caught: a hung shutdown ends too)."""
@@ -321,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     if mark:
         mark_exit_barrier(server_api, mark)
 
+    quick_event_names(dynamic_rendezvous)
     try:
         install(dynamic_rendezvous)
     except StateRefused as err:
