@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.trainer.harness import free_port  # noqa: E402
 
 TORCHS = ("import sys\nfrom meshrun.deploy.host import torchrun as t\n"
           "t.quick_event_names = lambda module: False\nsys.exit(t.main())\n")
@@ -40,12 +44,6 @@ class Launch:
     wall_s: float
     cpu_s: float
     failed: int  # torchruns that exited non-zero
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(code: str, n: int, join_timeout: int, rdzv_id: str) -> Launch:

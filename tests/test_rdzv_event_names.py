@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import types
 
 import pytest
@@ -16,6 +15,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_r
 from torch.distributed.elastic.rendezvous import registry
 
 from meshrun.deploy.host import torchrun as entry
+from tests.trainer.harness import free_port
 
 SHIPPED = dynamic_rendezvous.get_method_name
 
@@ -59,10 +59,7 @@ class _Events(logging.Handler):
 
 def _one_node_rendezvous(run_id: str) -> list[str]:
     """A real c10d rendezvous of one node (its own TCPStore), events recorded: their names."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id=run_id, min_nodes=1,
+    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id=run_id, min_nodes=1,
                                   max_nodes=1, is_host=True, local_addr="127.0.0.1")
     seen = _Events()
     logger = events._get_or_create_logger("dynamic_rendezvous")

@@ -275,13 +275,9 @@ def workers_die_with_torchrun(handler_module: Any) -> bool:
 
 
 def quick_event_names(rendezvous: Any) -> bool:
-    """torch's rendezvous names each event it records after the method that records it, with
-    `get_method_name`, which calls `inspect.stack()` twice (the whole stack, every frame's source
-    line read, each frame's module looked up among torch's ~1200) before
-    `construct_and_record_rdzv_event` finds that nobody records events (the default). That is
-    ~1.4 ms of CPU on every pass of the rendezvous's state loop, and a 32-node rendezvous on busy
-    machines makes thousands. The same name, read from the frame itself. False: a torch without
-    `get_method_name`, left as it is."""
+    """torch's `dynamic_rendezvous.get_method_name` (two `inspect.stack()` walks, why: the module
+    docstring) replaced by the same name read from the frame. False: a torch without it, left as
+    it is."""
     shipped = getattr(rendezvous, "get_method_name", None)
     if shipped is None:
         return False
