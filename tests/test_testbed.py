@@ -24,6 +24,7 @@ from tests.testbed.network import own_netns, own_root_links
 from tests.testbed import wireguard as testbed_wireguard
 from tests.testbed.layout import WG_PORT
 from tests.testbed.proc import alive, read_pidfile, run
+from tests.testbed.sshd import HOST_THREADS
 
 pytestmark = pytest.mark.cluster
 
@@ -177,12 +178,13 @@ def test_hosts_reach_each_other_by_name(testbed: SimCluster) -> None:
 
 
 def test_venv_python_imports_torch_over_ssh(testbed: SimCluster) -> None:
-    code = "import socket, torch; print(torch.__version__, socket.gethostname())"
+    code = "import socket, torch; print(torch.__version__, socket.gethostname(), torch.get_num_threads())"
     result = ssh(testbed, 2, shlex.join([sys.executable, "-c", code]), timeout=120)
     assert result.returncode == 0, result.stderr
-    version, host = result.stdout.split()
+    version, host, threads = result.stdout.split()
     assert host == "h2"
     assert version.startswith("2.")
+    assert int(threads) == HOST_THREADS  # a simulated host is a one-core machine (sshd's SetEnv)
 
 
 def test_exec_enters_the_host_without_ssh(testbed: SimCluster) -> None:

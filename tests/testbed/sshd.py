@@ -23,6 +23,12 @@ from .layout import Host, StatePaths
 from .proc import read_pidfile, run
 
 SSHD = "/usr/sbin/sshd"
+# A simulated host is a one-core machine: every host shares this machine's few cores, and torch's
+# default (one intra-op thread per core, in every host) oversubscribes them N-fold, its OpenMP
+# threads spinning while they wait for each other. Three single-process trainers of bench/wan.py's
+# job side by side on 2 cores: 70-86 s an epoch with torch's default, 22-24 s with one thread each
+# (one alone: 9 s). A user's `env:` in the inventory still wins (the agent sets it after sshd).
+HOST_THREADS = 1
 PRIVSEP_DIR = Path("/run/sshd")
 
 
@@ -66,6 +72,7 @@ MaxSessions 100
 ClientAliveInterval 5
 ClientAliveCountMax 3
 AcceptEnv LANG LC_* GLOO_* NCCL_* TORCH* MASTER_* MESHRUN_*
+SetEnv OMP_NUM_THREADS={HOST_THREADS}
 PrintMotd no
 Subsystem sftp /usr/lib/openssh/sftp-server
 """
