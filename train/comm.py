@@ -251,9 +251,9 @@ def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
         log(f"comm: world size changed ({saved.world_size} -> {comm.world_size}): "
             f"{comm.hook.value} hook state reset (per-rank error feedback and warm-up start over)")
     else:
-        comm.load_rank_state(saved.state["ranks"][rank])
-        if comm.diloco is not None:
+        if comm.diloco is not None:  # first: a replica saved at a round's start is the anchor
             comm.diloco.load_shared(saved.state["diloco"])
+        comm.load_rank_state(saved.state["ranks"][rank])
         if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD, *OUTER_HOOKS):
             log(f"comm: {comm.hook.value} hook state restored from the checkpoint")
 

@@ -208,15 +208,23 @@ class DiLoCo:
         self._work, self._pending, self._landed = None, state["pending"], True
 
     def rank_state(self) -> dict[str, Any]:
-        """This rank's replica: its parameters and floating buffers, samples in the round."""
-        return {"params": [p.detach().clone() for p in self.params],
-                "buffers": [b.detach().clone() for b in self.buffers], "samples": self.samples}
+        """This rank's replica: its parameters and floating buffers, samples in the round. At a
+        round's start (``inner_step == 0``: every epoch end, after the flush) each replica is the
+        anchor, so ``params`` is None: the checkpoint gathers every rank's state to every rank,
+        across the links between sites, and the anchor is already in ``shared_state``."""
+        params = None if self.inner_step == 0 else [p.detach().clone() for p in self.params]
+        return {"params": params, "buffers": [b.detach().clone() for b in self.buffers],
+                "samples": self.samples}
 
     @torch.no_grad()
     def load_rank(self, state: dict[str, Any]) -> None:
-        for p, saved in zip([*self.params, *self.buffers], [*state["params"], *state["buffers"]]):
+        """After ``load_shared`` (a replica saved as None is the anchor)."""
+        for p, saved in zip([*self.params, *self.buffers], [*self._replica(state), *state["buffers"]]):
             p.copy_(saved)
         self.samples = state["samples"]
+
+    def _replica(self, state: dict[str, Any]) -> Sequence[torch.Tensor]:
+        return self.anchor if state["params"] is None else state["params"]
 
     @torch.no_grad()
     def restore_other_world(self, shared: dict[str, Any], ranks: Sequence[dict[str, Any]]) -> None:
@@ -224,7 +232,7 @@ class DiLoCo:
         round here exactly as their all-reduce would have (same arithmetic on every new rank,
         so the replicas start identical), then start a fresh round from the outer model."""
         self.load_shared(shared)
-        parts = [weighted_sum(self.anchor, r["params"], r["buffers"], r["samples"]) for r in ranks]
+        parts = [weighted_sum(self.anchor, self._replica(r), r["buffers"], r["samples"]) for r in ranks]
         self._apply_pending()
         if self.inner_step > 0:
             self._apply(torch.stack(parts).sum(0))
