@@ -49,7 +49,7 @@ def _delayer_cpu(cluster: SimCluster) -> float:
 
 
 def one(cluster: SimCluster, label: str, profile: Profile, ring: bool = False) -> Row:
-    latency.apply(cluster.hosts, cluster.paths, profile, python=cluster.python)
+    latency.apply(cluster.hosts, cluster.paths, profile)
     try:
         peers = measure.ping(cluster, 1, cluster.host(2).address)
         controller = measure.ping(None, 0, cluster.host(2).address)

@@ -1,4 +1,4 @@
-"""Network profiles of the simulated cluster (tests/testbed/latency.py, delayer.py):
+"""Network profiles of the simulated cluster (tests/testbed/latency.py, delayer.c):
 the table, the rules and the delay line exactly; then, on real namespaces, each
 profile's round-trip time (ping -U) and TCP throughput (iperf3) within 15 %, loss,
 and that nothing is left once a profile is removed."""
@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +18,9 @@ import pytest
 
 from tests.conftest import _testbed_unavailable
 from tests.testbed import SimCluster, latency, measure, network
-from tests.testbed.delayer import DelayLine, QueueSpec, parse_queue, poll_timeout_ms
 from tests.testbed.latency import Profile
 from tests.testbed.layout import Host, StatePaths
-from tests.testbed.proc import NETWORK_NICE, alive, wait_dead
+from tests.testbed.proc import NETWORK_NICE, alive, stop, wait_dead
 from tests.testbed.requirements import missing_latency_requirements
 
 TOLERANCE = 0.15
@@ -108,53 +108,67 @@ def test_two_sites_shape_only_the_traffic_between_sites() -> None:
 
 
 def test_delayer_argv() -> None:
-    argv = latency.delayer_argv("/v/bin/python", latency.lookup("home", loss=0.02), seed=3,
+    argv = latency.delayer_argv(Path("/state/delayer-abc"), latency.lookup("home", loss=0.02), seed=3,
                                 max_seconds=60)
-    assert argv == ["/v/bin/python", str(latency.DELAYER), "--queue", "1:20", "--queue", "2:40",
+    assert argv == ["/state/delayer-abc", "--queue", "1:20", "--queue", "2:40",
                     "--loss", "0.02", "--seed", "3", "--max-seconds", "60"]
 
 
-def test_parse_queue() -> None:
-    assert parse_queue("1:20") == QueueSpec(1, 0.02)
-    assert parse_queue("2:0") == QueueSpec(2, 0.0)
-    for bad in ("1", "x:20", "1:-5", "1:20000"):
-        with pytest.raises(Exception, match="NUM:MS|delay must be"):
-            parse_queue(bad)
+def test_compile_argv() -> None:
+    assert latency.compile_argv(Path("/src/delayer.c"), Path("/state/d"), "cc") == [
+        "cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", "/state/d", "/src/delayer.c", "-lnetfilter_queue"]
 
 
-def test_delay_line_releases_in_arrival_order_when_due() -> None:
-    line = DelayLine[str](0.5)
-    line.push("a", now=10.0)
-    line.push("b", now=10.1)
-    line.push("c", now=10.1)
-    assert line.next_due() == 10.5
-    assert line.pop_due(10.49) == []
-    assert line.pop_due(10.5) == ["a"]
-    assert line.pop_due(11.0) == ["b", "c"]
-    assert (len(line), line.next_due()) == (0, None)
-    line.push("d", now=12.0)
-    assert line.drain() == ["d"] and len(line) == 0
+@pytest.fixture
+def compiler() -> None:
+    missing = [m for m in missing_latency_requirements() if "iptables" not in m]
+    if missing:
+        _testbed_unavailable("; ".join(missing))
 
 
-def test_poll_timeout_is_the_earliest_due_packet_or_the_deadline() -> None:
-    slow, fast = DelayLine[int](0.075), DelayLine[int](0.150)
-    assert poll_timeout_ms([slow, fast], now=1.0, deadline=5.0) == 4000.0
-    fast.push(1, now=1.0)
-    slow.push(2, now=1.05)
-    assert poll_timeout_ms([slow, fast], now=1.1, deadline=5.0) == pytest.approx(25.0)
-    assert poll_timeout_ms([slow, fast], now=2.0, deadline=5.0) == 0.0
+def test_the_delayer_compiles_once_and_refuses_bad_arguments(compiler: None, tmp_path: Path) -> None:
+    paths = StatePaths(tmp_path)
+    binary = latency.build_delayer(paths)
+    assert binary.parent == tmp_path and binary.name.startswith("delayer-")
+    built = binary.stat().st_mtime_ns
+    assert latency.build_delayer(paths) == binary and binary.stat().st_mtime_ns == built  # not rebuilt
+    assert sorted(p.name for p in tmp_path.iterdir()) == [binary.name]  # no partial left
+    cases = {
+        ("--queue", "1"): "expected --queue NUM:MS: 1",
+        ("--queue", "x:20"): "expected --queue NUM:MS: x:20",
+        ("--queue", "70000:5"): "expected --queue NUM:MS: 70000:5",
+        ("--queue", "1:-5"): "delay must be 0..10000 ms: 1:-5",
+        ("--queue", "1:20000"): "delay must be 0..10000 ms: 1:20000",
+        ("--queue", "1:20", "--loss", "1"): "--loss must be in [0, 1): 1",
+        ("--queue", "1:20", "--loss", "0.5x"): "--loss must be in [0, 1): 0.5x",
+        ("--queue", "1:20", "--seed"): "missing value after: --seed",
+        ("--queue", "1:20", "--port", "7"): "unknown option: --port",
+        (): "at least one --queue is needed",
+    }
+    for argv, error in cases.items():
+        result = subprocess.run([str(binary), *argv], capture_output=True, text=True, timeout=10)
+        assert (result.returncode, result.stderr.splitlines()[0]) == (2, f"delayer: {error}"), argv
 
 
-def test_a_python_without_netfilterqueue_is_refused_before_anything_changes(tmp_path: Path) -> None:
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\nexit 1\n")  # an interpreter that imports nothing
-    python.chmod(0o755)
-    assert missing_latency_requirements(str(python))[-1] == (
-        f"{python} cannot import netfilterqueue (apt-get install libnetfilter-queue-dev; "
-        "pip install -e '.[test]')")
+def test_a_compile_error_is_reported_and_leaves_no_binary(tmp_path: Path) -> None:
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\necho 'delayer.c:1: error: boom' >&2\nexit 1\n")
+    cc.chmod(0o755)
     paths = StatePaths(tmp_path / "state")
-    with pytest.raises(RuntimeError, match="cannot apply network profile far: .*netfilterqueue"):
-        latency.apply([Host(1)], paths, latency.lookup("far"), python=str(python))
+    with pytest.raises(RuntimeError, match=r"cannot compile .*delayer\.c: delayer\.c:1: error: boom"):
+        latency.build_delayer(paths, str(cc))
+    assert list(paths.root.iterdir()) == []
+
+
+def test_a_machine_without_a_compiler_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    assert missing_latency_requirements("no-such-cc")[-1] == \
+        "`no-such-cc` not found (apt-get install build-essential)"
+    header = tmp_path / "libnetfilter_queue.h"
+    assert missing_latency_requirements(header=header)[-1] == \
+        f"{header} not found (apt-get install libnetfilter-queue-dev)"
+    paths = StatePaths(tmp_path / "state")
+    with pytest.raises(RuntimeError, match="cannot apply network profile far: .*no-such-cc"):
+        latency.apply([Host(1)], paths, latency.lookup("far"), cc="no-such-cc")
     assert not paths.root.exists()
 
 
@@ -162,7 +176,7 @@ def test_a_python_without_netfilterqueue_is_refused_before_anything_changes(tmp_
 @pytest.fixture
 def profiled_bed(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
     """The shared cluster, with no profile left applied after the test. Skips (fails
-    under MESHRUN_REQUIRE_TESTBED=1) where iptables or netfilterqueue is missing."""
+    under MESHRUN_REQUIRE_TESTBED=1) where iptables, gcc or libnetfilter-queue is missing."""
     missing = missing_latency_requirements()  # before the cluster: a skip costs nothing
     if missing:
         _testbed_unavailable("; ".join(missing))
@@ -290,7 +304,7 @@ def test_delayers_end_by_themselves_and_traffic_then_flows_undelayed(
     """Bounded lifetime: a delayer forgotten by a crashed controller exits after
     --max-seconds; --queue-bypass then lets packets through instead of dropping them."""
     bed = profiled_bed
-    latency.apply(bed.hosts, bed.paths, latency.lookup("home"), python=bed.python, max_seconds=6)
+    latency.apply(bed.hosts, bed.paths, latency.lookup("home"), max_seconds=6)
     pids = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
     assert all(pids)
     assert_near(measure.ping(bed, 1, H2, count=3).median_ms, 40.0, "RTT before expiry (ms)")
@@ -332,3 +346,26 @@ def test_the_hosts_own_filter_rules_still_apply_after_the_delay(profiled_bed: Si
     assert_near(from_h1.min_ms, 40.0, "RTT h1 <-> h2 (ms), the floor")  # delayed, and let through
     assert from_h3.rtts_ms == ()
     assert measure.ping(profiled_bed, 3, H2, count=2).lost == 0  # the rule is gone again
+
+
+@pytest.mark.cluster
+def test_a_stopped_delayer_first_releases_what_it_holds(profiled_bed: SimCluster) -> None:
+    """SIGTERM while packets are held (a ping every 20 ms into 150 ms of round trip): each is
+    accepted, none lost; later packets pass undelayed (--queue-bypass) until the rules go."""
+    bed = profiled_bed
+    count = 40
+    with bed.profile("far"):
+        pinger = bed.popen(1, measure.ping_argv(H2, count, 0.02), stdout=subprocess.PIPE, text=True)
+        time.sleep(0.4)
+        for h in bed.hosts:
+            pid = latency.delayer_pid(h, bed.paths)
+            assert pid is not None
+            stop(pid)
+        out, _ = pinger.communicate(timeout=60)
+        logs = [latency.log_file(h, bed.paths).read_text().split() for h in bed.hosts]
+    pings = measure.parse_pings(count, out)
+    assert pings.lost == 0, out
+    assert max(pings.rtts_ms) >= 150 * (1 - TOLERANCE) and min(pings.rtts_ms) < 1.0, pings.rtts_ms
+    for words in (logs[0], logs[1]):  # h1 held the replies, h2 the requests
+        assert words[-6::2] == ["accepted", "dropped", "cpu"] and int(words[-5]) > 0, words
+    assert_nothing_left(bed)

@@ -6,7 +6,7 @@ Each host h<i> is a network namespace mrt<i> on the bridge mrtbr0
 (10.78.0.(10+i)/24, wg0) and the real ZeroTier One daemon (10.79.0.(10+i)/24,
 ztmrt0; `SimCluster.zerotier`, zerotier.py). Network profiles (rate, RTT,
 loss: lan, home 20 Mbit/s 40 ms, far 50 Mbit/s 150 ms) with
-`with cluster.profile("far"):` (latency.py, its NFQUEUE delayer delayer.py).
+`with cluster.profile("far"):` (latency.py, its NFQUEUE delayer delayer.c).
 Needs root. Try it by hand: `python -m tests.testbed`.
 
 Those names and subnets are slot 0's. A machine holds a second cluster beside it on slot 1

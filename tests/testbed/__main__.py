@@ -93,7 +93,7 @@ def _profile(cluster: SimCluster, args: argparse.Namespace) -> None:
         cluster.clear_profile()
         return
     chosen = latency.apply(cluster.hosts, cluster.paths, latency.lookup(args.name, args.loss),
-                           python=cluster.python, max_seconds=args.max_seconds)
+                           max_seconds=args.max_seconds)
     print(f"profile {chosen.name} on {len(cluster.hosts)} hosts")
 
 

@@ -250,7 +250,7 @@ class SimCluster:
 
     def apply_profile(self, name: str, *, loss: float | None = None) -> latency.Profile:
         """Replace any applied profile (and shaping) by `name`; `loss` overrides its loss."""
-        return latency.apply(self.hosts, self.paths, latency.lookup(name, loss), python=self.python)
+        return latency.apply(self.hosts, self.paths, latency.lookup(name, loss))
 
     def clear_profile(self) -> None:
         latency.clear(self.hosts, self.paths)

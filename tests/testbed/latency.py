@@ -23,8 +23,8 @@ How (the lab kernel has tbf and htb but no netem; NOTES.md §5):
 * Bandwidth: tbf on both ends of each host's veth (network.shape), as `shaped()`.
   tbf counts Ethernet frames, so TCP payload gets ~96 % of the rate (1448/1514).
 * Delay: every packet entering a host from the bridge (``-i eth0``: never
-  loopback) goes to NFQUEUE, where the host's delayer process (delayer.py)
-  accepts it a fixed time later, in arrival order. Delay is added on ingress
+  loopback) goes to NFQUEUE, where the host's delayer process (delayer.c,
+  compiled by `build_delayer`) accepts it a fixed time later, in arrival order. Delay is added on ingress
   only: held on the sender's egress, packets would still count against TCP Small
   Queues and throttle the sender to ~2 packets per RTT (NOTES.md §5).
 * A host-to-host round trip enters two hosts, so each host delays peers' packets
@@ -48,9 +48,10 @@ How (the lab kernel has tbf and htb but no netem; NOTES.md §5):
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -64,7 +65,8 @@ CHAIN = "MRT-DELAY"
 PEER_QUEUE = 1  # packets from other hosts: RTT/2
 CONTROLLER_QUEUE = 2  # packets from the controller: the full RTT
 IPTABLES = ("iptables", "-w", "10", "-t", "mangle")  # -w: the xtables lock is machine-wide
-DELAYER = Path(__file__).with_name("delayer.py")
+DELAYER_SOURCE = Path(__file__).with_name("delayer.c")
+CC = "gcc"
 DEFAULT_MAX_SECONDS = 3600.0
 
 
@@ -163,9 +165,32 @@ def removal_rules() -> list[list[str]]:
     ]
 
 
-def delayer_argv(python: str, profile: Profile, *, seed: int,
+def compile_argv(source: Path, binary: Path, cc: str = CC) -> list[str]:
+    return [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(binary), str(source), "-lnetfilter_queue"]
+
+
+def build_delayer(paths: StatePaths, cc: str = CC) -> Path:
+    """The delayer's binary in the state dir, compiled once per version of its source (named
+    by the source's hash: clones of other commits share the state dir). Written under a
+    temporary name and renamed: a half-written binary is never started."""
+    digest = hashlib.sha256(DELAYER_SOURCE.read_bytes()).hexdigest()[:12]
+    binary = paths.root / f"delayer-{digest}"
+    if binary.exists():
+        return binary
+    paths.root.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_name(f"{binary.name}.{os.getpid()}.partial")
+    result = subprocess.run(compile_argv(DELAYER_SOURCE, partial, cc), capture_output=True,
+                            text=True, check=False)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"cannot compile {DELAYER_SOURCE}: {result.stderr.strip()[-2000:]}")
+    partial.replace(binary)
+    return binary
+
+
+def delayer_argv(binary: Path, profile: Profile, *, seed: int,
                  max_seconds: float = DEFAULT_MAX_SECONDS) -> list[str]:
-    return [python, str(DELAYER),
+    return [str(binary),
             "--queue", f"{PEER_QUEUE}:{profile.peer_delay_ms:g}",
             "--queue", f"{CONTROLLER_QUEUE}:{profile.controller_delay_ms:g}",
             "--loss", f"{profile.loss:g}", "--seed", str(seed),
@@ -213,8 +238,7 @@ def _start_delayer(host: Host, paths: StatePaths, argv: list[str]) -> int:
 
 
 def _wait_ready(host: Host, paths: StatePaths, pid: int, timeout: float = 30.0) -> None:
-    """Until the delayer has bound its queues (it prints "ready"); python's start
-    can take seconds on a loaded 2-core machine."""
+    """Until the delayer has bound its queues (it prints "ready")."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and alive(pid):
         if "ready" in log_file(host, paths).read_text(errors="replace").split():
@@ -225,22 +249,22 @@ def _wait_ready(host: Host, paths: StatePaths, pid: int, timeout: float = 30.0) 
 
 
 def apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, *,
-          python: str = sys.executable, max_seconds: float = DEFAULT_MAX_SECONDS) -> Profile:
+          cc: str = CC, max_seconds: float = DEFAULT_MAX_SECONDS) -> Profile:
     """Shape and delay every host as `profile`, replacing any profile applied
     before; on failure nothing is left applied. Returns `profile`."""
-    missing = missing_latency_requirements(python) if profile.needs_delayer else []
+    missing = missing_latency_requirements(cc) if profile.needs_delayer else []
     if missing:
         raise RuntimeError(f"cannot apply network profile {profile.name}: " + "; ".join(missing))
     clear(all_hosts, paths)
     try:
-        _apply(all_hosts, paths, profile, python, max_seconds)
+        _apply(all_hosts, paths, profile, cc, max_seconds)
     except BaseException:
         clear(all_hosts, paths)
         raise
     return profile
 
 
-def _apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, python: str,
+def _apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, cc: str,
            max_seconds: float) -> None:
     profile_file(paths).write_text(json.dumps(asdict(profile)) + "\n")
     for h in all_hosts:
@@ -250,7 +274,8 @@ def _apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, python: s
             network.shape(h, profile.tc_rate)
     if not profile.needs_delayer:
         return
-    pids = {h.index: _start_delayer(h, paths, delayer_argv(python, profile, seed=h.index,
+    binary = build_delayer(paths, cc)
+    pids = {h.index: _start_delayer(h, paths, delayer_argv(binary, profile, seed=h.index,
                                                            max_seconds=max_seconds))
             for h in all_hosts}
     for h in all_hosts:

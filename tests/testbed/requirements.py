@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 APT_PACKAGES = (
     "openssh-server", "rsync", "iproute2", "wireguard-go", "wireguard-tools",
     "iputils-ping", "iperf3", "iptables",
-    "libnetfilter-queue-dev",  # for `pip install netfilterqueue` (network profiles' delayer)
+    "libnetfilter-queue-dev", "build-essential",  # network profiles compile their delayer (delayer.c)
 )
 
 # tool -> Debian package providing it
@@ -36,16 +34,19 @@ def zerotier_binary(repo_root: Path = REPO_ROOT) -> Path:
     return repo_root.parent / "shared" / "vendor" / "zerotier" / "zerotier-one"
 
 
-def missing_latency_requirements(python: str = sys.executable) -> list[str]:
+NFQUEUE_HEADER = Path("/usr/include/libnetfilter_queue/libnetfilter_queue.h")
+
+
+def missing_latency_requirements(cc: str = "gcc", header: Path = NFQUEUE_HEADER) -> list[str]:
     """What network profiles (latency.py) need on top of the bed: iptables' NFQUEUE
-    target and the `netfilterqueue` module in the python that runs the delayers."""
+    target, and a C compiler and libnetfilter-queue to build the delayer."""
     reasons = []
     if shutil.which("iptables") is None:
         reasons.append("`iptables` not found (apt-get install iptables)")
-    probe = subprocess.run([python, "-c", "import netfilterqueue"], capture_output=True, check=False)
-    if probe.returncode != 0:
-        reasons.append(f"{python} cannot import netfilterqueue (apt-get install "
-                       "libnetfilter-queue-dev; pip install -e '.[test]')")
+    if shutil.which(cc) is None:
+        reasons.append(f"`{cc}` not found (apt-get install build-essential)")
+    if not header.is_file():
+        reasons.append(f"{header} not found (apt-get install libnetfilter-queue-dev)")
     return reasons
 
 
