@@ -35,6 +35,18 @@ def test_sites_train_apart_resume_elsewhere_and_match_plain_ddp(tmp_path: Path) 
     assert (mid["hook"], mid["sites"], mid["diloco"]["inner_step"]) == ("hier", ["office", "office", "home"], 5)
     ranks = [r["params"] for r in mid["ranks"]]
     assert diff(ranks[0], ranks[1]) == 0.0 and diff(ranks[0], ranks[2]) > 1e-4  # DDP inside, apart between
+    # Each host's copy is the same without a broadcast of rank 0's file (replicas and inner
+    # optimizers differ between sites): the top level holds the outer model and rank 0's optimizer.
+    saved = sorted(p.name for p in (tmp_path / "a" / "run" / "checkpoints").glob("ckpt-*.pt"))
+    assert saved and all((tmp_path / h / "run" / "checkpoints" / n).read_bytes() ==
+                         (tmp_path / "a" / "run" / "checkpoints" / n).read_bytes() for n in saved for h in "ab")
+    assert not [line for d in stopped.values() for line in (d.stdout + d.stderr).splitlines()
+                if "differ from rank 0's" in line]
+    top = torch.load(tmp_path / "b" / "run" / "checkpoints" / checkpoint_name(35), weights_only=True)
+    assert diff(list(top["model"].values()), top["comm"]["diloco"]["anchor"]) == 0.0
+    momenta = [[v["momentum_buffer"] for v in o["state"].values()]
+               for o in (top["optimizer"], *(r["optimizer"] for r in top["comm"]["ranks"]))]
+    assert diff(momenta[0], momenta[1]) == 0.0 and diff(momenta[0], momenta[3]) > 0.0  # rank 0's, not home's
 
     one = {"a": {"MESHRUN_SITE": "office"}, "b": {"MESHRUN_SITE": "office"}}
     resumed = train_hosts(tmp_path, HOSTS, *RUN, envs=one)

@@ -366,4 +366,5 @@ class Trainer:
                                  pos, lr, self.env.world_size, self.ckpt.site.writer)
         if snapshot is not None:
             snapshot["comm"] = comm_state
+            self.comm.same_on_every_host(snapshot, self.module)
         self.ckpt.save(snapshot, pos.global_step, is_best)  # collective: copies compared
