@@ -112,8 +112,8 @@ class Communicator:
         replica and inner optimizer. The top level holds the outer model's parameters (saved
         once: the same tensors as the anchor) and rank 0's inner optimizer, which is what the
         ranks of a resume at another world size start from, as before."""
-        if self.diloco is None or self.model is None:
-            return
+        if self.diloco is None or self.optimizer is None or self.model is None:
+            return  # as _local_state: without an inner optimizer no rank's state is gathered
         comm = snapshot["comm"]
         names = [name for name, p in module.named_parameters() if p.requires_grad]
         snapshot["model"] = {**snapshot["model"], **dict(zip(names, comm["diloco"]["anchor"]))}

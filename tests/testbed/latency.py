@@ -24,9 +24,10 @@ How (the lab kernel has tbf and htb but no netem; NOTES.md §5):
   tbf counts Ethernet frames, so TCP payload gets ~96 % of the rate (1448/1514).
 * Delay: every packet entering a host from the bridge (``-i eth0``: never
   loopback) goes to NFQUEUE, where the host's delayer process (delayer.c,
-  compiled by `build_delayer`) accepts it a fixed time later, in arrival order. Delay is added on ingress
-  only: held on the sender's egress, packets would still count against TCP Small
-  Queues and throttle the sender to ~2 packets per RTT (NOTES.md §5).
+  compiled by `build_delayer`) accepts it a fixed time later, in arrival order.
+  Delay is added on ingress only: held on the sender's egress, packets would
+  still count against TCP Small Queues and throttle the sender to ~2 packets
+  per RTT (NOTES.md §5).
 * A host-to-host round trip enters two hosts, so each host delays peers' packets
   by RTT/2. The controller (this machine's root namespace, 10.77.0.1, where ssh,
   Fabric and rsync start) has no delayer of its own: packets *from* it are
@@ -59,14 +60,13 @@ from pathlib import Path
 from . import network
 from .layout import GATEWAY, NS_IFNAME, UNDERLAY, Host, StatePaths
 from .proc import ahead_of_the_workload, alive, pids_in_netns, read_pidfile, run, stop
-from .requirements import missing_latency_requirements
+from .requirements import CC, missing_latency_requirements
 
 CHAIN = "MRT-DELAY"
 PEER_QUEUE = 1  # packets from other hosts: RTT/2
 CONTROLLER_QUEUE = 2  # packets from the controller: the full RTT
 IPTABLES = ("iptables", "-w", "10", "-t", "mangle")  # -w: the xtables lock is machine-wide
 DELAYER_SOURCE = Path(__file__).with_name("delayer.c")
-CC = "gcc"
 DEFAULT_MAX_SECONDS = 3600.0
 
 

@@ -34,10 +34,11 @@ def zerotier_binary(repo_root: Path = REPO_ROOT) -> Path:
     return repo_root.parent / "shared" / "vendor" / "zerotier" / "zerotier-one"
 
 
+CC = "gcc"  # compiles the network profiles' delayer (latency.build_delayer)
 NFQUEUE_HEADER = Path("/usr/include/libnetfilter_queue/libnetfilter_queue.h")
 
 
-def missing_latency_requirements(cc: str = "gcc", header: Path = NFQUEUE_HEADER) -> list[str]:
+def missing_latency_requirements(cc: str = CC, header: Path = NFQUEUE_HEADER) -> list[str]:
     """What network profiles (latency.py) need on top of the bed: iptables' NFQUEUE
     target, and a C compiler and libnetfilter-queue to build the delayer."""
     reasons = []
