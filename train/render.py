@@ -29,7 +29,8 @@ class PlainConsole:
             print(text, file=self.stream, flush=True)
 
     def start_epoch(self, epoch: int, total_steps: int, done: int) -> None:
-        self.epoch, self.total = epoch, total_steps
+        # `done` steps of a resumed epoch were trained before; `step` counts on from them.
+        self.epoch, self.total = epoch, total_steps + done
 
     def step(self, done: int, loss: float | None) -> None:
         if loss is not None and (done % self.every == 0 or done == self.total):
