@@ -156,7 +156,7 @@ def report(runs: list[Run], methods: list[str], hosts: int) -> None:
           f"goal: hier <= {GOAL} and below diloco-overlap, within 1 point of none on lan"
           + (f"; means of {repeats} runs of each method (but none) on each profile" if repeats > 1 else ""))
     print(f"{'method':>14}  {'lan s':>6}  {'two-site s':>10}  {'ratio':>7}  {'final acc':>9}  {'Δ vs none':>9}  "
-          f"{'between kB/step':>15}")
+          f"{'between kB/step':>15}  {'sync s lan/two-site':>19}")
     rows: list[tuple[str, float, float, bool]] = []  # (method, two-site s, ratio, a lower bound)
     for method in methods:
         lan, two_site = by.get(("lan", method)), by.get(("two-site", method))
@@ -169,9 +169,10 @@ def report(runs: list[Run], methods: list[str], hosts: int) -> None:
         delta = (lan[0].final_acc - base.final_acc) * 100 if base else float("nan")
         ge = ">=" if bound else ""
         between = sum(between_per_step(r, hosts) for r in two_site) / len(two_site)
+        two_sync = None if bound else mean([r.sync_to_target for r in two_site])
         print(f"{method:>14}  {_f(a_s):>6}  {ge + _f(two):>10}  "
               f"{(ge + f'{ratio:.2f}' if ratio else '-'):>7}  {lan[0].final_acc:>9.4f}  {delta:>+8.1f}p  "
-              f"{between / 1e3:>15.0f}")
+              f"{between / 1e3:>15.0f}  {_f(mean([r.sync_to_target for r in lan])) + '/' + _f(two_sync):>19}")
         if len(lan) > 1:
             print(f"{'':>14}  each run: lan {', '.join(_f(r.time_to_target) for r in lan)}; two-site "
                   f"{', '.join(_f(r.time_to_target) for r in two_site)}")
@@ -179,6 +180,8 @@ def report(runs: list[Run], methods: list[str], hosts: int) -> None:
             rows.append((method, two, ratio, bound))
     print("between kB/step: bytes per optimizer step the office received from home on two-site (the test bed's "
           "delay-chain counters: one direction)")
+    print("sync s: of the time to the target, making the replicas one model before each evaluation (DiLoCo and "
+          "hier: the rounds in flight cross the links; epoch records' sync_seconds)")
     if any(bound for *_, bound in rows):
         print(f"none on two-site: a lower bound (steps to the target on lan × its fastest two-site step; "
               f"{STEPS_PER_EPOCH}-step epochs not run to the target: --none-to-target)")

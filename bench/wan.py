@@ -147,6 +147,7 @@ class Run:
     run_id: str = ""  # the controller's runs/<run_id>/ (commplan.json with --comm)
     step_times: tuple[float, ...] = ()  # rank 0's step records' step_s, in order
     delayed_rx_per_step: tuple[float, ...] = ()  # per host: bytes received from hosts the profile delays
+    sync_to_target: float | None = None  # of time_to_target: the replicas made one before each evaluation
 
 
 def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs: int, first: bool,
@@ -171,11 +172,12 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
     comm_s = comms[-1]["comm_s"] if comms else float("nan")
     steps = [r for r in rank0 if r["kind"] == "step"]
     per_step = sorted(r["step_s"] for r in steps)
-    elapsed, hit, hit_epoch = 0.0, None, None
+    elapsed, synced, hit, hit_epoch, hit_sync = 0.0, 0.0, None, None, None
     for r in epochs_:
         elapsed += r["train_seconds"] + r["eval_seconds"]
+        synced += r.get("sync_seconds", 0.0)
         if hit is None and r["test_acc"] >= TARGET:
-            hit, hit_epoch = elapsed, r["epoch"]
+            hit, hit_epoch, hit_sync = elapsed, r["epoch"], synced
     first_start = epochs_[0]["time"] - epochs_[0]["train_seconds"] - epochs_[0]["eval_seconds"]
     train_end = epochs_[-1]["time"] - epochs_[-1]["eval_seconds"]
     per_host = [sampler.at(i, train_end) - sampler.at(i, first_start) for i in range(1, hosts + 1)]
@@ -184,11 +186,11 @@ def one_run(cluster: SimCluster, inventory: Path, hook: str, shape: str, epochs:
     total_steps = epochs_[-1]["global_step"]
     median = per_step[len(per_step) // 2] if per_step else float("nan")
     if steps_per_epoch != STEPS_PER_EPOCH:  # a P2-only run: its accuracy says nothing
-        hit = hit_epoch = None
+        hit = hit_epoch = hit_sync = None
     return Run(hook, shape, comm_s, median, hit, hit_epoch, epochs_[-1]["test_acc"],
                sent / hosts / total_steps, total_steps, time.time() - started, len(epochs_),
                tuple(b / total_steps for b in per_host), run_id, tuple(r["step_s"] for r in steps),
-               tuple(b / total_steps for b in delayed))
+               tuple(b / total_steps for b in delayed), hit_sync)
 
 
 def main() -> int:

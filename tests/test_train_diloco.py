@@ -61,6 +61,8 @@ def test_rounds_checkpoints_and_exact_resume_mid_round(tmp_path: Path, hook: str
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     done = train(straight, *RUN, f"comm.hook={hook}")
     assert done.returncode == 0, done.stderr[-3000:]
+    # The flush before each evaluation is timed apart, as a part of the evaluation's time.
+    assert all(0 < r["sync_seconds"] <= r["eval_seconds"] for r in records(straight, kind="epoch"))
     stopped = train(broken, *RUN, f"comm.hook={hook}", "debug.stop_after_step=30")
     assert stopped.returncode != 0 and "debug.stop_after_step=30" in stopped.stderr
 

@@ -50,6 +50,9 @@ class EpochRecord:
     consumed_before: int = 0  # samples of this epoch used before a mid-epoch resume
     coverage_min: int = 0  # fewest / most times any sample of the epoch reached the model,
     coverage_max: int = 0  # over all ranks (1 and 1: every sample exactly once)
+    # Of eval_seconds: making the replicas one model before evaluating (DiLoCo and hier: the
+    # round in flight and the partial one cross the links; local SGD: one average). 0 for DDP.
+    sync_seconds: float = 0.0
     kind: RecordKind = RecordKind.EPOCH
 
 

@@ -159,8 +159,9 @@ class Trainer:
             totals = self._train_epoch(epoch)
             train_s, started = time.time() - started, time.time()
             self.comm.consensus()
+            sync_s = time.time() - started
             result = evaluate(self.module, self.test_loader, self.device, self.parts.autocast_dtype)
-            self._end_epoch(epoch, result, totals, train_s, time.time() - started)
+            self._end_epoch(epoch, result, totals, train_s, time.time() - started, sync_s)
         final = self._result()
         self.sink.result(final)
         return final
@@ -300,7 +301,7 @@ class Trainer:
                               samples, self.cfg.epochs, self.starts - 1, host_batches, self._progress_since)
 
     def _end_epoch(self, epoch: int, result: EvalResult, totals: EpochTotals, train_s: float,
-                   eval_s: float) -> None:
+                   eval_s: float, sync_s: float) -> None:
         pos = self.pos
         train_loss = pos.epoch_loss_sum / max(pos.epoch_loss_count, 1)
         train_acc = pos.epoch_correct / max(pos.epoch_loss_count, 1)
@@ -320,7 +321,7 @@ class Trainer:
             train_s, eval_s, train_acc=train_acc, batch_sizes=self.batches.sizes,
             rank_samples=totals.rank_samples, rank_samples_per_s=totals.rank_samples_per_s,
             consumed_before=pos.consumed - sum(totals.rank_samples),
-            coverage_min=totals.coverage_min, coverage_max=totals.coverage_max))
+            coverage_min=totals.coverage_min, coverage_max=totals.coverage_max, sync_seconds=sync_s))
         self.sink.flush()
         self.sink.scalars({"train/loss": train_loss, "train/acc1": train_acc,
                            "test/loss": result.loss, "test/acc1": result.top1,
