@@ -61,8 +61,10 @@ class EpochTally:
         count = torch.tensor(float(self.samples), dtype=torch.float64, device=self.device)
         return dist.all_reduce_sum(torch.stack([self.loss_sum, self.correct.double(), count]))
 
-    def finish(self) -> EpochTotals:
-        seconds = time.perf_counter() - self.started
+    def finish(self, ended: float | None = None) -> EpochTotals:
+        """Collective. `ended`: the `perf_counter()` at which this rank's training ended (its
+        samples/s leave out what came after, e.g. the sync before evaluation); default now."""
+        seconds = (time.perf_counter() if ended is None else ended) - self.started
         sums = self._sums()
         counts = torch.bincount(torch.cat(self.seen) if self.seen else
                                 torch.zeros(0, dtype=torch.int64), minlength=self.num_samples)

@@ -156,10 +156,9 @@ class Trainer:
             self._probe_comm()
         for epoch in range(self.pos.epoch, self.cfg.epochs):
             started = time.time()
-            totals = self._train_epoch(epoch)
-            train_s, started = time.time() - started, time.time()
-            self.comm.consensus()
-            sync_s = time.time() - started
+            totals, sync_s = self._train_epoch(epoch)
+            # The sync makes the model evaluated: counted with the evaluation, not the training.
+            train_s, started = time.time() - started - sync_s, time.time() - sync_s
             result = evaluate(self.module, self.test_loader, self.device, self.parts.autocast_dtype)
             self._end_epoch(epoch, result, totals, train_s, time.time() - started, sync_s)
         final = self._result()
@@ -227,7 +226,8 @@ class Trainer:
         self.console.line(f"comm probe: {est.comm_s * 1e3:.2f} ms/step of gradient all-reduce "
                           f"({est.sync_s * 1e3:.2f} synced vs {est.no_sync_s * 1e3:.2f} no_sync)")
 
-    def _train_epoch(self, epoch: int) -> EpochTotals:
+    def _train_epoch(self, epoch: int) -> tuple[EpochTotals, float]:
+        """The epoch's totals over all ranks, and the seconds its closing sync took."""
         self.sampler.set_epoch(epoch, self.pos.consumed)
         self.loader_seed.manual_seed(hash((self.cfg.seed, epoch, self.pos.consumed, self.env.rank)))
         steps, n = self.sampler.steps, len(self.data.train)
@@ -262,10 +262,15 @@ class Trainer:
             self._after_step(epoch, offset + i + 1, cur, tally, done_all=i + 1 == len(steps))
         if window.steps:
             self._perf_record(window, epoch, cur.global_step)
-        totals = tally.finish()
+        trained, synced = time.perf_counter(), time.time()
+        # Before the tally: on flat DiLoCo-overlap the tally's all-reduce, on the same process
+        # group as the round in flight, would wait for it first (gloo runs a group's work in order).
+        self.comm.consensus()
+        sync_s = time.time() - synced
+        totals = tally.finish(trained)
         self.pos = self._position(cur, totals.loss_sum, totals.count, totals.correct)
         self.console.end_epoch()
-        return totals
+        return totals, sync_s
 
     def _perf_record(self, window: perf.StepWindow, epoch: int, step: int) -> None:
         self.sink.rank_record(window.record(self.env.rank, self.env.host, epoch, step))
