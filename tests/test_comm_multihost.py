@@ -57,9 +57,9 @@ def test_comm_flag_rejects_unknown_hooks_and_scripts(tmp_path: Path) -> None:
 
 
 def wait_for_listed_checkpoint_after(directory: Path, step: int, timeout: float) -> None:
-    """The step of a save after `step` in `directory`'s manifest (the trainer lists a file after
-    writing it, and a resume takes the newest listed: one listed after the resume's step is the
-    new world's)."""
+    """Return once `directory`'s manifest lists a save after `step` (the trainer lists a file
+    after writing it, and a resume takes the newest listed: one listed after the resume's step
+    is the new world's)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         manifest = directory / CHECKPOINT_MANIFEST
