@@ -10,7 +10,8 @@ step computes ~100 ms on 2 shared cores, target test accuracy 0.96).
 - P9: time to the target (train + eval seconds of the epochs until the first at or above it) on
   `two-site` ÷ the same method on `lan`, for plain DDP (`none`), flat `diloco-overlap` and
   `hier`. Goal: hier <= 1.1 and better than flat DiLoCo-overlap, its final accuracy on lan within
-  1 point of plain DDP's on lan. `none` on two-site crosses the 20 Mbit/s link every step (~11 min
+  1 point of plain DDP's on lan. A method `hier+bf16` (or `diloco-overlap+bf16`) is that hook with
+  `comm.diloco_wire_dtype=bf16`: the pseudo-gradient crosses between sites in half the bytes. `none` on two-site crosses the 20 Mbit/s link every step (~11 min
   an epoch, as on home): by default it runs a short epoch that gives its bytes per step, and has
   no ratio (`--none-to-target` runs it to the target).
   Without `--none-to-target`, `none`'s time to the target on two-site is bounded from below:
@@ -31,7 +32,7 @@ on two-site (by seconds), else how many seconds behind it.
 With `--repeats K` every method but `none` runs K times on each profile, its order reversed from one
 repetition to the next, and the table holds the means (and each run's time): one run of each cannot
 separate methods 5 % apart on 2 shared cores.
-Usage: sudo .venv/bin/python bench/sites.py [--hosts 3] [--epochs 3] [--methods none,diloco-overlap,hier]
+Usage: sudo .venv/bin/python bench/sites.py [--hosts 3] [--epochs 3] [--methods none,diloco-overlap,hier,hier+bf16]
                                             [--none-to-target] [--repeats K]
 """
 
@@ -47,7 +48,7 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.wan import HOSTS, STEPS_PER_EPOCH, TARGET, Run, run_all  # noqa: E402
+from bench.wan import HOSTS, STEPS_PER_EPOCH, TARGET, Run, hook_of, run_all  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
 
@@ -111,7 +112,7 @@ def repeated(methods: list[str], repeats: int) -> list[list[str]]:
 
 def flags(profile: str, method: str) -> list[str]:
     """Each two-site run starts with `--comm METHOD` (which records auto's choice in commplan.json)."""
-    return [] if profile == "lan" else ["--comm", method, *(["perf.every_steps=1"] if method == "none" else [])]
+    return [] if profile == "lan" else ["--comm", hook_of(method), *(["perf.every_steps=1"] if method == "none" else [])]
 
 
 def show(hosts: int) -> Callable[[Run], str]:

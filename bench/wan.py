@@ -83,8 +83,18 @@ SAMPLER = ("import subprocess, sys, time\n"
            "    time.sleep(0.5)\n")
 
 
+WIRES = {"bf16": "comm.diloco_wire_dtype=bf16"}  # a method `hier+bf16`: hier, pseudo-gradients in bf16
+
+
+def hook_of(method: str) -> str:
+    """`hier+bf16` → `hier`: the `--comm` value of a bench method."""
+    return method.partition("+")[0]
+
+
 def overrides(hook: str, epochs: int, steps_per_epoch: int = STEPS_PER_EPOCH, hosts: int = HOSTS) -> list[str]:
-    return [f"epochs={epochs}", f"model.hidden=[{HIDDEN[0]},{HIDDEN[1]}]", "model.dropout=0.0",
+    """`hook`: a bench method, a `comm.hook` value with an optional `+bf16` (its wire dtype)."""
+    hook, _, wire = hook.partition("+")
+    return ([WIRES[wire]] if wire else []) + [f"epochs={epochs}", f"model.hidden=[{HIDDEN[0]},{HIDDEN[1]}]", "model.dropout=0.0",
             "data.name=synthetic_images", "data.image_size=5", "data.num_classes=10",
             f"data.train_size={steps_per_epoch * BATCH * hosts}", "data.test_size=2000",
             f"data.batch_size={BATCH}", "optim.lr=0.0006", "optim.momentum=0.9", "schedule.name=constant", "log.tensorboard=false", "log.print_every_steps=100",

@@ -51,6 +51,18 @@ def test_two_sites_choose_hier_and_say_why() -> None:
         "powersgd 168.0 ms > budget; hier 17.8 ms (2.7 ms inside + 15.2 ms between) <= budget 50.0 ms per step")
 
 
+def test_a_bf16_wire_halves_what_crosses_between_sites() -> None:
+    s = HookSettings(diloco_inner_steps=8, diloco_wire_bytes=2)
+    got = plan(125e6, 3, DIGITS, s, budget_s=0.05, rtt_s=0.0005, sites=site_links(matrix(SITES), SITES))
+    full = GRAD_BYTES * (256 * 64 + 256 + 128 * 256 + 128 + 10 * 128 + 10)
+    inside = full / 125e6 + 0.0005 + (2 * full / 125e6 + 2 * 0.0005) / 8  # DDP inside: fp32 as ever
+    between = full / 2 / 2.5e6 / 8 + 0.04 / 8
+    assert got.floor_of(Hook.HIER) == HookFloor(Hook.HIER, full / 2 / 8, inside + between,
+                                                 0.0005 + 2 * 0.0005 / 8 + 0.04 / 8, inside, between)
+    assert got.floor_of(Hook.DILOCO) == HookFloor(Hook.DILOCO, full / 2 / 8, 4 / 3 * full / 2 / 2.5e6 / 8 + 2 * 0.04 / 8,
+                                                   2 * 0.04 / 8)
+
+
 def test_a_fast_link_between_sites_keeps_plain_ddp() -> None:
     sites = site_links([(a, b, 1000.0, 0.5) for a in SITES for b in SITES if a != b], SITES)
     got = plan(125e6, 3, DIGITS, HookSettings(), budget_s=0.05, rtt_s=0.0005, sites=sites)

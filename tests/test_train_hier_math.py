@@ -2,7 +2,9 @@
 inside a site DDP's step is exactly the step on the site's joined batch, and every H steps the
 outer Nesterov step uses the sample-weighted mean of the sites' pseudo-gradients: equal, to 1e-6,
 to one process computing it all in float64 from the same data, synchronous and overlapped (one
-round late) alike.
+round late) alike. With ``comm.diloco_wire_dtype=bf16`` the sites' sums cross as bfloat16: the
+route's result is bit for bit the bfloat16 sum of the fp32 site sums (the weights exact), and
+training stays within bfloat16's rounding of the fp32 run.
 
 The ranks run the trainer's own pieces: train.sites.build (torch new_group per site and for the
 representatives), DDP over the site group, train.comm.attach, train.loop's micro_steps (site
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshrun.train import comm, sites
-from meshrun.train.config import CommConfig, CommHook
+from meshrun.train.config import CommConfig, CommHook, WireDtype
 from meshrun.train.dist import DistEnv
 from meshrun.train.loop import MicroStep, StepParts, forward_backward, micro_steps, optimizer_step
 from meshrun.train.sampler import GlobalStep, RankBatch
@@ -51,14 +53,16 @@ def global_steps() -> list[GlobalStep]:
     return out
 
 
-def _run(rank: int, places: sites.Sites, overlap: bool) -> dict:
+def _run(rank: int, places: sites.Sites, overlap: bool, wire: WireDtype = WireDtype.FP32) -> dict:
     module = network()
     optimizer = torch.optim.SGD(module.parameters(), lr=INNER_LR, momentum=INNER_MU)
     model = nn.parallel.DistributedDataParallel(module, process_group=places.group)
-    cfg = CommConfig(hook=CommHook.HIER, diloco_inner_steps=H, diloco_outer_lr=LR, diloco_outer_momentum=MU)
+    cfg = CommConfig(hook=CommHook.HIER, diloco_inner_steps=H, diloco_outer_lr=LR, diloco_outer_momentum=MU,
+                     diloco_wire_dtype=wire)
     communicator = comm.attach(model, optimizer, cfg, rank, WORLD, None, print, places)
     if not overlap:
-        communicator.diloco.settings = type(communicator.diloco.settings)(H, LR, MU, True, overlap=False)
+        communicator.diloco.settings = type(communicator.diloco.settings)(H, LR, MU, True, overlap=False,
+                                                                          wire=communicator.diloco.settings.wire)
     plan = communicator.scaled(micro_steps(global_steps(), rank, 1, communicator.peers))
     parts = StepParts(model, optimizer, None, None, torch.device("cpu"), 0.0)
     records = []
@@ -78,9 +82,37 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                                   world_size=world)
     places = sites.build(DistEnv(launched=True, rank=rank, world_size=world, site=KEYS[rank]))
     result = {"sync": _run(rank, places, False), "overlap": _run(rank, places, True),
-              "keys": list(places.keys)}
+              "bf16": _run(rank, places, True, WireDtype.BF16), "keys": list(places.keys),
+              "route": _route(rank, places)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
     torch_dist.destroy_process_group()
+
+
+ROUTE_HEAD = 6  # elements sent as bfloat16; then one fp32 weight
+
+
+def route_input(rank: int) -> torch.Tensor:
+    """Values bfloat16 cannot hold (1 + k/1024 ...), so its rounding shows; the weight too."""
+    head = torch.tensor([1 + (rank + 1) / 1024, -3.0 - rank / 512, 1e-3 * (rank + 1.37), 250.3 + rank,
+                         7e-6 * (2 - rank), 1.0])
+    return torch.cat([head, torch.tensor([1000.0 + rank / 3])])
+
+
+def _route(rank: int, places: sites.Sites) -> list[torch.Tensor]:
+    """Both route variants on fixed inputs, synchronous and overlapped."""
+    out = []
+    for async_op in (False, True):
+        flight = places.route.start(route_input(rank), async_op, ROUTE_HEAD, torch.bfloat16)
+        out.append(places.route.finish(flight).clone())
+    return out
+
+
+def route_expected() -> torch.Tensor:
+    """fp32 sums inside each site, then the bfloat16 sum of the sites' heads (each cast, summed,
+    rounded: gloo's bfloat16 sum), cast back; the weight summed in fp32."""
+    sums = [sum(route_input(r) for r in ranks) for ranks in SITES]
+    head = sum(s[:ROUTE_HEAD].bfloat16().float() for s in sums).bfloat16().float()
+    return torch.cat([head, sum(s[ROUTE_HEAD:] for s in sums)])
 
 
 def reference(overlap: bool) -> tuple[list[list[list[torch.Tensor]]], list[list[torch.Tensor]], list[torch.Tensor]]:
@@ -145,10 +177,16 @@ def test_site_peers_scale_each_loss_to_the_sites_mean() -> None:
     assert micro_steps(steps, 0, 1) == [MicroStep(2, 3 / 10, True, 10)]
 
 
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """One run of the 3 ranks for every assertion below (forking torch ranks is the cost)."""
+    out = tmp_path_factory.mktemp("hier")
+    fork_ranks(_worker, WORLD, str(out))
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+
+
 @pytest.mark.slow
-def test_hierarchical_update_equals_the_one_process_reference(tmp_path: Path) -> None:
-    fork_ranks(_worker, WORLD, str(tmp_path))
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+def test_hierarchical_update_equals_the_one_process_reference(ranks: list[dict]) -> None:
     assert ranks[0]["keys"] == list(KEYS)
     site_of = {r: s for s, members in enumerate(SITES) for r in members}
     for variant in ("sync", "overlap"):
@@ -164,3 +202,20 @@ def test_hierarchical_update_equals_the_one_process_reference(tmp_path: Path) ->
         # The two sites really trained apart inside a round, and the office's ranks together.
         mid = [ranks[r][variant]["records"][1]["after"] for r in range(WORLD)]
         assert close(mid[0], mid[1]) > 1e-3 and close(mid[0], mid[2]) == 0.0
+
+
+@pytest.mark.slow
+def test_bf16_wire_sums_the_sites_in_bfloat16_and_the_weights_exactly(ranks: list[dict]) -> None:
+    """The route's arithmetic bit for bit; then training with it: the flushed model is not the
+    fp32 run's, and differs from it by a bfloat16-sized part of how far training moved it."""
+    expected = route_expected()
+    assert not torch.equal(expected[:ROUTE_HEAD], sum(route_input(r) for r in range(WORLD))[:ROUTE_HEAD])
+    for r in range(WORLD):
+        for got in ranks[r]["route"]:
+            assert torch.equal(got, expected), (r, got, expected)
+    for r in range(WORLD):
+        bf16, fp32 = ranks[r]["bf16"], ranks[r]["overlap"]
+        gap, moved = close(bf16["flushed"], fp32["flushed"]), close(fp32["flushed"], params(network()))
+        # Each round's sum is rounded twice (2^-8 relative); Nesterov's momentum carries rounds on.
+        assert 0 < gap <= moved / 64, (r, gap, moved)
+    assert close(ranks[0]["bf16"]["flushed"], ranks[1]["bf16"]["flushed"]) == 0.0

@@ -77,7 +77,8 @@ def describe(cfg: TrainConfig) -> dict:
     return {"parameters": count, "gradient_bytes": 4 * count, "shapes": shapes,
             "comm": {"hook": cfg.comm.hook.value, "powersgd_rank": cfg.comm.powersgd_rank,
                      "localsgd_period": cfg.comm.localsgd_period,
-                     "diloco_inner_steps": cfg.comm.diloco_inner_steps}}
+                     "diloco_inner_steps": cfg.comm.diloco_inner_steps,
+                     "diloco_wire_dtype": cfg.comm.diloco_wire_dtype.value}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
 from meshrun.train import dist
-from meshrun.train.config import CommConfig, CommHook
+from meshrun.train.config import CommConfig, CommHook, WireDtype
 from meshrun.train.diloco import DiLoCo, DiLoCoSettings, Route, local_mean
 from meshrun.train.loop import MicroStep
 from meshrun.train.sites import Sites
@@ -53,6 +53,7 @@ from meshrun.train.sites import Sites
 FORMAT = 1
 DILOCO_HOOKS = (CommHook.DILOCO, CommHook.DILOCO_OVERLAP)  # replicas apart for a whole round
 OUTER_HOOKS = (*DILOCO_HOOKS, CommHook.HIER)  # an outer model and optimizer (train.diloco)
+WIRE_DTYPES = {WireDtype.FP32: torch.float32, WireDtype.BF16: torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,8 @@ def _attach_diloco(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Comm
         model.register_comm_hook(None, debugging_hooks.noop_hook)
     settings = DiLoCoSettings(cfg.diloco_inner_steps, cfg.diloco_outer_lr,
                               cfg.diloco_outer_momentum, cfg.diloco_nesterov,
-                              overlap=cfg.hook in (CommHook.DILOCO_OVERLAP, CommHook.HIER))
+                              overlap=cfg.hook in (CommHook.DILOCO_OVERLAP, CommHook.HIER),
+                              wire=WIRE_DTYPES[cfg.diloco_wire_dtype])
     diloco = DiLoCo(model.module, settings, sites.route if hier and sites is not None else Route())
     return Communicator(cfg.hook, world_size, model, diloco=diloco, optimizer=optimizer,
                         sites=sites if hier else None)

@@ -23,7 +23,7 @@ import yaml
 from meshrun.fsutil import read_regular
 from meshrun.layout import DEFAULT_PG_TIMEOUT_S
 from meshrun.train.kinds import (Backend, CommHook, DatasetKind, ModelKind, OptimizerKind,  # noqa: F401 - re-exported
-                         Precision, ScheduleKind)
+                         Precision, ScheduleKind, WireDtype)
 from meshrun.train.errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -117,6 +117,7 @@ class CommConfig:
     diloco_outer_lr: float = 0.7  # Douillard et al. 2023
     diloco_outer_momentum: float = 0.9
     diloco_nesterov: bool = True
+    diloco_wire_dtype: WireDtype = WireDtype.FP32  # bf16: the pseudo-gradient crosses in half the bytes
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,10 @@ Contract:
   replicas DDP keeps identical, so the site's sum is ``W_site * delta_site``), then one across the
   sites' representatives (the overlapped part, the only traffic between sites), then a broadcast
   from the representative inside the site. Both give every rank the same sum over all ranks.
+- ``comm.diloco_wire_dtype=bf16`` (``DiLoCoSettings.wire``): the pseudo-gradient part of that sum
+  crosses as bfloat16 (cast, all-reduce, cast back: torch's ``bf16_compress_hook`` arithmetic), in
+  half the bytes; the float buffers and the sample weight go beside it in fp32, so the weights
+  stay exact. Hierarchical: only between sites (inside a site the sum stays fp32).
 - ``flush()`` makes replicas identical (before evaluation, at the end of training): it applies
   the pending round, then syncs the partial current round synchronously. Rounds restart there.
 - State for checkpoints is plain tensors, dicts and ints (``torch.load(weights_only=True)``):
@@ -46,6 +50,16 @@ from meshrun.train.loop import MicroStep
 
 
 @dataclass(frozen=True)
+class InFlight:
+    """An outer all-reduce begun by ``Route.start``: summing ``buf`` in place, or, sent narrow,
+    its first ``len(narrow)`` elements as ``narrow`` (copied back by ``Route.finish``)."""
+
+    buf: torch.Tensor
+    works: tuple[torch_dist.Work, ...] = ()
+    narrow: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
 class Route:
     """Process groups of the outer all-reduce; all None: flat, over the default group."""
 
@@ -53,24 +67,42 @@ class Route:
     cross: torch_dist.ProcessGroup | None = None  # the sites' representatives; None elsewhere
     root: int = 0  # global rank of this site's representative
 
-    def start(self, buf: torch.Tensor, async_op: bool) -> torch_dist.Work | None:
-        """Begin summing ``buf`` in place over every rank; the part between sites may run on."""
+    def start(self, buf: torch.Tensor, async_op: bool, narrow: int = 0,
+              wire: torch.dtype = torch.float32) -> InFlight:
+        """Begin summing ``buf`` in place over every rank; the part between sites may run on.
+        ``narrow``: that many leading elements (the pseudo-gradient) cross as ``wire``."""
         if not dist.active():
-            return None
+            return InFlight(buf)
         if self.site is None:
-            return torch_dist.all_reduce(buf, async_op=async_op)
-        torch_dist.all_reduce(buf, group=self.site)
+            return _all_reduce(buf, None, async_op, narrow, wire)
+        torch_dist.all_reduce(buf, group=self.site)  # inside the site: exact, on the LAN
         if self.cross is not None:
-            return torch_dist.all_reduce(buf, group=self.cross, async_op=async_op)
-        return None
+            return _all_reduce(buf, self.cross, async_op, narrow, wire)
+        return InFlight(buf)
 
-    def finish(self, buf: torch.Tensor, work: torch_dist.Work | None) -> torch.Tensor:
+    def finish(self, flight: InFlight) -> torch.Tensor:
         """Wait for ``start``'s work; hierarchical: the representative's sum reaches its site."""
-        if work is not None:
+        for work in flight.works:
             work.wait()
+        buf = flight.buf
+        if flight.narrow is not None:
+            buf[:flight.narrow.numel()].copy_(flight.narrow)
         if self.site is not None and dist.active():
             torch_dist.broadcast(buf, src=self.root, group=self.site)
         return buf
+
+
+def _all_reduce(buf: torch.Tensor, group: torch_dist.ProcessGroup | None, async_op: bool,
+                narrow: int, wire: torch.dtype) -> InFlight:
+    """torch's all-reduce of ``buf``; with a narrower ``wire`` dtype, the same arithmetic as
+    torch's ``bf16_compress_hook`` on the first ``narrow`` elements (cast, sum, cast back), and
+    the rest (float buffers, the sample weight: exact totals) in a second all-reduce beside it."""
+    if narrow == 0 or wire == buf.dtype:
+        work = torch_dist.all_reduce(buf, group=group, async_op=async_op)
+        return InFlight(buf, (work,) if work is not None else ())
+    head = buf[:narrow].to(wire)
+    works = [torch_dist.all_reduce(part, group=group, async_op=async_op) for part in (head, buf[narrow:])]
+    return InFlight(buf, tuple(w for w in works if w is not None), head)
 
 
 @dataclass(frozen=True)
@@ -80,6 +112,7 @@ class DiLoCoSettings:
     outer_momentum: float
     nesterov: bool  # torch's Nesterov needs momentum > 0; ignored at momentum 0
     overlap: bool  # one-round-late outer update, all-reduce in the background
+    wire: torch.dtype = torch.float32  # the pseudo-gradient's dtype on the outer all-reduce
 
 
 def local_mean(plan: Sequence[MicroStep]) -> list[MicroStep]:
@@ -120,7 +153,7 @@ class DiLoCo:
             nesterov=settings.nesterov and settings.outer_momentum > 0)
         self.inner_step = 0  # inner steps in the current round (same on every rank)
         self.samples = 0  # this rank's real samples in the current round
-        self._work: torch_dist.Work | None = None
+        self._flight: InFlight | None = None
         self._pending: torch.Tensor | None = None  # overlap: the previous round's reduce buffer
         self._landed = True  # the pending buffer holds the sum over every rank
 
@@ -135,15 +168,19 @@ class DiLoCo:
         """End the round (collective): see the module docstring for both variants."""
         mine = weighted_sum(self.anchor, self.params, self.buffers, self.samples)
         if self.settings.overlap:
-            work = self.route.start(mine, async_op=True)
+            flight = self._start(mine, async_op=True)
             self._apply_pending()
-            self._work, self._pending, self._landed = work, mine, False
+            self._flight, self._pending, self._landed = flight, mine, False
         else:
             self._apply(self._reduced(mine))
         self._restart()
 
+    def _start(self, mine: torch.Tensor, async_op: bool) -> InFlight:
+        narrow = sum(a.numel() for a in self.anchor)  # the pseudo-gradient; buffers and weight stay
+        return self.route.start(mine, async_op, narrow, self.settings.wire)
+
     def _reduced(self, mine: torch.Tensor) -> torch.Tensor:
-        return self.route.finish(mine, self.route.start(mine, async_op=False))
+        return self.route.finish(self._start(mine, async_op=False))
 
     def flush(self) -> None:
         """Make every replica the outer model (collective): the pending round, then the
@@ -166,8 +203,9 @@ class DiLoCo:
         """The previous round's reduced buffer (overlap), waiting for its all-reduce (collective
         on a hierarchical route: the sum is broadcast inside each site)."""
         if self._pending is not None and not self._landed:
-            self.route.finish(self._pending, self._work)
-            self._work, self._landed = None, True
+            assert self._flight is not None
+            self.route.finish(self._flight)
+            self._flight, self._landed = None, True
         return self._pending
 
     @torch.no_grad()
@@ -205,7 +243,7 @@ class DiLoCo:
             a.copy_(saved)
         self.outer.load_state_dict(state["outer"])
         self.inner_step = state["inner_step"]
-        self._work, self._pending, self._landed = None, state["pending"], True
+        self._flight, self._pending, self._landed = None, state["pending"], True
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's replica: its parameters and floating buffers, samples in the round. At a
@@ -239,4 +277,4 @@ class DiLoCo:
         self._restart()
 
 
-__all__ = ["Route", "DiLoCoSettings", "DiLoCo", "local_mean", "weighted_sum"]
+__all__ = ["InFlight", "Route", "DiLoCoSettings", "DiLoCo", "local_mean", "weighted_sum"]

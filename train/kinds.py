@@ -39,6 +39,13 @@ class Precision(str, enum.Enum):
     FP16 = "fp16"
 
 
+class WireDtype(str, enum.Enum):
+    """The pseudo-gradient's dtype on the wire (DiLoCo's outer all-reduce; hier: between sites)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"  # half the bytes; the sample weights and float buffers stay fp32
+
+
 class Backend(str, enum.Enum):
     AUTO = "auto"
     GLOO = "gloo"

@@ -63,7 +63,8 @@ def describe(workload: Workload, root: Path) -> Gradients:
     comm = info.get("comm", {})
     return Gradients(tuple(tuple(s) for s in info["shapes"]),
                      HookSettings(int(comm.get("powersgd_rank", 4)), int(comm.get("localsgd_period", 4)),
-                                  int(comm.get("diloco_inner_steps", 8))))
+                                  int(comm.get("diloco_inner_steps", 8)),
+                                  diloco_wire_bytes=2 if comm.get("diloco_wire_dtype") == "bf16" else 4))
 
 
 Matrix = tuple[tuple[str, str, float | None, float | None], ...]  # (source, target, Mbit/s, RTT ms)

@@ -17,12 +17,13 @@ estimated from the parameter shapes the trainer prints (``python -m meshrun.trai
 - ``localsgd``: S every ``period`` steps, so S/period amortized (after the warm-up), latency too;
 - ``diloco`` / ``diloco-overlap``: one all-reduce of the pseudo-gradient (S) every H inner steps,
   so S/H and its latency amortized; the overlapped variant can also hide it behind the next round.
+  With ``comm.diloco_wire_dtype=bf16`` the pseudo-gradient crosses in 2 bytes a parameter: S/2H.
 
 - ``hier`` (with two sites or more, docs/sites.md): inside each site DDP's all-reduce of S every
   step over the largest site's hosts at the slowest site's measured bandwidth and RTT (one
   latency term per bucket), plus, per round, one in-site all-reduce and one broadcast of S; between
   sites one all-reduce of S across the K site representatives every H steps at the slowest
-  measured link between sites (one latency term per round). ``floor_s`` is their sum per step
+  measured link between sites (one latency term per round; S/2 with the bf16 wire). ``floor_s`` is their sum per step
   (``inside_s`` + ``between_s``); the overlap can hide ``between_s`` behind the next round.
 
 With sites the flat hooks' ring crosses the links between sites, so their floors use the slower
@@ -68,6 +69,7 @@ class HookSettings:
     localsgd_period: int = 4
     diloco_inner_steps: int = 8
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    diloco_wire_bytes: int = GRAD_BYTES  # per parameter on DiLoCo's outer all-reduce (bf16: 2)
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def hook_bytes(hook: Hook, shapes: Iterable[Sequence[int]], settings: HookSettin
     if hook is Hook.POWERSGD:
         return float(GRAD_BYTES * sum(powersgd_elements(s, settings.powersgd_rank) for s in shapes))
     if hook in (Hook.DILOCO, Hook.DILOCO_OVERLAP):
-        return full / settings.diloco_inner_steps
+        return full * settings.diloco_wire_bytes / GRAD_BYTES / settings.diloco_inner_steps
     return full / settings.localsgd_period
 
 
@@ -192,10 +194,11 @@ def hier_floor(shapes: Sequence[Sequence[int]], settings: HookSettings, sites: S
         inside = step + latency_in + per_round / h
         latency_in += latency_floor_s(n, sites.inside.rtt_s, 2) / h
     latency_x = between = 0.0
+    wire = full * settings.diloco_wire_bytes / GRAD_BYTES  # the pseudo-gradient between sites
     if sites.between is not None:
         latency_x = latency_floor_s(k, sites.between.rtt_s) / h
-        between = ring_floor_s(full, k, sites.between.bandwidth_bytes_s) / h + latency_x
-    return HookFloor(Hook.HIER, full / h, inside + between, latency_in + latency_x, inside, between)
+        between = ring_floor_s(wire, k, sites.between.bandwidth_bytes_s) / h + latency_x
+    return HookFloor(Hook.HIER, wire / h, inside + between, latency_in + latency_x, inside, between)
 
 
 def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
