@@ -207,14 +207,21 @@ def last_line(rows: list[tuple[str, float, float, bool]], auto: list[str]) -> st
         return text + "; auto: - (no commplan.json)"
     chosen = sorted(set(auto))
     seconds = {r[0]: r[1] for r in measured}
-    verdicts = []
+    verdicts = []  # auto names a hook; a method `hier+bf16` is the hook `hier` with a wire dtype
     if best:
-        verdicts.append("= P9 best" if chosen == [best[0]] else "not P9 best")
+        verdicts.append(_same("P9 best", chosen, best[0]))
     if fastest and not open_:
         mine = seconds.get(chosen[0]) if len(chosen) == 1 else None
-        verdicts.append("= fastest" if chosen == [fastest[0]] else
+        verdicts.append(_same("fastest", chosen, fastest[0]) if chosen == [hook_of(fastest[0])] else
                         f"{mine - fastest[1]:+.1f} s vs the fastest" if mine is not None else "not the fastest")
     return text + f"; auto: {'/'.join(chosen)} ({', '.join(verdicts) or 'nothing measured'})"
+
+
+def _same(what: str, chosen: list[str], method: str) -> str:
+    """`= P9 best`, `= P9 best's hook` (auto chose hier, the best was hier+bf16), or `not P9 best`."""
+    if chosen == [method]:
+        return f"= {what}"
+    return f"= {what}'s hook" if chosen == [hook_of(method)] else f"not {what}"
 
 
 def _f(value: float | None) -> str:

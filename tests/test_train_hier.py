@@ -1,7 +1,8 @@
 """comm.hook=hier in whole trainer runs (gloo on CPU, two simulated hosts started as the controller
 starts them, MESHRUN_SITE set as the launch plan sets it): sites 2 + 1, a checkpoint mid-round
 that holds the sites and the replicas, a resume on other sites that completes the round from the
-saved replicas, and digits accuracy within one point of plain DDP on the same 3 ranks."""
+saved replicas, and digits accuracy within one point of plain DDP on the same 3 ranks (the
+part on two sites with the bfloat16 wire between them)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ def diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 @pytest.mark.slow
 def test_sites_train_apart_resume_elsewhere_and_match_plain_ddp(tmp_path: Path) -> None:
     two = {"a": {"MESHRUN_SITE": "office"}, "b": {"MESHRUN_SITE": "home"}}
-    stopped = train_hosts(tmp_path, HOSTS, *RUN, "debug.stop_after_step=35", envs=two)
+    # The first part sends the pseudo-gradient between sites as bfloat16 (comm.diloco_wire_dtype).
+    stopped = train_hosts(tmp_path, HOSTS, *RUN, "debug.stop_after_step=35", "comm.diloco_wire_dtype=bf16", envs=two)
     for done in stopped.values():  # torchrun reports the workers' status 3 as a failure
         assert done.returncode != 0 and "debug.stop_after_step=35" in done.stderr, done.stderr[-3000:]
-    assert "comm: hier: 2 sites: office ranks [0, 1], home ranks [2]" in stopped["a"].stdout
+    assert ("comm: hier: 2 sites: office ranks [0, 1], home ranks [2]; DDP inside each site, diloco-overlap "
+            "between sites every 8 steps (pseudo-gradient in bf16)") in stopped["a"].stdout
     mid = torch.load(tmp_path / "a" / "run" / "checkpoints" / checkpoint_name(35), weights_only=True)["comm"]
     assert (mid["hook"], mid["sites"], mid["diloco"]["inner_step"]) == ("hier", ["office", "office", "home"], 5)
     ranks = [r["params"] for r in mid["ranks"]]

@@ -113,7 +113,8 @@ class Trainer:
                                 self._comm_saved, console.line, places)
         if places is not None:
             console.line(f"comm: hier: {places.describe()}; DDP inside each site, diloco-overlap between "
-                         f"sites every {cfg.comm.diloco_inner_steps} steps")
+                         f"sites every {cfg.comm.diloco_inner_steps} steps (pseudo-gradient in "
+                         f"{cfg.comm.diloco_wire_dtype.value})")
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
         self._build_loaders()
         self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
