@@ -211,10 +211,17 @@ def last_line(rows: list[tuple[str, float, float, bool]], auto: list[str]) -> st
     if best:
         verdicts.append(_same("P9 best", chosen, best[0]))
     if fastest and not open_:
-        mine = seconds.get(chosen[0]) if len(chosen) == 1 else None
+        mine = _seconds_of(seconds, chosen[0]) if len(chosen) == 1 else None
         verdicts.append(_same("fastest", chosen, fastest[0]) if chosen == [hook_of(fastest[0])] else
                         f"{mine - fastest[1]:+.1f} s vs the fastest" if mine is not None else "not the fastest")
     return text + f"; auto: {'/'.join(chosen)} ({', '.join(verdicts) or 'nothing measured'})"
+
+
+def _seconds_of(seconds: dict[str, float], hook: str) -> float | None:
+    """The two-site time of the method auto's hook names: that method, else the one `hook+…`."""
+    if hook in seconds:
+        return seconds[hook]
+    return next((s for method, s in seconds.items() if hook_of(method) == hook), None)
 
 
 def _same(what: str, chosen: list[str], method: str) -> str:
