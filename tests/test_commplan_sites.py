@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from meshrun.deploy.run.commplan import (GRAD_BYTES, Hook, HookFloor, HookSettings, LinkStats, SiteLinks, plan,
-                                         site_links)
+                                         site_links, wire_hint)
 from tests.test_commplan import DIGITS
 
 SITES = {"a1": "office", "a2": "office", "b1": "home"}
@@ -63,6 +63,22 @@ def test_a_bf16_wire_halves_what_crosses_between_sites() -> None:
                                                    2 * 0.04 / 8)
 
 
+def test_the_plan_hints_at_the_bf16_wire_where_the_link_is_what_limits() -> None:
+    sites = site_links(matrix(SITES), SITES)  # floors below: the formulas of the two tests above
+    slow = plan(125e6, 3, DIGITS, HookSettings(diloco_inner_steps=8), budget_s=0.005, rtt_s=0.0005, sites=sites)
+    assert wire_hint(Hook.HIER, slow, DIGITS, HookSettings(diloco_inner_steps=8)) == (
+        "comm.diloco_wire_dtype=bf16 would send hier's pseudo-gradient between sites in half the bytes: floor "
+        "12.7 ms per step instead of 17.8 ms (rounded to bfloat16, docs/sites.md)")
+    assert wire_hint(Hook.DILOCO_OVERLAP, slow, DIGITS, HookSettings(diloco_inner_steps=8)) == (
+        "comm.diloco_wire_dtype=bf16 would send diloco-overlap's pseudo-gradient in half the bytes: floor "
+        "16.8 ms per step instead of 23.6 ms (rounded to bfloat16, docs/sites.md)")
+    # Already bf16, a hook with nothing to narrow, or a floor within the budget: no hint.
+    assert wire_hint(Hook.HIER, slow, DIGITS, HookSettings(diloco_inner_steps=8, diloco_wire_bytes=2)) == ""
+    assert wire_hint(Hook.POWERSGD, slow, DIGITS, HookSettings(diloco_inner_steps=8)) == ""
+    roomy = plan(125e6, 3, DIGITS, HookSettings(diloco_inner_steps=8), budget_s=0.05, rtt_s=0.0005, sites=sites)
+    assert wire_hint(Hook.HIER, roomy, DIGITS, HookSettings(diloco_inner_steps=8)) == ""
+
+
 def test_a_fast_link_between_sites_keeps_plain_ddp() -> None:
     sites = site_links([(a, b, 1000.0, 0.5) for a in SITES for b in SITES if a != b], SITES)
     got = plan(125e6, 3, DIGITS, HookSettings(), budget_s=0.05, rtt_s=0.0005, sites=sites)
@@ -84,8 +100,10 @@ def test_commplan_json_holds_the_sites_and_the_matrix(tmp_path) -> None:
 
     links = tuple(matrix(SITES))
     got = plan(125e6, 3, DIGITS, HookSettings(), budget_s=0.05, rtt_s=0.0005, sites=site_links(links, SITES))
-    save_plan(tmp_path, "r1", dataclasses.replace(got, links=links), "hier")
+    hint = wire_hint(Hook.HIER, dataclasses.replace(got, budget_s=0.005), DIGITS, HookSettings())
+    save_plan(tmp_path, "r1", dataclasses.replace(got, links=links, hint=hint), "hier")
     saved = load_plan(tmp_path, "r1")
+    assert saved["hint"] == hint and hint.startswith("comm.diloco_wire_dtype=bf16 would send hier's")
     assert saved["links"][0] == {"source": "a1", "target": "a2", "mbit_s": 1000.0, "rtt_ms": 0.5}
     assert saved["site_links"]["sites"] == [["office", ["a1", "a2"]], ["home", ["b1"]]]
     hier = next(f for f in saved["floors"] if f["hook"] == "hier")

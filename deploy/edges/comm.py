@@ -113,6 +113,10 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
             at = f"floor {floor.floor_s * 1e3:.1f} ms per step" if floor is not None else "no floor"
             renderer.info(f"comm: comm.hook={hook.value}, {at} "
                           f"(recommended: {plan.recommended.value}; {plan.reason})")
+    if plan is not None:
+        plan = dataclasses.replace(plan, hint=commplan.wire_hint(hook, plan, gradients.shapes, gradients.settings))
+        if plan.hint:
+            renderer.info(f"comm: {plan.hint}")
     return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *workload.args)), plan
 
 

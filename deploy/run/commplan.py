@@ -36,7 +36,7 @@ diloco; when none fits, the hook with the lowest floor. Nothing here touches the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Mapping, Sequence
 
@@ -118,6 +118,7 @@ class CommPlan:
     reason: str
     site_links: SiteLinks | None = None  # with sites declared: what the floors inside and between used
     links: tuple[tuple[str, str, float | None, float | None], ...] = ()  # (source, target, Mbit/s, RTT ms)
+    hint: str = ""  # what a setting would save on the hook the run uses (``wire_hint``)
 
     def floor_of(self, hook: Hook) -> HookFloor | None:
         return next((f for f in self.floors if f.hook is hook), None)
@@ -230,6 +231,27 @@ def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
     reason = (f"{gradient / 1e6:.2f} MB of gradients, {nodes} nodes{where}, {mbit:.1f} Mbit/s per node, "
               f"RTT {_ms(rtt_s)}: " + reason)
     return CommPlan(nodes, bandwidth_bytes_s, rtt_s, gradient, budget_s, floors, chosen, reason, sites)
+
+
+OUTER_HOOKS = (Hook.DILOCO, Hook.DILOCO_OVERLAP, Hook.HIER)  # a pseudo-gradient that can cross in bf16
+
+
+def wire_hint(hook: Hook, plan: CommPlan, shapes: Sequence[Sequence[int]], settings: HookSettings) -> str:
+    """For a DiLoCo-family hook whose floor exceeds the budget with an fp32 pseudo-gradient: its
+    floor with ``comm.diloco_wire_dtype=bf16`` (half the bytes on the outer all-reduce); else ""."""
+    now = plan.floor_of(hook)
+    narrowable = hook in OUTER_HOOKS and settings.diloco_wire_bytes == GRAD_BYTES
+    if not narrowable or now is None or now.floor_s <= plan.budget_s:
+        return ""
+    half = replace(settings, diloco_wire_bytes=GRAD_BYTES // 2)
+    if hook is Hook.HIER:
+        assert plan.site_links is not None  # a hier floor is only planned with sites
+        bf16 = hier_floor(shapes, half, plan.site_links)
+    else:
+        bf16 = hook_floor(hook, shapes, half, plan.nodes, plan.bandwidth_bytes_s, plan.rtt_s)
+    where = " between sites" if hook is Hook.HIER else ""
+    return (f"comm.diloco_wire_dtype=bf16 would send {hook.value}'s pseudo-gradient{where} in half the bytes: "
+            f"floor {_ms(bf16.floor_s)} per step instead of {_ms(now.floor_s)} (rounded to bfloat16, docs/sites.md)")
 
 
 def _floor(floor: HookFloor) -> str:
