@@ -11,7 +11,8 @@ step computes ~100 ms on 2 shared cores, target test accuracy 0.96).
   `two-site` ÷ the same method on `lan`, for plain DDP (`none`), flat `diloco-overlap` and
   `hier`. Goal: hier <= 1.1 and better than flat DiLoCo-overlap, its final accuracy on lan within
   1 point of plain DDP's on lan. A method `hier+bf16` (or `diloco-overlap+bf16`) is that hook with
-  `comm.diloco_wire_dtype=bf16`: the pseudo-gradient crosses between sites in half the bytes. `none` on two-site crosses the 20 Mbit/s link every step (~11 min
+  `comm.diloco_wire_dtype=bf16`: the pseudo-gradient crosses between sites in half the bytes.
+  `none` on two-site crosses the 20 Mbit/s link every step (~11 min
   an epoch, as on home): by default it runs a short epoch that gives its bytes per step, and has
   no ratio (`--none-to-target` runs it to the target).
   Without `--none-to-target`, `none`'s time to the target on two-site is bounded from below:
@@ -32,7 +33,10 @@ on two-site (by seconds), else how many seconds behind it.
 With `--repeats K` every method but `none` runs K times on each profile, its order reversed from one
 repetition to the next, and the table holds the means (and each run's time): one run of each cannot
 separate methods 5 % apart on 2 shared cores.
+`--profile two-site-far` puts the sites `far` apart (50 Mbit/s, 150 ms RTT) instead; the table
+and the last line then name that profile.
 Usage: sudo .venv/bin/python bench/sites.py [--hosts 3] [--epochs 3] [--methods none,diloco-overlap,hier,hier+bf16]
+                                            [--profile two-site|two-site-far]
                                             [--none-to-target] [--repeats K]
 """
 
@@ -77,6 +81,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run each method (but none) K times on each profile, in alternating order; "
                              "the table holds the means")
+    parser.add_argument("--profile", default="two-site", choices=("two-site", "two-site-far"),
+                        help="the sites' link: home (two-site) or far")
     parser.add_argument("--wait", type=float, default=900, help="seconds to wait for the test bed lock")
     args = parser.parse_args()
     methods, hosts = args.methods.split(","), args.hosts
@@ -93,12 +99,12 @@ def main() -> int:
             inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-sites.yaml"),
                                                 host_overrides={h: {"site": s} for h, s in sites(hosts).items()})
             for order in repeated(methods, args.repeats):
-                runs += run_all(cluster, inventory, [("lan", order), ("two-site", order)], args.epochs,
+                runs += run_all(cluster, inventory, [("lan", order), (args.profile, order)], args.epochs,
                                 args.none_to_target, show(hosts), extra=flags, hosts=hosts, synced=bool(runs))
         finally:
             cluster.down()
     print(f"bench total {time.time() - started:.0f} s")
-    report(runs, methods, hosts)
+    report(runs, methods, hosts, args.profile)
     return 0
 
 
@@ -134,18 +140,18 @@ def none_bound(lan: Run, two_site: Run) -> float | None:
     return lan.hit_epoch * (lan.steps // max(1, lan.epochs_run)) * min(two_site.step_times)
 
 
-def auto_choices(runs: list[Run]) -> list[tuple[str, str]]:
+def auto_choices(runs: list[Run], profile: str) -> list[tuple[str, str]]:
     """(recommended, reason) of each two-site run's commplan.json (`fab train --comm`)."""
     out = []
     for run in runs:
         path = REPO / "runs" / run.run_id / "commplan.json"
-        if run.shape == "two-site" and run.run_id and path.is_file():
+        if run.shape == profile and run.run_id and path.is_file():
             saved = json.loads(path.read_text())
             out.append((saved["recommended"], saved["reason"]))
     return out
 
 
-def report(runs: list[Run], methods: list[str], hosts: int) -> None:
+def report(runs: list[Run], methods: list[str], hosts: int, profile: str = "two-site") -> None:
     by: dict[tuple[str, str], list[Run]] = {}
     for run in runs:
         by.setdefault((run.shape, run.hook), []).append(run)
@@ -153,14 +159,14 @@ def report(runs: list[Run], methods: list[str], hosts: int) -> None:
     placed = sites(hosts)
     where = " | ".join(f"{site} {', '.join(h for h, s in placed.items() if s == site)}" for site in ("office", "home"))
     repeats = max(len(v) for v in by.values()) if by else 0
-    print(f"\nP9: time to test accuracy {TARGET:.2f}, two-site ÷ lan, {hosts} hosts ({where}); "
+    print(f"\nP9: time to test accuracy {TARGET:.2f}, {profile} ÷ lan, {hosts} hosts ({where}); "
           f"goal: hier <= {GOAL} and below diloco-overlap, within 1 point of none on lan"
           + (f"; means of {repeats} runs of each method (but none) on each profile" if repeats > 1 else ""))
-    print(f"{'method':>14}  {'lan s':>6}  {'two-site s':>10}  {'ratio':>7}  {'final acc':>9}  {'Δ vs none':>9}  "
-          f"{'between kB/step':>15}  {'sync s lan/two-site':>19}")
-    rows: list[tuple[str, float, float, bool]] = []  # (method, two-site s, ratio, a lower bound)
+    print(f"{'method':>14}  {'lan s':>6}  {profile + ' s':>10}  {'ratio':>7}  {'final acc':>9}  {'Δ vs none':>9}  "
+          f"{'between kB/step':>15}  {'sync s lan/' + profile:>19}")
+    rows: list[tuple[str, float, float, bool]] = []  # (method, the sites' profile s, ratio, a lower bound)
     for method in methods:
-        lan, two_site = by.get(("lan", method)), by.get(("two-site", method))
+        lan, two_site = by.get(("lan", method)), by.get((profile, method))
         if not lan or not two_site:
             continue
         a_s, two, bound = mean([r.time_to_target for r in lan]), mean([r.time_to_target for r in two_site]), False
@@ -172,27 +178,27 @@ def report(runs: list[Run], methods: list[str], hosts: int) -> None:
         between = sum(between_per_step(r, hosts) for r in two_site) / len(two_site)
         two_sync = None if bound else mean([r.sync_to_target for r in two_site])
         print(f"{method:>14}  {_f(a_s):>6}  {ge + _f(two):>10}  "
-              f"{(ge + f'{ratio:.2f}' if ratio else '-'):>7}  {lan[0].final_acc:>9.4f}  {delta:>+8.1f}p  "
+              f"{(ge + f'{ratio:.2f}' if ratio else '-'):>7}  {lan[0].final_acc:>9.4f}  {_delta(delta) if base else '-':>9}  "
               f"{between / 1e3:>15.0f}  {_f(mean([r.sync_to_target for r in lan])) + '/' + _f(two_sync):>19}")
         if len(lan) > 1:
-            print(f"{'':>14}  each run: lan {', '.join(_f(r.time_to_target) for r in lan)}; two-site "
+            print(f"{'':>14}  each run: lan {', '.join(_f(r.time_to_target) for r in lan)}; {profile} "
                   f"{', '.join(_f(r.time_to_target) for r in two_site)}")
         if ratio is not None and two is not None and (base is None or delta >= -1.0):  # no `none` run: not compared
             rows.append((method, two, ratio, bound))
-    print("between kB/step: bytes per optimizer step the office received from home on two-site (the test bed's "
+    print(f"between kB/step: bytes per optimizer step the office received from home on {profile} (the test bed's "
           "delay-chain counters: one direction)")
     print("sync s: of the time to the target, making the replicas one model before each evaluation (DiLoCo and "
           "hier: the rounds in flight cross the links; epoch records' sync_seconds)")
     if any(bound for *_, bound in rows):
-        print(f"none on two-site: a lower bound (steps to the target on lan × its fastest two-site step; "
+        print(f"none on {profile}: a lower bound (steps to the target on lan × its fastest {profile} step; "
               f"{STEPS_PER_EPOCH}-step epochs not run to the target: --none-to-target)")
-    choices = auto_choices(runs)
+    choices = auto_choices(runs, profile)
     for hook, reason in sorted(set(choices)):
-        print(f"auto on two-site ({choices.count((hook, reason))} run(s)): {hook} ({reason})")
-    print(last_line(rows, [hook for hook, _ in choices]))
+        print(f"auto on {profile} ({choices.count((hook, reason))} run(s)): {hook} ({reason})")
+    print(last_line(rows, [hook for hook, _ in choices], profile))
 
 
-def last_line(rows: list[tuple[str, float, float, bool]], auto: list[str]) -> str:
+def last_line(rows: list[tuple[str, float, float, bool]], auto: list[str], profile: str = "two-site") -> str:
     """`P9 best: METHOD RATIO; fastest on two-site: METHOD S; auto: METHOD (...)`: whether auto's
     choice is P9's best (by ratio) and the fastest on two-site (by seconds); a bound only rules a
     method out when it exceeds a measured one."""
@@ -201,7 +207,7 @@ def last_line(rows: list[tuple[str, float, float, bool]], auto: list[str]) -> st
     fastest = min(measured, key=lambda r: r[1], default=None)
     open_ = [r[0] for r in rows if r[3] and fastest is not None and r[1] < fastest[1]]
     text = f"P9 best: {best[0]} {best[2]:.2f}" if best else "P9 best: - nan"
-    text += f"; fastest on two-site: {fastest[0]} {fastest[1]:.1f} s" if fastest else "; fastest on two-site: -"
+    text += f"; fastest on {profile}: {fastest[0]} {fastest[1]:.1f} s" if fastest else f"; fastest on {profile}: -"
     text += f" (undecided against {', '.join(open_)}: only bounded)" if open_ else ""
     if not auto:
         return text + "; auto: - (no commplan.json)"
@@ -229,6 +235,10 @@ def _same(what: str, chosen: list[str], method: str) -> str:
     if chosen == [method]:
         return f"= {what}"
     return f"= {what}'s hook" if chosen == [hook_of(method)] else f"not {what}"
+
+
+def _delta(points: float) -> str:
+    return f"{points:+.1f}p"
 
 
 def _f(value: float | None) -> str:

@@ -24,6 +24,7 @@ from torch import nn
 
 from meshrun.train import comm, sites
 from meshrun.train.config import CommConfig, CommHook, WireDtype
+from meshrun.train.diloco import Route
 from meshrun.train.dist import DistEnv
 from meshrun.train.loop import MicroStep, StepParts, forward_backward, micro_steps, optimizer_step
 from meshrun.train.sampler import GlobalStep, RankBatch
@@ -99,11 +100,11 @@ def route_input(rank: int) -> torch.Tensor:
 
 
 def _route(rank: int, places: sites.Sites) -> list[torch.Tensor]:
-    """Both route variants on fixed inputs, synchronous and overlapped."""
+    """The hierarchical route on fixed inputs, synchronous and overlapped; then the flat one."""
     out = []
-    for async_op in (False, True):
-        flight = places.route.start(route_input(rank), async_op, ROUTE_HEAD, torch.bfloat16)
-        out.append(places.route.finish(flight).clone())
+    for route, async_op in ((places.route, False), (places.route, True), (Route(), True)):
+        flight = route.start(route_input(rank), async_op, ROUTE_HEAD, torch.bfloat16)
+        out.append(route.finish(flight).clone())
     return out
 
 
@@ -211,8 +212,14 @@ def test_bf16_wire_sums_the_sites_in_bfloat16_and_the_weights_exactly(ranks: lis
     expected = route_expected()
     assert not torch.equal(expected[:ROUTE_HEAD], sum(route_input(r) for r in range(WORLD))[:ROUTE_HEAD])
     for r in range(WORLD):
-        for got in ranks[r]["route"]:
+        for got in ranks[r]["route"][:2]:
             assert torch.equal(got, expected), (r, got, expected)
+    # Flat: gloo's ring sums 3 ranks' bfloat16 in its own order (not modelled bit for bit), but
+    # every rank gets the same bits, within bfloat16's rounding, and the weight exactly.
+    flat, exact = [ranks[r]["route"][2] for r in range(WORLD)], sum(route_input(r) for r in range(WORLD))
+    assert all(torch.equal(f, flat[0]) for f in flat)
+    assert ((flat[0] - exact).abs() <= exact.abs() / 64)[:ROUTE_HEAD].all() and flat[0][-1] == exact[-1]
+    assert not torch.equal(flat[0][:ROUTE_HEAD], exact[:ROUTE_HEAD])
     for r in range(WORLD):
         bf16, fp32 = ranks[r]["bf16"], ranks[r]["overlap"]
         gap, moved = close(bf16["flushed"], fp32["flushed"]), close(fp32["flushed"], params(network()))
