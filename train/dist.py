@@ -127,6 +127,19 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     return values
 
 
+def all_reduce_sums(*tensors: torch.Tensor) -> None:
+    """Sum each tensor over ranks in place, the all-reduces started together (their round trips
+    overlap) and then waited for; nothing without a process group."""
+    if active():
+        for work in [torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM, async_op=True) for t in tensors]:
+            work.wait()
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(this rank, the world size) of the process group; (0, 1) without one."""
+    return (torch_dist.get_rank(), torch_dist.get_world_size()) if active() else (0, 1)
+
+
 def all_gather_ints(value: int, device: torch.device) -> list[int]:
     """Every rank's ``value``, indexed by rank."""
     return [int(v) for v in _all_gather_scalar(value, torch.int64, device)]
@@ -197,5 +210,6 @@ def barrier() -> None:
         torch_dist.barrier()
 
 
-__all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum",
+__all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum", "all_reduce_sums",
+           "rank_and_world",
            "all_gather_ints", "all_gather_floats", "all_gather_objects", "broadcast_bytes", "barrier"]
