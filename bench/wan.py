@@ -93,12 +93,13 @@ def hook_of(method: str) -> str:
 
 def overrides(hook: str, epochs: int, steps_per_epoch: int = STEPS_PER_EPOCH, hosts: int = HOSTS) -> list[str]:
     """`hook`: a bench method, a `comm.hook` value with an optional `+bf16` (its wire dtype)."""
-    hook, _, wire = hook.partition("+")
-    return ([WIRES[wire]] if wire else []) + [f"epochs={epochs}", f"model.hidden=[{HIDDEN[0]},{HIDDEN[1]}]", "model.dropout=0.0",
+    wire = hook.partition("+")[2]
+    return ([WIRES[wire]] if wire else []) + [
+            f"epochs={epochs}", f"model.hidden=[{HIDDEN[0]},{HIDDEN[1]}]", "model.dropout=0.0",
             "data.name=synthetic_images", "data.image_size=5", "data.num_classes=10",
             f"data.train_size={steps_per_epoch * BATCH * hosts}", "data.test_size=2000",
             f"data.batch_size={BATCH}", "optim.lr=0.0006", "optim.momentum=0.9", "schedule.name=constant", "log.tensorboard=false", "log.print_every_steps=100",
-            "perf.comm_probe_steps=3", f"comm.hook={hook}", "comm.start_iter=2",
+            "perf.comm_probe_steps=3", f"comm.hook={hook_of(hook)}", "comm.start_iter=2",
             f"comm.powersgd_rank={SETTINGS.powersgd_rank}",
             f"comm.localsgd_period={SETTINGS.localsgd_period}",
             f"comm.diloco_inner_steps={SETTINGS.diloco_inner_steps}"]

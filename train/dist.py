@@ -145,11 +145,6 @@ def all_gather_ints(value: int, device: torch.device) -> list[int]:
     return [int(v) for v in _all_gather_scalar(value, torch.int64, device)]
 
 
-def all_gather_floats(value: float, device: torch.device) -> list[float]:
-    """Every rank's ``value`` (float64), indexed by rank."""
-    return [float(v) for v in _all_gather_scalar(value, torch.float64, device)]
-
-
 def _all_gather_scalar(value: float, dtype: torch.dtype, device: torch.device) -> list[Any]:
     if not active():
         return [value]
@@ -212,4 +207,4 @@ def barrier() -> None:
 
 __all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum", "all_reduce_sums",
            "rank_and_world",
-           "all_gather_ints", "all_gather_floats", "all_gather_objects", "broadcast_bytes", "barrier"]
+           "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]
