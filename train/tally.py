@@ -6,7 +6,8 @@ every rank. Loss and accuracy are sums over real samples divided by the number o
 of all ranks, so a rank with a bigger batch weighs more, exactly as in one big batch.
 Coverage counts how often each sample index reached the model in this epoch, over all ranks,
 with the samples consumed before a resume counted once (they are, by the sampler's contract,
-the epoch order's first ``consumed`` indices).
+the epoch order's first ``consumed`` indices); ``train.coverage`` sends it as one bit per
+sample when that proves the answer, and the exact counts only when it does not.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from meshrun.train import dist
+from meshrun.train import coverage, dist
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,11 @@ class EpochTally:
     def finish(self, ended: float | None = None) -> EpochTotals:
         """Collective. `ended`: the `perf_counter()` at which this rank's training ended (its
         samples/s leave out what came after, e.g. the sync before evaluation); default now.
-        Two all-reduces, started together: over a slow link each collective costs its round
+        Three all-reduces, started together: over a slow link each collective costs its round
         trips (four separate ones took ~2 s an epoch at 150 ms RTT). Per-rank values travel in
-        their rank's slot of a zeroed vector, so summing gathers them exactly."""
+        their rank's slot of a zeroed vector, so summing gathers them exactly. Coverage goes as
+        one bit per sample (``train.coverage``); only an epoch where a sample was used twice
+        sums the exact counts after them."""
         seconds = (time.perf_counter() if ended is None else ended) - self.started
         rank, world = dist.rank_and_world()
         floats = torch.zeros(3 + world, dtype=torch.float64, device=self.device)
@@ -74,10 +77,16 @@ class EpochTally:
         floats[3 + rank] = seconds
         counts = torch.bincount(torch.cat(self.seen) if self.seen else
                                 torch.zeros(0, dtype=torch.int64), minlength=self.num_samples)
-        ints = torch.cat([counts, torch.zeros(world, dtype=torch.int64)]).to(device=self.device, dtype=torch.int32)
-        ints[self.num_samples + rank] = self.samples
-        dist.all_reduce_sums(floats, ints)
-        coverage = ints[:self.num_samples]
+        seen = coverage.pack(counts)
+        ints = torch.zeros(world + 2, dtype=torch.int64)
+        ints[rank], ints[world], ints[world + 1] = self.samples, seen.distinct, int(seen.repeated)
+        ints, bits = ints.to(self.device), seen.bits.to(self.device)
+        dist.all_reduce_sums(floats, ints, bits)
+        uses = coverage.verdict(bits, int(ints[world]), int(ints[world + 1]), self.num_samples)
+        if uses is None:
+            exact = counts.to(device=self.device, dtype=torch.int32)
+            dist.all_reduce_sums(exact)
+            uses = int(exact.min()), int(exact.max())
         return EpochTotals(float(floats[0]), int(floats[1]), int(floats[2]),
-                           tuple(int(v) for v in ints[self.num_samples:].tolist()),
-                           tuple(float(v) for v in floats[3:].tolist()), int(coverage.min()), int(coverage.max()))
+                           tuple(int(v) for v in ints[:world].tolist()),
+                           tuple(float(v) for v in floats[3:].tolist()), *uses)
