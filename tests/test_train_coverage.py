@@ -1,8 +1,9 @@
 """Coverage in one bit per sample (train.coverage): exact (fewest, most) uses whenever the bitmaps
 prove them, None whenever they cannot, checked against counting by brute force; and
 ``EpochTally.finish`` on 3 real gloo ranks gives the exact counts' answer in a healthy epoch (one
-bit per sample crossed), with a gap, with two ranks sharing a sample and with a rank that saw a
-sample twice (the exact counts' fallback), every rank alike."""
+bit per sample crossed), with a gap, after a resume (the consumed prefix counted once), with two
+ranks sharing a sample and with a rank that saw a sample twice (then the exact counts cross
+too), every rank alike."""
 
 from __future__ import annotations
 
@@ -80,7 +81,10 @@ CASES = {  # rank -> indices it trained on (rank 0 also holds the prefix, as aft
     "gap": [[0, 1, 2, 3], [4, 5], [7, 8, 9, 10, 11]],
     "shared": [[0, 1, 2, 3], [3, 4, 5, 6], [7, 8, 9, 10, 11, 3]],
     "twice": [[0, 1, 2, 3], [4, 5, 6, 6, 6], [7, 8, 9, 10, 11]],
+    "resumed": [[3], [4, 5, 6], [7, 8, 9, 10, 11]],  # 0, 1, 2 consumed before the resume
+    "redone": [[2, 3], [4, 5, 6], [7, 8, 9, 10, 11]],  # 2 consumed before and trained again
 }
+PREFIX = {"resumed": [0, 1, 2], "redone": [0, 1, 2]}  # counted once, on the main rank
 N = 12
 
 
@@ -88,17 +92,17 @@ def _tally(rank: int, world: int, port: int, out: str) -> None:
     torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from meshrun.train import dist
 
-    calls: list[int] = []  # all_reduce_sums calls of each finish: 2 when the exact counts followed
-    plain = dist.all_reduce_sums
-    dist.all_reduce_sums = lambda *t: (calls.append(len(t)), plain(*t))  # type: ignore[assignment]
+    calls: list[list[int]] = []  # each sum's tensors' sizes: the exact counts follow only a sample used twice
+    started = dist.start_sums
+    dist.start_sums = lambda *t: (calls.append([x.numel() for x in t]), started(*t))[1]  # type: ignore[assignment]
     results = {}
     for name, ranks in CASES.items():
         calls.clear()
-        tally = EpochTally(torch.device("cpu"), N, [], rank == 0)
+        tally = EpochTally(torch.device("cpu"), N, PREFIX.get(name, []), rank == 0)
         mine = torch.tensor(ranks[rank], dtype=torch.int64)
         tally.add(torch.tensor(1.0, dtype=torch.float64), torch.tensor(1), mine, len(mine))
         t = tally.finish()
-        results[name] = [t.coverage_min, t.coverage_max, list(t.rank_samples), t.count, len(calls)]
+        results[name] = [t.coverage_min, t.coverage_max, list(t.rank_samples), t.count, list(calls)]
     Path(out, f"{rank}.json").write_text(json.dumps(results))
     torch_dist.destroy_process_group()
 
@@ -108,7 +112,7 @@ def test_tally_on_three_ranks_matches_the_exact_counts(tmp_path: Path) -> None:
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
     assert got[0] == got[1] == got[2]
     for name, ranks in CASES.items():
-        total = sum((counts_of(r, N) for r in ranks), torch.zeros(N, dtype=torch.int64))
+        total = sum((counts_of(r, N) for r in ranks), counts_of(PREFIX.get(name, []), N))
         sizes = [len(r) for r in ranks]
-        exact = 2 if int(total.max()) > 1 else 1  # only a sample used twice sends the counts
-        assert got[0][name] == [int(total.min()), int(total.max()), sizes, sum(sizes), exact], name
+        sums = [[3 + 3, 3 + 2, 2]] + ([[N]] if int(total.max()) > 1 else [])  # floats, ints, 12 bits; counts
+        assert got[0][name] == [int(total.min()), int(total.max()), sizes, sum(sizes), sums], name

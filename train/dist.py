@@ -130,9 +130,16 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 def all_reduce_sums(*tensors: torch.Tensor) -> None:
     """Sum each tensor over ranks in place, the all-reduces started together (their round trips
     overlap) and then waited for; nothing without a process group."""
-    if active():
-        for work in [torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM, async_op=True) for t in tensors]:
-            work.wait()
+    for work in start_sums(*tensors):
+        work.wait()
+
+
+def start_sums(*tensors: torch.Tensor) -> tuple[torch_dist.Work, ...]:
+    """Start summing each tensor over ranks in place; the caller waits for the works. None
+    without a process group (the tensors are already the sums)."""
+    if not active():
+        return ()
+    return tuple(torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM, async_op=True) for t in tensors)
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -205,6 +212,6 @@ def barrier() -> None:
         torch_dist.barrier()
 
 
-__all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum", "all_reduce_sums",
+__all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum", "all_reduce_sums", "start_sums",
            "rank_and_world",
            "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]

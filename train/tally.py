@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as torch_dist
 
 from meshrun.train import coverage, dist
 
@@ -62,14 +63,14 @@ class EpochTally:
         count = torch.tensor(float(self.samples), dtype=torch.float64, device=self.device)
         return dist.all_reduce_sum(torch.stack([self.loss_sum, self.correct.double(), count]))
 
-    def finish(self, ended: float | None = None) -> EpochTotals:
-        """Collective. `ended`: the `perf_counter()` at which this rank's training ended (its
-        samples/s leave out what came after, e.g. the sync before evaluation); default now.
-        Three all-reduces, started together: over a slow link each collective costs its round
-        trips (four separate ones took ~2 s an epoch at 150 ms RTT). Per-rank values travel in
-        their rank's slot of a zeroed vector, so summing gathers them exactly. Coverage goes as
-        one bit per sample (``train.coverage``); only an epoch where a sample was used twice
-        sums the exact counts after them."""
+    def start(self, ended: float | None = None) -> Summing:
+        """Begin the epoch's sums (collective; ``Summing.totals()`` waits for them), so that
+        they cross the links while the caller does other work (the sync before evaluation).
+        `ended`: the `perf_counter()` at which this rank's training ended (its samples/s leave
+        out what came after); default now. Three all-reduces, started together: over a slow
+        link each collective costs its round trips (four separate ones took ~2 s an epoch at
+        150 ms RTT). Per-rank values travel in their rank's slot of a zeroed vector, so summing
+        gathers them exactly. Coverage goes as one bit per sample (``train.coverage``)."""
         seconds = (time.perf_counter() if ended is None else ended) - self.started
         rank, world = dist.rank_and_world()
         floats = torch.zeros(3 + world, dtype=torch.float64, device=self.device)
@@ -81,12 +82,33 @@ class EpochTally:
         ints = torch.zeros(world + 2, dtype=torch.int64)
         ints[rank], ints[world], ints[world + 1] = self.samples, seen.distinct, int(seen.repeated)
         ints, bits = ints.to(self.device), seen.bits.to(self.device)
-        dist.all_reduce_sums(floats, ints, bits)
-        uses = coverage.verdict(bits, int(ints[world]), int(ints[world + 1]), self.num_samples)
+        return Summing(floats, ints, bits, counts, dist.start_sums(floats, ints, bits))
+
+    def finish(self, ended: float | None = None) -> EpochTotals:
+        """``start`` and wait (collective)."""
+        return self.start(ended).totals()
+
+
+@dataclass(frozen=True)
+class Summing:
+    """An epoch's sums begun by ``EpochTally.start``."""
+
+    floats: torch.Tensor  # loss, correct, count, then each rank's seconds in its slot
+    ints: torch.Tensor  # each rank's samples in its slot, then distinct samples, ranks that repeated
+    bits: torch.Tensor  # coverage bitmaps, summed
+    counts: torch.Tensor  # this rank's uses per sample, for the exact sum if the bits cannot tell
+    works: tuple[torch_dist.Work, ...]
+
+    def totals(self) -> EpochTotals:
+        """Wait; only an epoch where a sample was used twice sums the exact counts after that."""
+        for work in self.works:
+            work.wait()
+        world = len(self.ints) - 2
+        uses = coverage.verdict(self.bits, int(self.ints[world]), int(self.ints[world + 1]), len(self.counts))
         if uses is None:
-            exact = counts.to(device=self.device, dtype=torch.int32)
+            exact = self.counts.to(device=self.bits.device, dtype=torch.int32)
             dist.all_reduce_sums(exact)
             uses = int(exact.min()), int(exact.max())
-        return EpochTotals(float(floats[0]), int(floats[1]), int(floats[2]),
-                           tuple(int(v) for v in ints[:world].tolist()),
-                           tuple(float(v) for v in floats[3:].tolist()), *uses)
+        return EpochTotals(float(self.floats[0]), int(self.floats[1]), int(self.floats[2]),
+                           tuple(int(v) for v in self.ints[:world].tolist()),
+                           tuple(float(v) for v in self.floats[3:].tolist()), *uses)

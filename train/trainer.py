@@ -263,12 +263,14 @@ class Trainer:
             self._after_step(epoch, offset + i + 1, cur, tally, done_all=i + 1 == len(steps))
         if window.steps:
             self._perf_record(window, epoch, cur.global_step)
-        trained, synced = time.perf_counter(), time.time()
-        # Before the tally: on flat DiLoCo-overlap the tally's all-reduce, on the same process
-        # group as the round in flight, would wait for it first (gloo runs a group's work in order).
+        # The tally's sums cross the links while the replicas become one model (its round trips
+        # hidden behind the sync's crossing between sites; on flat DiLoCo-overlap they queue
+        # behind the round in flight, on the same process group, which the sync waits for anyway).
+        summing = tally.start()
+        synced = time.time()
         self.comm.consensus()
         sync_s = time.time() - synced
-        totals = tally.finish(trained)
+        totals = summing.totals()
         self.pos = self._position(cur, totals.loss_sum, totals.count, totals.correct)
         self.console.end_epoch()
         return totals, sync_s
