@@ -84,7 +84,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     places = sites.build(DistEnv(launched=True, rank=rank, world_size=world, site=KEYS[rank]))
     result = {"sync": _run(rank, places, False), "overlap": _run(rank, places, True),
               "bf16": _run(rank, places, True, WireDtype.BF16), "keys": list(places.keys),
-              "route": _route(rank, places)}
+              "route": _route(rank, places), "sum": _summed(rank, places)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
     torch_dist.destroy_process_group()
 
@@ -106,6 +106,11 @@ def _route(rank: int, places: sites.Sites) -> list[torch.Tensor]:
         flight = route.start(route_input(rank), async_op, ROUTE_HEAD, torch.bfloat16)
         out.append(route.finish(flight).clone())
     return out
+
+
+def _summed(rank: int, places: sites.Sites) -> torch.Tensor:
+    """A small float64 tensor summed over every rank by the route (the evaluation's sums on hier)."""
+    return places.route.sum(torch.tensor([rank + 1.0, 2.0 ** rank, 0.25 * rank], dtype=torch.float64))
 
 
 def route_expected() -> torch.Tensor:
@@ -226,3 +231,11 @@ def test_bf16_wire_sums_the_sites_in_bfloat16_and_the_weights_exactly(ranks: lis
         # Each round's sum is rounded twice (2^-8 relative); Nesterov's momentum carries rounds on.
         assert 0 < gap <= moved / 64, (r, gap, moved)
     assert close(ranks[0]["bf16"]["flushed"], ranks[1]["bf16"]["flushed"]) == 0.0
+
+
+@pytest.mark.slow
+def test_route_sums_small_tensors_over_every_rank(ranks: list[dict]) -> None:
+    """Route.sum (the evaluation's sums on hier: inside each site, across the representatives,
+    back inside): every rank holds the sum over all three ranks, the office's two not adjacent."""
+    for r in range(WORLD):
+        assert ranks[r]["sum"].tolist() == [1 + 2 + 3, 1 + 2 + 4, 0.25 * (0 + 1 + 2)], r

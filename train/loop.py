@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -113,9 +113,11 @@ def optimizer_step(parts: StepParts) -> None:
 
 @torch.no_grad()
 def evaluate(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-             device: torch.device, autocast_dtype: torch.dtype | None) -> EvalResult:
-    """Loss/top-1/top-5 over this rank's shard, summed over all ranks. Pass the *unwrapped*
-    module: DDP's forward may broadcast buffers, and shards can differ in batch count."""
+             device: torch.device, autocast_dtype: torch.dtype | None,
+             sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] = dist.all_reduce_sum) -> EvalResult:
+    """Loss/top-1/top-5 over this rank's shard, summed over all ranks (by ``sum_over_ranks``:
+    hier's route between sites). Pass the *unwrapped* module: DDP's forward may broadcast
+    buffers, and shards can differ in batch count."""
     was_training = module.training
     module.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
@@ -128,7 +130,7 @@ def evaluate(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tens
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
                              hits[:, 0].sum().double(), hits.any(dim=1).sum().double(),
                              torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
-    dist.all_reduce_sum(sums)
+    sum_over_ranks(sums)
     module.train(was_training)
     loss, top1, top5, count = sums.tolist()
     if count == 0:

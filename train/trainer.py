@@ -160,7 +160,8 @@ class Trainer:
             totals, sync_s = self._train_epoch(epoch)
             # The sync makes the model evaluated: counted with the evaluation, not the training.
             train_s, started = time.time() - started - sync_s, time.time() - sync_s
-            result = evaluate(self.module, self.test_loader, self.device, self.parts.autocast_dtype)
+            result = evaluate(self.module, self.test_loader, self.device, self.parts.autocast_dtype,
+                              self.comm.sum_over_ranks)
             self._end_epoch(epoch, result, totals, train_s, time.time() - started, sync_s)
         final = self._result()
         self.sink.result(final)
