@@ -91,7 +91,6 @@ class Route:
             torch_dist.broadcast(buf, src=self.root, group=self.site)
         return buf
 
-
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum ``values`` over every rank now, in place, by this route (collective). For small
         tensors on a hierarchical route this costs the slow link one all-reduce between two
