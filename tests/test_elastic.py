@@ -25,8 +25,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 # h3 is away ~40 s (its agent's 30 s heartbeat timeout, the heal, the rejoin): at 24 epochs a quiet
 # machine (~2 s an epoch on two hosts) finished the run before h3 was back (2026-12-03), so 40.
-LONG_TRAIN_EPOCHS = 40
-LONG_TRAIN = [f"epochs={LONG_TRAIN_EPOCHS}", "checkpoint.every_steps=5", "data.batch_size=16"]
+LONG_TRAIN_EPOCHS = 30
+# Each step sleeps 80 ms (a slow device's step, no CPU): 2 ranks' 27 epochs after the cut last
+# >= 97 s on any machine (the trainer's own steps took 0.2 s an epoch here unloaded: 40 epochs
+# ended before the cut host was back, and in CI it came back just before the end).
+LONG_TRAIN = [f"epochs={LONG_TRAIN_EPOCHS}", "checkpoint.every_steps=5", "data.batch_size=16",
+              "debug.step_sleep_seconds=0.08"]
 
 
 def _argv_holding(text: str, but: int) -> list[int]:
@@ -96,8 +100,8 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
     """No TCP reset: the controller's liveness probe marks h3 lost and tells the survivors' agents
     to restart their workers, which re-rendezvous without h3 (no waiting out the process-group
     timeout); h3's agent, hearing no heartbeat, stops its run; after the heal h3 is started again."""
-    # Longer than the other faults' runs: h3 is away ~40 s (its agent's 30 s heartbeat timeout),
-    # and there must be training left when it comes back.
+    # Longer than the other faults' runs: h3 is away 40-70 s (its agent's 30 s heartbeat timeout,
+    # then its restart), and there must be training left when it comes back (LONG_TRAIN's pace).
     receiver = Receiver()  # issue 23: the run's notifications, h3's loss and return among them
     run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--notify", receiver.url,
                      "--every-checkpoint", "--", *LONG_TRAIN)

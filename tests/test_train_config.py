@@ -67,6 +67,8 @@ def test_ill_typed_overrides(override: str, message: str) -> None:
 def test_out_of_range_value_names_key_and_range() -> None:
     assert error_of("dist.timeout=0") == (
         f"{DEFAULT_CONFIG} with overrides: 'dist.timeout' must be > 0 seconds; got 0.0")
+    assert error_of("debug.step_sleep_seconds=-0.1") == (
+        f"{DEFAULT_CONFIG} with overrides: 'debug.step_sleep_seconds' must be in [0, 60]; got -0.1")
 
 
 def test_yaml_errors_name_the_file(tmp_path: Path) -> None:

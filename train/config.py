@@ -147,10 +147,13 @@ class AutoBatchConfig:
 
 @dataclass(frozen=True)
 class DebugConfig:
-    """Fault injection for tests: exit with status 3 right after the named checkpoint."""
+    """Fault injection for tests: exit with status 3 right after the named checkpoint; or make every
+    optimizer step a slow device's (sleep this long after it: wall time, no CPU), so that a run
+    lasts long enough for what a test does meanwhile, however fast the machine."""
 
     stop_after_epoch: int = 0
     stop_after_step: int = 0
+    step_sleep_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,7 @@ _RANGES: tuple[tuple[str, Any, str], ...] = (
     ("comm.diloco_inner_steps", lambda v: v >= 1, ">= 1"),
     ("comm.diloco_outer_lr", lambda v: v > 0, "> 0"),
     ("comm.diloco_outer_momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("debug.step_sleep_seconds", lambda v: 0 <= v <= 60, "in [0, 60]"),
 )
 
 

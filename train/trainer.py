@@ -261,6 +261,8 @@ class Trainer:
             if window.stepped(cur.mine, m.window_real):
                 self._perf_record(window, epoch, cur.global_step)
             cur.mine = 0
+            if self.cfg.debug.step_sleep_seconds:
+                time.sleep(self.cfg.debug.step_sleep_seconds)
             self._after_step(epoch, offset + i + 1, cur, tally, done_all=i + 1 == len(steps))
         if window.steps:
             self._perf_record(window, epoch, cur.global_step)
