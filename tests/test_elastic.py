@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -23,12 +24,11 @@ from tests.webhook import Receiver
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
-# h3 is away ~40 s (its agent's 30 s heartbeat timeout, the heal, the rejoin): at 24 epochs a quiet
-# machine (~2 s an epoch on two hosts) finished the run before h3 was back (2026-12-03), so 40.
+# h3 is away 40-70 s (its agent's 30 s heartbeat timeout, the heal, the rejoin). Epoch counts raced
+# it (24, then 40 epochs ended before h3 was back on a quiet machine, 2026-12-03 and -05): each step
+# now sleeps 80 ms (a slow device's step, no CPU), so 2 ranks' 27 epochs after the cut last >= 97 s
+# on any machine.
 LONG_TRAIN_EPOCHS = 30
-# Each step sleeps 80 ms (a slow device's step, no CPU): 2 ranks' 27 epochs after the cut last
-# >= 97 s on any machine (the trainer's own steps took 0.2 s an epoch here unloaded: 40 epochs
-# ended before the cut host was back, and in CI it came back just before the end).
 LONG_TRAIN = [f"epochs={LONG_TRAIN_EPOCHS}", "checkpoint.every_steps=5", "data.batch_size=16",
               "debug.step_sleep_seconds=0.08"]
 
@@ -164,11 +164,11 @@ def test_c_a_joining_host_grows_the_world_and_leaving_on_purpose_shrinks_it(test
     members' chains let the joiner in before it starts, else they would reset its connections),
     trains in the world of 3, then leaves on purpose (`fab leave`: no loss, no succession) and the
     run finishes on h1 and h2. Every chain, the joiner's included, is gone at the end."""
-    # More epochs than the other runs: a join, an epoch in the world of 3 and a leave must all
-    # fit before the last epoch (12 did while each simulated host ran 2 threads on 2 cores; at one
-    # thread a host the 12 were over before h3 could leave).
+    # A join, an epoch in the world of 3 and a leave must all fit before the last epoch: 12 did at
+    # 2 threads a host, not at 1; 48 did, by a margin that shrank as the trainer got faster. Paced
+    # (30 ms a step: no CPU), 24 epochs last >= 32 s on any machine, for less CPU than 48.
     run = FabProcess("train", "--firewall", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "2:3",
-                     "--", *ELASTIC_TRAIN, "epochs=48")
+                     "--", *ELASTIC_TRAIN, "epochs=24", "debug.step_sleep_seconds=0.03")
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
         joiner = f"-s {testbed.host(3).address}/32"
@@ -196,7 +196,7 @@ def test_c_a_joining_host_grows_the_world_and_leaving_on_purpose_shrinks_it(test
     assert summary["lost_hosts"] == [] and summary["status"] == "succeeded" and summary["world_size"] == 2
     assert not [e for e in events if e[0] == "succession"], events
     assert not [p for p in run_processes(run_id) if on_host(p, "h3")]
-    records = assert_whole_epochs(run_id, epochs=48)
+    records = assert_whole_epochs(run_id, epochs=24)
     sizes = [r["world_size"] for r in records]
     assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2, sizes
 
@@ -244,6 +244,68 @@ def test_join_refuses_a_fixed_size_run(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == ("error: run 20260101-000000-abcd is not elastic, so hosts cannot join or leave "
                                    "it; start it with --nnodes MIN:MAX (or `elastic:` in the inventory)")
+
+
+def test_g_a_host_started_too_late_to_be_admitted_is_stopped_not_lost(testbed, inventory: Path) -> None:
+    """h3 joins a run of h1 and h2, but its torchrun is held (SIGSTOP from the moment it exists, as a
+    machine asleep or swapping would hold it) until h1 and h2 have finished training. It can never be
+    admitted then (the rendezvous is closed, its store gone with h1): it used to wait out torch's join
+    timeout and the succession's grace, minutes, then count as lost. The controller now stops it
+    30 s after the first host finished (`membership.outlived`), and the run succeeds with no loss."""
+    run = FabProcess("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "2:3", "--",
+                     *ELASTIC_TRAIN, "debug.step_sleep_seconds=0.05")  # >= 2 s an epoch: time for the join
+    held: list[int] = []
+    stop_holding = threading.Event()
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
+        holder = threading.Thread(target=_hold_torchrun, args=(run_id, "h3", held, stop_holding), daemon=True)
+        holder.start()
+        joined = fab("join", "--run", run_id, "--hosts", "h3", timeout=200)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        run.wait_for(r"meshrun: h1 finished", timeout=300)
+        run.wait_for(r"meshrun: h2 finished", timeout=60)
+        stop_holding.set()
+        holder.join()
+        assert held, "h3's torchrun was never seen to hold"
+        _resume(held)
+        assert run.finish(timeout=200) == 0, run.output[-3000:]
+    finally:
+        stop_holding.set()
+        _resume(held)
+        run.close()
+    summary = summary_of(run_id)
+    events = [(e["event"], e["host"], e["detail"]) for e in summary["timeline"]]
+    assert summary["status"] == "succeeded" and summary["lost_hosts"] == [], events
+    assert [e for e in events if e[1] == "h3"] == [
+        ("joined", "h3", None), ("finished", "h3", "stopped: training had finished before it was admitted")], events
+    assert not [p for p in run_processes(run_id) if on_host(p, "h3")]
+    assert {r["world_size"] for r in assert_whole_epochs(run_id, epochs=12)} == {2}  # held before it was admitted
+
+
+def _hold_torchrun(run_id: str, host: str, held: list[int], until: threading.Event) -> None:
+    """SIGSTOP each torchrun of the run on `host` as it appears (every 50 ms: far less than its
+    `import torch`, so before it can reach the rendezvous) until `until` is set."""
+    tag = f"MESHRUN_RUN_ID={run_id}".encode()
+    while not until.wait(0.05):
+        for entry in os.listdir("/proc"):
+            try:
+                if (not entry.isdigit() or int(entry) in held
+                        or b"meshrun.deploy.host.torchrun" not in Path(f"/proc/{entry}/cmdline").read_bytes()):
+                    continue
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                if tag in env and f"MESHRUN_HOST={host}".encode() in env:
+                    os.kill(int(entry), signal.SIGSTOP)
+                    held.append(int(entry))
+            except (OSError, ValueError):
+                continue
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def _workers_on(run_id: str, host: str) -> list[int]:

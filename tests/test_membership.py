@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from meshrun.deploy.inventory.model import ElasticBounds
-from meshrun.deploy.run.membership import HostView, Verdict, judge, next_head, split_brain_risk, world_size
+from meshrun.layout import STATE_REFUSED_EXIT
+from meshrun.deploy.run.membership import (OUTLIVED_DETAIL, RUN_END_GRACE_S, Change, HostView, Verdict, how_it_ended,
+                                           judge, next_head, outlived, split_brain_risk, world_size)
 
 E23 = ElasticBounds(2, 3)
 
@@ -56,3 +58,29 @@ def test_a_host_leaving_on_purpose_is_not_a_failure() -> None:
 
 def test_world_size_counts_running_processes() -> None:
     assert world_size([up("a", 2), up("b"), ended("c", None)]) == 3
+
+
+def test_hosts_still_running_long_after_the_training_finished_are_stopped_not_lost() -> None:
+    """One host finished with status 0: the last round's members are all through torch's exit
+    barrier; what still runs RUN_END_GRACE_S later came back too late to be admitted."""
+    hosts = [ended("a", 0), up("b"), up("c"), HostView("d", 1, running=True, leaving=True)]
+    assert outlived(hosts, E23, finished_at=100.0, now=100.0 + RUN_END_GRACE_S) == ("b", "c")
+    assert outlived(hosts, E23, finished_at=100.0, now=99.9 + RUN_END_GRACE_S) == ()
+    assert outlived(hosts, E23, finished_at=None, now=1e9) == ()
+    assert outlived(hosts, None, finished_at=100.0, now=1e9) == ()  # a fixed run has no late joiner
+    # Stopped so, a host ends as finished, with the reason, and fails nothing.
+    assert how_it_ended(-15, leaving=False, outlived=True) == (Change.FINISHED, OUTLIVED_DETAIL)
+    assert judge([ended("a", 0), ended("b", -15, leaving=True)], E23) == Verdict(True)
+
+
+def test_how_a_host_ended_is_named_for_the_timeline() -> None:
+    assert how_it_ended(0, leaving=False, outlived=False) == (Change.FINISHED, None)
+    assert how_it_ended(0, leaving=True, outlived=False) == (Change.LEFT, None)
+    assert how_it_ended(143, leaving=True, outlived=False) == (Change.LEFT, "exit status 143")
+    assert how_it_ended(None, leaving=False, outlived=False) == (Change.LOST, "unreachable")
+    # Once training has finished, an exit status costs nothing; an unreachable host is still lost.
+    assert how_it_ended(1, leaving=False, outlived=False, training_done=True) == (
+        Change.FINISHED, "ended after training had finished (exit status 1)")
+    assert how_it_ended(None, leaving=False, outlived=False, training_done=True) == (Change.LOST, "unreachable")
+    assert how_it_ended(STATE_REFUSED_EXIT, leaving=False, outlived=False) == (
+        Change.LOST, "it refused the rendezvous state: a member of the run may be compromised")

@@ -24,7 +24,8 @@ from meshrun.deploy.project import Project
 from meshrun.deploy.commands.firewall import admit
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.errors import InputError, MeshrunError
-from meshrun.deploy.edges.launcher import JobRunner, run_detached_agent
+from meshrun.deploy.edges.agents import run_detached_agent
+from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
 from meshrun.deploy.run.answers import from_json

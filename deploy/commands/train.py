@@ -31,7 +31,8 @@ from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
 from meshrun.deploy.inventory.model import Host, Inventory
-from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner, run_detached_agent
+from meshrun.deploy.edges.agents import run_detached_agent
+from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of

@@ -1,5 +1,5 @@
-"""Talking to a run's host agents: what each says about the run (`status`), and stopping it
-(`stop`). An unreachable host is a state, not an error."""
+"""Talking to a run's host agents: starting one (streamed, or detached), what each says about the
+run (`status`), and stopping it (`stop`). An unreachable host is a state, not an error."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.sessions import sessions_to
-from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
+from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, CommandResult, Session, Stream, connect
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.run.answers import remaining_pids, said
 from meshrun.deploy.run.hoststate import HostState, parse_status
-from meshrun.deploy.run.plan import agent_verb_argv
+from meshrun.deploy.run.plan import HostLaunch, agent_verb_argv, env_block
+from meshrun.deploy.edges.stdinfeed import run_fed
 
 
 def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventory]:
@@ -72,3 +73,17 @@ def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostRes
 
     with sessions_to(hosts, inventory, root) as sessions:
         return on_each(hosts, lambda h: stop(h, sessions), timeout=STOP_GRACE_S + 40)
+
+
+def start_agent(session: Session, launch: HostLaunch) -> Stream:
+    """Start a host's agent and hand it the inventory's `env` on stdin (never on its argv)."""
+    stream = session.start(launch.agent)
+    stream.send(env_block(launch.host))
+    return stream
+
+
+def run_detached_agent(session: Session, launch: HostLaunch, timeout: float = 30,
+                       block: bytes | None = None) -> CommandResult:
+    """A detached start: the agent reads its env line (`block`, else the host's env block), starts its
+    copy, prints the pidfile and exits."""
+    return run_fed(session, launch.agent, block or env_block(launch.host), timeout)

@@ -18,12 +18,13 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each, start_each
 from meshrun.deploy.edges.records import append_event
 from meshrun.deploy.run.answers import remaining_pids, said
-from meshrun.deploy.run.membership import Change, HostView, MembershipEvent, Verdict, judge, next_head, world_size
+from meshrun.deploy.run.membership import (Change, HostView, MembershipEvent, Verdict, how_it_ended, judge, next_head,
+                                           outlived, world_size)
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.inventory.model import Host
-from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, at_generation, env_block
-from meshrun.deploy.edges.stdinfeed import run_fed
-from meshrun.deploy.edges.transport import CommandResult, Session, Stream
+from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, at_generation
+from meshrun.deploy.edges.agents import start_agent
+from meshrun.deploy.edges.transport import Session, Stream
 
 PING_TIMEOUT_S = 3.0  # sshd granting a new SSH channel: a round trip, in time even over a 1 Mbit link
 PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
@@ -52,6 +53,7 @@ class _Live:
     seen_down: bool = False  # a probe found it unreachable (a killed run on a live host never is)
     replaced: bool = False  # it came back: a new _Live runs its part now
     rejoining: bool = False  # an attempt to start it again is in flight (at most one at a time)
+    outlived: bool = False  # still waiting to be admitted when training finished: stopped, not lost
     done: threading.Event = field(default_factory=threading.Event)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     worker_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
@@ -62,34 +64,12 @@ class _Live:
 
     def view(self) -> HostView:
         return HostView(self.name, self.launch.host.nproc_per_node, not self.done.is_set(), self.rc, self.lost,
-                        self.leaving)
+                        self.leaving or self.outlived)
 
 
 RequestPoller = Callable[["JobRunner"], None]
 Reconnect = Callable[[Host], Session]  # a fresh session to a host, or MeshrunError
 MAX_REJOINS = 3  # per host: a host that keeps vanishing is left out after this many returns
-
-
-def start_agent(session: Session, launch: HostLaunch) -> Stream:
-    """Start a host's agent and hand it the inventory's `env` on stdin (never on its argv)."""
-    stream = session.start(launch.agent)
-    stream.send(env_block(launch.host))
-    return stream
-
-
-def run_detached_agent(session: Session, launch: HostLaunch, timeout: float = 30,
-                       block: bytes | None = None) -> CommandResult:
-    """A detached start: the agent reads its env line (`block`, else the host's env block), starts its
-    copy, prints the pidfile and exits."""
-    return run_fed(session, launch.agent, block or env_block(launch.host), timeout)
-
-
-def _end_detail(rc: int | None) -> str:
-    if rc is None:
-        return "unreachable"
-    if rc == STATE_REFUSED_EXIT:  # deploy/host/torchrun.py said which store, in the host's log
-        return "it refused the rendezvous state: a member of the run may be compromised"
-    return f"exit status {rc}"
 
 
 class JobRunner:
@@ -114,6 +94,7 @@ class JobRunner:
         # The succession order, the same list every agent walks (deploy/run/plan.py).
         self.order = tuple(g.head for g in next(iter(plan.hosts)).generations) if plan.hosts else ()
         self.events: list[MembershipEvent] = []
+        self.finished_at: float | None = None  # when a host first finished with status 0 (monotonic)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.interrupted = False
@@ -173,7 +154,7 @@ class JobRunner:
         """A host leaving on purpose (`fab leave`): stop its part; the others go on if the bounds allow."""
         live = self._live(name)
         live.leaving = True
-        threading.Thread(target=self._stop_host, args=(live,), daemon=True).start()
+        self._stop_beside(live)
 
     def _start(self, live: _Live, change: Change) -> None:
         live.stream = start_agent(live.session, live.launch)
@@ -261,7 +242,7 @@ class JobRunner:
         generation, while the elastic run is below its maximum (it joins like `fab join`)."""
         bounds = self.plan.elastic
         if (bounds is None or self.reconnect is None or not live.lost or live.leaving or live.replaced
-                or self.stopping.is_set() or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing
+                or self.stopping.is_set() or self.finished_at is not None or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing
                 or live.rejoining):
             return
         running = [h for h in self.hosts if not h.done.is_set()]
@@ -333,8 +314,10 @@ class JobRunner:
             for live in hosts:
                 if live.done.is_set() and not live.recorded:
                     live.recorded = True
-                    change = Change.LEFT if live.leaving else Change.FINISHED if live.rc == 0 else Change.LOST
-                    self._record(change, live.name, None if live.rc == 0 else _end_detail(live.rc))
+                    change, detail = how_it_ended(live.rc, live.leaving, live.outlived, self.finished_at is not None)
+                    self._record(change, live.name, detail)
+                    if change is Change.FINISHED and detail is None and self.finished_at is None:
+                        self.finished_at = time.monotonic()  # training is over (membership.outlived)
                     if change is not Change.FINISHED:
                         self._tell_survivors(live.name, AGENT_PEER_GONE_LINE)
                     # A refused rendezvous state fails the run: the agents do not move it on (deploy/host/agent.py).
@@ -343,6 +326,10 @@ class JobRunner:
             verdict = judge([h.view() for h in hosts], self.plan.elastic)
             if verdict.done:
                 return verdict
+            late = outlived([h.view() for h in hosts], self.plan.elastic, self.finished_at, time.monotonic())
+            for live in (h for h in hosts if h.name in late and not h.done.is_set()):
+                live.outlived = True
+                self._stop_beside(live)
             for live in hosts:
                 if live.cut and not live.restarted_peers:
                     live.restarted_peers = True
@@ -364,6 +351,16 @@ class JobRunner:
             except KeyboardInterrupt:  # only where no SIGINT handler of ours is installed
                 self.interrupted = True
                 continue  # a second Ctrl-C must not leave hosts half-stopped
+
+    def _stop_beside(self, live: _Live) -> None:
+        """Stop one host beside the watch loop (`fab leave`, or it outlived the training). A stop that
+        fails leaves it to end by itself (its heartbeat, its join timeout); its log says why."""
+        def stop() -> None:
+            try:
+                self._stop_host(live)
+            except MeshrunError as err:
+                self.sink(live.name, f"[{live.name}] meshrun: stopping it failed: {err}")
+        threading.Thread(target=stop, daemon=True, name=f"stop-{live.name}").start()
 
     def _stop_host(self, live: _Live) -> tuple[int, ...]:
         host = live.launch.host

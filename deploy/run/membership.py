@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from meshrun.layout import STATE_REFUSED_EXIT
 from meshrun.deploy.inventory.model import ElasticBounds
 
 
@@ -56,6 +57,32 @@ class Verdict:
     reason: str | None = None
 
 
+OUTLIVED_DETAIL = "stopped: training had finished before it was admitted"
+
+
+def how_it_ended(rc: int | None, leaving: bool, outlived: bool, training_done: bool = False) -> tuple[Change, str | None]:
+    """A host's end for the timeline: the change, and why (None when it simply finished).
+    `training_done`: a host finished with status 0 before (`outlived`): an exit status now costs
+    no work and is no loss; an unreachable host is still lost (nobody knows what it is doing)."""
+    if leaving:
+        return Change.LEFT, None if rc == 0 else _end_detail(rc)
+    if outlived:
+        return Change.FINISHED, OUTLIVED_DETAIL
+    if rc == 0:
+        return Change.FINISHED, None
+    if training_done and rc is not None:
+        return Change.FINISHED, f"ended after training had finished ({_end_detail(rc)})"
+    return Change.LOST, _end_detail(rc)
+
+
+def _end_detail(rc: int | None) -> str:
+    if rc is None:
+        return "unreachable"
+    if rc == STATE_REFUSED_EXIT:  # deploy/host/torchrun.py said which store, in the host's log
+        return "it refused the rendezvous state: a member of the run may be compromised"
+    return f"exit status {rc}"
+
+
 def world_size(hosts: list[HostView]) -> int:
     return sum(h.nproc for h in hosts if h.running)
 
@@ -80,6 +107,24 @@ def judge(hosts: list[HostView], elastic: ElasticBounds | None) -> Verdict:
     if running:
         return Verdict(False)
     return Verdict(True)
+
+
+# How long hosts may still run after one finished with status 0 before they are stopped (`outlived`).
+RUN_END_GRACE_S = 30.0
+
+
+def outlived(hosts: list[HostView], elastic: ElasticBounds | None, finished_at: float | None,
+             now: float) -> tuple[str, ...]:
+    """The hosts of an elastic run still running RUN_END_GRACE_S after one host finished with status 0.
+
+    torchrun ends an agent with status 0 once its exit barrier is through: every member of the last
+    round had finished training. A host running long after that was (re)started too late to be
+    admitted: it waits on a rendezvous its peers have closed, or on a store gone with them, until
+    torch's join timeout (plus the succession's start-up grace) calls it a failure minutes later. It
+    has no work to lose: it is stopped, and the run ends now, without a false loss."""
+    if elastic is None or finished_at is None or now - finished_at < RUN_END_GRACE_S:
+        return ()
+    return tuple(h.name for h in hosts if h.running and not h.leaving)
 
 
 def next_head(order: tuple[str, ...], current: str, hosts: list[HostView]) -> str | None:
