@@ -242,8 +242,8 @@ class JobRunner:
         generation, while the elastic run is below its maximum (it joins like `fab join`)."""
         bounds = self.plan.elastic
         if (bounds is None or self.reconnect is None or not live.lost or live.leaving or live.replaced
-                or self.stopping.is_set() or self.finished_at is not None or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing
-                or live.rejoining):
+                or self.stopping.is_set() or self.finished_at is not None  # training is over: nothing to join
+                or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing or live.rejoining):
             return
         running = [h for h in self.hosts if not h.done.is_set()]
         if len(running) >= bounds.max:
@@ -316,7 +316,7 @@ class JobRunner:
                     live.recorded = True
                     change, detail = how_it_ended(live.rc, live.leaving, live.outlived, self.finished_at is not None)
                     self._record(change, live.name, detail)
-                    if change is Change.FINISHED and detail is None and self.finished_at is None:
+                    if change is Change.FINISHED and detail is None and self.finished_at is None and self.plan.elastic:
                         self.finished_at = time.monotonic()  # training is over (membership.outlived)
                     if change is not Change.FINISHED:
                         self._tell_survivors(live.name, AGENT_PEER_GONE_LINE)

@@ -60,10 +60,12 @@ class Verdict:
 OUTLIVED_DETAIL = "stopped: training had finished before it was admitted"
 
 
-def how_it_ended(rc: int | None, leaving: bool, outlived: bool, training_done: bool = False) -> tuple[Change, str | None]:
+def how_it_ended(rc: int | None, leaving: bool, outlived: bool,
+                 training_done: bool = False) -> tuple[Change, str | None]:
     """A host's end for the timeline: the change, and why (None when it simply finished).
-    `training_done`: a host finished with status 0 before (`outlived`): an exit status now costs
-    no work and is no loss; an unreachable host is still lost (nobody knows what it is doing)."""
+    `training_done`: a host of an elastic run finished with status 0 before (`outlived`): an exit
+    status now costs no work and is no loss; an unreachable host is still lost (nobody knows what it
+    is doing). A fixed run's judge fails on any non-zero status, so it never passes this."""
     if leaving:
         return Change.LEFT, None if rc == 0 else _end_detail(rc)
     if outlived:
