@@ -13,12 +13,6 @@ from tests.fabrun import ROOT, fab
 ELASTIC_TRAIN = ["epochs=12", "checkpoint.every_steps=5", "data.batch_size=16"]
 
 
-def epoch_records(run_id: str, host: str = "h1") -> list[dict]:
-    """The rank-0 epoch records, fetched from the host(s) that wrote them."""
-    path = ROOT / "runs" / run_id / "hosts" / host / "metrics.jsonl"
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "epoch"]
-
-
 def logs_of(run_id: str, tail: int = 3000) -> str:
     """The end of each host's run log, for a failure's message."""
     return "".join(f"\n--- {path.name} ---\n{path.read_text(errors='replace')[-tail:]}"
