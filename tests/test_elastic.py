@@ -290,18 +290,14 @@ def test_g_a_host_started_too_late_to_be_admitted_is_stopped_not_lost(testbed, i
 def _hold_torchrun(run_id: str, host: str, held: list[int], until: threading.Event) -> None:
     """SIGSTOP each torchrun of the run on `host` as it appears (every 50 ms: far less than its
     `import torch`, so before it can reach the rendezvous) until `until` is set."""
-    tag = f"MESHRUN_RUN_ID={run_id}".encode()
     while not until.wait(0.05):
-        for entry in os.listdir("/proc"):
+        seen = [p for p in _argv_holding("meshrun.deploy.host.torchrun", but=-1) if p not in held]
+        ours = set(run_processes(run_id)) if seen else set()
+        for pid in (p for p in seen if p in ours and on_host(p, host)):
             try:
-                if (not entry.isdigit() or int(entry) in held
-                        or b"meshrun.deploy.host.torchrun" not in Path(f"/proc/{entry}/cmdline").read_bytes()):
-                    continue
-                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-                if tag in env and f"MESHRUN_HOST={host}".encode() in env:
-                    os.kill(int(entry), signal.SIGSTOP)
-                    held.append(int(entry))
-            except (OSError, ValueError):
+                os.kill(pid, signal.SIGSTOP)
+                held.append(pid)
+            except ProcessLookupError:
                 continue
 
 

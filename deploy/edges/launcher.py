@@ -323,10 +323,11 @@ class JobRunner:
                     # A refused rendezvous state fails the run: the agents do not move it on (deploy/host/agent.py).
                     if change is not Change.FINISHED and live.name == self.head and live.rc != STATE_REFUSED_EXIT:
                         self._succeed(live, hosts)
-            verdict = judge([h.view() for h in hosts], self.plan.elastic)
+            views = [h.view() for h in hosts]
+            verdict = judge(views, self.plan.elastic)
             if verdict.done:
                 return verdict
-            late = outlived([h.view() for h in hosts], self.plan.elastic, self.finished_at, time.monotonic())
+            late = outlived(views, self.plan.elastic, self.finished_at, time.monotonic())
             for live in (h for h in hosts if h.name in late and not h.done.is_set()):
                 live.outlived = True
                 self._stop_beside(live)
