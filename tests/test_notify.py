@@ -120,10 +120,16 @@ def test_send_never_blocks_and_the_queue_is_bounded() -> None:
         server.server_close()
 
 
-def _detached_agent(tmp_path: Path, host: str, block: bytes, command: str, *options: str) -> Path:
+def _run_id() -> str:
+    """One per test case: an agent ending a run stops every process of this machine tagged with its
+    run id and host, so two cases on one id (pytest-xdist runs them at once) killed each other's
+    commands (CI, 2026-12-05: `started, failed`)."""
+    return "r-notify-" + os.urandom(3).hex()
+
+
+def _detached_agent(tmp_path: Path, host: str, block: bytes, command: str, *options: str, run_id: str) -> Path:
     """A real agent started as `fab train --detach` starts it: the block on stdin, re-executed in the background."""
     tmp_path.mkdir()
-    run_id = "r-notify"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host", host,
                            "--detach", "--env-stdin", *options, "--", "sh", "-c", command], input=block, cwd=tmp_path,
@@ -155,13 +161,14 @@ def test_a_detached_runs_events_come_once_from_the_rendezvous_hosts_agent(tmp_pa
     """Two real detached agents (h1 hosts the rendezvous, h2 does not) get the receivers on stdin as
     the controller sends them: the receiver hears `started` and the end once, from h1's agent; the
     command's environment has the inventory's env but not the receivers."""
-    receiver = Receiver()
+    receiver, run_id = Receiver(), _run_id()
     try:
         agents = []
         for host in ("h1", "h2"):
             block = notify.agent_block({"FOO": "bar"}, (receiver.url,), "h1", ["h1", "h2"])
             assert block is not None and receiver.token.encode() in block
-            agents.append(_detached_agent(tmp_path / host, host, block, f"env > env.txt; exit {exit_code}"))
+            agents.append(_detached_agent(tmp_path / host, host, block, f"env > env.txt; exit {exit_code}",
+                                          run_id=run_id))
         for host_dir in agents:
             _wait_for_exit(host_dir)
     finally:
@@ -192,13 +199,13 @@ def test_a_detached_agent_tells_of_a_peer_lost_and_back_and_of_each_newer_checkp
     sshd) and `--every-checkpoint`: the receiver hears the checkpoint the manifest lists, the peer lost
     when its listener closes, back when it listens again, the next checkpoint (not the same one
     twice, not best.pt) and the end, in that order, each once. The agent journals lost and back."""
-    receiver, peer = Receiver(), listener()
+    receiver, peer, run_id = Receiver(), listener(), _run_id()
     port = peer.getsockname()[1]
     try:
         block = notify.agent_block({}, (receiver.url,), "h1", ["h1", "h2"], every_checkpoint=True)
         started = time.monotonic()
         host_dir = _detached_agent(tmp_path / "h1", "h1", block, "while [ ! -e go ]; do sleep 0.2; done",
-                                   "--peers", json.dumps({"h2": f"127.0.0.1:{port}"}))
+                                   "--peers", json.dumps({"h2": f"127.0.0.1:{port}"}), run_id=run_id)
         _wait_for_events(receiver, 1)
         _write_manifest(host_dir, "ckpt-step000000010.pt", "best.pt")
         _wait_for_events(receiver, 2)
@@ -217,7 +224,7 @@ def test_a_detached_agent_tells_of_a_peer_lost_and_back_and_of_each_newer_checkp
     assert [(b["event"], b.get("host"), b.get("step")) for b in receiver.bodies] == [
         ("started", None, None), ("checkpoint", "h1", 10), ("host_lost", "h2", None), ("host_back", "h2", None),
         ("checkpoint", "h1", 20), ("finished", None, None)]
-    assert receiver.bodies[3]["text"] == "meshrun run r-notify: host h2 is back (answers again)"
+    assert receiver.bodies[3]["text"] == f"meshrun run {run_id}: host h2 is back (answers again)"
     journal = [json.loads(line)["event"] for line in (host_dir / "events.jsonl").read_text().splitlines()]
     assert journal == ["started", "peers_lost", "workers_restarted", "peers_back", "ended"]
 
