@@ -239,6 +239,33 @@ def test_bandwidth_is_measured_on_every_link_in_bounded_time(testbed: SimCluster
     print(f"check-network --bandwidth at 50mbit: {rates} Mbit/s, {elapsed:.1f} s")
 
 
+@pytest.mark.slow
+def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_declare(
+        testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
+    """Issue 22: on the `two-site` profile (h1, h2 | h3, 20 Mbit/s and 40 ms between) the measured
+    matrix falls into two places; without `site:` lines check-network WARNs with the lines that
+    would declare them, and with them it says nothing of places."""
+    undeclared = make_inventory()
+    declared = make_inventory(host_overrides={"h1": {"site": "office"}, "h2": {"site": "office"},
+                                              "h3": {"site": "home"}})
+    with testbed.profile("two-site"):
+        report, code, elapsed = check_json(undeclared, "--bandwidth")
+        quiet, quiet_code, _ = check_json(declared, "--bandwidth")
+    assert (code, quiet_code) == (0, 0), (report["findings"], quiet["findings"])
+    between = {frozenset(("h1", "h3")), frozenset(("h2", "h3"))}
+    for link in report["links"]:
+        if not link["rendezvous"]:
+            slow = frozenset((link["source"], link["target"])) in between
+            assert (link["mbit_s"] < 25 and link["connect_ms"] > 30) if slow else link["mbit_s"] > 200, link
+    places = [f for f in report["findings"] if f["where"] == "cluster"]
+    assert [f["level"] for f in places] == ["WARN"], report["findings"]
+    assert places[0]["message"].startswith("the measured links fall into 2 places (h1, h2 | h3; ")
+    assert places[0]["message"].endswith(
+        "write: h1: {site: site-1}; h2: {site: site-1}; h3: {site: site-2} (docs/sites.md)")
+    assert not [f for f in quiet["findings"] if f["where"] == "cluster"], quiet["findings"]
+    print(f"check-network --bandwidth on two-site: {elapsed:.1f} s")
+
+
 def test_a_command_to_a_cut_host_fails_instead_of_hanging(testbed: SimCluster, inventory: Path) -> None:
     """An open session whose link is then cut (no reset ever comes): a command must fail with a
     MeshrunError naming the host, within the connect timeout plus the command's. Fabric opens the

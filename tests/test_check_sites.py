@@ -49,3 +49,40 @@ def test_warn_names_the_places_and_the_site_lines() -> None:
 def test_site_lines_keep_a_declared_name_once() -> None:
     assert site_lines((("a1", "a2"), ("b1",)), {"a1": "x", "a2": "x", "b1": "x"}) == (
         "a1: {site: x}", "a2: {site: x}", "b1: {site: site-2}")
+
+
+THREE = ("o1", "b1", "o2", "h1", "b2")  # an office pair, a rented pair in a datacenter, one at home
+
+
+def three_places(rtt: bool = True) -> list:
+    """Office LAN 1 Gbit/s 0.3 ms; datacenter LAN 25 Gbit/s 0.3 ms; office-datacenter 100 Mbit/s
+    30 ms; home 20 Mbit/s, 40 ms from the office, 150 from the datacenter."""
+    def link(s: str, t: str) -> tuple[float, float]:
+        kinds = {s[0], t[0]}
+        if kinds == {"o"}:
+            return 1000.0, 0.3
+        if kinds == {"b"}:
+            return 25000.0, 0.3
+        if kinds == {"o", "b"}:
+            return 100.0, 30.0
+        return (20.0, 40.0) if "o" in kinds else (20.0, 150.0)
+    return [(s, t, link(s, t)[0], link(s, t)[1] if rtt else None) for s in THREE for t in THREE if s != t]
+
+
+def test_nested_places_are_cut_where_both_measures_agree() -> None:
+    """The widest bandwidth gap (25x, datacenter against office LAN) would split the office in
+    two; the cut at 1 Gbit/s separates 10x in bandwidth and 100x in RTT, and wins."""
+    assert clusters(THREE, three_places()) == (("o1", "o2"), ("b1", "b2"), ("h1",))
+    (finding,) = site_findings(THREE, {}, three_places())
+    assert finding.message.endswith(
+        "write: o1: {site: site-1}; o2: {site: site-1}; b1: {site: site-2}; b2: {site: site-2}; "
+        "h1: {site: site-3} (docs/sites.md)")
+    assert site_findings(THREE, {"o1": "office", "o2": "office", "b1": "dc", "b2": "dc"}, three_places()) == []
+    # Bandwidth alone cannot tell a slower LAN from a link between places: the widest gap wins.
+    assert clusters(THREE, three_places(rtt=False)) == (("o1",), ("b1", "b2"), ("o2",), ("h1",))
+
+
+def test_a_cut_must_separate_in_one_measure() -> None:
+    # 4.5x in bandwidth and 1.25x in RTT: no place; 100x in RTT alone: two.
+    assert clusters(HOSTS, matrix(slow=200.0, wan_ms=0.5)) is None
+    assert clusters(HOSTS, matrix(slow=900.0, wan_ms=40.0)) == (("a1", "a2"), ("b1",))

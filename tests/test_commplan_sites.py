@@ -109,3 +109,22 @@ def test_commplan_json_holds_the_sites_and_the_matrix(tmp_path) -> None:
     hier = next(f for f in saved["floors"] if f["hook"] == "hier")
     assert (hier["inside_s"], hier["between_s"]) == (got.floor_of(Hook.HIER).inside_s, got.floor_of(Hook.HIER).between_s)
     assert beside_floor(saved, None)["floor_s"] == got.floor_of(Hook.HIER).floor_s
+
+
+def test_three_places_ring_the_representatives_at_the_slowest_ones_pace() -> None:
+    """Office (2 hosts, 1 Gbit/s), a rented pair (25 Gbit/s) and home: hier's floor between sites
+    is one ring over the 3 representatives, paced by home's 20 Mbit/s and the slowest RTT; inside,
+    the largest site's ring at the slower of the two LANs."""
+    three = {"o1": "office", "b1": "dc", "o2": "office", "h1": "home", "b2": "dc"}
+    speeds = {frozenset({"office"}): (1000.0, 0.3), frozenset({"dc"}): (25000.0, 0.3),
+              frozenset({"office", "dc"}): (100.0, 30.0), frozenset({"office", "home"}): (20.0, 40.0),
+              frozenset({"dc", "home"}): (20.0, 150.0)}
+    links = [(a, b, *speeds[frozenset({three[a], three[b]})]) for a in three for b in three if a != b]
+    got = site_links(links, three)
+    assert got == SiteLinks((("office", ("o1", "o2")), ("dc", ("b1", "b2")), ("home", ("h1",))),
+                            LinkStats(125e6, 0.0003), LinkStats(2.5e6, 0.15))
+    s = HookSettings(diloco_inner_steps=8)
+    full = GRAD_BYTES * (256 * 64 + 256 + 128 * 256 + 128 + 10 * 128 + 10)
+    hier = plan(125e6, 5, DIGITS, s, budget_s=0.05, rtt_s=0.0003, sites=got).floor_of(Hook.HIER)
+    assert hier.between_s == (2 * 2 / 3 * full / 2.5e6 + 2 * 0.15) / 8
+    assert hier.inside_s == full / 125e6 + 0.0003 + (2 * full / 125e6 + 2 * 0.0003) / 8

@@ -1,4 +1,5 @@
-"""comm.hook=hier on real gloo process groups (3 ranks, sites 2 + 1, uneven and varying batches):
+"""comm.hook=hier on real gloo process groups (3 ranks, sites 2 + 1; and 5 ranks in three places,
+2 + 1 + 2; uneven and varying batches):
 inside a site DDP's step is exactly the step on the site's joined batch, and every H steps the
 outer Nesterov step uses the sample-weighted mean of the sites' pseudo-gradients: equal, to 1e-6,
 to one process computing it all in float64 from the same data, synchronous and overlapped (one
@@ -33,6 +34,9 @@ from tests.trainer.harness import fork_ranks
 
 KEYS = ("office", "home", "office")  # sites 2 + 1; the office's ranks are not adjacent
 SITES = ((0, 2), (1,))
+# Three places (a researcher's office, home and rented pair): three representatives in the ring.
+KEYS3 = ("office", "home", "dc", "office", "dc")
+SITES3 = ((0, 3), (1,), (2, 4))
 WORLD, H, STEPS = 3, 3, 8  # rounds end after steps 3 and 6, then a flush of a 2-step round
 INNER_LR, INNER_MU = 0.1, 0.9
 
@@ -46,25 +50,26 @@ def params(module: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in module.parameters()]
 
 
-def global_steps() -> list[GlobalStep]:
+def global_steps(world: int = WORLD) -> list[GlobalStep]:
     out = []
     for step in range(STEPS):
-        sizes = [batch_size(r, step) for r in range(WORLD)]
+        sizes = [batch_size(r, step) for r in range(world)]
         out.append(GlobalStep(tuple(RankBatch(tuple(range(n)), n) for n in sizes), sum(sizes)))
     return out
 
 
-def _run(rank: int, places: sites.Sites, overlap: bool, wire: WireDtype = WireDtype.FP32) -> dict:
+def _run(rank: int, places: sites.Sites, overlap: bool, wire: WireDtype = WireDtype.FP32,
+         world: int = WORLD) -> dict:
     module = network()
     optimizer = torch.optim.SGD(module.parameters(), lr=INNER_LR, momentum=INNER_MU)
     model = nn.parallel.DistributedDataParallel(module, process_group=places.group)
     cfg = CommConfig(hook=CommHook.HIER, diloco_inner_steps=H, diloco_outer_lr=LR, diloco_outer_momentum=MU,
                      diloco_wire_dtype=wire)
-    communicator = comm.attach(model, optimizer, cfg, rank, WORLD, None, print, places)
+    communicator = comm.attach(model, optimizer, cfg, rank, world, None, print, places)
     if not overlap:
         communicator.diloco.settings = type(communicator.diloco.settings)(H, LR, MU, True, overlap=False,
                                                                           wire=communicator.diloco.settings.wire)
-    plan = communicator.scaled(micro_steps(global_steps(), rank, 1, communicator.peers))
+    plan = communicator.scaled(micro_steps(global_steps(world), rank, 1, communicator.peers))
     parts = StepParts(model, optimizer, None, None, torch.device("cpu"), 0.0)
     records = []
     for step in range(STEPS):
@@ -85,6 +90,16 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     result = {"sync": _run(rank, places, False), "overlap": _run(rank, places, True),
               "bf16": _run(rank, places, True, WireDtype.BF16), "keys": list(places.keys),
               "route": _route(rank, places), "sum": _summed(rank, places)}
+    torch.save(result, Path(out) / f"rank{rank}.pt")
+    torch_dist.destroy_process_group()
+
+
+def _worker3(rank: int, world: int, port: int, out: str) -> None:
+    torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                  world_size=world)
+    places = sites.build(DistEnv(launched=True, rank=rank, world_size=world, site=KEYS3[rank]))
+    result = {"sync": _run(rank, places, False, world=world), "overlap": _run(rank, places, True, world=world),
+              "keys": list(places.keys), "sum": _summed(rank, places)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
     torch_dist.destroy_process_group()
 
@@ -121,14 +136,15 @@ def route_expected() -> torch.Tensor:
     return torch.cat([head, sum(s[ROUTE_HEAD:] for s in sums)])
 
 
-def reference(overlap: bool) -> tuple[list[list[list[torch.Tensor]]], list[list[torch.Tensor]], list[torch.Tensor]]:
+def reference(overlap: bool, layout: tuple[tuple[int, ...], ...] = SITES
+              ) -> tuple[list[list[list[torch.Tensor]]], list[list[torch.Tensor]], list[torch.Tensor]]:
     """One process, float64: per step, each site's parameters after its inner step ("before"
     the outer step) and every rank's parameters after it; then the flushed model."""
     start = network().double()
     outer = Outer(params(start))
-    models = [copy.deepcopy(start) for _ in SITES]
+    models = [copy.deepcopy(start) for _ in layout]
     opts = [torch.optim.SGD(m.parameters(), lr=INNER_LR, momentum=INNER_MU) for m in models]
-    weights, pending = [0] * len(SITES), None
+    weights, pending = [0] * len(layout), None
     inner, after = [], []
 
     def round_mean() -> list[torch.Tensor]:
@@ -141,10 +157,10 @@ def reference(overlap: bool) -> tuple[list[list[list[torch.Tensor]]], list[list[
             with torch.no_grad():
                 for p, a in zip(m.parameters(), outer.x):
                     p.copy_(a)
-        weights[:] = [0] * len(SITES)
+        weights[:] = [0] * len(layout)
 
     for step in range(STEPS):
-        for s, ranks in enumerate(SITES):  # the site's joined batch, its mean loss
+        for s, ranks in enumerate(layout):  # the site's joined batch, its mean loss
             x = torch.cat([batch(r, step)[0] for r in ranks]).double()
             y = torch.cat([batch(r, step)[1] for r in ranks])
             F.cross_entropy(models[s](x), y).backward()
@@ -191,23 +207,48 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
-@pytest.mark.slow
-def test_hierarchical_update_equals_the_one_process_reference(ranks: list[dict]) -> None:
-    assert ranks[0]["keys"] == list(KEYS)
-    site_of = {r: s for s, members in enumerate(SITES) for r in members}
+@pytest.fixture(scope="module")
+def ranks3(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("hier3")
+    fork_ranks(_worker3, len(KEYS3), str(out))
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(len(KEYS3))]
+
+
+def assert_exact(ranks: list[dict], keys: tuple[str, ...], layout: tuple[tuple[int, ...], ...]) -> None:
+    """Every rank's every step, synchronous and overlapped, against the float64 reference."""
+    assert ranks[0]["keys"] == list(keys)
+    site_of = {r: s for s, members in enumerate(layout) for r in members}
     for variant in ("sync", "overlap"):
-        inner, after, flushed = reference(variant == "overlap")
-        for r in range(WORLD):
+        inner, after, flushed = reference(variant == "overlap", layout)
+        for r in range(len(keys)):
             got = ranks[r][variant]
-            assert got["peers"] == list(SITES[site_of[r]])
+            assert got["peers"] == list(layout[site_of[r]])
             for step, rec in enumerate(got["records"]):
                 assert close(rec["before"], inner[step][site_of[r]]) <= 1e-6, (variant, r, step)
                 expected = after[step] if after[step] is not None else rec["before"]
                 assert close(rec["after"], expected) <= 1e-6, (variant, r, step)
             assert close(got["flushed"], flushed) <= 1e-6, (variant, r)
-        # The two sites really trained apart inside a round, and the office's ranks together.
-        mid = [ranks[r][variant]["records"][1]["after"] for r in range(WORLD)]
-        assert close(mid[0], mid[1]) > 1e-3 and close(mid[0], mid[2]) == 0.0
+        # The sites really trained apart inside a round, and each site's ranks together.
+        mid = [ranks[r][variant]["records"][1]["after"] for r in range(len(keys))]
+        for r in range(len(keys)):
+            for q in range(len(keys)):
+                together = site_of[r] == site_of[q]
+                assert (close(mid[r], mid[q]) == 0.0) if together else (close(mid[r], mid[q]) > 1e-3), (r, q)
+
+
+@pytest.mark.slow
+def test_hierarchical_update_equals_the_one_process_reference(ranks: list[dict]) -> None:
+    assert_exact(ranks, KEYS, SITES)
+
+
+@pytest.mark.slow
+def test_three_places_update_equals_the_one_process_reference(ranks3: list[dict]) -> None:
+    """Office, home and a rented pair (2 + 1 + 2 ranks, each pair not adjacent): the outer
+    all-reduce runs over three representatives, the sample-weighted mean is still exact; so is the
+    evaluation's route sum over all five ranks."""
+    assert_exact(ranks3, KEYS3, SITES3)
+    for r in range(len(KEYS3)):
+        assert ranks3[r]["sum"].tolist() == [15.0, 31.0, 0.25 * 10], r
 
 
 @pytest.mark.slow

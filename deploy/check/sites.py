@@ -1,12 +1,16 @@
 """Sites the measured links suggest (`fab check-network --bandwidth`, docs/sites.md). Pure.
 
 Each unordered pair of hosts gets its best measured bandwidth (either direction) and its
-smallest handshake RTT. The hosts are joined by single linkage, closest pairs first, and cut at
-the widest gap of at least ``BANDWIDTH_GAP`` (5x) between consecutive bandwidths, else of at least
-``RTT_GAP`` (10x) between consecutive RTTs; a cut counts only when every measured link between
-two clusters is that much slower than every measured link inside one (otherwise the hosts do
-not fall into places). When the clusters differ from the inventory's sites (a host without
-`site:` is a place of its own), a WARN gives the `site:` lines that would declare them.
+smallest handshake RTT. Every gap of at least ``BANDWIDTH_GAP`` (5x) between consecutive
+bandwidths, and of at least ``RTT_GAP`` (10x) between consecutive RTTs, is a candidate cut: the
+hosts joined by single linkage through every link at least as close as the gap's upper side. A
+cut counts only when every measured link between two of its places is that much slower (in
+bandwidth, or in RTT) than every measured link inside one; of those, the one that separates best
+in both measures at once wins (the product of its two separations). Both measures, because
+places nest: an office LAN at 1 Gbit/s beside a rented pair at 25 Gbit/s in a datacenter is a
+wider bandwidth gap than the 100 Mbit/s between them, but the RTT (0.3 ms against 30) says where
+the places end. When the places differ from the inventory's sites (a host without `site:` is a
+place of its own), a WARN gives the `site:` lines that would declare them.
 """
 
 from __future__ import annotations
@@ -41,30 +45,40 @@ def pair_stats(links: Iterable[Link]) -> dict[Pair, tuple[float | None, float | 
 
 def clusters(hosts: Sequence[str], links: Iterable[Link]) -> tuple[tuple[str, ...], ...] | None:
     """The places the links show, in host order, or None when they show one place."""
-    stats = pair_stats(links)
-    bandwidth = {p: b for p, (b, _) in stats.items() if b is not None and p <= set(hosts)}
-    found = _split(hosts, bandwidth, BANDWIDTH_GAP)
-    if found is None:
-        nearness = {p: 1.0 / max(r, MIN_RTT_MS) for p, (_, r) in stats.items() if r is not None and p <= set(hosts)}
-        found = _split(hosts, nearness, RTT_GAP)
-    return found
+    stats = {p: v for p, v in pair_stats(links).items() if p <= set(hosts)}
+    bandwidth = {p: b for p, (b, _) in stats.items() if b is not None}
+    nearness = {p: 1.0 / max(r, MIN_RTT_MS) for p, (_, r) in stats.items() if r is not None}
+    best: tuple[float, tuple[tuple[str, ...], ...]] | None = None
+    for parts in _candidates(hosts, bandwidth, BANDWIDTH_GAP) + _candidates(hosts, nearness, RTT_GAP):
+        by_bandwidth, by_rtt = _separation(parts, bandwidth), _separation(parts, nearness)
+        if by_bandwidth < BANDWIDTH_GAP and by_rtt < RTT_GAP:
+            continue
+        score = by_bandwidth * by_rtt
+        if best is None or score > best[0]:
+            best = (score, parts)
+    return None if best is None else best[1]
 
 
-def _split(hosts: Sequence[str], closeness: Mapping[Pair, float], gap: float) -> tuple[tuple[str, ...], ...] | None:
+def _candidates(hosts: Sequence[str], closeness: Mapping[Pair, float],
+                gap: float) -> list[tuple[tuple[str, ...], ...]]:
+    """The places of each cut at a gap of at least `gap` between consecutive closeness values."""
     values = sorted(set(closeness.values()), reverse=True)
-    cuts = [(values[i] / values[i + 1], values[i]) for i in range(len(values) - 1) if values[i] >= gap * values[i + 1]]
-    if not cuts:
-        return None
-    _, threshold = max(cuts)
-    parts = _components(hosts, [p for p, v in closeness.items() if v >= threshold])
-    if len(parts) < 2:
-        return None
+    out = []
+    for upper, lower in zip(values, values[1:]):
+        if upper >= gap * lower:
+            parts = _components(hosts, [p for p, v in closeness.items() if v >= upper])
+            if len(parts) >= 2:
+                out.append(parts)
+    return out
+
+
+def _separation(parts: Sequence[Sequence[str]], closeness: Mapping[Pair, float]) -> float:
+    """How many times closer the farthest pair inside a place is than the closest pair between
+    two places (1 where a side has no measured pair: that measure tells nothing)."""
     place = {h: i for i, part in enumerate(parts) for h in part}
     inside = [v for p, v in closeness.items() if len({place[h] for h in p}) == 1]
     between = [v for p, v in closeness.items() if len({place[h] for h in p}) == 2]
-    if inside and between and min(inside) < gap * max(between):
-        return None
-    return parts
+    return min(inside) / max(between) if inside and between else 1.0
 
 
 def _components(hosts: Sequence[str], edges: Iterable[Pair]) -> tuple[tuple[str, ...], ...]:
