@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from meshrun.deploy.edges.wheel import controller_identity
-from tests.fabrun import REPO, fab
+from tests.fabrun import REPO, ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
 
@@ -244,13 +245,25 @@ def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_decla
         testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
     """Issue 22: on the `two-site` profile (h1, h2 | h3, 20 Mbit/s and 40 ms between) the measured
     matrix falls into two places; without `site:` lines check-network WARNs with the lines that
-    would declare them, and with them it says nothing of places."""
+    would declare them, and with them it says nothing of places. `fab train --comm auto`, which
+    measures the same matrix, says it too, with what hier would do once they are declared."""
     undeclared = make_inventory()
     declared = make_inventory(host_overrides={"h1": {"site": "office"}, "h2": {"site": "office"},
                                               "h3": {"site": "home"}})
     with testbed.profile("two-site"):
         report, code, elapsed = check_json(undeclared, "--bandwidth")
         quiet, quiet_code, _ = check_json(declared, "--bandwidth")
+        trained = fab("train", "--inventory", str(undeclared), "--skip-checks", "--comm", "auto", "--",
+                      "epochs=1", "log.tensorboard=false", timeout=300)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-2000:]
+    hint = re.search(r"comm: (the measured links fall into 2 places \(h1, h2 \| h3; .*? write: h1: \{site: site-1\}; "
+                     r"h2: \{site: site-1\}; h3: \{site: site-2\} \(docs/sites.md\); with them declared, --comm auto "
+                     r"would choose hier [\d.]+ ms \([\d.]+ ms inside \+ [\d.]+ ms between\) per step \(this run's .*\))$",
+                     trained.stdout + trained.stderr, re.M)
+    assert hint, trained.stdout[-3000:]
+    plan = json.loads((ROOT / "runs" / run_id_of(trained.stdout) / "commplan.json").read_text())
+    assert plan["places_hint"] == hint.group(1) and plan["site_links"]["sites"] == [
+        ["host:h1", ["h1"]], ["host:h2", ["h2"]], ["host:h3", ["h3"]]]
     assert (code, quiet_code) == (0, 0), (report["findings"], quiet["findings"])
     between = {frozenset(("h1", "h3")), frozenset(("h2", "h3"))}
     for link in report["links"]:
@@ -263,7 +276,7 @@ def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_decla
     assert places[0]["message"].endswith(
         "write: h1: {site: site-1}; h2: {site: site-1}; h3: {site: site-2} (docs/sites.md)")
     assert not [f for f in quiet["findings"] if f["where"] == "cluster"], quiet["findings"]
-    print(f"check-network --bandwidth on two-site: {elapsed:.1f} s")
+    print(f"check-network --bandwidth on two-site: {elapsed:.1f} s; fab train said: {hint.group(0)}")
 
 
 def test_a_command_to_a_cut_host_fails_instead_of_hanging(testbed: SimCluster, inventory: Path) -> None:

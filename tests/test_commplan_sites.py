@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshrun.deploy.run.commplan import (GRAD_BYTES, Hook, HookFloor, HookSettings, LinkStats, SiteLinks, plan,
-                                         site_links, wire_hint)
+from meshrun.deploy.run.commplan import (GRAD_BYTES, Hook, HookFloor, HookSettings, LinkStats, SiteLinks, places_hint,
+                                         plan, site_links, wire_hint)
 from tests.test_commplan import DIGITS
 
 SITES = {"a1": "office", "a2": "office", "b1": "home"}
@@ -128,3 +128,24 @@ def test_three_places_ring_the_representatives_at_the_slowest_ones_pace() -> Non
     hier = plan(125e6, 5, DIGITS, s, budget_s=0.05, rtt_s=0.0003, sites=got).floor_of(Hook.HIER)
     assert hier.between_s == (2 * 2 / 3 * full / 2.5e6 + 2 * 0.15) / 8
     assert hier.inside_s == full / 125e6 + 0.0003 + (2 * full / 125e6 + 2 * 0.0003) / 8
+
+
+def test_undeclared_places_hint_at_what_hier_would_do_declared() -> None:
+    """No `site:` lines (each host a place of its own): auto picks a flat hook; the measured places
+    (a1, a2 | b1), declared, would have it pick hier, and the hint says so with both floors."""
+    s = HookSettings(powersgd_rank=4, localsgd_period=4, diloco_inner_steps=8)
+    alone = {h: f"host:{h}" for h in SITES}
+    links = tuple(matrix(SITES))
+    now = dataclasses.replace(plan(125e6, 3, DIGITS, s, budget_s=0.05, rtt_s=0.0005, sites=site_links(links, alone)),
+                              links=links)
+    assert now.recommended is Hook.LOCALSGD
+    places = (("a1", "a2"), ("b1",))
+    assert places_hint(Hook.LOCALSGD, now, DIGITS, s, places, "WARN TEXT") == (
+        "WARN TEXT; with them declared, --comm auto would choose hier 17.8 ms (2.7 ms inside + 15.2 ms between) "
+        "per step (this run's localsgd 47.1 ms)")
+    # Undeclared, hier is flat DiLoCo-overlap: one ring over all three hosts, nothing inside.
+    assert places_hint(Hook.HIER, now, DIGITS, s, places, "W").endswith(
+        "(this run's hier 23.6 ms (0.0 ms inside + 23.6 ms between))")
+    # Where even declared places would not make auto choose hier, nothing is said.
+    roomy = dataclasses.replace(now, budget_s=1.0)
+    assert places_hint(Hook.NONE, roomy, DIGITS, s, places, "W") == ""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshrun.layout import COMM_PLAN, run_dir
+from meshrun.deploy.check.sites import clusters, site_findings
 from meshrun.deploy.run import commplan
 from meshrun.deploy.run.commplan import CommPlan, Hook, HookSettings
 from meshrun.deploy.edges.sessions import reachable_results
@@ -114,10 +115,23 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
             renderer.info(f"comm: comm.hook={hook.value}, {at} "
                           f"(recommended: {plan.recommended.value}; {plan.reason})")
     if plan is not None:
-        plan = dataclasses.replace(plan, hint=commplan.wire_hint(hook, plan, gradients.shapes, gradients.settings))
+        plan = dataclasses.replace(plan, hint=commplan.wire_hint(hook, plan, gradients.shapes, gradients.settings),
+                                   places_hint=_places_hint(selection, hook, plan, gradients))
         if plan.hint:
             renderer.info(f"comm: {plan.hint}")
+        if plan.places_hint:
+            renderer.warn(f"comm: {plan.places_hint}")
     return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *workload.args)), plan
+
+
+def _places_hint(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradients) -> str:
+    """check-network's WARN of undeclared places (deploy/check/sites.py), with what hier would do."""
+    names = [h.name for h in selection.hosts]
+    finding = site_findings(names, {h.name: h.site for h in selection.hosts}, plan.links)
+    places = clusters(names, plan.links)
+    if not finding or places is None:
+        return ""
+    return commplan.places_hint(hook, plan, gradients.shapes, gradients.settings, places, finding[0].message)
 
 
 def save_plan(runs: Path, run_id: str, plan: CommPlan, hook: str) -> Path:

@@ -119,6 +119,7 @@ class CommPlan:
     site_links: SiteLinks | None = None  # with sites declared: what the floors inside and between used
     links: tuple[tuple[str, str, float | None, float | None], ...] = ()  # (source, target, Mbit/s, RTT ms)
     hint: str = ""  # what a setting would save on the hook the run uses (``wire_hint``)
+    places_hint: str = ""  # measured places the inventory does not declare, and hier on them (``places_hint``)
 
     def floor_of(self, hook: Hook) -> HookFloor | None:
         return next((f for f in self.floors if f.hook is hook), None)
@@ -252,6 +253,23 @@ def wire_hint(hook: Hook, plan: CommPlan, shapes: Sequence[Sequence[int]], setti
     where = " between sites" if hook is Hook.HIER else ""
     return (f"comm.diloco_wire_dtype=bf16 would send {hook.value}'s pseudo-gradient{where} in half the bytes: "
             f"floor {_ms(bf16.floor_s)} per step instead of {_ms(now.floor_s)} (rounded to bfloat16, docs/sites.md)")
+
+
+def places_hint(hook: Hook, now: CommPlan, shapes: Sequence[Sequence[int]], settings: HookSettings,
+                places: Sequence[Sequence[str]], finding: str) -> str:
+    """When the measured links fall into `places` that the inventory does not declare (`finding`,
+    check-network's WARN with the `site:` lines) and, with them declared, `auto` would choose
+    hier: what that would change; else "". Without sites hier is flat DiLoCo-overlap, so even a
+    run of `--comm hier` gets the hint."""
+    site_of = {h: f"site-{i}" for i, place in enumerate(places, 1) for h in place}
+    with_places = plan(now.bandwidth_bytes_s, now.nodes, shapes, settings, now.budget_s, now.rtt_s,
+                       site_links(now.links, site_of))
+    better = with_places.floor_of(Hook.HIER)
+    current = now.floor_of(hook)
+    if with_places.recommended is not Hook.HIER or better is None:
+        return ""
+    this = f"this run's {_floor(current)}" if current is not None else f"this run's {hook.value}"
+    return f"{finding}; with them declared, --comm auto would choose {_floor(better)} per step ({this})"
 
 
 def _floor(floor: HookFloor) -> str:
