@@ -35,8 +35,11 @@ repetition to the next, and the table holds the means (and each run's time): one
 separate methods 5 % apart on 2 shared cores.
 `--profile two-site-far` puts the sites `far` apart (50 Mbit/s, 150 ms RTT) instead; the table
 and the last line then name that profile.
+`--profile three-site --hosts 5` puts office h1, h2 | lab h3, h4 | home h5 in three places, home
+apart from each other (the outer all-reduce rings three representatives).
+
 Usage: sudo .venv/bin/python bench/sites.py [--hosts 3] [--epochs 3] [--methods none,diloco-overlap,hier,hier+bf16]
-                                            [--profile two-site|two-site-far]
+                                            [--profile two-site|two-site-far|three-site]
                                             [--none-to-target] [--repeats K]
 """
 
@@ -54,21 +57,27 @@ sys.path.insert(0, str(REPO))
 
 from bench.wan import HOSTS, STEPS_PER_EPOCH, TARGET, Run, hook_of, run_all  # noqa: E402
 from tests.testbed import SimCluster  # noqa: E402
+from tests.testbed.latency import lookup  # noqa: E402
 from tests.testbed.lock import exclusive  # noqa: E402
 
 METHODS = "none,diloco-overlap,hier"
 GOAL = 1.1
 
 
-def sites(hosts: int) -> dict[str, str]:
-    """h1..hN by site as the `two-site` profile places them: the first half, rounded up, `office`."""
-    office = -(-hosts // 2)
-    return {f"h{i}": "office" if i <= office else "home" for i in range(1, hosts + 1)}
+SITE_NAMES = {2: ("office", "home"), 3: ("office", "lab", "home")}
 
 
-def between_per_step(run: Run, hosts: int) -> float:
-    """Bytes per optimizer step the office hosts received from home (the delay chain's counters)."""
-    office = [i for i, site in enumerate(sites(hosts).values()) if site == "office"]
+def sites(hosts: int, places: int = 2) -> dict[str, str]:
+    """h1..hN by site as the test bed's profile of `places` places puts them (latency.places):
+    contiguous, the first ones rounded up; two: `office`, `home`; three: `office`, `lab`, `home`."""
+    size = -(-hosts // places)
+    return {f"h{i}": SITE_NAMES[places][(i - 1) // size] for i in range(1, hosts + 1)}
+
+
+def between_per_step(run: Run, hosts: int, places: int = 2) -> float:
+    """Bytes per optimizer step the office hosts received from the other sites (the delay chain's
+    counters)."""
+    office = [i for i, site in enumerate(sites(hosts, places).values()) if site == "office"]
     return sum(run.delayed_rx_per_step[i] for i in office)
 
 
@@ -81,13 +90,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run each method (but none) K times on each profile, in alternating order; "
                              "the table holds the means")
-    parser.add_argument("--profile", default="two-site", choices=("two-site", "two-site-far"),
-                        help="the sites' link: home (two-site) or far")
+    parser.add_argument("--profile", default="two-site", choices=("two-site", "two-site-far", "three-site"),
+                        help="the sites' link: home (two-site) or far; three-site: three places, home apart")
     parser.add_argument("--wait", type=float, default=900, help="seconds to wait for the test bed lock")
     args = parser.parse_args()
-    methods, hosts = args.methods.split(","), args.hosts
-    if hosts < 3:
-        parser.error("--hosts: at least 3 (a site of two hosts, or hier is flat DiLoCo)")
+    methods, hosts, places = args.methods.split(","), args.hosts, lookup(args.profile).sites
+    if hosts < places + 1:
+        parser.error(f"--hosts: at least {places + 1} on {args.profile} (a site of two hosts, or hier is flat DiLoCo)")
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
     cluster = SimCluster("/tmp/meshrun-testbed")
@@ -97,14 +106,14 @@ def main() -> int:
         cluster.up(hosts)
         try:
             inventory = cluster.write_inventory(Path("/tmp/meshrun-bench-sites.yaml"),
-                                                host_overrides={h: {"site": s} for h, s in sites(hosts).items()})
+                                                host_overrides={h: {"site": s} for h, s in sites(hosts, places).items()})
             for order in repeated(methods, args.repeats):
                 runs += run_all(cluster, inventory, [("lan", order), (args.profile, order)], args.epochs,
-                                args.none_to_target, show(hosts), extra=flags, hosts=hosts, synced=bool(runs))
+                                args.none_to_target, show(hosts, places), extra=flags, hosts=hosts, synced=bool(runs))
         finally:
             cluster.down()
     print(f"bench total {time.time() - started:.0f} s")
-    report(runs, methods, hosts, args.profile)
+    report(runs, methods, hosts, args.profile, places)
     return 0
 
 
@@ -121,10 +130,10 @@ def flags(profile: str, method: str) -> list[str]:
     return [] if profile == "lan" else ["--comm", hook_of(method), *(["perf.every_steps=1"] if method == "none" else [])]
 
 
-def show(hosts: int) -> Callable[[Run], str]:
+def show(hosts: int, places: int = 2) -> Callable[[Run], str]:
     return lambda run: (f"to {TARGET:.2f}: {run.time_to_target} (epoch {run.hit_epoch}), final "
-                        f"{run.final_acc:.4f}, step {run.step_s * 1e3:.1f} ms, home→office "
-                        f"{between_per_step(run, hosts) / 1e3:.0f} kB/step ({run.wall_s:.0f} s)")
+                        f"{run.final_acc:.4f}, step {run.step_s * 1e3:.1f} ms, into office "
+                        f"{between_per_step(run, hosts, places) / 1e3:.0f} kB/step ({run.wall_s:.0f} s)")
 
 
 def mean(values: list[float | None]) -> float | None:
@@ -151,13 +160,13 @@ def auto_choices(runs: list[Run], profile: str) -> list[tuple[str, str]]:
     return out
 
 
-def report(runs: list[Run], methods: list[str], hosts: int, profile: str = "two-site") -> None:
+def report(runs: list[Run], methods: list[str], hosts: int, profile: str = "two-site", places: int = 2) -> None:
     by: dict[tuple[str, str], list[Run]] = {}
     for run in runs:
         by.setdefault((run.shape, run.hook), []).append(run)
     base = by.get(("lan", "none"), [None])[0]
-    placed = sites(hosts)
-    where = " | ".join(f"{site} {', '.join(h for h, s in placed.items() if s == site)}" for site in ("office", "home"))
+    placed = sites(hosts, places)
+    where = " | ".join(f"{site} {', '.join(h for h, s in placed.items() if s == site)}" for site in SITE_NAMES[places])
     repeats = max(len(v) for v in by.values()) if by else 0
     print(f"\nP9: time to test accuracy {TARGET:.2f}, {profile} ÷ lan, {hosts} hosts ({where}); "
           f"goal: hier <= {GOAL} and below diloco-overlap, within 1 point of none on lan"
@@ -175,7 +184,7 @@ def report(runs: list[Run], methods: list[str], hosts: int, profile: str = "two-
         ratio = two / a_s if a_s and two else None
         delta = (lan[0].final_acc - base.final_acc) * 100 if base else float("nan")
         ge = ">=" if bound else ""
-        between = sum(between_per_step(r, hosts) for r in two_site) / len(two_site)
+        between = sum(between_per_step(r, hosts, places) for r in two_site) / len(two_site)
         two_sync = None if bound else mean([r.sync_to_target for r in two_site])
         print(f"{method:>14}  {_f(a_s):>6}  {ge + _f(two):>10}  "
               f"{(ge + f'{ratio:.2f}' if ratio else '-'):>7}  {lan[0].final_acc:>9.4f}  {_delta(delta) if base else '-':>9}  "
@@ -185,8 +194,8 @@ def report(runs: list[Run], methods: list[str], hosts: int, profile: str = "two-
                   f"{', '.join(_f(r.time_to_target) for r in two_site)}")
         if ratio is not None and two is not None and (base is None or delta >= -1.0):  # no `none` run: not compared
             rows.append((method, two, ratio, bound))
-    print(f"between kB/step: bytes per optimizer step the office received from home on {profile} (the test bed's "
-          "delay-chain counters: one direction)")
+    print(f"between kB/step: bytes per optimizer step the office received from the other sites on {profile} (the "
+          "test bed's delay-chain counters: one direction)")
     print("sync s: of the time to the target, making the replicas one model before each evaluation (DiLoCo and "
           "hier: the rounds in flight cross the links; epoch records' sync_seconds)")
     if any(bound for *_, bound in rows):

@@ -38,6 +38,7 @@ def test_profile_table() -> None:
         Profile("far", rate_mbit=50, rtt_ms=150.0, loss=0.0),
         Profile("two-site", rate_mbit=20, rtt_ms=40.0, loss=0.0, sites=2),
         Profile("two-site-far", rate_mbit=50, rtt_ms=150.0, loss=0.0, sites=2),
+        Profile("three-site", rate_mbit=20, rtt_ms=40.0, loss=0.0, sites=3),
     )
     far = latency.lookup("far")
     assert (far.tc_rate, far.peer_delay_ms, far.controller_delay_ms) == ("50mbit", 75.0, 150.0)
@@ -48,7 +49,7 @@ def test_profile_table() -> None:
 
 
 def test_lookup_refuses_unknown_names_and_bad_loss() -> None:
-    with pytest.raises(ValueError, match="unknown profile 'wan'; known: lan, home, far, two-site, two-site-far"):
+    with pytest.raises(ValueError, match="unknown profile 'wan'; known: lan, home, far, two-site, two-site-far, three-site"):
         latency.lookup("wan")
     for loss in (-0.1, 1.0):
         with pytest.raises(ValueError, match="loss must be in"):
@@ -75,6 +76,9 @@ def test_two_sites_split_the_hosts_and_queue_only_the_other_site() -> None:
     hosts = [Host(1), Host(2), Host(3)]
     assert latency.places(hosts, 2) == [[Host(1), Host(2)], [Host(3)]]
     assert latency.places([*hosts, Host(4)], 2) == [[Host(1), Host(2)], [Host(3), Host(4)]]
+    five = [*hosts, Host(4), Host(5)]
+    assert latency.places(five, 3) == [[Host(1), Host(2)], [Host(3), Host(4)], [Host(5)]]
+    assert latency.elsewhere(Host(3), five, 3) == [Host(1), Host(2), Host(5)]
     ipt = ["iptables", "-w", "10", "-t", "mangle"]
     queue = ["-j", "NFQUEUE", "--queue-bypass", "--queue-num"]
     assert latency.site_rules(Host(1), hosts, 2) == [

@@ -7,9 +7,12 @@
 | far     | 50 Mbit/s                       | 150 ms            | 75 ms                  |
 | two-site | between sites 20 Mbit/s, inside unshaped | 40 ms between sites, < 0.2 ms inside | 20 ms, from the other site only |
 | two-site-far | between sites 50 Mbit/s, inside unshaped | 150 ms between sites | 75 ms, from the other site only |
+| three-site | as two-site, between three places | 40 ms between any two sites | 20 ms, from the other sites only |
 
 The two-site profiles split the hosts into two places, the first half (rounded up) and the rest
-(3 hosts: h1, h2 | h3; 4: h1, h2 | h3, h4): links inside a place are the unshaped LAN, every
+(3 hosts: h1, h2 | h3; 4: h1, h2 | h3, h4); three-site into thirds, rounded up likewise (5 hosts:
+h1, h2 | h3, h4 | h5), each host with its own 20 Mbit/s to all the other places together (an
+office's or a home's uplink, per host): links inside a place are the unshaped LAN, every
 packet between places is shaped (htb with one u32 filter per address of the other place, on
 both ends of each veth) and delayed by the delayer of the host it enters. The controller sits
 in the first place: its packets to the second place are delayed by the full RTT.
@@ -105,6 +108,7 @@ PROFILES: tuple[Profile, ...] = (
     Profile("far", rate_mbit=50, rtt_ms=150.0),
     Profile("two-site", rate_mbit=20, rtt_ms=40.0, sites=2),
     Profile("two-site-far", rate_mbit=50, rtt_ms=150.0, sites=2),
+    Profile("three-site", rate_mbit=20, rtt_ms=40.0, sites=3),
 )
 
 
