@@ -258,6 +258,25 @@ def test_two_site_profile_shapes_and_delays_only_between_sites(profiled_bed: Sim
 
 
 @pytest.mark.cluster
+def test_three_site_profile_on_three_hosts_makes_each_a_place(profiled_bed: SimCluster) -> None:
+    """Thirds of 3 hosts: each host its own place, so every pair is `home` apart (the controller
+    sits in the first place, beside h1)."""
+    bed = profiled_bed
+    h1, h3 = bed.host(1).address, bed.host(3).address
+    with bed.profile("three-site") as profile:
+        pairs = [measure.ping(bed, 1, H2), measure.ping(bed, 2, h3), measure.ping(bed, 3, h1)]
+        controller_near, controller_far = measure.ping(None, 0, h1), measure.ping(None, 0, h3)
+        wan = measure.iperf(bed, 2, 1, H2, seconds=5, omit=2)
+    assert [p.lost for p in (*pairs, controller_near, controller_far)] == [0] * 5
+    for pings, what in zip(pairs, ("h1 <-> h2", "h2 <-> h3", "h3 <-> h1")):
+        assert_near(pings.median_ms, profile.rtt_ms, f"RTT {what} (ms)")
+    assert controller_near.median_ms < 1.0
+    assert_near(controller_far.median_ms, profile.rtt_ms, "RTT controller <-> h3 (ms)")
+    assert_near(wan.received_bits_per_second / 1e6, profile.rate_mbit, "TCP h1 -> h2 (Mbit/s)")
+    assert_nothing_left(bed)
+
+
+@pytest.mark.cluster
 def test_loss_drops_that_share_of_round_trips(profiled_bed: SimCluster) -> None:
     loss, count = 0.1, 300
     with profiled_bed.profile("home", loss=loss):
