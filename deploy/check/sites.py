@@ -121,12 +121,19 @@ def site_lines(found: Sequence[Sequence[str]], sites: Mapping[str, str | None]) 
     return tuple(lines)
 
 
-def site_findings(hosts: Sequence[str], sites: Mapping[str, str | None], links: Iterable[Link]) -> list[Finding]:
-    """A WARN when the measured places are not the inventory's sites; nothing otherwise."""
+def undeclared_places(hosts: Sequence[str], sites: Mapping[str, str | None],
+                      links: Iterable[Link]) -> tuple[tuple[tuple[str, ...], ...], str] | None:
+    """The places the links show and the WARN's text, when they are not the inventory's sites."""
     found = clusters(hosts, links)
     if found is None or set(found) == set(declared(hosts, sites)):
-        return []
+        return None
     shown = " | ".join(", ".join(place) for place in found)
-    return [warn("cluster", f"the measured links fall into {len(found)} places ({shown}; >= {BANDWIDTH_GAP:g}x "
-                            f"bandwidth or >= {RTT_GAP:g}x RTT between them) that the inventory's sites do not "
-                            f"declare; write: {'; '.join(site_lines(found, sites))} (docs/sites.md)")]
+    return found, (f"the measured links fall into {len(found)} places ({shown}; >= {BANDWIDTH_GAP:g}x bandwidth or "
+                   f">= {RTT_GAP:g}x RTT between them) that the inventory's sites do not declare; write: "
+                   f"{'; '.join(site_lines(found, sites))} (docs/sites.md)")
+
+
+def site_findings(hosts: Sequence[str], sites: Mapping[str, str | None], links: Iterable[Link]) -> list[Finding]:
+    """A WARN when the measured places are not the inventory's sites; nothing otherwise."""
+    undeclared = undeclared_places(hosts, sites, links)
+    return [] if undeclared is None else [warn("cluster", undeclared[1])]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshrun.layout import COMM_PLAN, run_dir
-from meshrun.deploy.check.sites import clusters, site_findings
+from meshrun.deploy.check.sites import undeclared_places
 from meshrun.deploy.run import commplan
 from meshrun.deploy.run.commplan import CommPlan, Hook, HookSettings
 from meshrun.deploy.edges.sessions import reachable_results
@@ -126,12 +126,12 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
 
 def _places_hint(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradients) -> str:
     """check-network's WARN of undeclared places (deploy/check/sites.py), with what hier would do."""
-    names = [h.name for h in selection.hosts]
-    finding = site_findings(names, {h.name: h.site for h in selection.hosts}, plan.links)
-    places = clusters(names, plan.links)
-    if not finding or places is None:
+    undeclared = undeclared_places([h.name for h in selection.hosts], {h.name: h.site for h in selection.hosts},
+                                   plan.links)
+    if undeclared is None:
         return ""
-    return commplan.places_hint(hook, plan, gradients.shapes, gradients.settings, places, finding[0].message)
+    places, message = undeclared
+    return commplan.places_hint(hook, plan, gradients.shapes, gradients.settings, places, message)
 
 
 def save_plan(runs: Path, run_id: str, plan: CommPlan, hook: str) -> Path:
