@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from tests.conftest import _testbed_unavailable
 from tests.testbed import SimCluster, latency, measure, network
 from tests.testbed.latency import Profile
 from tests.testbed.layout import Host, StatePaths
-from tests.testbed.proc import NETWORK_NICE, alive, stop, wait_dead
+from tests.testbed.proc import NETWORK_NICE, alive, wait_dead
 from tests.testbed.requirements import missing_latency_requirements
 
 TOLERANCE = 0.15
@@ -377,16 +378,24 @@ def test_the_hosts_own_filter_rules_still_apply_after_the_delay(profiled_bed: Si
 @pytest.mark.cluster
 def test_a_stopped_delayer_first_releases_what_it_holds(profiled_bed: SimCluster) -> None:
     """SIGTERM while packets are held (a ping every 20 ms into 150 ms of round trip): each is
-    accepted, none lost; later packets pass undelayed (--queue-bypass) until the rules go."""
+    accepted, none lost; later packets pass undelayed (--queue-bypass) until the rules go.
+    The delayers are frozen (SIGSTOP) for 0.2 s first, as a loaded machine may leave them
+    unscheduled: the packets that came meanwhile wait in the kernel, never read, and are let
+    through too (unbinding a queue drops what it holds; a CI run lost one that way)."""
     bed = profiled_bed
     count = 40
     with bed.profile("far"):
         pinger = bed.popen(1, measure.ping_argv(H2, count, 0.02), stdout=subprocess.PIPE, text=True)
         time.sleep(0.4)
-        for h in bed.hosts:
-            pid = latency.delayer_pid(h, bed.paths)
-            assert pid is not None
-            stop(pid)
+        pids = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
+        assert all(pids)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)
+        assert wait_dead([pid for pid in pids if pid is not None], timeout=10) == []
         out, _ = pinger.communicate(timeout=60)
         logs = [latency.log_file(h, bed.paths).read_text().split() for h in bed.hosts]
     pings = measure.parse_pings(count, out)

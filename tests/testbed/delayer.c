@@ -21,9 +21,9 @@
  *   a queue, so that is exactly the due packets, plus any whose notification the socket
  *   dropped (ENOBUFS), which would otherwise wait in the kernel for ever.
  * - Payloads are not copied to user space (COPY_META): a verdict needs only the id.
- * - Bounded: exits after --max-seconds. On exit (that, SIGTERM or SIGINT) every held packet is
- *   accepted first, so stopping the delayer loses nothing; later packets pass undelayed (the
- *   rules use --queue-bypass) until the rules go.
+ * - Bounded: exits after --max-seconds. On exit (that, SIGTERM or SIGINT) every packet is
+ *   accepted first, so stopping the delayer loses nothing (let_go); later packets pass
+ *   undelayed (the rules use --queue-bypass) until the rules go.
  * - Its priority (nice) is set by whoever starts it (latency.py: ahead of the workload).
  * - Prints "ready" once every queue is bound, and "accepted N dropped N cpu Xs" at exit.
  */
@@ -32,7 +32,6 @@
 #include <errno.h>
 #include <libnetfilter_queue/libnetfilter_queue.h>
 #include <linux/netfilter.h>
-#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -55,6 +54,7 @@ struct held { double due; uint32_t id; };
 /* One queue's FIFO of held packets: a ring that doubles when full. */
 struct line {
     unsigned number;
+    uint32_t last_id;  /* the newest packet read from the kernel */
     double delay_s;
     struct nfq_q_handle *queue;
     struct held *items;
@@ -88,7 +88,7 @@ static void push(struct line *l, uint32_t id, double due) {
     l->len++;
 }
 
-/* Accept every packet of the line due by `t` (t = INFINITY: all of them). */
+/* Accept every packet of the line due by `t`. */
 static void release(struct line *l, double t) {
     uint32_t last = 0;
     size_t n = 0;
@@ -107,6 +107,7 @@ static int on_packet(struct nfq_q_handle *queue, struct nfgenmsg *msg, struct nf
     (void)msg;
     struct line *l = data;
     uint32_t id = ntohl(nfq_get_msg_packet_hdr(nfa)->packet_id);
+    l->last_id = id;
     if (loss > 0 && drand48() < loss) {
         dropped++;
         return nfq_set_verdict(queue, id, NF_DROP, 0, NULL);
@@ -144,6 +145,25 @@ static void serve(struct nfq_handle *h, double max_seconds) {
         }
         t = now_s();
         for (int i = 0; i < nlines; i++) release(&lines[i], t);
+    }
+}
+
+/* Unbinding a queue drops every packet still in it, and the kernel may hold some we never
+ * read: they came while we were not scheduled, or after the signal cut ppoll() short. So the
+ * queues first fail open with room for none (every new packet is accepted on arrival, the
+ * kernel's own path when a queue is full), and then one batch verdict per queue accepts
+ * everything queued, read or not: ids grow, and the kernel accepts every id up to the one
+ * named (wrapping compare), which lies 2^30 past the newest read. */
+static void let_go(void) {
+    for (int i = 0; i < nlines; i++) {
+        nfq_set_queue_flags(lines[i].queue, NFQA_CFG_F_FAIL_OPEN, NFQA_CFG_F_FAIL_OPEN);
+        nfq_set_queue_maxlen(lines[i].queue, 0);
+    }
+    for (int i = 0; i < nlines; i++) {
+        struct line *l = &lines[i];
+        accepted += l->len;
+        l->len = 0;
+        nfq_set_verdict_batch(l->queue, l->last_id + (1u << 30), NF_ACCEPT);
     }
 }
 
@@ -214,10 +234,8 @@ int main(int argc, char **argv) {
     printf("ready\n");
     fflush(stdout);
     serve(h, max_seconds);
-    for (int i = 0; i < nlines; i++) {
-        release(&lines[i], INFINITY);
-        nfq_destroy_queue(lines[i].queue);
-    }
+    let_go();
+    for (int i = 0; i < nlines; i++) nfq_destroy_queue(lines[i].queue);
     nfq_close(h);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
