@@ -244,11 +244,11 @@ def test_bandwidth_is_measured_on_every_link_in_bounded_time(testbed: SimCluster
 def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_declare(
         testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
     """Issue 22: on the `two-site` profile (h1, h2 | h3, 20 Mbit/s and 40 ms between) the measured
-    matrix falls into two places; without `site:` lines check-network WARNs with the lines that
-    would declare them (with them it says nothing of places: tests/test_check_sites.py). `fab
-    train --comm auto`, which measures the same matrix, says it too, with what hier would do once
-    they are declared."""
-    undeclared = make_inventory()
+    matrix falls into two places; with only h1's `site: office` declared, check-network WARNs with
+    the lines that would declare them (with them it says nothing of places: tests/test_check_sites.py)
+    and sums the matrix up by the sites it has (h2 and h3 places of their own). `fab train --comm
+    auto`, which measures the same matrix, says it too, with what hier would do once they are declared."""
+    undeclared = make_inventory(host_overrides={"h1": {"site": "office"}})
     # The project crosses to the hosts on the LAN, not over the shaped link (the test's phases
     # print with -s: 44 s alone, 124 s in CI beside the other worker, cause not yet known).
     synced = fab("sync", "--inventory", str(undeclared))
@@ -261,14 +261,14 @@ def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_decla
                       "--", "epochs=1", "log.tensorboard=false", timeout=300)
     timings = f"check-network {checked - started:.1f} s, train {time.monotonic() - checked:.1f} s"
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-2000:]
-    hint = re.search(r"comm: (the measured links fall into 2 places \(h1, h2 \| h3; .*? write: h1: \{site: site-1\}; "
-                     r"h2: \{site: site-1\}; h3: \{site: site-2\} \(docs/sites.md\); with them declared, --comm auto "
+    hint = re.search(r"comm: (the measured links fall into 2 places \(h1, h2 \| h3; .*? write: h1: \{site: office\}; "
+                     r"h2: \{site: office\}; h3: \{site: site-2\} \(docs/sites.md\); with them declared, --comm auto "
                      r"would choose hier [\d.]+ ms \([\d.]+ ms inside \+ [\d.]+ ms between\) per step \(this run's .*\))$",
                      trained.stdout + trained.stderr, re.M)
     assert hint, trained.stdout[-3000:]
     plan = json.loads((ROOT / "runs" / run_id_of(trained.stdout) / "commplan.json").read_text())
     assert plan["places_hint"] == hint.group(1) and plan["site_links"]["sites"] == [
-        ["host:h1", ["h1"]], ["host:h2", ["h2"]], ["host:h3", ["h3"]]]
+        ["office", ["h1"]], ["host:h2", ["h2"]], ["host:h3", ["h3"]]]
     assert code == 0, report["findings"]
     between = {frozenset(("h1", "h3")), frozenset(("h2", "h3"))}
     for link in report["links"]:
@@ -279,7 +279,13 @@ def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_decla
     assert [f["level"] for f in places] == ["WARN"], report["findings"]
     assert places[0]["message"].startswith("the measured links fall into 2 places (h1, h2 | h3; ")
     assert places[0]["message"].endswith(
-        "write: h1: {site: site-1}; h2: {site: site-1}; h3: {site: site-2} (docs/sites.md)")
+        "write: h1: {site: office}; h2: {site: office}; h3: {site: site-2} (docs/sites.md)")
+    by_site = {(p["a"], p["b"]): p for p in report["places"]}
+    assert list(by_site) == [("office", "host:h2"), ("office", "host:h3"), ("host:h2", "host:h3")], by_site
+    for pair, place in by_site.items():
+        slow = "host:h3" in pair
+        assert place["pairs"] == 1 and ((place["mbit_s"] < 25 and place["rtt_ms"] > 30) if slow
+                                        else place["mbit_s"] > 200), place
     print(f"two-site: {timings}; fab train said: {hint.group(0)}")
 
 

@@ -4,7 +4,7 @@ that would declare them, by exact equality."""
 from __future__ import annotations
 
 from meshrun.deploy.check.findings import Level
-from meshrun.deploy.check.sites import clusters, pair_stats, site_findings, site_lines
+from meshrun.deploy.check.sites import PlaceLinks, clusters, pair_stats, place_links, site_findings, site_lines
 
 HOSTS = ("a1", "b1", "a2")  # a1, a2 share a LAN; b1 is at home
 
@@ -86,3 +86,17 @@ def test_a_cut_must_separate_in_one_measure() -> None:
     # 4.5x in bandwidth and 1.25x in RTT: no place; 100x in RTT alone: two.
     assert clusters(HOSTS, matrix(slow=200.0, wan_ms=0.5)) is None
     assert clusters(HOSTS, matrix(slow=900.0, wan_ms=40.0)) == (("a1", "a2"), ("b1",))
+
+
+def test_place_links_sum_the_matrix_up_by_declared_site() -> None:
+    """Inside each site and between each two: the slowest pair's best bandwidth, the farthest
+    pair's smallest RTT; a host without `site:` is a place of its own; nothing without sites."""
+    sites = {"o1": "office", "o2": "office", "b1": "dc", "b2": "dc"}
+    assert place_links(THREE, sites, three_places()) == (
+        PlaceLinks("office", "office", 1, 1000.0, 0.3), PlaceLinks("office", "dc", 4, 100.0, 30.0),
+        PlaceLinks("office", "host:h1", 2, 20.0, 40.0), PlaceLinks("dc", "dc", 1, 25000.0, 0.3),
+        PlaceLinks("dc", "host:h1", 2, 20.0, 150.0))
+    # Without --bandwidth only the RTTs; a pair never probed (past 32 hosts) counts for nothing.
+    rtt_only = [(s, t, None, r) for s, t, _, r in three_places() if {s, t} != {"o1", "h1"}]
+    assert place_links(THREE, sites, rtt_only)[2] == PlaceLinks("office", "host:h1", 1, None, 40.0)
+    assert place_links(THREE, {}, three_places()) == ()

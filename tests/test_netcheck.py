@@ -8,6 +8,7 @@ import sys
 import subprocess
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -21,6 +22,7 @@ from meshrun.deploy.check import wireguard
 
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.check.findings import Finding, Level
+from meshrun.deploy.check.sites import PlaceLinks
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.check.verdicts import (CLUSTER, AllReduceResult, allreduce_budget, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
                              ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
@@ -292,6 +294,17 @@ def test_report_renders_tables_matrix_findings_and_summary() -> None:
     assert "0.25 ms, DF 1472 ok" in text and "refused" in text
     assert "end to end: gloo all-reduce skipped: not run: fix the failures above first" in text
     assert text.rstrip().endswith("check-network FAIL: 2 host(s), 2 link(s) probed (every pair), 1 failure(s), 0 warning(s), 2.5 s")
+
+
+def test_report_renders_the_matrix_by_site() -> None:
+    """With sites declared, a table sums the matrix up inside each site and between each two."""
+    report = replace(build_report((facts("h1"), facts("h2")), None, (), AllReduceResult(ProbeStatus.SKIPPED), "lan",
+                                  1.0), places=(PlaceLinks("office", "office", 1, 940.4, 0.21),
+                                                PlaceLinks("office", "home", 2, None, 41.57)))
+    out = io.StringIO()
+    print_check(Renderer(Console(file=out, width=160, highlight=False)), report)
+    rows = [" ".join(line.replace("│", " ").split()) for line in out.getvalue().splitlines()]
+    assert "inside office 1 940 Mbit/s 0.21 ms" in rows and "office <-> home 2 - 41.57 ms" in rows, rows
 
 
 def test_zerotier_cli_failures_name_their_fix() -> None:

@@ -10,11 +10,14 @@ in both measures at once wins (the product of its two separations). Both measure
 places nest: an office LAN at 1 Gbit/s beside a rented pair at 25 Gbit/s in a datacenter is a
 wider bandwidth gap than the 100 Mbit/s between them, but the RTT (0.3 ms against 30) says where
 the places end. When the places differ from the inventory's sites (a host without `site:` is a
-place of its own), a WARN gives the `site:` lines that would declare them.
+place of its own), a WARN gives the `site:` lines that would declare them. With sites declared,
+``place_links`` sums the matrix up by site: inside each, and between each two.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import combinations_with_replacement
 from typing import Iterable, Mapping, Sequence
 
 from meshrun.deploy.check.findings import Finding, warn
@@ -137,3 +140,35 @@ def site_findings(hosts: Sequence[str], sites: Mapping[str, str | None], links: 
     """A WARN when the measured places are not the inventory's sites; nothing otherwise."""
     undeclared = undeclared_places(hosts, sites, links)
     return [] if undeclared is None else [warn("cluster", undeclared[1])]
+
+
+@dataclass(frozen=True)
+class PlaceLinks:
+    """The measured pairs inside one declared site (``a == b``) or between two sites: the slowest
+    pair's bandwidth and the farthest pair's RTT (each pair by its best measured direction, as
+    ``pair_stats``), which is what a ring over those hosts waits for."""
+
+    a: str
+    b: str
+    pairs: int  # pairs with a measurement
+    mbit_s: float | None  # None: no bandwidth measured (check-network without --bandwidth)
+    rtt_ms: float | None
+
+
+def place_links(hosts: Sequence[str], sites: Mapping[str, str | None], links: Iterable[Link]) -> tuple[PlaceLinks, ...]:
+    """Per site and per two sites, in host order (a host without ``site:`` is ``host:NAME``), for
+    the pairs measured; () when the inventory declares no site among `hosts`."""
+    if not any(sites.get(h) for h in hosts):
+        return ()
+    key = {h: sites.get(h) or f"host:{h}" for h in hosts}
+    stats = {p: v for p, v in pair_stats(links).items() if p <= set(hosts)}
+    names = list(dict.fromkeys(key[h] for h in hosts))
+    out = []
+    for a, b in combinations_with_replacement(names, 2):
+        measured = [v for p, v in stats.items() if sorted(key[h] for h in p) == sorted((a, b))
+                    and v != (None, None)]
+        if measured:
+            mbits = [m for m, _ in measured if m is not None]
+            rtts = [r for _, r in measured if r is not None]
+            out.append(PlaceLinks(a, b, len(measured), min(mbits) if mbits else None, max(rtts) if rtts else None))
+    return tuple(out)

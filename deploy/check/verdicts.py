@@ -16,6 +16,7 @@ from meshrun.deploy.check import wireguard
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.check.findings import Finding, Level, fail, warn, worst
 from meshrun.deploy.check.linkplan import link_plan
+from meshrun.deploy.check.sites import PlaceLinks
 from meshrun.deploy.check.wireguard import WireGuardState
 from meshrun.deploy.check.zerotier import ZeroTierState
 
@@ -155,6 +156,7 @@ class CheckReport:
     findings: tuple[Finding, ...]
     duration_s: float
     links_rule: str = "every pair"  # which host pairs were probed (deploy/check/linkplan.py)
+    places: tuple[PlaceLinks, ...] = ()  # the matrix by declared site (deploy/check/sites.py)
 
 
 def host_findings(host: HostFacts, cluster_nodes: Mapping[str, str]) -> list[Finding]:

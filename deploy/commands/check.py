@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.check.exposure import exposure_findings, with_findings
 from meshrun.deploy.check.findings import Level
-from meshrun.deploy.check.sites import site_findings
+from meshrun.deploy.check.sites import place_links, site_findings
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.edges.wheel import controller_identity
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
@@ -63,11 +63,13 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
                                       allreduce_budget(facts))
     finally:
         close_all(sessions)
-    places = (site_findings([h.name for h in hosts], sites,
-                            [(k.source, k.target, k.mbit_s, k.connect_ms) for k in links if not k.rendezvous])
-              if request.bandwidth else [])  # measured places the inventory does not declare (docs/sites.md)
+    names = [h.name for h in hosts]
+    matrix = [(k.source, k.target, k.mbit_s, k.connect_ms) for k in links if not k.rendezvous]
+    # Measured places the inventory does not declare (docs/sites.md): bandwidth tells them.
+    places = site_findings(names, sites, matrix) if request.bandwidth else []
     report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started, sites),
                            meshrun_findings(facts, str(controller_identity())) + exposure_findings(exposure) + places)
+    report = replace(report, places=place_links(names, sites, matrix))
     if request.json:
         renderer.json(asdict(report))
     else:

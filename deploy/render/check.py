@@ -24,6 +24,8 @@ def print_check(renderer: Renderer, report: CheckReport) -> None:
         console.print(host_table(host, worst(f.level for f in report.findings if f.where == host.name)))
     if report.links:
         console.print(link_matrix(report))
+    if report.places:
+        console.print(place_table(report))
     for finding in report.findings:
         console.print(finding_text(finding))
     console.print(plain(allreduce_line(report)))
@@ -104,6 +106,19 @@ def link_matrix(report: CheckReport) -> PlainTable:
         if rdzv is not None:
             row.append(link_cell(cells.get((source, rdzv.host, True))))
         table.add_row(source, *row)
+    return table
+
+
+def place_table(report: CheckReport) -> PlainTable:
+    """The matrix by the inventory's sites: inside each, between each two (deploy/check/sites.py)."""
+    table = PlainTable(title="by site: the slowest pair's bandwidth, the farthest pair's RTT")
+    for column in ("sites", "pairs", "bandwidth", "RTT"):
+        table.add_column(column)
+    for p in report.places:
+        where = f"inside {p.a}" if p.a == p.b else f"{p.a} <-> {p.b}"
+        mbit = "-" if p.mbit_s is None else f"{p.mbit_s:.0f} Mbit/s"
+        rtt = "-" if p.rtt_ms is None else f"{p.rtt_ms:.2f} ms"
+        table.add_row(plain(where), str(p.pairs), mbit, rtt)
     return table
 
 
