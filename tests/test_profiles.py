@@ -386,7 +386,10 @@ def test_a_stopped_delayer_first_releases_what_it_holds(profiled_bed: SimCluster
     count = 40
     with bed.profile("far"):
         pinger = bed.popen(1, measure.ping_argv(H2, count, 0.02), stdout=subprocess.PIPE, text=True)
-        time.sleep(0.4)
+        assert pinger.stdout is not None
+        # ping prints a line at a time: its header, then the first reply, 150 ms after the first
+        # request; about 7 more are on the way, held by one delayer or the other.
+        head = pinger.stdout.readline() + pinger.stdout.readline()
         pids = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
         assert all(pids)
         for pid in pids:
@@ -396,7 +399,7 @@ def test_a_stopped_delayer_first_releases_what_it_holds(profiled_bed: SimCluster
             os.kill(pid, signal.SIGTERM)
             os.kill(pid, signal.SIGCONT)
         assert wait_dead([pid for pid in pids if pid is not None], timeout=10) == []
-        out, _ = pinger.communicate(timeout=60)
+        out = head + pinger.communicate(timeout=60)[0]
         logs = [latency.log_file(h, bed.paths).read_text().split() for h in bed.hosts]
     pings = measure.parse_pings(count, out)
     assert pings.lost == 0, out
