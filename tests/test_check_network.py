@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from meshrun.deploy.edges.wheel import controller_identity
+from tests.conftest import TESTBED_HOSTS
 from tests.fabrun import REPO, ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
@@ -287,6 +288,44 @@ def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_decla
         assert place["pairs"] == 1 and ((place["mbit_s"] < 25 and place["rtt_ms"] > 30) if slow
                                         else place["mbit_s"] > 200), place
     print(f"two-site: {timings}; fab train said: {hint.group(0)}")
+
+
+@pytest.fixture
+def five(testbed: SimCluster) -> Iterator[SimCluster]:
+    testbed.up(5)
+    try:
+        yield testbed
+    finally:
+        testbed.up(TESTBED_HOSTS)  # the hosts the rest of the session expects
+
+
+def test_bandwidth_cuts_nested_places_where_bandwidth_and_rtt_agree(five: SimCluster, tmp_path: Path) -> None:
+    """Issue 22, places that nest, on real links: the `nested` profile puts h1, h2 | h3, h4 | h5 in
+    three places 20 Mbit/s and 40 ms apart, the first place's LAN shaped to 200 Mbit/s (Wi-Fi) beside the
+    second's unshaped veth. The widest bandwidth gap is then between the two LANs, and a cut there
+    (check-network before 2026-12-05) split h1 from h2. h3 and h4 declare `site: dc`: the WARN's
+    lines keep it and declare the rest, and the matrix by site has dc inside."""
+    inventory = five.write_inventory(tmp_path / "hosts.yaml", host_overrides={h: {"site": "dc"} for h in ("h3", "h4")})
+    with five.profile("nested"):
+        report, code, _ = check_json(inventory, "--bandwidth")
+    assert code == 0, report["findings"]
+    best = {}  # per pair, its best direction, as the clustering takes it
+    for link in report["links"]:
+        if not link["rendezvous"]:
+            pair = "".join(sorted((link["source"][1], link["target"][1])))
+            best[pair] = max(best.get(pair, 0.0), link["mbit_s"])
+    slow = {pair: mbit for pair, mbit in best.items() if pair not in ("12", "34")}
+    assert 200 * 0.85 < best["12"] < 200 * 1.05 and max(slow.values()) < 25, best
+    # The premise: the widest gap between consecutive bandwidths is the one between the two LANs.
+    assert best["34"] / best["12"] > best["12"] / max(slow.values()), best
+    print(f"nested: best Mbit/s per pair {best}")
+    places = [f["message"] for f in report["findings"] if f["where"] == "cluster"]
+    assert len(places) == 1 and places[0].startswith("the measured links fall into 3 places (h1, h2 | h3, h4 | h5; ")
+    assert places[0].endswith("write: h1: {site: site-1}; h2: {site: site-1}; h3: {site: dc}; h4: {site: dc}; "
+                              "h5: {site: site-3} (docs/sites.md)"), places
+    by_site = {(p["a"], p["b"]): p for p in report["places"]}
+    assert by_site[("dc", "dc")]["mbit_s"] == best["34"] and by_site[("host:h1", "host:h2")]["mbit_s"] == best["12"]
+    assert by_site[("host:h1", "dc")]["pairs"] == 2 and by_site[("host:h1", "dc")]["rtt_ms"] > 30
 
 
 def test_a_command_to_a_cut_host_fails_instead_of_hanging(testbed: SimCluster, inventory: Path) -> None:

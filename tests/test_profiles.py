@@ -41,6 +41,7 @@ def test_profile_table() -> None:
         Profile("two-site", rate_mbit=20, rtt_ms=40.0, loss=0.0, sites=2),
         Profile("two-site-far", rate_mbit=50, rtt_ms=150.0, loss=0.0, sites=2),
         Profile("three-site", rate_mbit=20, rtt_ms=40.0, loss=0.0, sites=3),
+        Profile("nested", rate_mbit=20, rtt_ms=40.0, loss=0.0, sites=3, first_lan_mbit=200),
     )
     far = latency.lookup("far")
     assert (far.tc_rate, far.peer_delay_ms, far.controller_delay_ms) == ("50mbit", 75.0, 150.0)
@@ -111,6 +112,13 @@ def test_two_sites_shape_only_the_traffic_between_sites() -> None:
         [*inside, "tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
          "match", "ip", "dst", "10.77.0.11/32", "flowid", "1:20"],
     ]
+    # `nested`: a second class for the host's own place, a slower LAN.
+    near = network.between_argv(Host(1), ["10.77.0.13"], "20mbit", ["10.77.0.12"], "400mbit")
+    assert near[3:5] == [
+        ["tc", "class", "add", "dev", "mrt1h", "parent", "1:", "classid", "1:21", "htb", "rate", "400mbit",
+         "burst", "64kb", "quantum", "60000"],
+        ["tc", "filter", "add", "dev", "mrt1h", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
+         "ip", "src", "10.77.0.12/32", "flowid", "1:21"]] and len(near) == 10
 
 
 def test_delayer_argv() -> None:

@@ -8,6 +8,7 @@
 | two-site | between sites 20 Mbit/s, inside unshaped | 40 ms between sites, < 0.2 ms inside | 20 ms, from the other site only |
 | two-site-far | between sites 50 Mbit/s, inside unshaped | 150 ms between sites | 75 ms, from the other site only |
 | three-site | as two-site, between three places | 40 ms between any two sites | 20 ms, from the other sites only |
+| nested | as three-site; the first place's LAN 200 Mbit/s | as three-site | as three-site |
 
 The two-site profiles split the hosts into two places, the first half (rounded up) and the rest
 (3 hosts: h1, h2 | h3; 4: h1, h2 | h3, h4); three-site into thirds, rounded up likewise (5 hosts:
@@ -16,6 +17,10 @@ office's or a home's uplink, per host): links inside a place are the unshaped LA
 packet between places is shaped (htb with one u32 filter per address of the other place, on
 both ends of each veth) and delayed by the delayer of the host it enters. The controller sits
 in the first place: its packets to the second place are delayed by the full RTT.
+
+`nested` is three-site with a slower LAN in the first place (an office on Wi-Fi, 200 Mbit/s, beside
+a datacenter's unshaped veth, ~20 Gbit/s): places nest, and the widest bandwidth gap lies between
+the two LANs, not between places (deploy/check/sites.py).
 
 Any profile takes an optional loss rate p: each packet entering a host is
 dropped with probability p, so a round trip between two hosts is lost with
@@ -82,6 +87,7 @@ class Profile:
     rtt_ms: float  # round trip between two hosts (and between controller and a host)
     loss: float = 0.0  # probability that a packet entering a host is dropped
     sites: int = 1  # > 1: rate and RTT apply only between that many places (places())
+    first_lan_mbit: int | None = None  # sites > 1: the first place's LAN at this rate; None: unshaped
 
     @property
     def tc_rate(self) -> str | None:
@@ -109,6 +115,7 @@ PROFILES: tuple[Profile, ...] = (
     Profile("two-site", rate_mbit=20, rtt_ms=40.0, sites=2),
     Profile("two-site-far", rate_mbit=50, rtt_ms=150.0, sites=2),
     Profile("three-site", rate_mbit=20, rtt_ms=40.0, sites=3),
+    Profile("nested", rate_mbit=20, rtt_ms=40.0, sites=3, first_lan_mbit=200),
 )
 
 
@@ -271,9 +278,12 @@ def apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, *,
 def _apply(all_hosts: list[Host], paths: StatePaths, profile: Profile, cc: str,
            max_seconds: float) -> None:
     profile_file(paths).write_text(json.dumps(asdict(profile)) + "\n")
+    first = places(all_hosts, profile.sites)[0]
     for h in all_hosts:
         if profile.tc_rate is not None and profile.sites > 1:
-            network.shape_between(h, [o.address for o in elsewhere(h, all_hosts, profile.sites)], profile.tc_rate)
+            near = [o.address for o in first if o != h] if h in first and profile.first_lan_mbit else []
+            network.shape_between(h, [o.address for o in elsewhere(h, all_hosts, profile.sites)], profile.tc_rate,
+                                  near, f"{profile.first_lan_mbit}mbit" if near else None)
         elif profile.tc_rate is not None:
             network.shape(h, profile.tc_rate)
     if not profile.needs_delayer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 from .layout import BRIDGE, GATEWAY, NETNS_RE, NS_IFNAME, VETH_RE, Host, StatePaths
 from .proc import run
@@ -132,24 +133,30 @@ def shape(host: Host, rate: str) -> None:
          "tc", "qdisc", "replace", "dev", NS_IFNAME, *_tbf(rate)])
 
 
-def between_argv(host: Host, others: list[str], rate: str) -> list[list[str]]:
+def between_argv(host: Host, others: list[str], rate: str, near: Sequence[str] = (),
+                 near_rate: str | None = None) -> list[list[str]]:
     """htb on both ends of the host's veth: traffic to (inside, egress of eth0) or from (the root
-    end, egress towards the host) the `others` addresses at `rate`, everything else unshaped.
+    end, egress towards the host) the `others` addresses at `rate`, to or from the `near` ones at
+    `near_rate` (a slower LAN inside the host's place), everything else unshaped.
     No default class: unclassified packets take htb's direct queue. A 10gbit default class
     halved the LAN inside a place (7 Gbit/s against 15 on lan, one iperf3 stream) and cost every
     packet htb's accounting, which `hier`'s every-step all-reduce inside a site pays."""
+    classes = [(others, rate)] + ([(list(near), near_rate)] if near and near_rate else [])
     out = []
     for prefix, dev, side in (([], host.veth, "src"), (["ip", "netns", "exec", host.netns], NS_IFNAME, "dst")):
-        out += [[*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb"],
-                [*prefix, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb",
-                 "rate", rate, "burst", "64kb", "quantum", "60000"]]
-        out += [[*prefix, "tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
-                 "u32", "match", "ip", side, f"{address}/32", "flowid", "1:20"] for address in others]
+        out.append([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb"])
+        for n, (addresses, class_rate) in enumerate(classes):
+            classid = f"1:{20 + n}"
+            out.append([*prefix, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", classid, "htb",
+                        "rate", class_rate, "burst", "64kb", "quantum", "60000"])
+            out += [[*prefix, "tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+                     "u32", "match", "ip", side, f"{address}/32", "flowid", classid] for address in addresses]
     return out
 
 
-def shape_between(host: Host, others: list[str], rate: str) -> None:
-    for argv in between_argv(host, others, rate):
+def shape_between(host: Host, others: list[str], rate: str, near: Sequence[str] = (),
+                  near_rate: str | None = None) -> None:
+    for argv in between_argv(host, others, rate, near, near_rate):
         run(argv)
 
 
