@@ -161,14 +161,17 @@ def place_links(hosts: Sequence[str], sites: Mapping[str, str | None], links: It
     if not any(sites.get(h) for h in hosts):
         return ()
     key = {h: sites.get(h) or f"host:{h}" for h in hosts}
-    stats = {p: v for p, v in pair_stats(links).items() if p <= set(hosts)}
     names = list(dict.fromkeys(key[h] for h in hosts))
+    measured: dict[tuple[str, str], list[tuple[float | None, float | None]]] = {}
+    for pair, stats in pair_stats(links).items():
+        if pair <= key.keys() and stats != (None, None):
+            a, b = sorted((key[h] for h in pair), key=names.index)
+            measured.setdefault((a, b), []).append(stats)
     out = []
     for a, b in combinations_with_replacement(names, 2):
-        measured = [v for p, v in stats.items() if sorted(key[h] for h in p) == sorted((a, b))
-                    and v != (None, None)]
-        if measured:
-            mbits = [m for m, _ in measured if m is not None]
-            rtts = [r for _, r in measured if r is not None]
-            out.append(PlaceLinks(a, b, len(measured), min(mbits) if mbits else None, max(rtts) if rtts else None))
+        found = measured.get((a, b), [])
+        mbits = [m for m, _ in found if m is not None]
+        rtts = [r for _, r in found if r is not None]
+        if found:
+            out.append(PlaceLinks(a, b, len(found), min(mbits) if mbits else None, max(rtts) if rtts else None))
     return tuple(out)
