@@ -8,6 +8,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,16 @@ def testbed() -> Iterator[SimCluster]:
                                 for ns, p in report.leftovers),
                     stacklevel=1,
                 )
+
+
+@contextmanager
+def hosts_up(cluster: SimCluster, n: int) -> Iterator[SimCluster]:
+    """The session's test bed with n hosts for a while, then the hosts the rest of the session expects."""
+    cluster.up(n)
+    try:
+        yield cluster
+    finally:
+        cluster.up(TESTBED_HOSTS)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from meshrun.deploy.edges.wheel import controller_identity
-from tests.conftest import TESTBED_HOSTS
+from tests.conftest import hosts_up
 from tests.fabrun import REPO, ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
@@ -292,11 +292,8 @@ def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_decla
 
 @pytest.fixture
 def five(testbed: SimCluster) -> Iterator[SimCluster]:
-    testbed.up(5)
-    try:
-        yield testbed
-    finally:
-        testbed.up(TESTBED_HOSTS)  # the hosts the rest of the session expects
+    with hosts_up(testbed, 5) as cluster:
+        yield cluster
 
 
 def test_bandwidth_cuts_nested_places_where_bandwidth_and_rtt_agree(five: SimCluster, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TESTBED_HOSTS
+from tests.conftest import TESTBED_HOSTS, hosts_up
 from tests.fabrun import ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed.network import NEIGH_SYSCTLS
@@ -28,11 +28,8 @@ SIZE = 16
 
 @pytest.fixture(scope="module")
 def sixteen(testbed: SimCluster) -> Iterator[SimCluster]:
-    testbed.up(SIZE)
-    try:
-        yield testbed
-    finally:
-        testbed.up(TESTBED_HOSTS)  # the hosts the rest of the session expects
+    with hosts_up(testbed, SIZE) as cluster:
+        yield cluster
 
 
 def test_check_network_and_a_barrier_run_on_sixteen_hosts(sixteen: SimCluster, tmp_path: Path) -> None:

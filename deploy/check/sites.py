@@ -101,11 +101,16 @@ def _components(hosts: Sequence[str], edges: Iterable[Pair]) -> tuple[tuple[str,
     return tuple(tuple(part) for part in parts.values())
 
 
+def place_of(host: str, sites: Mapping[str, str | None]) -> str:
+    """The host's declared site, else ``host:NAME``: a place of its own (as the trainer keys it)."""
+    return sites.get(host) or f"host:{host}"
+
+
 def declared(hosts: Sequence[str], sites: Mapping[str, str | None]) -> tuple[tuple[str, ...], ...]:
     """The inventory's places, in host order: a host without `site:` is one of its own."""
     places: dict[str, list[str]] = {}
     for h in hosts:
-        places.setdefault(sites.get(h) or f"host:{h}", []).append(h)
+        places.setdefault(place_of(h, sites), []).append(h)
     return tuple(tuple(p) for p in places.values())
 
 
@@ -160,7 +165,7 @@ def place_links(hosts: Sequence[str], sites: Mapping[str, str | None], links: It
     the pairs measured; () when the inventory declares no site among `hosts`."""
     if not any(sites.get(h) for h in hosts):
         return ()
-    key = {h: sites.get(h) or f"host:{h}" for h in hosts}
+    key = {h: place_of(h, sites) for h in hosts}
     names = list(dict.fromkeys(key[h] for h in hosts))
     measured: dict[tuple[str, str], list[tuple[float | None, float | None]]] = {}
     for pair, stats in pair_stats(links).items():
