@@ -148,6 +148,9 @@ CLUSTER_FIXTURES = frozenset({"testbed", "testbed_wg", "zt_session", "zt_testbed
 # A module marked `either_cluster` names no fixed address, namespace or overlay of slot 0: it runs on
 # whichever cluster its worker has. The rest (fixed 10.77.0.x addresses, ZeroTier) run on slot 0.
 EITHER_MARK = "either_cluster"
+# A cluster module so heavy (16 or 32 simulated hosts importing torch) that a timed cluster test
+# beside it starves: it runs on any slot while the other workers run pure tests only.
+ALONE_MARK = "alone_cluster"
 # Either-cluster modules whose tests share nothing and each take a minute: units of one test, so
 # both workers' clusters share them out.
 SPLIT_MODULES = frozenset({"tests/test_elastic.py"})
@@ -162,13 +165,19 @@ def _on_the_cluster(item: pytest.Item) -> bool:
 
 
 def _either_cluster(item: pytest.Item) -> bool:
-    return item.get_closest_marker(EITHER_MARK) is not None
+    return item.get_closest_marker(EITHER_MARK) is not None or _alone_cluster(item)
+
+
+def _alone_cluster(item: pytest.Item) -> bool:
+    return item.get_closest_marker(ALONE_MARK) is not None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`tests/run` runs `-n 2 --dist loadgroup`), the controller names a file
     before its workers start (they inherit the environment) where they list the cluster tests."""
     config.addinivalue_line("markers", f"{EITHER_MARK}: a cluster test that runs on any slot's cluster")
+    config.addinivalue_line("markers", f"{ALONE_MARK}: a cluster test that runs on any slot's cluster, "
+                                       "beside no other cluster test")
     if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="meshrun-cluster-tests-")
         os.close(fd)
@@ -187,10 +196,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _cluster_kinds(items: list[pytest.Item]) -> list[tuple[pytest.Item, str]]:
-    """("0" slot 0 | "*" either cluster) for the cluster tests, and "0" for the pure tests of a
-    module that has slot-0 cluster tests: they compare slot 0's names and addresses exactly."""
+    """("0" slot 0 | "*" either cluster | "!" alone) for the cluster tests, and "0" for the pure tests
+    of a module that has slot-0 cluster tests: they compare slot 0's names and addresses exactly."""
     slot0 = {item.nodeid.split("::")[0] for item in items if _on_the_cluster(item) and not _either_cluster(item)}
-    return [(item, "*" if _either_cluster(item) else "0") for item in items
+    return [(item, "!" if _alone_cluster(item) else "*" if _either_cluster(item) else "0") for item in items
             if _on_the_cluster(item) or item.nodeid.split("::")[0] in slot0]
 
 

@@ -21,7 +21,7 @@ from tests.fabrun import ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed.network import NEIGH_SYSCTLS
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.alone_cluster]
 
 SIZE = 16
 
