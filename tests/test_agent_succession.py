@@ -62,7 +62,12 @@ def test_a_store_gone_at_the_end_of_a_run_moves_nothing_but_in_mid_run_it_moves(
     host_dir = tmp_path / "runs" / _run_id(mode) / "hosts" / HOST
     log = host_dir / "train.log"
     try:
-        time.sleep(3)  # the watcher probes every 2 s: it has seen the store up
+        # The watcher has seen the store up once its probe connects (a store never seen up gets a
+        # 90 s start-up grace instead). Not a fixed sleep: a loaded CI machine once started the
+        # agent more than 3 s late, and the store was gone before its first probe.
+        store.settimeout(60)
+        probe, _ = store.accept()
+        probe.close()
         store.close()
         if mode == "ended":
             _wait_for(lambda: log.exists() and WAITING in log.read_text(), "the agent never saw the store gone")

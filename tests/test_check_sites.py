@@ -82,6 +82,23 @@ def test_nested_places_are_cut_where_both_measures_agree() -> None:
     assert clusters(THREE, three_places(rtt=False)) == (("o1",), ("b1", "b2"), ("o2",), ("h1",))
 
 
+def test_nested_places_on_a_loaded_test_bed_are_cut_where_the_rtt_says() -> None:
+    """The `nested` profile as a CI run measured it (2026-12-05): a Wi-Fi pair h1, h2 (191 Mbit/s),
+    a datacenter pair h3, h4 (15.9 Gbit/s), 12-19 Mbit/s and 40 ms between places. Loaded, the
+    Wi-Fi pair's handshake takes 0.7 ms (or 3, behind a transfer in its shaped queue) against the
+    datacenter's 0.05: 14x (60x) by the RTT too, and the product of the two separations split the
+    Wi-Fi pair (83x by bandwidth). Below a millisecond RTTs count as one LAN's, and a cut the RTT
+    separates wins: three places."""
+    hosts = ("h1", "h2", "h3", "h4", "h5")
+    cross = {"13": 18.9, "14": 12.4, "15": 18.4, "23": 15.4, "24": 15.2, "25": 18.7, "35": 18.7, "45": 19.1}
+    for wifi_ms in (0.7, 3.0):
+        def link(s: str, t: str) -> tuple[float, float]:
+            pair = "".join(sorted(s[1] + t[1]))
+            return {"12": (191.1, wifi_ms), "34": (15864.2, 0.05)}.get(pair, (cross.get(pair, 0.0), 40.0))
+        links = [(s, t, *link(s, t)) for s in hosts for t in hosts if s != t]
+        assert clusters(hosts, links) == (("h1", "h2"), ("h3", "h4"), ("h5",)), wifi_ms
+
+
 def test_a_cut_must_separate_in_one_measure() -> None:
     # 4.5x in bandwidth and 1.25x in RTT: no place; 100x in RTT alone: two.
     assert clusters(HOSTS, matrix(slow=200.0, wan_ms=0.5)) is None

@@ -79,36 +79,9 @@ def test_hier_trains_by_site_and_records_the_matrix(testbed, make_inventory) -> 
     the whole `home` site, is killed, and h1 finishes alone, one site, from the 2 hosts' checkpoint."""
     sites = {"h1": "office", "h2": "office", "h3": "home"}
     inventory = make_inventory(host_overrides={h: {"site": s} for h, s in sites.items()})
-    # 10 epochs, not TRAIN's 6: h3 must die mid-run. At 6, the two hosts' last epoch and a half
-    # (about a second) once ended before the kill landed (CI, 2026-12-03), and the run ended at 2 hosts.
-    run = FabProcess("train", "--inventory", str(inventory), "--skip-checks", "--nnodes", "1:3", "--comm", "hier",
-                     "--", *TRAIN, f"epochs={HIER_EPOCHS}", "checkpoint.every_steps=5")
-    try:
-        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
-        assert testbed.kill_processes(2)
-        # h3 dies once the world of h1 and h3 has saved. Not on a line of its: lines reach the
-        # controller late, and on a loaded machine the 3 hosts' "epoch 5" once came after h2's
-        # kill, h3 died with h2, and h1 went on alone (CI, 2026-12-04).
-        resumed = run.wait_for(r"saved at world size 3; now world size 2", timeout=240)
-        step = int(re.findall(r"resumed from step (\d+) .*saved at world size 3; now world size 2", resumed)[-1])
-        checkpoints = testbed.paths.home(testbed.host(1)) / "meshrun" / "runs" / run_id / "checkpoints"
-        wait_for_listed_checkpoint_after(checkpoints, step, timeout=120)
-        assert testbed.kill_processes(3)
-        assert run.finish(timeout=300) == 0, run.output[-4000:]
-    finally:
-        run.close()
-    out = run.output
+    run_id, out = run_hier_losing_h2_then_h3(testbed, inventory)
     assert "comm: comm.hook=hier, floor " in out
-    # The trainer's sites (rank 0 says them): 2 + 1 ranks, then, after each loss, the survivors'
-    # sites gathered again by the new world (which rank lands where is the rendezvous's choice).
-    built = [sorted((name, len(ranks.split(","))) for name, ranks in re.findall(r"(\w+) ranks \[([\d, ]+)\]", line))
-             for line in re.findall(r"\] comm: hier: \d sites?: (.*?);", out)]
-    assert built[0] == [("home", 1), ("office", 2)] and built[-1] == [("office", 1)], built
-    assert [("home", 1), ("office", 1)] in built, built
-    assert "meshrun: h2 lost" in out and "meshrun: h3 lost" in out
-    for before, after in ((3, 2), (2, 1)):
-        assert re.search(rf"comm: world size changed \({before} -> {after}\): hier outer state restored; the "
-                         rf"interrupted round was completed from the {before} saved replicas", out), out[-4000:]
+    assert_the_sites_shrank(out)
     plan = json.loads((ROOT / "runs" / run_id / "commplan.json").read_text())
     assert plan["hook"] == "hier" and plan["site_links"]["sites"] == [["office", ["h1", "h2"]], ["home", ["h3"]]]
     assert sorted((k["source"], k["target"]) for k in plan["links"]) == sorted(
@@ -128,6 +101,42 @@ def test_hier_trains_by_site_and_records_the_matrix(testbed, make_inventory) -> 
     # It learns (87.5 % at 6 epochs when written); the accuracy bar against plain
     # DDP is tests/test_train_hier.py's, at digits' 20 epochs.
     assert summary["metrics"]["test_acc"] >= 0.8, summary["metrics"]
+
+
+def run_hier_losing_h2_then_h3(testbed, inventory: Path) -> tuple[str, str]:
+    """The elastic `--comm hier` run of the test above, h2 and then h3 killed: (run id, output)."""
+    # 10 epochs, not TRAIN's 6: h3 must die mid-run. At 6, the two hosts' last epoch and a half
+    # (about a second) once ended before the kill landed (CI, 2026-12-03), and the run ended at 2 hosts.
+    run = FabProcess("train", "--inventory", str(inventory), "--skip-checks", "--nnodes", "1:3", "--comm", "hier",
+                     "--", *TRAIN, f"epochs={HIER_EPOCHS}", "checkpoint.every_steps=5")
+    try:
+        run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 3 step", timeout=240))
+        assert testbed.kill_processes(2)
+        # h3 dies once the world of h1 and h3 has saved. Not on a line of its: lines reach the
+        # controller late, and on a loaded machine the 3 hosts' "epoch 5" once came after h2's
+        # kill, h3 died with h2, and h1 went on alone (CI, 2026-12-04).
+        resumed = run.wait_for(r"saved at world size 3; now world size 2", timeout=240)
+        step = int(re.findall(r"resumed from step (\d+) .*saved at world size 3; now world size 2", resumed)[-1])
+        checkpoints = testbed.paths.home(testbed.host(1)) / "meshrun" / "runs" / run_id / "checkpoints"
+        wait_for_listed_checkpoint_after(checkpoints, step, timeout=120)
+        assert testbed.kill_processes(3)
+        assert run.finish(timeout=300) == 0, run.output[-4000:]
+    finally:
+        run.close()
+    return run_id, run.output
+
+
+def assert_the_sites_shrank(out: str) -> None:
+    # The trainer's sites (rank 0 says them): 2 + 1 ranks, then, after each loss, the survivors'
+    # sites gathered again by the new world (which rank lands where is the rendezvous's choice).
+    built = [sorted((name, len(ranks.split(","))) for name, ranks in re.findall(r"(\w+) ranks \[([\d, ]+)\]", line))
+             for line in re.findall(r"\] comm: hier: \d sites?: (.*?);", out)]
+    assert built[0] == [("home", 1), ("office", 2)] and built[-1] == [("office", 1)], built
+    assert [("home", 1), ("office", 1)] in built, built
+    assert "meshrun: h2 lost" in out and "meshrun: h3 lost" in out
+    for before, after in ((3, 2), (2, 1)):
+        assert re.search(rf"comm: world size changed \({before} -> {after}\): hier outer state restored; the "
+                         rf"interrupted round was completed from the {before} saved replicas", out), out[-4000:]
 
 
 def assert_provenance_holds_the_matrix(prov: dict, plan: dict) -> None:
