@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -28,7 +28,7 @@ from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.inventory.model import Host, Inventory, Network, sites_of
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.check.verdicts import (AllReduceBudget, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult,
-                             ProbeStatus, RendezvousFacts, errored_links, link_targets)
+                             PortState, ProbeStatus, RendezvousFacts, errored_links, link_targets)
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
 from meshrun.deploy.edges.host_queries import peer_address_for
 from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, first_line, run_fed
@@ -154,9 +154,11 @@ def start_listener(session: Session, host: Host, rdzv_port: int | None, lifetime
 
 
 def probe_links(session: Session, host: Host, targets: list[dict], df_size: int | None, bandwidth_s: float,
-                local_python: str) -> tuple[LinkResult, ...]:
-    """Connect from `host` to every target at once; one LinkResult per target."""
-    spec = {"targets": targets, "timeout": LINK_CONNECT_TIMEOUT_S, "df_size": df_size, "bandwidth_s": bandwidth_s}
+                local_python: str, bulk_only: bool = False) -> tuple[LinkResult, ...]:
+    """Connect from `host` to every target at once; one LinkResult per target. `bulk_only`: the
+    timed transfers alone, one target after another (their LinkResults hold only `mbit_s`)."""
+    spec = {"targets": targets, "timeout": LINK_CONNECT_TIMEOUT_S, "df_size": df_size, "bandwidth_s": bandwidth_s,
+            "bulk_only": bulk_only}
     limit = LINK_CONNECT_TIMEOUT_S + 10 + bandwidth_s * len(targets) * 2
     result = session.run(probe_argv(python_of(host, local_python), "links", "connect", json.dumps(spec)),
                          timeout=limit)
@@ -166,6 +168,23 @@ def probe_links(session: Session, host: Host, targets: list[dict], df_size: int 
         why = said(result.stderr.strip()[-200:])
         raise MeshrunError(f"host '{host.name}': the link probe failed ({why})") from None
     return link_results(host.name, targets, answers, df_size)
+
+
+def _measure_bandwidth(able: tuple[Host, ...], found: Mapping[str, tuple[LinkResult, ...]],
+                       sessions: Mapping[str, Session], bandwidth_s: float,
+                       local_python: str) -> dict[tuple[str, str], float | None]:
+    """{(source, target): Mbit/s} over the open links to ephemeral ports, each host's in its
+    probe order (`probe_pairs`)."""
+    open_links = {name: [k for k in links if k.state is PortState.OPEN and not k.rendezvous]
+                  for name, links in found.items()}
+
+    def transfers(host: Host) -> tuple[LinkResult, ...]:
+        targets = [{"name": k.target, "address": k.address, "port": k.port} for k in open_links[host.name]]
+        return probe_links(sessions[host.name], host, targets, None, bandwidth_s, local_python, bulk_only=True)
+
+    hosts = [h for h in able if open_links.get(h.name)]
+    done = on_each(hosts, transfers, timeout=FACTS_TIMEOUT_S + bandwidth_s * 10)
+    return {(k.source, k.target): k.mbit_s for links in done.ok.values() for k in links}
 
 
 def rendezvous_facts(head: Host, port: int, listener: Listener) -> RendezvousFacts:
@@ -242,7 +261,11 @@ def gather_facts(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Ses
 def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: Mapping[str, Session],
                 facts: tuple[HostFacts, ...], bandwidth_s: float,
                 local_python: str) -> tuple[RendezvousFacts | None, tuple[LinkResult, ...]]:
-    """Listeners on every able host (and the rendezvous port on its host), then all-to-all connects."""
+    """Listeners on every able host (and the rendezvous port on its host), then all-to-all connects;
+    with `bandwidth_s`, once every host's handshakes are done, the timed transfers over the links
+    found open (so no handshake's RTT includes a queue behind another host's transfer, and every
+    host starts its transfers at the same moment: linkplan.py's one receiver per host at each step).
+    A host whose transfers fail as a whole keeps its links, bandwidth not measured."""
     ok = {f.name for f in facts if f.reachable and f.fingerprint is not None and f.fingerprint.python}
     able = tuple(h for h in hosts if h.name in ok and not h.is_local)
     if not able:
@@ -267,15 +290,16 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
         def probe(host: Host) -> tuple[LinkResult, ...]:
             targets = link_targets(host.name, ports, head.name, rdzv_target, plan.peers[host.name])
             mtu = mtus.get(host.name)
-            return probe_links(sessions[host.name], host, targets, mtu - 28 if mtu else None, bandwidth_s, local_python)
+            return probe_links(sessions[host.name], host, targets, mtu - 28 if mtu else None, 0.0, local_python)
 
-        results = on_each([h for h in able if h.name in listeners], probe, timeout=FACTS_TIMEOUT_S + bandwidth_s * 10)
+        results = on_each([h for h in able if h.name in listeners], probe, timeout=FACTS_TIMEOUT_S)
+        measured = _measure_bandwidth(able, results.ok, sessions, bandwidth_s, local_python) if bandwidth_s else {}
         for name in results:  # in host order
             if name in results.failed:
                 links += errored_links(name, link_targets(name, ports, head.name, rdzv_target, plan.peers[name]),
                                        str(results.failed[name]))
             else:
-                links += results.ok[name]
+                links += [replace(k, mbit_s=measured.get((k.source, k.target))) for k in results.ok[name]]
         return rdzv, tuple(links)
     finally:
         for listener in listeners.values():

@@ -10,7 +10,9 @@ counts the bytes until EOF and answers the count.
 
 `connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip), a
 don't-fragment ping of the given size to each address, optionally a timed bulk transfer to each;
-prints a JSON list with one result per target.
+prints a JSON list with one result per target. With `"bulk_only": true` only the transfers, one
+after another (the controller asks for them once every host's handshakes are done, so no handshake
+waits in a queue behind another host's transfer).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 CHUNK = b"\0" * 65536
 MAX_CONNECTIONS = 16  # the check's own peers need one each; a flood must not cost a thread apiece
 MAX_LIFETIME_S = 180.0  # whatever the controller asks: a probe never listens for long
+HANDSHAKES = 3  # per link: its RTT is the quickest
 
 
 def _serve_one(conn: socket.socket) -> None:
@@ -161,17 +164,30 @@ def canary(rdzv_port: int | None, lifetime: float) -> None:
 
 
 def _connect(address: str, port: int, timeout: float) -> dict[str, object]:
-    start = time.monotonic()
-    try:
-        with socket.create_connection((address, port), timeout=timeout):
-            return {"state": "open", "connect_ms": round((time.monotonic() - start) * 1000, 3), "detail": ""}
-    except ConnectionRefusedError:
+    """The first handshake says whether the port answers; the RTT is the quickest of HANDSHAKES:
+    one handshake's time also holds this thread's wait for a core after the answer came, which on
+    a loaded host is milliseconds (a LAN pair read as 10 ms hides where places end)."""
+    quickest: float | None = None
+    for _ in range(HANDSHAKES):
+        start = time.monotonic()
+        try:
+            with socket.create_connection((address, port), timeout=timeout):
+                took = time.monotonic() - start
+        except OSError as err:
+            if quickest is not None:
+                break  # it answered before: open, at its quickest
+            return _refusal(err, timeout)
+        quickest = took if quickest is None else min(quickest, took)
+    return {"state": "open", "connect_ms": round((quickest or 0.0) * 1000, 3), "detail": ""}
+
+
+def _refusal(err: OSError, timeout: float) -> dict[str, object]:
+    if isinstance(err, ConnectionRefusedError):
         return {"state": "refused", "detail": "connection refused"}
-    except socket.timeout:
+    if isinstance(err, socket.timeout):
         return {"state": "timeout", "detail": f"no answer within {timeout:g} s"}
-    except OSError as err:
-        unreachable = err.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
-        return {"state": "unreachable" if unreachable else "error", "detail": err.strerror or str(err)}
+    unreachable = err.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
+    return {"state": "unreachable" if unreachable else "error", "detail": err.strerror or str(err)}
 
 
 def _df_ping(address: str, size: int) -> bool | None:
@@ -200,6 +216,10 @@ def _bulk(address: str, port: int, seconds: float) -> float | None:
 
 def connect(spec: dict) -> None:
     targets = spec["targets"]
+    if spec.get("bulk_only"):
+        rates = [_bulk(t["address"], t["port"], spec["bandwidth_s"]) for t in targets]
+        print(json.dumps([{"state": "open" if r is not None else "error", "mbit_s": r} for r in rates]))
+        return
     results: list[dict[str, object]] = [{} for _ in targets]
 
     def probe(i: int, target: dict) -> None:
