@@ -212,7 +212,10 @@ def test_three_site_profile_on_three_hosts_makes_each_a_place(profiled_bed: SimC
             *pairs, controller_near, controller_far = pool.map(
                 lambda a: measure.ping(bed if a[0] else None, a[0], a[1]),
                 [(1, H2), (2, h3), (3, h1), (0, h1), (0, h3)])
-        wan = measure.iperf(bed, 2, 1, H2, seconds=3, omit=1)
+        # The home profile's measurement (IPERF): 3 s with 1 omitted read 14.6 Mbit/s of 20 in a
+        # CI run on a slow machine (2026-12-05), the delay line short of CPU for part of 2 s.
+        seconds, omit = IPERF["home"]
+        wan = measure.iperf(bed, 2, 1, H2, seconds=seconds, omit=omit)
     assert [p.lost for p in (*pairs, controller_near, controller_far)] == [0] * 5
     for pings, what in zip(pairs, ("h1 <-> h2", "h2 <-> h3", "h3 <-> h1")):
         assert_near(pings.median_ms, profile.rtt_ms, f"RTT {what} (ms)")
