@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from meshrun.deploy.check.sites import pair_stats
 from meshrun.deploy.edges.wheel import controller_identity
 from tests.conftest import hosts_up
 from tests.fabrun import REPO, ROOT, fab, run_id_of
@@ -309,21 +310,15 @@ def test_bandwidth_cuts_nested_places_where_bandwidth_and_rtt_agree(five: SimClu
     # What this test claims is the places, from the links; not the end-to-end all-reduce, which a
     # CI run with the 16-host test beside it starved past its budget (2026-12-05; other tests own it).
     assert [link for link in report["links"] if link["state"] != "open"] == [], report["findings"]
-    best = {}  # per pair, its best direction, as the clustering takes it
-    for link in report["links"]:
-        if not link["rendezvous"]:
-            pair = "".join(sorted((link["source"][1], link["target"][1])))
-            best[pair] = max(best.get(pair, 0.0), link["mbit_s"])
+    # per pair ("12"), its best bandwidth and smallest RTT, as the clustering takes them
+    stats = {"".join(sorted(h[1] for h in pair)): v for pair, v in pair_stats(
+        (k["source"], k["target"], k["mbit_s"], k["connect_ms"]) for k in report["links"] if not k["rendezvous"]).items()}
+    best = {pair: mbit for pair, (mbit, _) in stats.items()}
     slow = {pair: mbit for pair, mbit in best.items() if pair not in ("12", "34")}
     assert 200 * 0.85 < best["12"] < 200 * 1.05 and max(slow.values()) < 25, best
     # The premise: the widest gap between consecutive bandwidths is the one between the two LANs.
     assert best["34"] / best["12"] > best["12"] / max(slow.values()), best
-    rtt = {}  # per pair, its smallest handshake RTT, as the clustering takes it
-    for link in report["links"]:
-        if not link["rendezvous"] and link["connect_ms"] is not None:
-            pair = "".join(sorted((link["source"][1], link["target"][1])))
-            rtt[pair] = min(rtt.get(pair, link["connect_ms"]), link["connect_ms"])
-    print(f"nested: best Mbit/s per pair {best}; smallest RTT ms per pair {rtt}")
+    print(f"nested: best Mbit/s per pair {best}; smallest RTT ms per pair { {p: r for p, (_, r) in stats.items()} }")
     places = [f["message"] for f in report["findings"] if f["where"] == "cluster"]
     assert len(places) == 1 and places[0].startswith("the measured links fall into 3 places (h1, h2 | h3, h4 | h5; ")
     assert places[0].endswith("write: h1: {site: site-1}; h2: {site: site-1}; h3: {site: dc}; h4: {site: dc}; "
