@@ -6,6 +6,7 @@ answers that are data rather than a failure (a route, an MTU, result.json) degra
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -233,6 +234,22 @@ def test_a_sound_link_answer() -> None:
     answer = '[{"state": "open", "connect_ms": 0.5, "detail": "", "df_ok": true, "mbit_s": 940.5}]'
     assert check_probes.probe_links(FakeSession(answer), host(), TARGETS, 1372, 0.0, "/venv/bin/python") == (
         LinkResult("h1", "h2", "10.0.0.2", 41234, PortState.OPEN, False, 0.5, "", 1372, True, 940.5),)
+
+
+def test_a_host_whose_transfers_fail_as_a_whole_gives_its_links_the_reason() -> None:
+    """The bandwidth phase (--bandwidth): h1's answer is sound, h2's unreadable (a probe killed, or a
+    hostile host): h1's rates stand, and every open link of h2 carries why it has none."""
+    h1, h2 = host(), dataclasses.replace(host(), name="h2", address="10.0.0.2")
+    found = {"h1": (LinkResult("h1", "h2", "10.0.0.2", 41234, PortState.OPEN, connect_ms=0.5),
+                    LinkResult("h1", "h3", "10.0.0.3", 41235, PortState.OPEN, connect_ms=0.5)),
+             "h2": (LinkResult("h2", "h1", "10.147.17.5", 41236, PortState.OPEN, connect_ms=0.5),
+                    LinkResult("h2", "h3", "10.0.0.3", 41235, PortState.REFUSED, detail="connection refused"))}
+    sessions = {"h1": FakeSession('[{"state": "open", "mbit_s": 940.5, "detail": ""}, '
+                                  '{"state": "error", "mbit_s": null, "detail": "Connection reset by peer"}]'),
+                "h2": FakeSession("Killed\n", rc=137)}
+    assert check_probes.measure_bandwidth((h1, h2), found, sessions, 1.0, "/venv/bin/python") == {
+        ("h1", "h2"): (940.5, ""), ("h1", "h3"): (None, "Connection reset by peer"),
+        ("h2", "h1"): (None, "the transfers from h2 failed: host 'h2': the link probe failed (exit status 137, no answer)")}
 
 
 FACTS = "host 'h1': the facts probe gave an unexpected answer: "

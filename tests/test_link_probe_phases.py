@@ -28,4 +28,5 @@ def test_handshakes_then_transfers_alone() -> None:
         rates = probe({"targets": targets, "timeout": 3, "df_size": None, "bandwidth_s": 0.5, "bulk_only": True})
     assert [r["state"] for r in rates] == ["open", "error"]
     assert rates[0]["mbit_s"] > 0 and rates[1]["mbit_s"] is None
-    assert all(set(r) == {"state", "mbit_s"} for r in rates)  # no handshake timed in this phase
+    assert [r["detail"] for r in rates] == ["", "Connection refused"]  # why a transfer could not be timed
+    assert all(set(r) == {"state", "mbit_s", "detail"} for r in rates)  # no handshake timed in this phase

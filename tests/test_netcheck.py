@@ -25,7 +25,7 @@ from meshrun.deploy.check.findings import Finding, Level
 from meshrun.deploy.check.sites import PlaceLinks
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.check.verdicts import (CLUSTER, AllReduceResult, allreduce_budget, Fingerprint, Gpu, HostFacts, LinkResult, PortState,
-                             ProbeStatus, RendezvousFacts, build_report, host_findings, link_findings,
+                             ProbeStatus, RendezvousFacts, bandwidth_findings, build_report, host_findings, link_findings,
                              link_targets, public_findings, rendezvous_findings, version_findings)
 from meshrun.deploy.edges.check_probes import bounded_argv, report_order
 from meshrun.deploy.edges.fanout import HostResults
@@ -193,6 +193,24 @@ def test_closed_ports_fail_and_lost_df_probe_warns() -> None:
         Finding(Level.WARN, "h1 -> h3", "a 1472-byte don't-fragment ping to 10.0.0.3 was lost: the path MTU is below "
                                         "h1's interface MTU 1500; large transfers may stall; lower the interface MTU "
                                         "(docs/zerotier.md#mtu)"),
+    ]
+
+
+def test_links_whose_bandwidth_could_not_be_timed_warn_per_host_and_reason() -> None:
+    """With --bandwidth: an open link without a rate but with a reason is a WARN; a measured one, a
+    closed one (its FAIL says enough) and one probed without --bandwidth (no reason) are not."""
+    lost = "the transfers from h2 failed: host 'h2': the link probe failed (Killed)"
+    links = [LinkResult("h1", "h2", "10.0.0.2", 41000, PortState.OPEN, connect_ms=0.2, mbit_s=940.0),
+             LinkResult("h1", "h3", "10.0.0.3", 41000, PortState.OPEN, connect_ms=0.2, bandwidth_detail="Connection reset by peer"),
+             LinkResult("h1", "h4", "10.0.0.4", 41000, PortState.OPEN, connect_ms=0.2, bandwidth_detail="Connection reset by peer"),
+             LinkResult("h2", "h1", "10.0.0.1", 41000, PortState.OPEN, connect_ms=0.2, bandwidth_detail=lost),
+             LinkResult("h2", "h3", "10.0.0.3", 41000, PortState.OPEN, connect_ms=0.2, bandwidth_detail=lost),
+             LinkResult("h3", "h1", "10.0.0.1", 41000, PortState.REFUSED, detail="connection refused"),
+             LinkResult("h4", "h1", "10.0.0.1", 41000, PortState.OPEN, connect_ms=0.2)]
+    again = "places and the plan's floors leave those links out: run `fab check-network --bandwidth` again"
+    assert bandwidth_findings(links) == [
+        Finding(Level.WARN, "h1", f"bandwidth to h3, h4 not measured (Connection reset by peer); {again}"),
+        Finding(Level.WARN, "h2", f"bandwidth to h1, h3 not measured ({lost}); {again}"),
     ]
 
 

@@ -99,6 +99,7 @@ class LinkResult:
     df_size: int | None = None  # ICMP payload of the don't-fragment probe (interface MTU - 28)
     df_ok: bool | None = None  # None: not probed
     mbit_s: float | None = None  # with --bandwidth
+    bandwidth_detail: str = ""  # with --bandwidth, an open link's transfer that could not be timed: why
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,18 @@ def local_findings(hosts: Iterable[HostFacts]) -> list[Finding]:
                          "to use it in a multi-host run") for h in hosts if h.address == "local"]
 
 
+def bandwidth_findings(links: Iterable[LinkResult]) -> list[Finding]:
+    """With --bandwidth, a WARN per host and reason for the open links whose transfer could not be
+    timed: without their bandwidth the places found and the plan's floors stand on fewer links."""
+    unmeasured: dict[tuple[str, str], list[str]] = {}
+    for link in links:
+        if link.bandwidth_detail and link.mbit_s is None and link.state is PortState.OPEN and not link.rendezvous:
+            unmeasured.setdefault((link.source, link.bandwidth_detail), []).append(link.target)
+    return [warn(source, f"bandwidth to {', '.join(targets)} not measured ({why}); places and the plan's floors "
+                         "leave those links out: run `fab check-network --bandwidth` again")
+            for (source, why), targets in unmeasured.items()]
+
+
 def has_failures(found: Iterable[Finding]) -> bool:
     return any(f.level is Level.FAIL for f in found)
 
@@ -296,7 +309,8 @@ def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, lin
     found = [f for h in hosts for f in host_findings(h, nodes)] + local_findings(hosts) + version_findings(hosts)
     if rdzv is not None:
         found += rendezvous_findings(rdzv) + public_findings(rdzv, network)
-    found += link_findings(links, {h.name: h.mtu for h in hosts}) + allreduce_findings(allreduce)
+    found += link_findings(links, {h.name: h.mtu for h in hosts}) + bandwidth_findings(links)
+    found += allreduce_findings(allreduce)
     sources = list(dict.fromkeys(link.source for link in links if not link.rendezvous))  # the probing hosts, in order
     return CheckReport(worst(f.level for f in found), hosts, rdzv, links, allreduce, tuple(found), round(duration_s, 2),
                        link_plan(sources, sites).rule)

@@ -165,16 +165,17 @@ def probe_links(session: Session, host: Host, targets: list[dict], df_size: int 
     try:
         answers = result.last_json()
     except (ValueError, IndexError):
-        why = said(result.stderr.strip()[-200:])
+        why = said(result.stderr.strip()[-200:]) or f"exit status {result.rc}, no answer"
         raise MeshrunError(f"host '{host.name}': the link probe failed ({why})") from None
     return link_results(host.name, targets, answers, df_size)
 
 
-def _measure_bandwidth(able: tuple[Host, ...], found: Mapping[str, tuple[LinkResult, ...]],
+def measure_bandwidth(able: tuple[Host, ...], found: Mapping[str, tuple[LinkResult, ...]],
                        sessions: Mapping[str, Session], bandwidth_s: float,
-                       local_python: str) -> dict[tuple[str, str], float | None]:
-    """{(source, target): Mbit/s} over the open links to ephemeral ports, each host's in its
-    probe order (`probe_pairs`)."""
+                       local_python: str) -> dict[tuple[str, str], tuple[float | None, str]]:
+    """{(source, target): (Mbit/s, why not measured)} over the open links to ephemeral ports, each
+    host's in its probe order (`probe_pairs`). A host whose transfers failed as a whole (its probe
+    died, its answer unreadable) gives its links that reason."""
     open_links = {name: [k for k in links if k.state is PortState.OPEN and not k.rendezvous]
                   for name, links in found.items()}
 
@@ -184,7 +185,17 @@ def _measure_bandwidth(able: tuple[Host, ...], found: Mapping[str, tuple[LinkRes
 
     hosts = [h for h in able if open_links.get(h.name)]
     done = on_each(hosts, transfers, timeout=FACTS_TIMEOUT_S + bandwidth_s * 10)
-    return {(k.source, k.target): k.mbit_s for links in done.ok.values() for k in links}
+    measured = {(k.source, k.target): (k.mbit_s, k.detail if k.mbit_s is None else "")
+                for links in done.ok.values() for k in links}
+    for name, error in done.failed.items():
+        measured.update({(name, k.target): (None, f"the transfers from {name} failed: {error}")
+                         for k in open_links[name]})
+    return measured
+
+
+def _with_bandwidth(link: LinkResult, measured: Mapping[tuple[str, str], tuple[float | None, str]]) -> LinkResult:
+    mbit_s, why = measured.get((link.source, link.target), (None, ""))
+    return replace(link, mbit_s=mbit_s, bandwidth_detail=why)
 
 
 def rendezvous_facts(head: Host, port: int, listener: Listener) -> RendezvousFacts:
@@ -293,13 +304,13 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
             return probe_links(sessions[host.name], host, targets, mtu - 28 if mtu else None, 0.0, local_python)
 
         results = on_each([h for h in able if h.name in listeners], probe, timeout=FACTS_TIMEOUT_S)
-        measured = _measure_bandwidth(able, results.ok, sessions, bandwidth_s, local_python) if bandwidth_s else {}
+        measured = measure_bandwidth(able, results.ok, sessions, bandwidth_s, local_python) if bandwidth_s else {}
         for name in results:  # in host order
             if name in results.failed:
                 links += errored_links(name, link_targets(name, ports, head.name, rdzv_target, plan.peers[name]),
                                        str(results.failed[name]))
             else:
-                links += [replace(k, mbit_s=measured.get((k.source, k.target))) for k in results.ok[name]]
+                links += [_with_bandwidth(k, measured) for k in results.ok[name]]
         return rdzv, tuple(links)
     finally:
         for listener in listeners.values():

@@ -8,11 +8,11 @@ outlives a lost controller. At most MAX_CONNECTIONS connections are served at on
 closed as soon as they are accepted. A connection that sends `b` is a bulk transfer: the listener
 counts the bytes until EOF and answers the count.
 
-`connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip), a
-don't-fragment ping of the given size to each address, optionally a timed bulk transfer to each;
-prints a JSON list with one result per target. With `"bulk_only": true` only the transfers, one
-after another (the controller asks for them once every host's handshakes are done, so no handshake
-waits in a queue behind another host's transfer).
+`connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip) and a
+don't-fragment ping of the given size to each address; prints a JSON list with one result per
+target. With `"bulk_only": true` only a timed transfer to each, one after another, and why one
+could not be timed (the controller asks for them once every host's handshakes are done, so no
+handshake waits in a queue behind another host's transfer).
 """
 
 from __future__ import annotations
@@ -198,8 +198,9 @@ def _df_ping(address: str, size: int) -> bool | None:
         return None
 
 
-def _bulk(address: str, port: int, seconds: float) -> float | None:
-    """The steady Mbit/s the far end received during a transfer of about `seconds` (its second half)."""
+def _bulk(address: str, port: int, seconds: float) -> tuple[float | None, str]:
+    """The steady Mbit/s the far end received during a transfer of about `seconds` (its second
+    half), or None and why not."""
     try:
         with socket.create_connection((address, port), timeout=5) as sock:
             sock.sendall(b"b")
@@ -209,16 +210,27 @@ def _bulk(address: str, port: int, seconds: float) -> float | None:
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(seconds + 10)
             rate = float(sock.makefile("rb").readline() or 0)
-            return round(rate * 8 / 1e6, 1) if rate > 0 else None
-    except OSError:
-        return None
+    except (OSError, ValueError) as err:  # ValueError: the far end answered no number
+        return None, _said(err)
+    if rate <= 0:
+        return None, "the far end counted no steady transfer"
+    return round(rate * 8 / 1e6, 1), ""
+
+
+def _said(err: Exception) -> str:
+    if isinstance(err, socket.timeout):
+        return "the far end did not answer the transfer in time"
+    return getattr(err, "strerror", None) or str(err) or type(err).__name__
 
 
 def connect(spec: dict) -> None:
     targets = spec["targets"]
     if spec.get("bulk_only"):
-        rates = [_bulk(t["address"], t["port"], spec["bandwidth_s"]) for t in targets]
-        print(json.dumps([{"state": "open" if r is not None else "error", "mbit_s": r} for r in rates]))
+        timed = []
+        for target in targets:
+            rate, why = _bulk(target["address"], target["port"], spec["bandwidth_s"])
+            timed.append({"state": "open" if rate is not None else "error", "mbit_s": rate, "detail": why})
+        print(json.dumps(timed))
         return
     results: list[dict[str, object]] = [{} for _ in targets]
 
@@ -232,9 +244,6 @@ def connect(spec: dict) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    for target, result in zip(targets, results):
-        if spec.get("bandwidth_s") and result["state"] == "open" and not target.get("rendezvous"):
-            result["mbit_s"] = _bulk(target["address"], target["port"], spec["bandwidth_s"])
     print(json.dumps(results))
 
 
