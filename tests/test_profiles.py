@@ -279,7 +279,9 @@ def test_delayers_end_by_themselves_and_traffic_then_flows_undelayed(
     latency.apply(bed.hosts, bed.paths, latency.lookup("home"), max_seconds=6)
     pids = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
     assert all(pids)
-    assert_near(measure.ping(bed, 1, H2, count=3).median_ms, 40.0, "RTT before expiry (ms)")
+    # the floor: on a loaded machine the user-space delay line only adds (a CI run with three workers
+    # read a median of 52 ms); the point here is that the delay is on until the expiry
+    assert_near(measure.ping(bed, 1, H2, count=3).min_ms, 40.0, "RTT before expiry (ms)")
     assert wait_dead([pid for pid in pids if pid is not None], timeout=30) == []
     after = measure.ping(bed, 1, H2)
     assert (after.lost, after.median_ms < 1.0) == (0, True)
