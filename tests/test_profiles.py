@@ -138,6 +138,17 @@ def assert_near(measured: float, expected: float, what: str) -> None:
         f"{what}: measured {measured:.1f}, profile {expected:.1f} (tolerance {TOLERANCE:.0%})"
 
 
+LOADED = 1.5  # the median RTT a loaded machine may reach, × the profile's
+
+
+def assert_delay(pings: measure.Pings, rtt_ms: float, what: str) -> None:
+    """The profile's delay: the floor within TOLERANCE, the median at most LOADED times it. The delay
+    line is a user-space process: on a loaded machine a packet also waits for a core, which only adds
+    (a CI run with three test workers read a median of 47.8 ms on `home`'s 40)."""
+    assert_near(pings.min_ms, rtt_ms, f"{what}, the floor")
+    assert pings.median_ms <= LOADED * rtt_ms, f"{what}: median {pings.median_ms:.1f}, profile {rtt_ms:.1f}"
+
+
 def assert_nothing_left(cluster: SimCluster) -> None:
     assert measure.ping(cluster, 1, H2).median_ms < 1.0
     for h in cluster.hosts:
@@ -167,8 +178,8 @@ def test_profile_rtt_and_throughput(profiled_bed: SimCluster, name: str) -> None
         assert peers.median_ms < 1.0 and controller.median_ms < 1.0
         assert transfer.received_bits_per_second > 1e9  # unshaped: far above any profile
     else:
-        assert_near(peers.median_ms, profile.rtt_ms, "RTT h1 <-> h2 (ms)")
-        assert_near(controller.median_ms, profile.rtt_ms, "RTT controller <-> h2 (ms)")
+        assert_delay(peers, profile.rtt_ms, "RTT h1 <-> h2 (ms)")
+        assert_delay(controller, profile.rtt_ms, "RTT controller <-> h2 (ms)")
         assert_near(transfer.received_bits_per_second / 1e6, profile.rate_mbit,
                     "TCP h1 -> h2 (Mbit/s)")
     assert_nothing_left(bed)
@@ -186,12 +197,13 @@ def test_two_site_profile_shapes_and_delays_only_between_sites(profiled_bed: Sim
         # h1's packets to h2 took htb's direct queue: no class, no rate accounting on the LAN
         qdisc = bed.exec(1, ["tc", "-s", "qdisc", "show", "dev", "eth0"]).stdout
         wan = measure.iperf(bed, 3, 1, h3, seconds=5, omit=2)
-    print(f"two-site: RTT inside {inside.median_ms:.2f} ms, between {between.median_ms:.1f} ms; TCP inside "
+    print(f"two-site: RTT inside {inside.median_ms:.2f} ms, between {between.median_ms:.1f} ms (floor "
+          f"{between.min_ms:.1f}); TCP inside "
           f"{lan.received_bits_per_second / 1e6:.0f} Mbit/s, between {wan.received_bits_per_second / 1e6:.1f} Mbit/s")
     assert [p.lost for p in (inside, between, controller_near, controller_far)] == [0, 0, 0, 0]
     assert inside.median_ms < 1.0 and controller_near.median_ms < 1.0
-    assert_near(between.median_ms, profile.rtt_ms, "RTT h1 <-> h3 (ms)")
-    assert_near(controller_far.median_ms, profile.rtt_ms, "RTT controller <-> h3 (ms)")
+    assert_delay(between, profile.rtt_ms, "RTT h1 <-> h3 (ms)")
+    assert_delay(controller_far, profile.rtt_ms, "RTT controller <-> h3 (ms)")
     assert_near(wan.received_bits_per_second / 1e6, profile.rate_mbit, "TCP h1 -> h3 (Mbit/s)")
     assert lan.received_bits_per_second > 10 * profile.rate_mbit * 1e6  # inside: unshaped
     direct = re.search(r"direct_packets_stat (\d+)", qdisc)
@@ -218,9 +230,9 @@ def test_three_site_profile_on_three_hosts_makes_each_a_place(profiled_bed: SimC
         wan = measure.iperf(bed, 2, 1, H2, seconds=seconds, omit=omit)
     assert [p.lost for p in (*pairs, controller_near, controller_far)] == [0] * 5
     for pings, what in zip(pairs, ("h1 <-> h2", "h2 <-> h3", "h3 <-> h1")):
-        assert_near(pings.median_ms, profile.rtt_ms, f"RTT {what} (ms)")
+        assert_delay(pings, profile.rtt_ms, f"RTT {what} (ms)")
     assert controller_near.median_ms < 1.0
-    assert_near(controller_far.median_ms, profile.rtt_ms, "RTT controller <-> h3 (ms)")
+    assert_delay(controller_far, profile.rtt_ms, "RTT controller <-> h3 (ms)")
     assert_near(wan.received_bits_per_second / 1e6, profile.rate_mbit, "TCP h1 -> h2 (Mbit/s)")
     assert_nothing_left(bed)
 
@@ -234,7 +246,7 @@ def test_loss_drops_that_share_of_round_trips(profiled_bed: SimCluster) -> None:
     expected = 1 - (1 - loss) ** 2
     sigma = math.sqrt(expected * (1 - expected) / count)
     assert abs(pings.lost / count - expected) < 4 * sigma, (pings.lost, count, expected)
-    assert_near(pings.median_ms, 40.0, "RTT under loss (ms)")
+    assert_delay(pings, 40.0, "RTT under loss (ms)")
     assert_nothing_left(profiled_bed)
 
 
@@ -249,7 +261,7 @@ def test_cli_applies_and_clears_a_profile(profiled_bed: SimCluster) -> None:
 
     assert call("profile", "home", "--loss", "0.001") == "profile home on 3 hosts\n"
     assert "profile home: rate 20mbit, RTT 40 ms, loss 0.001" in call("status")
-    assert_near(measure.ping(profiled_bed, 3, H2).median_ms, 40.0, "RTT h3 <-> h2 (ms)")
+    assert_delay(measure.ping(profiled_bed, 3, H2), 40.0, "RTT h3 <-> h2 (ms)")
     call("unprofile")
     assert "profile" not in call("status")
     assert_nothing_left(profiled_bed)
@@ -279,9 +291,7 @@ def test_delayers_end_by_themselves_and_traffic_then_flows_undelayed(
     latency.apply(bed.hosts, bed.paths, latency.lookup("home"), max_seconds=6)
     pids = [latency.delayer_pid(h, bed.paths) for h in bed.hosts]
     assert all(pids)
-    # the floor: on a loaded machine the user-space delay line only adds (a CI run with three workers
-    # read a median of 52 ms); the point here is that the delay is on until the expiry
-    assert_near(measure.ping(bed, 1, H2, count=3).min_ms, 40.0, "RTT before expiry (ms)")
+    assert_delay(measure.ping(bed, 1, H2, count=3), 40.0, "RTT before expiry (ms)")
     assert wait_dead([pid for pid in pids if pid is not None], timeout=30) == []
     after = measure.ping(bed, 1, H2)
     assert (after.lost, after.median_ms < 1.0) == (0, True)
@@ -301,7 +311,7 @@ def test_overlay_packets_are_delayed_once(profiled_bed: SimCluster, testbed_wg: 
         measure.ping(profiled_bed, 1, h2.overlay_address, count=2)  # the handshake
         pings = measure.ping(profiled_bed, 1, h2.overlay_address)
     assert pings.lost == 0
-    assert_near(pings.median_ms, 40.0, "RTT h1 <-> h2 over wg0 (ms)")
+    assert_delay(pings, 40.0, "RTT h1 <-> h2 over wg0 (ms)")
 
 
 @pytest.mark.cluster
