@@ -48,9 +48,9 @@ def test_a_member_planting_a_pickle_in_the_live_store_runs_nothing_anywhere(test
     # ends, which may end the run before another prints its own: a CI run with three test workers had
     # no line from h1, which reads its own store. A member that found h1's store already gone moves on
     # to h2's and refuses what was planted there: either way the run fails, and nothing runs.
-    refusal = re.compile(r"\[h[123]\] meshrun: the rendezvous store on host 'h[12]' \((" + "|".join(map(re.escape, stores))
-                         + r")\) holds a rendezvous state that no torchrun of this run wrote \(not JSON\): refused; a "
-                         r"member of the run may be compromised")
+    named = "|".join(f"host 'h{i}' \\({re.escape(store)}\\)" for i, store in enumerate(stores, 1))
+    refusal = re.compile(r"\[h[123]\] meshrun: the rendezvous store on (" + named + r") holds a rendezvous state "
+                         r"that no torchrun of this run wrote \(not JSON\): refused; a member of the run may be compromised")
     assert refusal.search(run.output), run.output[-3000:]
     assert "internal error" not in run.output
     summary = summary_of(run_id)

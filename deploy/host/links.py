@@ -31,6 +31,7 @@ CHUNK = b"\0" * 65536
 MAX_CONNECTIONS = 16  # the check's own peers need one each; a flood must not cost a thread apiece
 MAX_LIFETIME_S = 180.0  # whatever the controller asks: a probe never listens for long
 HANDSHAKES = 3  # per link: its RTT is the quickest
+ANSWER_MAX = 64  # bytes of a listener's answer to a transfer read, at most
 
 
 def _serve_one(conn: socket.socket) -> None:
@@ -209,7 +210,8 @@ def _bulk(address: str, port: int, seconds: float) -> tuple[float | None, str]:
                 sock.sendall(CHUNK)
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(seconds + 10)
-            rate = float(sock.makefile("rb").readline() or 0)
+            # bounded: the far end is another host, and an answer is one short number
+            rate = float(sock.makefile("rb").readline(ANSWER_MAX) or 0)
     except (OSError, ValueError) as err:  # ValueError: the far end answered no number
         return None, _said(err)
     if rate <= 0:
