@@ -42,6 +42,14 @@ def test_sites_come_from_the_host_its_group_or_the_defaults(tmp_path: Path) -> N
     assert load(tmp_path, "hosts:\n  a: {address: 10.0.0.1}\n").hosts[0].site is None
 
 
+def test_a_host_in_groups_at_two_sites_takes_its_own(tmp_path: Path) -> None:
+    """Two groups may give a host different sites when it writes its own `site:`: the advice of the
+    error below ("give the host its own `site:`") is then followed, and its own wins."""
+    text = ("hosts:\n  a: {address: 10.0.0.1, site: z}\n  b: {address: 10.0.0.2}\n"
+            "groups:\n  lab: {hosts: [a, b], site: x}\n  den: {hosts: [a], site: y}\n")
+    assert {h.name: h.site for h in load(tmp_path, text).hosts} == {"a": "z", "b": "x"}
+
+
 def test_the_plan_gives_each_declared_host_its_site(tmp_path: Path) -> None:
     inv = load(tmp_path, "hosts:\n  a: {address: 10.0.0.1, site: office}\n  b: {address: 10.0.0.2}\n")
     plan = plan_launch(Selection(inv.hosts, Rendezvous("a", 29400)), LaunchOptions("r1"), {}, "/py")

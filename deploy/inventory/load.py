@@ -85,8 +85,11 @@ def load_inventory(path: Path, project: Path | None = None) -> Inventory:
     if project is not None:
         _check_local_workdirs(hosts, sections, where, project)
     names = tuple(h.name for h in hosts)
-    groups, group_sites = _read_groups(sections["groups"][1], where, names) if "groups" in sections else ({}, {})
-    hosts = _with_group_sites(hosts, sections["hosts"][1], where, group_sites)
+    own_site = _hosts_with_own_site(sections["hosts"][1], where)
+    groups, group_sites = (_read_groups(sections["groups"][1], where, names, own_site) if "groups" in sections
+                           else ({}, {}))
+    hosts = tuple(dataclasses.replace(h, site=group_sites[h.name][0]) if h.name in group_sites and h.name not in
+                  own_site else h for h in hosts)
     rdzv = _read_rendezvous(sections["rendezvous"][1], where, names) if "rendezvous" in sections else Rendezvous(None)
     known_hosts = None
     if "known_hosts" in sections:
@@ -169,9 +172,10 @@ def _is_null(node: yaml.Node) -> bool:
 GROUP_KEYS = ("hosts", "site")  # a group is a list of hosts, or `{hosts: [...], site: NAME}`
 
 
-def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...]
+def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...], own_site: frozenset[str]
                  ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, str]]]:
-    """The groups, and per host the site its group gives it: ``{host: (site, group)}``."""
+    """The groups, and per host the site its group gives it: ``{host: (site, group)}``. Two groups
+    may give a host different sites only when the host has its own `site:`, which wins."""
     groups: dict[str, tuple[str, ...]] = {}
     sites: dict[str, tuple[str, str]] = {}
     for name, key_node, value_node in mapping_items(node, where.at(node), "groups"):
@@ -185,7 +189,7 @@ def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...]
             if member not in hosts:
                 raise where.at(member_node, field="groups").fail(
                     f"group {shown(name)} names unknown host {shown(member)}", f"known hosts: {listing(hosts)}")
-            if site is not None and sites.get(member, (site,))[0] != site:
+            if site is not None and member not in own_site and sites.get(member, (site,))[0] != site:
                 raise where.at(member_node, field="groups").fail(
                     f"host {shown(member)} is in group {shown(sites[member][1])} at site {shown(sites[member][0])} "
                     f"and in group {shown(name)} at site {shown(site)}", "give the host its own `site:`, or one group")
@@ -211,16 +215,11 @@ def _group_site(node: yaml.Node, where: Where, name: str) -> tuple[str | None, y
     return site, found["hosts"]
 
 
-def _with_group_sites(hosts: tuple[Host, ...], node: yaml.Node, where: Where,
-                      group_sites: Mapping[str, tuple[str, str]]) -> tuple[Host, ...]:
-    """A host's own `site:` wins; else its group's; else the defaults' (already merged)."""
-    out = []
-    for host, (_, _, value_node) in zip(hosts, mapping_items(node, where, "hosts")):
-        own = not _is_null(value_node) and any(k == "site" for k, _, _ in mapping_items(value_node, where, ""))
-        if host.name in group_sites and not own:
-            host = dataclasses.replace(host, site=group_sites[host.name][0])
-        out.append(host)
-    return tuple(out)
+def _hosts_with_own_site(node: yaml.Node, where: Where) -> frozenset[str]:
+    """The hosts that write their own `site:`: it wins over their groups' and the defaults'."""
+    return frozenset(name for name, _, value_node in mapping_items(node, where, "hosts")
+                     if not _is_null(value_node)
+                     and any(key == "site" for key, _, _ in mapping_items(value_node, where, "")))
 
 
 def _read_rendezvous(node: yaml.Node, where: Where, hosts: tuple[str, ...]) -> Rendezvous:
