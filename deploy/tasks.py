@@ -49,6 +49,7 @@ HOSTS_HELP = "hosts, groups or host:0,1 (GPU override), comma-separated; default
 INVENTORY_HELP = f"inventory YAML (default, first found: {LOOKUP_ORDER.split(', ', 1)[1]})"
 DEBUG_HELP = "show tracebacks of internal errors"
 RUN_HELP = "run id (default: the newest run)"
+LIVE_RUN_HELP = "run id (default: the newest run that may still be running)"
 DEFAULT_LOG_LINES = 50
 
 
@@ -173,7 +174,7 @@ def status(c, run="", json=False, watch=False, frames="", project="", runs_dir="
     main(run or None, bool(json), _project(project, runs_dir), bool(watch), parse_frames(frames))
 
 
-@task(help={**PROJECT_FLAGS, "run": RUN_HELP, "follow": "keep printing new lines until Ctrl-C", "lines": f"lines per host (default {DEFAULT_LOG_LINES})",
+@task(help={**PROJECT_FLAGS, "run": LIVE_RUN_HELP, "follow": "keep printing new lines until Ctrl-C", "lines": f"lines per host (default {DEFAULT_LOG_LINES})",
             "debug": DEBUG_HELP})
 @guarded
 def logs(c, run="", follow=False, lines="", project="", runs_dir="", debug=False):
@@ -183,7 +184,7 @@ def logs(c, run="", follow=False, lines="", project="", runs_dir="", debug=False
     main(run or None, bool(follow), flags.log_lines(lines, DEFAULT_LOG_LINES), _project(project, runs_dir))
 
 
-@task(help={**PROJECT_FLAGS, "run": RUN_HELP, "debug": DEBUG_HELP})
+@task(help={**PROJECT_FLAGS, "run": LIVE_RUN_HELP, "debug": DEBUG_HELP})
 @guarded
 def stop(c, run="", project="", runs_dir="", debug=False):
     """Stop a run on every host (TERM, grace, KILL) and confirm no run process is left."""

@@ -61,7 +61,7 @@ class TrainRequest:
     skip_checks: bool = False
     no_sync: bool = False
     resume: str | None = None  # an earlier run id: same run directory, fresh rendezvous
-    comm: str | None = None  # a comm hook, or "auto" (deploy/commands/comm.py)
+    comm: str | None = None  # a comm hook, or "auto" (deploy/edges/comm.py)
     firewall: bool = False  # bracketed by `fab firewall` (deploy/commands/firewall.around_run)
     notify: tuple[str, ...] = ()  # webhook receivers (secrets: never printed, logged or recorded)
     idle: IdlePolicy = IdlePolicy()  # when a host counts as idle, and --idle-stop

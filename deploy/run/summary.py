@@ -33,7 +33,7 @@ class RunSummary:
     host_results: dict[str, dict[str, Any]] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)  # membership changes, in order
     lost_hosts: list[str] = field(default_factory=list)
-    comm: dict[str, Any] | None = None  # with --comm: hook, floor_s, measured_s, ratio (deploy/commands/comm.py)
+    comm: dict[str, Any] | None = None  # with --comm: hook, floor_s, measured_s, ratio (deploy/edges/comm.py)
     provenance: dict[str, Any] | None = None  # what produced the run (deploy/run/provenance.py)
     idle: list[dict[str, Any]] = field(default_factory=list)  # idle warnings: time, host, idle_s, threshold
 
