@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from meshrun.deploy.run.commplan import (CommPlan, Hook, HookFloor, HookSettings, hook_bytes, node_bandwidth,
-                             plan, powersgd_elements, ring_floor_s)
+import dataclasses
+import math
+
+import pytest
+
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.run.commplan import (MAX_MBIT_S, MAX_RTT_MS, MIN_MBIT_S, CommPlan, Hook, HookFloor, HookSettings,
+                             hook_bytes, link_rtt, node_bandwidth, plan, powersgd_elements, ring_floor_s)
 
 # digits MLP 64-256-128-10
 DIGITS = [[256, 64], [256], [128, 256], [128], [10, 128], [10]]
@@ -115,3 +121,28 @@ def test_node_bandwidth_is_each_hosts_best_link_then_the_slowest_host() -> None:
     links = [("h1", 40.0), ("h1", 20.0), ("h2", 30.0), ("h2", None), ("h3", 45.0), ("h3", 10.0)]
     assert node_bandwidth(links) == 30.0 * 1e6 / 8
     assert node_bandwidth([("h1", None)]) is None
+
+
+def test_a_hosts_absurd_link_measurements_keep_every_floor_finite(tmp_path) -> None:
+    """A link probe may report any finite number: `mbit_s: 5e-324` made every floor infinite and
+    commplan.json hold Infinity, which load_plan then refused; `1e308` overflowed the bandwidth."""
+    from meshrun.deploy.edges.comm import load_plan, save_plan
+
+    assert node_bandwidth([("h1", 5e-324), ("h2", 100.0)]) == MIN_MBIT_S * 1e6 / 8 == 125.0
+    assert node_bandwidth([("h1", 1e308), ("h2", 10**300)]) == MAX_MBIT_S * 1e6 / 8
+    assert link_rtt([0.5, 1e308]) == MAX_RTT_MS / 1e3 == 600.0
+    got = plan(node_bandwidth([("h1", 5e-324)]), 2, DIGITS, rtt_s=link_rtt([1e308]))
+    assert got.floor_of(Hook.NONE).floor_s == 203_304 / 125 + 600.0
+    assert save_plan(tmp_path, "r1", got, "none").read_text().count("Infinity") == 0
+    assert load_plan(tmp_path, "r1")["bandwidth_bytes_s"] == 125.0
+
+
+def test_a_plan_with_a_number_that_is_not_finite_is_not_written(tmp_path) -> None:
+    from meshrun.deploy.edges.comm import save_plan
+
+    broken = dataclasses.replace(plan(125e6, 2, DIGITS), bandwidth_bytes_s=math.inf)
+    with pytest.raises(MeshrunError) as info:
+        save_plan(tmp_path, "r1", broken, "none")
+    path = tmp_path / "r1" / "commplan.json"
+    assert str(info.value) == f"--comm: the plan holds a number that is not finite; {path} not written"
+    assert not path.exists()

@@ -3,7 +3,8 @@
 controller, which the user would see as "internal error". Each crafted answer goes through the
 real controller function over a fake session (tests/fakesession.py); messages are compared whole.
 result.json, which is data rather than a failure, degrades to "unknown". This file: the run's
-answers (stop, detached start, setup, result, ZeroTier and WireGuard output);
+answers (stop, detached start, setup, result, the `--comm` record, the provenance's config record,
+ZeroTier and WireGuard output);
 tests/test_hostile_probe_answers.py: the probes of check-network and firewall."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from meshrun.deploy.check import wireguard, zerotier
 from meshrun.deploy.commands import setup, train
-from meshrun.deploy.edges import agents
+from meshrun.deploy.edges import agents, comm, provenance
 from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.edges.wheel import Identity
 from meshrun.deploy.inventory.model import Rendezvous
@@ -132,3 +133,61 @@ def test_zerotier_and_wireguard_output_of_any_shape() -> None:
         error="`zerotier-cli -j info` gives an address or version that is not text")
     assert wireguard.parse_handshakes("wg0\tkey\t\u00b2\nwg0\tkey2\t90\n", 100) == (
         wireguard.WgPeer("wg0", "key2", 10),)
+
+
+ZT_INFO = '{"address": "a1b2c3d4e5", "online": true}'
+ZT = "`zerotier-cli -j "
+
+
+@pytest.mark.parametrize("info,networks,peers,error", [
+    ('{"address": "a1", "online": "false"}', "[]", "[]",
+     ZT + "info` gives an online or tcpFallbackActive that is not true or false"),
+    ('{"address": "a1", "tcpFallbackActive": 1}', "[]", "[]",
+     ZT + "info` gives an online or tcpFallbackActive that is not true or false"),
+    (ZT_INFO, '[{"nwid": "n1", "assignedAddresses": 5}]', "[]",
+     ZT + "listnetworks` gives a network whose assignedAddresses is not a list of text"),
+    (ZT_INFO, '[{"nwid": "n1", "assignedAddresses": "10.0.0.1/24"}]', "[]",
+     ZT + "listnetworks` gives a network whose assignedAddresses is not a list of text"),
+    (ZT_INFO, '[{"nwid": "n1", "assignedAddresses": [["10.0.0.1/24"]]}]', "[]",
+     ZT + "listnetworks` gives a network whose assignedAddresses is not a list of text"),
+    (ZT_INFO, '[{"nwid": ["n1"]}]', "[]", ZT + "listnetworks` gives a network whose nwid is not text"),
+    (ZT_INFO, '[{"id": 7}]', "[]", ZT + "listnetworks` gives a network whose id is not text"),
+    (ZT_INFO, '[{"nwid": "n1", "status": {"OK": 1}}]', "[]",
+     ZT + "listnetworks` gives a network whose status is not text"),
+    (ZT_INFO, '[{"nwid": "n1", "portDeviceName": 3}]', "[]",
+     ZT + "listnetworks` gives a network whose portDeviceName is not text"),
+    (ZT_INFO, "[]", '[{"address": 5}]', ZT + "peers` gives a peer whose address is not text"),
+    (ZT_INFO, "[]", '[{"address": "b2", "role": ["LEAF"]}]', ZT + "peers` gives a peer whose role is not text"),
+])
+def test_zerotier_fields_of_the_wrong_type_are_an_error_line(info: str, networks: str, peers: str, error: str) -> None:
+    assert zerotier.parse_state(info, networks, peers) == zerotier.ZeroTierState(error=error)
+
+
+def test_zerotier_informational_fields_of_the_wrong_type_degrade() -> None:
+    networks = '[1, {"nwid": "n1", "mtu": "big", "assignedAddresses": null}, {"id": "n2", "mtu": true}]'
+    peers = '["x", {"address": "b2", "latency": "fast", "paths": 5}]'
+    assert zerotier.parse_state(ZT_INFO, networks, peers) == zerotier.ZeroTierState(
+        "a1b2c3d4e5", zerotier.NodeState.ONLINE, None,
+        (zerotier.ZtNetwork("n1", "", "?", None, None, ()), zerotier.ZtNetwork("n2", "", "?", None, None, ())),
+        (zerotier.ZtPeer("b2", "?", zerotier.Link.RELAY, None),))
+
+
+def test_a_comm_record_of_a_number_no_float_holds_is_skipped() -> None:
+    big = '{"kind": "comm", "comm_s": ' + "9" * 400 + "}"
+    sound = '{"kind": "comm", "comm_s": 0.02}'
+    assert comm.read_comm_record({"h1": FakeSession(sound + "\n" + big)}, plan()) == {"kind": "comm", "comm_s": 0.02}
+    assert comm.read_comm_record({"h1": FakeSession(big)}, plan()) is None
+    saved = {"hook": "none", "recommended": "none", "reason": "r", "bandwidth_bytes_s": 1e6, "nodes": 2,
+             "floors": [{"hook": "none", "floor_s": 1e-300}]}
+    assert comm.beside_floor(saved, 1e300) == {"hook": "none", "recommended": "none", "reason": "r",
+                                               "bandwidth_mbit_s": 8.0, "nodes": 2, "rtt_ms": 0.0,
+                                               "floor_s": 1e-300, "measured_s": 1e300, "ratio": None}
+
+
+def test_a_config_record_nested_past_the_recursion_limit_is_left_out() -> None:
+    deep = '{"kind": "config", "config": ' + '{"a": ' * 600 + "1" + "}" * 600 + "}"
+    sound = '{"kind": "config", "config": {"epochs": 2}}'
+    assert provenance.at_end({"h1": FakeSession(deep)}, ["h1"], "r1", None) == {
+        "links": None, "trainer_config": None, "checkpoints": None}
+    assert provenance.at_end({"h1": FakeSession(sound + "\n" + deep)}, ["h1"], "r1", None)["trainer_config"] == {
+        "epochs": 2}

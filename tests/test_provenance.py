@@ -108,3 +108,20 @@ def test_the_newest_manifest_wins_and_the_first_of_equals() -> None:
     assert rules.newest_checkpoints([("h3", c), ("h2", b)])["host"] == "h3"  # type: ignore[index]
     assert rules.newest_checkpoints([("h1", manifest()), ("h2", parse_manifest(b"junk\n"))]) is None
     assert rules.newest_checkpoints([]) is None
+
+
+def test_trainer_config_nesting_is_bounded_without_recursing() -> None:
+    """At most 6 levels of objects and lists; 600 (which json.loads allows) is left out, not a RecursionError."""
+    def nested(levels: int) -> dict:
+        value: object = 1
+        for i in range(levels - 1):
+            value = [value] if i % 2 else {"x": value}
+        return {"x": value}
+
+    def line(config: dict) -> str:
+        return json.dumps({"kind": "config", "config": config})
+
+    assert rules.trainer_config(line(nested(6))) == nested(6)
+    assert rules.trainer_config(line(nested(7))) is None
+    assert rules.trainer_config(line(nested(600))) is None
+    assert rules.trainer_config(line({"a": [], "b": {}})) == {"a": [], "b": {}}

@@ -16,10 +16,11 @@ from enum import Enum
 from typing import Any, Mapping
 
 from meshrun.deploy.check.findings import Finding, fail, warn
-from meshrun.deploy.run.answers import MISSING, from_json
+from meshrun.deploy.run.answers import MISSING, from_json, is_int
 
 CLI = "zerotier-cli"
 SUBCOMMANDS = ("info", "listnetworks", "peers")
+ENTRY = {"listnetworks": "a network", "peers": "a peer"}  # what one list entry is, in messages
 FIX_OFFLINE = "start it (`systemctl start zerotier-one`) and let UDP 9993 out; see docs/zerotier.md"
 
 
@@ -93,27 +94,43 @@ def parse_info(text: str) -> tuple[str | None, NodeState, str | None]:
     info = _load(text, "info")
     if not isinstance(info, dict):
         raise ValueError("`zerotier-cli -j info` is not a JSON object")
+    node, version = info.get("address"), info.get("version")
+    if not isinstance(node, (str, type(None))) or not isinstance(version, (str, type(None))):
+        raise ValueError("`zerotier-cli -j info` gives an address or version that is not text")
+    if not all(isinstance(info.get(k), (bool, type(None))) for k in ("online", "tcpFallbackActive")):
+        raise ValueError("`zerotier-cli -j info` gives an online or tcpFallbackActive that is not true or false")
     if info.get("tcpFallbackActive"):
         state = NodeState.TUNNELED
     else:
         state = NodeState.ONLINE if info.get("online") else NodeState.OFFLINE
-    node, version = info.get("address"), info.get("version")
-    if not isinstance(node, (str, type(None))) or not isinstance(version, (str, type(None))):
-        raise ValueError("`zerotier-cli -j info` gives an address or version that is not text")
     return node, state, version
+
+
+def _text(entry: dict, field: str, what: str) -> str | None:
+    """`entry[field]` as text, None when left out or null. Another type is a shape error, not
+    str()'d: a list would pass for a name and a number would be iterated as addresses."""
+    value = entry.get(field)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"`zerotier-cli -j {what}` gives {ENTRY[what]} whose {field} is not text")
+
+
+def _network(n: dict) -> ZtNetwork:
+    addresses = n.get("assignedAddresses")
+    if addresses is not None and not (isinstance(addresses, list) and all(isinstance(a, str) for a in addresses)):
+        raise ValueError("`zerotier-cli -j listnetworks` gives a network whose assignedAddresses is not a list of text")
+    what = "listnetworks"
+    return ZtNetwork(nwid=_text(n, "nwid", what) or _text(n, "id", what) or "?", name=_text(n, "name", what) or "",
+                     status=_text(n, "status", what) or "?", device=_text(n, "portDeviceName", what) or None,
+                     mtu=n["mtu"] if is_int(n.get("mtu")) else None,
+                     addresses=tuple(a.split("/")[0] for a in addresses or ()))
 
 
 def parse_networks(text: str) -> tuple[ZtNetwork, ...]:
     networks = _load(text, "listnetworks")
     if not isinstance(networks, list):
         raise ValueError("`zerotier-cli -j listnetworks` is not a JSON list")
-    return tuple(
-        ZtNetwork(nwid=str(n.get("nwid") or n.get("id") or "?"), name=str(n.get("name") or ""),
-                  status=str(n.get("status") or "?"), device=n.get("portDeviceName") or None,
-                  mtu=int(n["mtu"]) if isinstance(n.get("mtu"), int) else None,
-                  addresses=tuple(str(a).split("/")[0] for a in n.get("assignedAddresses") or ()))
-        for n in networks if isinstance(n, dict)
-    )
+    return tuple(_network(n) for n in networks if isinstance(n, dict))
 
 
 def _link(paths: Any) -> Link:
@@ -128,7 +145,8 @@ def parse_peers(text: str) -> tuple[ZtPeer, ...]:
     if not isinstance(peers, list):
         raise ValueError("`zerotier-cli -j peers` is not a JSON list")
     return tuple(
-        ZtPeer(node=str(p.get("address") or "?"), role=str(p.get("role") or "?"), link=_link(p.get("paths")),
+        ZtPeer(node=_text(p, "address", "peers") or "?", role=_text(p, "role", "peers") or "?",
+               link=_link(p.get("paths")),
                latency_ms=p["latency"] if isinstance(p.get("latency"), int) and p["latency"] >= 0 else None)
         for p in peers if isinstance(p, dict)
     )

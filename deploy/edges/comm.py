@@ -138,7 +138,12 @@ def save_plan(runs: Path, run_id: str, plan: CommPlan, hook: str) -> Path:
     """`runs/<run_id>/commplan.json`: the floors the run is judged against (fab report reads it)."""
     path = runs / run_id / COMM_PLAN
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"hook": hook, **plan_json(plan)}, indent=2) + "\n")
+    try:  # no NaN or Infinity: load_plan would refuse the file, blaming whoever edited it
+        text = json.dumps({"hook": hook, **plan_json(plan)}, indent=2, allow_nan=False)
+    except ValueError:
+        why = "--comm: the plan holds a number that is not finite; "
+        raise MeshrunError(with_path(why, path, " not written")) from None
+    path.write_text(text + "\n")
     return path
 
 
@@ -175,7 +180,7 @@ def last_comm_record(text: str) -> dict | None:
     for line in text.splitlines():
         row = from_json(line)
         comm_s = row.get("comm_s") if isinstance(row, dict) and row.get("kind") == "comm" else None
-        if isinstance(comm_s, (int, float)) and not isinstance(comm_s, bool) and math.isfinite(comm_s) and comm_s >= 0:
+        if is_real(comm_s) and comm_s >= 0:  # not math.isfinite: `10**400` (an int) would raise OverflowError
             found = row
     return found
 
@@ -186,8 +191,13 @@ def beside_floor(saved: Mapping[str, Any], measured_s: float | None) -> dict[str
     return {"hook": saved["hook"], "recommended": saved["recommended"], "reason": saved["reason"],
             "bandwidth_mbit_s": round(saved["bandwidth_bytes_s"] * 8 / 1e6, 1), "nodes": saved["nodes"],
             "rtt_ms": round(saved.get("rtt_s", 0.0) * 1e3, 1),
-            "floor_s": floor, "measured_s": measured_s,
-            "ratio": round(measured_s / floor, 2) if measured_s is not None and floor > 0 else None}
+            "floor_s": floor, "measured_s": measured_s, "ratio": _ratio(measured_s, floor)}
+
+
+def _ratio(measured_s: float | None, floor_s: float) -> float | None:
+    """measured / floor, None without both; a huge measured time over a tiny floor gives no inf."""
+    ratio = measured_s / floor_s if measured_s is not None and floor_s > 0 else None
+    return round(ratio, 2) if ratio is not None and math.isfinite(ratio) else None
 
 
 def load_plan(runs: Path, run_id: str) -> dict[str, Any] | None:

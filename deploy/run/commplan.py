@@ -44,6 +44,10 @@ DEFAULT_BUDGET_S = 0.05  # communication per step we accept without compressing 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
 GRAD_BYTES = 4  # fp32 gradients: DDP reduces in the parameters' dtype
 MIN_COMPRESSION_RATE = 2  # torch's PowerSGDState default
+# A host's link probe reports any finite number: `mbit_s: 5e-324` would make every floor infinite
+# (and commplan.json unreadable), `1e308` the bandwidth. Measurements are held to a range no real link leaves.
+MIN_MBIT_S, MAX_MBIT_S = 1e-3, 1e7  # 1 kbit/s .. 10 Tbit/s
+MAX_RTT_MS = 600_000.0  # 10 minutes
 
 
 class Hook(str, Enum):
@@ -310,19 +314,20 @@ def site_links(links: Iterable[tuple[str, str, float | None, float | None]],
 def node_bandwidth(links: Iterable[tuple[str, float | None]]) -> float | None:
     """Bytes/s per node from measured links ``(source host, Mbit/s)``: each host's best link
     (links measured at the same time share a host's port), then the slowest host (a ring
-    all-reduce moves at the pace of its slowest member). None when nothing was measured."""
+    all-reduce moves at the pace of its slowest member), each link held to MIN_MBIT_S..MAX_MBIT_S.
+    None when nothing was measured."""
     best: dict[str, float] = {}
     for source, mbit in links:
         if mbit is not None and mbit > 0:
-            best[source] = max(best.get(source, 0.0), mbit)
+            best[source] = max(best.get(source, 0.0), min(max(mbit, MIN_MBIT_S), MAX_MBIT_S))
     if not best:
         return None
     return min(best.values()) * 1e6 / 8
 
 
 def link_rtt(rtts_ms: Iterable[float | None]) -> float:
-    """Seconds of round trip for the plan: the slowest measured link (a ring waits for it)."""
-    measured = [r for r in rtts_ms if r is not None and r >= 0]
+    """Seconds of round trip for the plan: the slowest measured link (a ring waits for it), at most MAX_RTT_MS."""
+    measured = [min(r, MAX_RTT_MS) for r in rtts_ms if r is not None and r >= 0]
     return max(measured) / 1e3 if measured else 0.0
 
 

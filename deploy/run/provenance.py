@@ -82,12 +82,17 @@ def newest_checkpoints(manifests: Iterable[tuple[str, Manifest]]) -> dict[str, A
     return None if best is None else {"host": best[1], "files": best[2]}
 
 
-def _depth(value: object, depth: int = 0) -> int:
-    if isinstance(value, dict):
-        return max((_depth(v, depth + 1) for v in value.values()), default=depth + 1)
-    if isinstance(value, list):
-        return max((_depth(v, depth + 1) for v in value), default=depth + 1)
-    return depth
+def _nested_within(value: object, limit: int) -> bool:
+    """Whether `value` holds objects and lists at most `limit` levels deep. Iterative: a host's
+    record can nest ~600 levels (json.loads allows it), where recursing would raise RecursionError."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return False
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return True
 
 
 def trainer_config(lines: str) -> dict[str, Any] | None:
@@ -99,7 +104,7 @@ def trainer_config(lines: str) -> dict[str, Any] | None:
             continue
         record = from_json(line)
         if (isinstance(record, dict) and record.get("kind") == "config" and isinstance(record.get("config"), dict)
-                and _depth(record["config"]) <= CONFIG_MAX_DEPTH):
+                and _nested_within(record["config"], CONFIG_MAX_DEPTH)):
             found = record["config"]
     return found
 
