@@ -42,6 +42,7 @@ from meshrun.layout import (BEST_CHECKPOINT, CHECKPOINT_MANIFEST, checkpoint_nam
 MANIFEST = CHECKPOINT_MANIFEST  # names shared with the controller's fetch (common/layout.py)
 BEST = BEST_CHECKPOINT
 PROBE_PREFIX = ".writer-probe-"
+LABEL_MAX, NAMES_MAX = 4096, 1 << 20  # bytes a rank may send of a file's label, of a state's top-level names
 REQUIRED = ("format", "model", "optimizer", "position", "rng", "world_size")  # see train.state
 _MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (\S+)")
 
@@ -134,7 +135,8 @@ class Checkpointer:
                 self.warn(f"checkpoint copies of ranks {differ} differ from rank 0's in {keys} "
                           "(state that differs per rank and is not gathered); they store rank "
                           "0's bytes, broadcast at every save")
-        theirs = dist.broadcast_bytes(payload if site.rank == 0 else None, 0, site.device)
+        theirs = dist.broadcast_bytes(payload if site.rank == 0 else None, 0, site.device,
+                                      dist.size_limit(len(payload)))
         return theirs if site.rank in differ else payload
 
     def _write(self, payload: bytes, step: int, is_best: bool) -> Path:
@@ -214,12 +216,23 @@ class Checkpointer:
     def read_bytes(self, step: int) -> bytes:
         return (self.directory / checkpoint_name(step)).read_bytes()
 
+    def largest_local(self) -> int:
+        """Bytes of the largest checkpoint here (0: none): what bounds the size of a copy another
+        rank may send (a copy of the same run's state)."""
+        return max((self._size(checkpoint_name(step)) for step in self.local_steps()), default=0)
+
+    def _size(self, name: str) -> int:
+        try:
+            return (self.directory / name).stat().st_size
+        except OSError:
+            return 0
+
 
 def _differing_keys(state: dict[str, Any] | None, site: Site) -> list[str]:
     """Collective, for the divergence warning: the top-level entries of rank 0's state whose
     serialization differs on some writer."""
     listed = "\n".join(sorted(state or {})).encode() if site.rank == 0 else None
-    names = dist.broadcast_bytes(listed, 0, site.device).decode().split("\n")
+    names = dist.broadcast_bytes(listed, 0, site.device, NAMES_MAX).decode().split("\n")
     differ = []
     for name in names:
         mine = 0
@@ -251,18 +264,24 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
     safely, loaded on every rank (None when there is none). Each round is decided from
     all-gathered values, so all ranks take the same branch: a round whose bytes fail to load on
     any rank drops that copy everywhere (its holder, and every rank holding the same bytes) and
-    the next round offers the next newest. Each round drops at least one copy, so it ends.
+    the next round offers the next newest. An honest holder offers each copy once; a rank whose
+    offers failed more often than it keeps checkpoints (`keep_last`) is offering what it does not
+    hold (a hostile rank re-offering a step forever would hang the job with every collective
+    completing) and is no longer heard, so the rounds end.
     Only tensor collectives are used: object collectives would unpickle peers' data."""
     rejected: set[int] = set()
+    failures: dict[int, int] = {}  # source rank -> its offers that did not load; the same on every rank
+    own = ckpt.largest_local()
     while True:
-        steps = dist.all_gather_ints(ckpt.candidate(frozenset(rejected)), device)
+        offered = dist.all_gather_ints(ckpt.candidate(frozenset(rejected)), device)
+        steps = [step if failures.get(r, 0) <= ckpt.cfg.keep_last else -1 for r, step in enumerate(offered)]
         newest = max(steps)
         if newest < 0:
             return None
         src = steps.index(newest)
         _compare_copies(ckpt, steps, rank, device)
         payload = dist.broadcast_bytes(ckpt.read_bytes(newest) if rank == src else None, src,
-                                       device)
+                                       device, dist.size_limit(own) if own else None)
         state, reason = _try_load(payload)
         loaded = dist.all_gather_ints(int(state is not None), device)
         if all(loaded):
@@ -271,7 +290,8 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
             return state
         name = checkpoint_name(newest)
         label = dist.broadcast_bytes(ckpt.label(name).encode() if rank == src else None, src,
-                                     device).decode(errors="replace")
+                                     device, LABEL_MAX).decode(errors="replace")
+        failures[src] = failures.get(src, 0) + 1
         if rank == 0:
             failed = [r for r, ok in enumerate(loaded) if not ok]
             ckpt.warn(f"checkpoint {label} does not load safely on ranks {failed} "

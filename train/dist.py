@@ -162,7 +162,24 @@ def _all_gather_scalar(value: float, dtype: torch.dtype, device: torch.device) -
 
 
 class UnsafeRankData(RuntimeError):
-    """Another rank sent bytes that do not load as plain trainer state."""
+    """Another rank sent bytes that do not load as plain trainer state, or more than it may."""
+
+
+# Ranks gather the same kinds of state (RNG states, one model's comm state, batch requests), so
+# one rank's size is a bound on another's: a rank announcing far more would make every other
+# rank allocate it (and, with all_gather, send padded buffers that size to each other).
+GATHER_RATIO, GATHER_SLACK_BYTES = 4, 64 << 20
+
+
+def size_limit(own: int) -> int:
+    """The most bytes a peer may send where this rank's own part of the same state is `own`."""
+    return GATHER_RATIO * own + GATHER_SLACK_BYTES
+
+
+def _check_size(size: int, limit: int | None, rank: int) -> None:
+    if size < 0 or (limit is not None and size > limit):
+        raise UnsafeRankData(f"rank {rank} announced {size} bytes where at most {limit} were expected; "
+                             "its host may be compromised")
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
@@ -178,6 +195,8 @@ def all_gather_objects(obj: Any) -> list[Any]:
     device = (torch.device("cuda", torch.cuda.current_device()) if torch_dist.get_backend() == "nccl"
               else torch.device("cpu"))
     sizes = all_gather_ints(buffer.getbuffer().nbytes, device)
+    for rank, size in enumerate(sizes):
+        _check_size(size, size_limit(buffer.getbuffer().nbytes), rank)
     mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
     mine[:sizes[torch_dist.get_rank()]] = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8).to(device)
     out = [torch.empty_like(mine) for _ in sizes]
@@ -192,14 +211,18 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return values
 
 
-def broadcast_bytes(payload: bytes | None, src: int, device: torch.device) -> bytes:
-    """Send ``payload`` (only meaningful on ``src``) to every rank as a uint8 tensor."""
+def broadcast_bytes(payload: bytes | None, src: int, device: torch.device, limit: int | None) -> bytes:
+    """Send ``payload`` (only meaningful on ``src``) to every rank as a uint8 tensor. A receiver
+    refuses (``UnsafeRankData``) a size above ``limit`` before allocating it; None: no bound
+    (the caller has nothing to bound it by)."""
     if not active():
         assert payload is not None
         return payload
     size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64,
                         device=device)
     torch_dist.broadcast(size, src)
+    if payload is None:  # a receiver: the size is the sender's word
+        _check_size(int(size.item()), limit, src)
     buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if payload is not None:
         buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
