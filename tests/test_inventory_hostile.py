@@ -63,7 +63,7 @@ HOSTILE = [
     (host("port: 2020-99-99"),
      "2: host 'a', field 'port': expected a port number, got text '2020-99-99'; write a number from 1 to 65535"),
     (host("nproc: 2020-01-01"),
-     "2: host 'a', field 'nproc': expected a whole number, got text '2020-01-01'; write a number >= 1"),
+     "2: host 'a', field 'nproc': expected a whole number, got text '2020-01-01'; write a number from 1 to 1024"),
     (host("port: " + "1" * 5000),
      f"2: host 'a', field 'port': expected a port number, got text '{'1' * 40}'…; write a number from 1 to 65535"),
     (host("port: " + "9" * 30),
@@ -326,6 +326,7 @@ NO_ELASTIC = Inventory(Path("inv.yaml"), (), {}, None, None, None)  # type: igno
     ("0:2", "--nnodes '0:2': need 1 <= MIN <= MAX"),
     ("99999999999999999999:3", "--nnodes '99999999999999999999:3': need 1 <= MIN <= MAX"),
     ("3:99999999999999999999", "--nnodes '3:99999999999999999999': MIN 3 is more than the 2 selected host(s)"),
+    ("1:10001", "--nnodes '1:10001': MAX 10001 is too large; write at most 10000"),
     ("9" * 5000, f"--nnodes '{'9' * 40}'…: expected MIN:MAX, e.g. --nnodes 2:3"),
     ("9" * 100 + ":" + "9" * 100, f"--nnodes '{'9' * 40}'…: MIN {'9' * 40}… is more than the 2 selected host(s)"),
 ])

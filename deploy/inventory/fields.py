@@ -25,6 +25,9 @@ ADDRESS_RE = re.compile(r"[A-Za-z0-9._:%-]+")
 # `host:2222` or `[::1]:2222`; an IPv6 address has two colons or more, so it never matches.
 HOST_PORT_RE = re.compile(r"\[[^\]]*\]:.*|[^:]*:[^:]*")
 MAX_GPU_INDEX = 1023  # larger is a typo: CUDA counts the GPUs of one machine
+MAX_NPROC = MAX_GPU_INDEX + 1  # processes on one host: more is a typo, and torchrun would try to start them
+MAX_BATCH = 1 << 24  # samples per rank per step; more is a typo that would end in an allocation failure on the host
+MAX_NODES = 10_000  # hosts in an elastic range; docs/scale.md plans for 1000
 
 
 def _scalar(node: yaml.Node, at: Where, expected: str) -> yaml.ScalarNode:
@@ -117,11 +120,21 @@ def port(node: yaml.Node, at: Where) -> int:
     return value
 
 
-def positive_int(node: yaml.Node, at: Where) -> int:
-    value = _number(node, at, "a whole number", "write a number >= 1")
+def positive_int(node: yaml.Node, at: Where, maximum: int) -> int:
+    value = _number(node, at, "a whole number", f"write a number from 1 to {maximum}")
     if value < 1:
-        raise at.fail(f"{shown(value)} is not >= 1", "write a number >= 1")
+        raise at.fail(f"{shown(value)} is not >= 1", f"write a number from 1 to {maximum}")
+    if value > maximum:
+        raise at.fail(f"{shown(value)} is too large", f"write a number from 1 to {maximum}")
     return value
+
+
+def nproc(node: yaml.Node, at: Where) -> int:
+    return positive_int(node, at, MAX_NPROC)
+
+
+def nodes(node: yaml.Node, at: Where) -> int:
+    return positive_int(node, at, MAX_NODES)
 
 
 def batch_size(node: yaml.Node, at: Where) -> int | str:
@@ -132,6 +145,8 @@ def batch_size(node: yaml.Node, at: Where) -> int | str:
     if value is None or value < 1:
         raise at.fail(f"expected a number >= 1 or `auto`, got {kind(scalar)}",
                       "write e.g. `batch_size: 32` or `batch_size: auto`")
+    if value > MAX_BATCH:
+        raise at.fail(f"batch size {shown(value)} is too large", f"write a number from 1 to {MAX_BATCH}, or `auto`")
     return value
 
 
@@ -230,7 +245,7 @@ FIELD_READERS: Mapping[str, Callable[[yaml.Node, Where], object]] = {
     "workdir": path_text,
     "network": network,
     "gpus": gpus,
-    "nproc": positive_int,
+    "nproc": nproc,
     "batch_size": batch_size,
     "env": env,
     "site": site,

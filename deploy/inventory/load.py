@@ -185,6 +185,9 @@ def _read_groups(node: yaml.Node, where: Where, hosts: tuple[str, ...], own_site
             raise at.fail(f"group {shown(name)} has the same name as a host", "rename the group")
         site, value_node = _group_site(value_node, where, name)
         members = fields.name_list(value_node, where.at(value_node, field="groups"))
+        if not members:  # `--hosts NAME` would select nothing, and a task on nothing would "succeed"
+            raise where.at(value_node, field="groups").fail(f"group {shown(name)} is empty",
+                                                            "list at least one host, or remove the group")
         for member, member_node in zip(members, value_node.value):
             if member not in hosts:
                 raise where.at(member_node, field="groups").fail(
@@ -242,7 +245,7 @@ def _read_elastic(node: yaml.Node, where: Where) -> ElasticBounds:
     for key, key_node, value_node in mapping_items(node, where.at(node), "elastic"):
         if key not in ("min", "max"):
             raise unknown_key(key, ("min", "max"), where.at(key_node), "elastic")
-        values[key] = fields.positive_int(value_node, where.at(key_node, field=f"elastic.{key}"))
+        values[key] = fields.nodes(value_node, where.at(key_node, field=f"elastic.{key}"))
     at = where.at(node, field="elastic")
     if set(values) != {"min", "max"}:
         raise at.fail("needs both `min` and `max`", "write `elastic: {min: 2, max: 3}`")

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.inventory.fields import gpu_index_problem
+from meshrun.deploy.inventory.fields import MAX_NODES, gpu_index_problem
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
 from meshrun.deploy.inventory.shown import clip, listing, shown, with_path
 
@@ -126,4 +126,6 @@ def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> El
     if bounds.min > host_count:
         raise InputError(f"--nnodes {shown(value)}: MIN {shown(bounds.min)} is more than the {host_count} "
                          "selected host(s)")
+    if bounds.max > MAX_NODES:
+        raise InputError(f"--nnodes {shown(value)}: MAX {shown(bounds.max)} is too large; write at most {MAX_NODES}")
     return bounds if colon else None
