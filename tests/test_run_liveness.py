@@ -92,7 +92,7 @@ def meshrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_status_logs_and_stop_leave_finished_and_stale_runs_alone(project: Path, trap: socket.socket) -> None:
     status = meshrun("status", cwd=project)
     assert (status.returncode, status.stderr) == (0, "")
-    assert "no run may still be running; name an older one with --run ID" in status.stdout
+    assert "no run may still be running; name an older one with --run ID (the newest is 20261130-110000-bbbb)" in status.stdout
     as_json = meshrun("status", "--json", cwd=project)
     assert (as_json.returncode, json.loads(as_json.stdout)) == (0, [])
     refusal = ("error: no recorded run may still be running; name one with --run ID "
@@ -120,3 +120,15 @@ def test_naming_a_run_does_contact_its_hosts(project: Path, trap: socket.socket)
     answering.join(5)
     assert calls == [True], done.stdout + done.stderr
     assert [s["state"] for s in json.loads(done.stdout)] == ["unreachable"]
+
+
+def test_no_runs_at_all_names_the_runs_dir(tmp_path: Path) -> None:
+    """With nothing recorded there is no older run to name: status says where it looked, and a
+    task that needs a run refuses naming that directory (here one given with --runs-dir)."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    status = meshrun("status", "--runs-dir", str(tmp_path / "elsewhere"), cwd=tmp_path)
+    assert (status.returncode, status.stderr) == (0, "")
+    assert f"no runs recorded under {tmp_path / 'elsewhere'}; start one with `fab train`" in status.stdout
+    report = meshrun("report", "--runs-dir", str(tmp_path / "elsewhere"), cwd=tmp_path)
+    assert (report.returncode, report.stderr) == (
+        2, f"error: no runs recorded under {tmp_path / 'elsewhere'}; start one with `fab train`\n")

@@ -6,7 +6,8 @@ from dataclasses import asdict
 
 from meshrun.deploy.edges.agents import host_states
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.records import live_records, load_record
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.edges.records import all_records, live_records, load_record, no_runs
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.edges.watch import RunWatch
@@ -17,6 +18,8 @@ from meshrun.deploy.run.watchview import REFRESH_S
 def main(run: str | None, as_json: bool, project: Project, watch: bool = False, frames: int = 0) -> None:
     """A named run, else every recorded run that may still be running: finished and stale runs
     are not asked about, so their hosts (perhaps long gone) are never contacted."""
+    if frames and not watch:
+        raise InputError("--frames counts the frames of --watch: add --watch, or leave --frames out")
     if watch:
         return _watch(resolve_run(project.runs, run, live_only=True), project, frames, as_json)
     renderer = Renderer()
@@ -25,7 +28,9 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
     if as_json:
         renderer.json([asdict(s) for s in states])
     elif not records:
-        renderer.info("no run may still be running; name an older one with --run ID")
+        recorded = all_records(project.runs)
+        renderer.info(f"no run may still be running; name an older one with --run ID (the newest is {recorded[0].run_id})"
+                      if recorded else no_runs(project.runs))
     else:
         renderer.run_states(states)
 

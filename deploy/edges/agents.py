@@ -10,6 +10,7 @@ from meshrun.layout import STOP_GRACE_S
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.sessions import sessions_to
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, CommandResult, Session, Stream, connect
 from meshrun.deploy.errors import MeshrunError
@@ -26,7 +27,8 @@ def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventor
     known = {h.name: h for h in inventory.hosts}
     missing = [h for h in record.hosts if h not in known]
     if missing:
-        raise MeshrunError(f"run {record.run_id}: host(s) {', '.join(missing)} are no longer in {record.inventory}")
+        raise MeshrunError(with_path(f"run {record.run_id}: host(s) {', '.join(missing)} are no longer in ", record.inventory,
+                                     "; put them back in that inventory to reach the run's hosts"))
     hosts = tuple(known[h] for h in record.hosts)
     sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     return hosts, inventory

@@ -51,9 +51,10 @@ class RunRecord:
         return path
 
 
-def load_record(runs: Path, run_id: str) -> RunRecord:
+def load_record(runs: Path, run_id: str, flag: str = "--run") -> RunRecord:
+    """The run's launch record; `flag` is the option that named it, for the message."""
     if not is_run_id(run_id):
-        raise InputError(f"--run {shown(run_id)}: not a run id (letters, digits, '.', '_', '-'; no '..'); "
+        raise InputError(f"{flag} {shown(run_id)}: not a run id (letters, digits, '.', '_', '-'; no '..'); "
                          "list runs with `fab status`")
     path = runs / run_id / LAUNCH_RECORD
     data = read_optional(path, RECORD_MAX, "run record", RECORD_FIX)
@@ -120,6 +121,10 @@ def all_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
     return records
 
 
+def no_runs(runs: Path) -> str:
+    return with_path("no runs recorded under ", runs, "; start one with `fab train`")
+
+
 def resolve_run(runs: Path, run_id: str | None, live_only: bool = False, warn: Warn | None = None) -> RunRecord:
     """The named run, else the newest one (with `live_only`, the newest that may still be running:
     a task never contacts the hosts of a finished or stale run unless the user names it)."""
@@ -130,7 +135,7 @@ def resolve_run(runs: Path, run_id: str | None, live_only: bool = False, warn: W
         if live_only and all_records(runs):
             raise InputError("no recorded run may still be running; name one with --run ID "
                              "(the newest is " + all_records(runs)[0].run_id + ")")
-        raise InputError("no runs recorded under runs/; start one with `fab train`")
+        raise InputError(no_runs(runs))
     return records[0]
 
 

@@ -13,8 +13,9 @@ import re
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.shown import shown
 
-SECONDS_RE = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?|\.[0-9]{1,9}")  # 10, 2.5, .5: no sign, exponent, inf or nan
-WHOLE_RE = re.compile(r"[0-9]{1,12}")
+SECONDS_RE = re.compile(r"[0-9]+(\.[0-9]+)?|\.[0-9]+")  # 10, 2.5, .5: no sign, exponent, inf or nan
+WHOLE_RE = re.compile(r"[0-9]+")
+DIGITS_MAX = 30  # past this many characters a number is a typo whichever it is: said as too large, not read
 MAX_CONNECT_TIMEOUT_S = 600  # a host that takes longer to answer SSH is gone
 MAX_PG_TIMEOUT_S = 86_400  # a collective that may stall a day has no timeout
 MAX_LOG_LINES = 100_000  # per host: more is a file to fetch (fab fetch-checkpoints), not a screen
@@ -27,7 +28,7 @@ def connect_timeout(text: str, default: float) -> float:
         return default
     if not SECONDS_RE.fullmatch(text):
         raise InputError(f"--timeout {shown(text)}: expected seconds, e.g. --timeout 10")
-    value = float(text)
+    value = float(text) if len(text) <= DIGITS_MAX else float("inf")
     if not 0 < value <= MAX_CONNECT_TIMEOUT_S:
         raise InputError(f"--timeout {shown(text)}: need 0 < SECONDS <= {MAX_CONNECT_TIMEOUT_S}")
     return value
@@ -39,7 +40,7 @@ def whole(flag: str, text: str, default: int, maximum: int, example: str) -> int
         return default
     if not WHOLE_RE.fullmatch(text):
         raise InputError(f"{flag} {shown(text)}: expected a whole number, e.g. {flag} {example}")
-    value = int(text)
+    value = int(text) if len(text) <= DIGITS_MAX else maximum + 1
     if not 1 <= value <= maximum:
         raise InputError(f"{flag} {shown(text)}: need 1 <= {flag.lstrip('-').upper()} <= {maximum}")
     return value
