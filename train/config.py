@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +26,28 @@ from meshrun.fsutil import read_regular
 from meshrun.layout import DEFAULT_PG_TIMEOUT_S
 from meshrun.train.kinds import (Backend, CommHook, DatasetKind, ModelKind, OptimizerKind,  # noqa: F401 - re-exported
                          Precision, ScheduleKind, WireDtype)
+from meshrun.train.config_rules import check_ranges
 from meshrun.train.errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "digits.yaml"
 CONFIG_MAX = 1 << 20  # a config is a page of YAML; read as a regular file of at most this many bytes
+INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+DECIMAL_INT = r"[-+]?(?:0|[1-9][0-9]*)"
+DECIMAL_FLOAT = r"[-+]?(?:(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)"
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load`` with plain decimal numbers: YAML 1.1 reads 0x10, 010 (octal), 0b1, 1_000
+    and 1:20 (base 60) as integers, .inf and .nan as floats; here they stay text, which a number
+    key refuses. 1e-4 is a float (PyYAML's own rule wants a dot and a signed exponent)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in rules if tag not in (INT_TAG, FLOAT_TAG)]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(INT_TAG, re.compile(DECIMAL_INT + r"\Z"), list("-+0123456789"))
+_Loader.add_implicit_resolver(FLOAT_TAG, re.compile(DECIMAL_FLOAT + r"\Z"), list("-+0123456789."))
 
 
 @dataclass(frozen=True)
@@ -183,7 +202,7 @@ def load_config(path: Path | None = None, overrides: tuple[str, ...] = ()) -> Tr
     if path.name == str(path) and not os.path.lexists(path) and (CONFIG_DIR / path.name).is_file():
         path = CONFIG_DIR / path.name
     try:
-        raw = yaml.safe_load(read_regular(path, CONFIG_MAX).decode("utf-8")) or {}
+        raw = yaml.load(read_regular(path, CONFIG_MAX).decode("utf-8"), Loader=_Loader) or {}
     except FileNotFoundError:
         raise UsageError(f"config file {path} not found; ship-in configs: {_shipped()}") from None
     except (OSError, UnicodeDecodeError) as err:  # a FIFO, a device, too large, a name too long, not UTF-8
@@ -195,44 +214,8 @@ def load_config(path: Path | None = None, overrides: tuple[str, ...] = ()) -> Tr
     cfg = _build(TrainConfig, raw, "", str(path))
     for item in overrides:
         cfg = apply_override(cfg, item)
-    _check_ranges(cfg, f"{path} with overrides" if overrides else str(path))
+    check_ranges(cfg, f"{path} with overrides" if overrides else str(path))
     return cfg
-
-
-_RANGES: tuple[tuple[str, Any, str], ...] = (
-    ("epochs", lambda v: v >= 0, ">= 0"),
-    ("data.batch_size", lambda v: v >= 1, ">= 1"),
-    ("data.eval_batch_size", lambda v: v >= 1, ">= 1"),
-    ("data.global_batch_size", lambda v: v >= 0, ">= 0 (0: world size x data.batch_size)"),
-    ("autobatch.probe_sizes", lambda v: all(s >= 1 for s in v), "a list of sizes >= 1"),
-    ("autobatch.probe_steps", lambda v: v >= 1, ">= 1"),
-    ("autobatch.cpu_memory_mb", lambda v: v >= 0, ">= 0 (0: no cap)"),
-    ("autobatch.cuda_memory_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("data.num_workers", lambda v: v >= 0, ">= 0"),
-    ("data.test_fraction", lambda v: 0 < v < 1, "between 0 and 1"),
-    ("optim.lr", lambda v: v > 0, "> 0"),
-    ("optim.accum_steps", lambda v: v >= 1, ">= 1"),
-    ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
-    ("perf.every_steps", lambda v: v >= 1, ">= 1"),
-    ("dist.timeout", lambda v: v > 0, "> 0 seconds"),
-    ("comm.powersgd_rank", lambda v: v >= 1, ">= 1"),
-    ("comm.start_iter", lambda v: v > 1, "> 1 (torch's PowerSGD needs start_powerSGD_iter > 1)"),
-    ("comm.localsgd_period", lambda v: v >= 1, ">= 1"),
-    ("comm.bucket_cap_mb", lambda v: v > 0, "> 0"),
-    ("comm.diloco_inner_steps", lambda v: v >= 1, ">= 1"),
-    ("comm.diloco_outer_lr", lambda v: v > 0, "> 0"),
-    ("comm.diloco_outer_momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("debug.step_sleep_seconds", lambda v: 0 <= v <= 60, "in [0, 60]"),
-)
-
-
-def _check_ranges(cfg: TrainConfig, source: str) -> None:
-    for key, ok, allowed in _RANGES:
-        value: Any = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        if not ok(value):
-            raise UsageError(f"{source}: {key!r} must be {allowed}; got {value!r}")
 
 
 def apply_override(cfg: TrainConfig, item: str) -> TrainConfig:
@@ -242,7 +225,7 @@ def apply_override(cfg: TrainConfig, item: str) -> TrainConfig:
         raise UsageError(f"override {item!r} must look like key=value, e.g. optim.lr=0.05")
     source = f"override {item!r}"
     try:
-        value = yaml.safe_load(text) if text else ""
+        value = yaml.load(text, Loader=_Loader) if text else ""
     except yaml.YAMLError:
         value = text
     return _replace_path(cfg, key.split("."), value, "", source, text)
@@ -369,15 +352,24 @@ def _coerce_scalar(kind: type, value: Any, key: str, source: str, text: str | No
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
+        number = _finite(value)
+        if number is not None:
+            return number
     else:
         raise AssertionError(f"unsupported config field type {kind!r} for {key}")
-    names = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}
+    names = {str: "a string", bool: "true or false", int: "an integer", float: "a finite number"}
     shown = text if text is not None else value
     raise UsageError(f"{source}: {key!r} must be {names[kind]}; got {shown!r}")
+
+
+def _finite(value: Any) -> float | None:
+    """A number, or the text of a decimal one (quoted in a file: '0.1'), as a finite float; else None."""
+    if isinstance(value, str) and (re.fullmatch(DECIMAL_FLOAT, value) or re.fullmatch(DECIMAL_INT, value)):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond a float's range
+        return None
+    return number if math.isfinite(number) else None

@@ -98,7 +98,7 @@ def make_cloud(kind: str, rng: np.random.RandomState, n: int) -> np.ndarray:
 
 def generate(size: int, num_classes: int, n_points: int, seed: int) -> TensorDataset:
     kinds = list(SHAPES)[:num_classes]
-    clouds = np.stack([make_cloud(kinds[i % num_classes], np.random.RandomState(seed + i), n_points)
+    clouds = np.stack([make_cloud(kinds[i % num_classes], np.random.RandomState((seed + i) % 2**32), n_points)
                        for i in range(size)])
     labels = torch.arange(size) % num_classes
     return TensorDataset(torch.from_numpy(clouds), labels)
