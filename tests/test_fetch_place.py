@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.edges import fetch as fetch_module
-from meshrun.deploy.edges.fetch import (FetchReport, Staging, fetch_argv, fetch_verified, place, prepare_staging,
-                                        remove_staging, verify_checkpoints)
+from meshrun.deploy.edges.fetch import (MAX_DEPTH, FetchReport, Staging, fetch_argv, fetch_verified, place,
+                                        prepare_staging, remove_staging, remove_tree, transfer, verify_checkpoints)
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host, Network
@@ -144,3 +144,97 @@ def test_only_the_exit_statuses_named_succeed(tmp_path: Path) -> None:
     run_rsync(argv, host="h1", what="fetch", timeout=30, hint="again", success=(0, 24))
     with pytest.raises(MeshrunError, match=r"^host 'h1': fetch failed \(rsync exit 24\): file has vanished"):
         run_rsync(argv, host="h1", what="fetch", timeout=30, hint="again")
+
+
+def _chain(top: Path, depth: int, name: str = "d") -> Path:
+    """`depth` nested folders under `top`, made one at a time (Python 3.11's os.makedirs recurses
+    once per level); the deepest one."""
+    for _ in range(depth):
+        top = top / name
+        top.mkdir()
+    return top
+
+
+def _deep_run(top: Path) -> None:
+    """A run directory as a hostile host serves it: a log, a file 64 folders down (kept), and a
+    chain of 1000 folders with a file at the bottom."""
+    top.mkdir(parents=True)
+    (top / "train.log").write_bytes(b"log")
+    (_chain(top, MAX_DEPTH) / "ok").write_bytes(b"at the bound")
+    (_chain(top / ("d/" * MAX_DEPTH), 1000 - MAX_DEPTH) / "bottom").write_bytes(b"too deep")
+
+
+@pytest.fixture
+def deep_tmp(tmp_path: Path):
+    """tmp_path, emptied without recursion after the test, pass or fail: pytest's own clean-up of
+    old temp dirs (shutil.rmtree) would meet a 1000-deep tree with a RecursionError."""
+    yield tmp_path
+    for child in list(tmp_path.iterdir()):
+        remove_tree(child)
+
+
+TOO_DEEP = ["host 'h1': " + "/".join(["d"] * (MAX_DEPTH + 1)) + ": a folder more than 64 levels deep; not placed"]
+
+
+def test_a_thousand_nested_folders_are_refused_not_a_recursion_error(deep_tmp: Path) -> None:
+    """Security review, item 5: the walk that places a staged tree keeps its own stack; what lies
+    below MAX_DEPTH is reported (one line naming the host) and left in staging."""
+    source, target = deep_tmp / "staged", deep_tmp / "landed"
+    _deep_run(source)
+    report = FetchReport("h1", target)
+    place(source, target, report, force=False)
+    assert (report.new, report.refused) == (["d/" * MAX_DEPTH + "ok", "train.log"], TOO_DEEP)
+    assert (target / ("d/" * MAX_DEPTH + "ok")).read_bytes() == b"at the bound"
+    assert not (target / ("d/" * (MAX_DEPTH + 1))).exists()
+    assert (source / ("d/" * 1000 + "bottom")).read_bytes() == b"too deep"
+    remove_tree(source)
+    assert not source.exists()
+
+
+def test_a_deep_staging_tree_left_behind_does_not_stop_the_next_fetch(deep_tmp: Path) -> None:
+    """A staging tree of 1000 nested folders (left by an older meshrun's failed walk) is cut to
+    MAX_DEPTH by the next fetch's preparation; partials stay, and removal clears the rest."""
+    staging = Staging(deep_tmp / "h1")
+    _deep_run(staging.tree)
+    partial = staging.tree / "checkpoints/.rsync-partial/best.pt"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"half")
+    prepare_staging(staging)
+    assert (staging.tree / ("d/" * MAX_DEPTH + "ok")).is_file() and partial.read_bytes() == b"half"
+    assert os.listdir(staging.tree / ("d/" * MAX_DEPTH)) == ["ok"] and os.listdir(staging.tmp) == []
+    _chain(staging.tree / ("d/" * MAX_DEPTH), 1000 - MAX_DEPTH)  # served again by the host
+    remove_staging(staging)
+    assert sorted(str(p.relative_to(staging.root)) for p in staging.root.rglob("*")) == [
+        "tree", "tree/checkpoints", "tree/checkpoints/.rsync-partial", "tree/checkpoints/.rsync-partial/best.pt"]
+
+
+def test_a_staging_tree_that_cannot_be_cleaned_goes_whole(tmp_path: Path) -> None:
+    """A folder just below MAX_DEPTH whose path is longer than the system's limit (4096 bytes)
+    cannot be removed by name: the staging tree is then removed whole, from its top, and the
+    fetch starts afresh instead of failing here every time."""
+    staging = Staging(tmp_path / "h1")
+    staging.tree.mkdir(parents=True)
+    width = (4000 - len(os.fsencode(staging.tree))) // MAX_DEPTH - 1  # the bound's folder: under 4000 bytes
+    bottom = _chain(staging.tree, MAX_DEPTH, "x" * width)
+    (bottom / "f").write_bytes(b"x")
+    fd = os.open(bottom, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.mkdir("y" * 255, dir_fd=fd)  # its path: over 4096 bytes
+    finally:
+        os.close(fd)
+    prepare_staging(staging)
+    assert (sorted(os.listdir(staging.root)), os.listdir(staging.tree)) == (["tmp", "tree"], [])
+
+
+def test_a_hostile_deep_run_fetched_by_real_rsync_leaves_no_staging(deep_tmp: Path) -> None:
+    """The whole fetch of one host on real files: rsync from a local run directory of 1000 nested
+    folders, placing, then removing staging."""
+    _deep_run(deep_tmp / "wd/runs/r1")
+    staging = Staging(deep_tmp / "runs/r1/.incoming/h1")
+    report = FetchReport("h1", deep_tmp / "runs/r1/hosts/h1")
+    prepare_staging(staging)
+    transfer(fetch_argv(_local_host(deep_tmp / "wd"), "r1", staging, deep_tmp, None), "h1", lambda _h, _p: None)
+    place(staging.tree, report.landed, report, force=False)
+    remove_staging(staging)
+    assert (report.new, report.refused) == (["d/" * MAX_DEPTH + "ok", "train.log"], TOO_DEEP)
+    assert not staging.root.exists()

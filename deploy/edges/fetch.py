@@ -10,6 +10,11 @@ tree. Checkpoints are verified against the host's `MANIFEST.sha256` under the ru
 Each staged file is then fsynced and renamed into place (`os.replace`), so a file appears under
 its final name whole or not at all; a file that differs from one already here is never
 overwritten unless `force`, and nothing is written through a link or outside the target.
+
+The staged tree is walked with a stack of our own, never by recursion (Python 3.11's `os.walk`
+and `shutil.rmtree` recurse once per level: a host serving a thousand nested folders would stop
+every fetch), and no deeper than MAX_DEPTH: a folder below that is reported, not placed, and
+removed from staging.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from meshrun.fsutil import fsync_dir, sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
@@ -36,6 +41,7 @@ SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')
 REPORTED_SKIPS = 20
 FETCH_TIMEOUT_S = 3600  # one host's whole transfer (checkpoints of a large model over a slow link)
 FETCH_ATTEMPTS = 2  # transfers of a host whose checkpoints fail their checksum, before they are called damaged
+MAX_DEPTH = 64  # folders below a run directory; a trainer's tree is a few deep (hosts/<host>/torchrun/...)
 
 
 @dataclass
@@ -95,15 +101,26 @@ def fetch_argv(host: Host, run_id: str, staging: Staging, root: Path, known_host
 
 def prepare_staging(staging: Staging) -> None:
     """An empty temp dir and a tree of directories and regular files only (a staging tree left
-    by an older meshrun may hold links: rsync would write through them)."""
-    shutil.rmtree(staging.tmp, ignore_errors=True)
+    by an older meshrun may hold links: rsync would write through them), none deeper than
+    MAX_DEPTH. A tree that cannot be cleaned goes whole: the fetch starts afresh rather than
+    fail here every time."""
+    shutil.rmtree(staging.tmp, ignore_errors=True)  # rsync's temp files: one flat folder
+    try:
+        _clean_tree(staging.tree)
+    except OSError:
+        remove_tree(staging.tree)
     staging.tmp.mkdir(parents=True)
     staging.tree.mkdir(parents=True, exist_ok=True)
-    for top, dirs, files in os.walk(staging.tree):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
-            path = Path(top, name)
-            if not _is_regular(path):
-                path.unlink()
+
+
+def _clean_tree(tree: Path) -> None:
+    deep: list[Path] = []
+    for here, _dirs, files in walk(tree, deep):
+        for name in files:
+            if not _is_regular(here / name):
+                (here / name).unlink()
+    for folder in deep:
+        remove_tree(folder)
 
 
 def fetch_verified(argv: list[str], staging: Staging, report: FetchReport,
@@ -179,8 +196,13 @@ def verify_checkpoints(tree: Path, report: FetchReport) -> None:
 
 def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: str = "") -> None:
     """Move the regular files under `source` into `target`, each atomically: new ones land,
-    identical ones are dropped, a differing local file is kept (a conflict) unless `force`."""
-    for src in _regular_files(source):
+    identical ones are dropped, a differing local file is kept (a conflict) unless `force`.
+    Folders deeper than MAX_DEPTH are refused (a report line) and left in `source`."""
+    deep: list[Path] = []
+    found = _regular_files(source, deep)
+    report.refused += deep_lines(report.host, [prefix + shown(d.relative_to(source).as_posix(), limit=200)
+                                               for d in deep])
+    for src in found:
         rel = src.relative_to(source)
         dst = target / rel
         name = prefix + shown(rel.as_posix(), limit=200)
@@ -217,27 +239,103 @@ def stage_verified(source: Path, digests: dict[str, str], out: Path) -> None:
 
 def remove_staging(staging: Staging) -> None:
     """The staged copy goes once placed; partial transfers stay so the next fetch resumes, and
-    an emptied partial dir goes with the rest."""
+    an emptied partial dir goes with the rest. Folders deeper than MAX_DEPTH go whole. A tree
+    that cannot be emptied goes whole, partials with it: a retransfer, never a stuck fetch."""
     shutil.rmtree(staging.tmp, ignore_errors=True)
-    for top, dirs, files in os.walk(staging.tree, topdown=False):
-        if PARTIAL_DIR in Path(top).relative_to(staging.tree).parts:
-            continue
+    try:
+        _empty_tree(staging.tree)
+    except OSError:
+        remove_tree(staging.tree)
+    if staging.root.is_dir() and not any(staging.root.iterdir()):
+        staging.root.rmdir()
+
+
+def _empty_tree(tree: Path) -> None:
+    folders: list[Path] = []  # parents before children: emptied in reverse
+    deep: list[Path] = []
+    for here, dirs, files in walk(tree, deep):
         for name in files:
-            Path(top, name).unlink()
-        for name in dirs:
-            if not os.listdir(Path(top, name)):
-                Path(top, name).rmdir()
-    for path in (staging.tree, staging.root):
-        if path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-
-
-def _regular_files(top: Path) -> list[Path]:
-    """Regular files under `top`, sorted; links are not followed, partial-dirs are skipped."""
-    found = []
-    for here, dirs, files in os.walk(top):
+            (here / name).unlink()
+        folders += [here] + [here / d for d in dirs if d == PARTIAL_DIR]
         dirs[:] = [d for d in dirs if d != PARTIAL_DIR]
-        found += [p for p in (Path(here, f) for f in files) if _is_regular(p)]
+    for folder in deep:
+        remove_tree(folder)
+    for folder in reversed(folders):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def deep_lines(host: str, names: list[str]) -> list[str]:
+    """One report line per folder too deep to bring home (at most REPORTED_SKIPS, then a count)."""
+    lines = [f"host '{host}': {name}: a folder more than {MAX_DEPTH} levels deep; not placed"
+             for name in names[:REPORTED_SKIPS]]
+    if len(names) > REPORTED_SKIPS:
+        lines.append(f"host '{host}': {len(names) - REPORTED_SKIPS} more folders more than {MAX_DEPTH} levels deep; "
+                     "not placed")
+    return lines
+
+
+def walk(top: Path, deep: list[Path]) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """`os.walk(top)` top-down, on a stack instead of recursion, and never into a link (a link,
+    to a folder or not, is among the files). A folder more than MAX_DEPTH below `top` is not
+    entered but added to `deep`; a name the caller takes out of the folder list is not entered."""
+    stack = [(top, 0)]
+    while stack:
+        here, depth = stack.pop()
+        try:
+            with os.scandir(here) as listing:
+                entries = [(e.name, _is_folder(e)) for e in listing]
+        except OSError:
+            continue  # as os.walk: a folder that cannot be listed is passed over
+        dirs = [name for name, folder in entries if folder]
+        yield here, dirs, [name for name, folder in entries if not folder]
+        for name in reversed(dirs):
+            if depth < MAX_DEPTH:
+                stack.append((here / name, depth + 1))
+            else:
+                deep.append(here / name)
+
+
+def remove_tree(top: Path) -> None:
+    """Delete `top` and everything under it, without recursion or long paths: a subfolder is first
+    renamed up into `top` (one rename, same filesystem), so no path here grows with the depth."""
+    if not stat.S_ISDIR(os.lstat(top).st_mode):
+        os.unlink(top)  # a link is removed, never followed
+        return
+    pending, moved = [top], 0
+    while pending:
+        here = pending.pop()
+        with os.scandir(here) as listing:
+            entries = [(e.name, _is_folder(e)) for e in listing]
+        for name, folder in entries:
+            if not folder:
+                os.unlink(here / name)
+            elif here == top:
+                pending.append(top / name)
+            else:
+                while os.path.lexists(top / f"{moved}.gone"):
+                    moved += 1
+                os.rename(here / name, top / f"{moved}.gone")
+                pending.append(top / f"{moved}.gone")
+        if here != top:
+            os.rmdir(here)
+    os.rmdir(top)
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _regular_files(top: Path, deep: list[Path]) -> list[Path]:
+    """Regular files under `top`, sorted; links are not followed, partial-dirs are skipped, and
+    folders deeper than MAX_DEPTH are added to `deep`."""
+    found = []
+    for here, dirs, files in walk(top, deep):
+        dirs[:] = [d for d in dirs if d != PARTIAL_DIR]
+        found += [p for p in (here / f for f in files) if _is_regular(p)]
     return sorted(found)
 
 
