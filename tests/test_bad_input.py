@@ -39,6 +39,7 @@ TRAINER = CONFIG_DIR.parent
     ("0", "--timeout '0': need 0 < SECONDS <= 600"),
     ("0.0", "--timeout '0.0': need 0 < SECONDS <= 600"),
     ("601", "--timeout '601': need 0 < SECONDS <= 600"),
+    ("9" * 5000 + ".5", f"--timeout '{'9' * 40}'…: need 0 < SECONDS <= 600"),
 ])
 def test_connect_timeout_flag(text: str, expected: str) -> None:
     with pytest.raises(InputError) as info:
@@ -50,7 +51,8 @@ def test_connect_timeout_flag(text: str, expected: str) -> None:
     (flags.pg_timeout, "1.5", "--timeout '1.5': expected a whole number, e.g. --timeout 60"),
     (flags.pg_timeout, "0", "--timeout '0': need 1 <= TIMEOUT <= 86400"),
     (flags.pg_timeout, "86401", "--timeout '86401': need 1 <= TIMEOUT <= 86400"),
-    (flags.pg_timeout, "9" * 30, f"--timeout '{'9' * 30}': expected a whole number, e.g. --timeout 60"),
+    (flags.pg_timeout, "9" * 30, f"--timeout '{'9' * 30}': need 1 <= TIMEOUT <= 86400"),
+    (flags.pg_timeout, "9" * 5000, f"--timeout '{'9' * 40}'…: need 1 <= TIMEOUT <= 86400"),  # int() would refuse 4300+ digits
     (flags.log_lines, "abc", "--lines 'abc': expected a whole number, e.g. --lines 50"),
     (flags.log_lines, "-3", "--lines '-3': expected a whole number, e.g. --lines 50"),
     (flags.log_lines, "0", "--lines '0': need 1 <= LINES <= 100000"),
@@ -133,6 +135,11 @@ CASES = [
                                                        "may not exist yet)"),
     (("train", "--inventory", "two.yaml"), "host 'gpu2': {root}/ssh_config: Port 'abc' for Host '127.0.0.9' is not a "
                                            "port number (1-65535); fix ssh_config or set it in the inventory"),
+    (("train", "--every-checkpoint"), "--every-checkpoint adds notifications, and this run sends none: add --notify "
+                                      "URL, or `notify:` to the inventory"),
+    (("status", "--frames", "3"), "--frames counts the frames of --watch: add --watch, or leave --frames out"),
+    (("train", "--resume", "../x"), "--resume '../x': not a run id (letters, digits, '.', '_', '-'; no '..'); list "
+                                    "runs with `fab status`"),
     (("check-network", "--project", LONG), "{long_project}"),  # the path shortened in its middle (shown.with_path)
 ]
 

@@ -25,6 +25,7 @@ from meshrun.deploy.host import codestat
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.inventory.selection import select_hosts
+from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.codehint import hint_key, may_hold, parse_hints, with_synced
 
@@ -163,7 +164,7 @@ def test_a_host_that_holds_the_code_is_asked_over_its_session_and_only_the_other
 
     def sync(later: SessionsLater | None = None) -> tuple[dict[str, bool], dict[int, int]]:
         before = {i: _logins(testbed, i) for i in (1, 2, 3)}
-        done = sync_cmd.sync_code(hosts, inv, project, Renderer(), later=later)
+        done = sync_cmd.sync_code(hosts, inv, Project(project, project / "runs"), Renderer(), later=later)
         return {n: r.unchanged for n, r in done.items()}, {i: _logins(testbed, i) - before[i] for i in (1, 2, 3)}
 
     try:
@@ -185,7 +186,7 @@ def test_a_host_that_holds_the_code_is_asked_over_its_session_and_only_the_other
         assert testbed.exec(1, ["cat", f"{remote}/sub/b.txt"]).stdout == "new"
 
         assert sync(None)[1] == {1: 1, 2: 1, 3: 1}  # `fab sync` always runs rsync
-        listed = [n for n in sync_cmd.code_files(inv, project).split(b"\0") if n]
+        listed = [n for n in sync_cmd.code_files(inv, Project(project, project / "runs")).split(b"\0") if n]
         assert sorted(listed) == sorted(names)
         assert set(load_hints(hint_file()).values()) == {codestat.digest(os.fsencode(project), listed)}
     finally:

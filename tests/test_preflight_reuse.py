@@ -26,6 +26,7 @@ from meshrun.deploy.edges.preflightcache import NOTHING, StoredPass, host_stamps
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.selection import select_hosts
+from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.preflightkey import may_reuse, preflight_key
 
@@ -111,13 +112,13 @@ def test_second_sync_rewrites_nothing_and_a_changed_file_only_it(testbed, make_i
     inv = load_inventory(make_inventory(defaults_overrides={"workdir": workdir}))
     hosts = select_hosts(inv, None).hosts
     try:
-        sync_code(hosts, inv, project, Renderer())
+        sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
         first = {i: _inodes(testbed, i, workdir) for i in (1, 2, 3)}
         assert sorted(first[2]) == ["a.py", "b.txt", "sub/c.bin"]
-        sync_code(hosts, inv, project, Renderer())
+        sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
         assert {i: _inodes(testbed, i, workdir) for i in (1, 2, 3)} == first  # nothing rewritten
         (project / "b.txt").write_bytes(b"changed, and longer than before")
-        sync_code(hosts, inv, project, Renderer())
+        sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
         for i in (1, 2, 3):
             after = _inodes(testbed, i, workdir)
             assert {k: v for k, v in after.items() if k != "b.txt"} == \

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+
+import pytest
+
+from meshrun.deploy.commands.sync import code_files
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.project import Project
 from meshrun.deploy.run.syncset import is_private, shippable
 
 HOME = ["inventory/mine.yaml", "inventory/local.yaml", "inventory/prod.yml", "inventory/sub/x.yaml", "known_hosts",
@@ -52,11 +60,6 @@ def test_a_host_can_only_ask_for_files_the_manifest_lists() -> None:
 def test_the_inventory_in_use_its_known_hosts_and_every_identity_stay_home(tmp_path) -> None:
     """From the inventory to the file list rsync gets (deploy/commands/sync.code_files), in a real git
     project: files whose names say nothing private are left out because the inventory uses them."""
-    import subprocess
-
-    from meshrun.deploy.commands.sync import code_files
-    from meshrun.deploy.inventory.load import load_inventory
-
     for name, text in {"train.py": "print()\n", "keys/rented": "PRIVATE KEY\n", "conf/pins": "",
                        "conf/cluster.yaml": f"hosts:\n  gpu1: {{address: 10.0.0.1, identity: {tmp_path}/keys/rented}}\n"
                                             f"known_hosts: {tmp_path}/conf/pins\n"}.items():
@@ -65,7 +68,7 @@ def test_the_inventory_in_use_its_known_hosts_and_every_identity_stay_home(tmp_p
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["git", "add", "train.py", "keys/rented"], cwd=tmp_path, check=True)  # tracked or not
     inventory = load_inventory(tmp_path / "conf" / "cluster.yaml")
-    assert code_files(inventory, tmp_path).split(b"\0") == [b"train.py", b""]
+    assert code_files(inventory, Project(tmp_path, tmp_path / "runs")).split(b"\0") == [b"train.py", b""]
 
 
 def test_case_and_editor_backups_do_not_let_a_private_file_ship() -> None:
@@ -91,3 +94,46 @@ def test_the_files_in_use_stay_home_whatever_their_case_and_with_their_backups()
              "conf/#cluster.yaml#", "conf/cluster.yaml.bak", "Conf/Cluster.yaml.orig", "keys/rented.BAK",
              "keys/Rented", "conf/pins.old", "conf/pins2", "keys/rented-notes.md", "conf/other.yaml", "train.py"]
     assert shippable(names, named) == ["conf/pins2", "keys/rented-notes.md", "conf/other.yaml", "train.py"]
+
+
+def test_the_runs_folder_in_use_stays_home_whatever_its_case_and_with_its_backups() -> None:
+    """Security review, item 6: `--runs-dir results` inside the project holds host A's fetched tree; no
+    other host may get it, whether .gitignore names the folder or not."""
+    names = ["results/20261130-000000-abcd/hosts/A/train.log", "results/x/launch.json", "Results/x/summary.json",
+             "results.bak/x/launch.json", "results2/a.py", "src/results/a.py", "train.py"]
+    assert shippable(names, frozenset(), frozenset({"results"})) == ["results2/a.py", "src/results/a.py", "train.py"]
+    assert shippable(["exp/runs/a/launch.json", "exp/a.py"], frozenset(), frozenset({"exp/runs"})) == ["exp/a.py"]
+    assert shippable(["a.py"], frozenset(), frozenset({""})) == ["a.py"]  # "": the folder lies outside the project
+
+
+def test_a_runs_dir_inside_the_project_is_not_synced_by_any_command(tmp_path) -> None:
+    """From `Project.runs` to the file list rsync gets, in a real git project (no .gitignore):
+    `code_files` is what `fab sync`, `train`, `setup` and `join` all ship (through `sync_code`)."""
+    for name in ("train.py", "results/20261130-000000-abcd/launch.json",
+                 "results/20261130-000000-abcd/hosts/A/train.log", "fetched/x/hosts/A/metrics.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf/cluster.yaml").write_text("hosts:\n  gpu1: {address: 10.0.0.1}\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    inventory = load_inventory(tmp_path / "conf" / "cluster.yaml")
+    assert code_files(inventory, Project(tmp_path, tmp_path / "results")).split(b"\0") == [
+        b"fetched/x/hosts/A/metrics.jsonl", b"train.py", b""]
+    assert code_files(inventory, Project(tmp_path, tmp_path / "fetched")).split(b"\0") == [
+        b"results/20261130-000000-abcd/hosts/A/train.log", b"results/20261130-000000-abcd/launch.json",
+        b"train.py", b""]
+    with pytest.raises(InputError, match=r"^--runs-dir .*: is the project itself"):
+        code_files(inventory, Project(tmp_path, tmp_path))
+
+
+def test_a_local_hosts_workdir_in_the_project_is_not_synced_into_itself(tmp_path) -> None:
+    """`workdir: wd` on a local host is a folder of the project that holds the last copy: shipped,
+    each sync nested one more copy (`wd/wd/wd`, 341, 682, then 1023 files in the review)."""
+    for name in ("train.py", "wd/train.py", "wd/wd/train.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf/local.yaml").write_text("hosts:\n  l: {address: local, nproc: 1, workdir: wd}\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    inventory = load_inventory(tmp_path / "conf" / "local.yaml", tmp_path)
+    assert code_files(inventory, Project(tmp_path, tmp_path / "runs")).split(b"\0") == [b"train.py", b""]

@@ -78,7 +78,7 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
     if record.firewall:  # the joiner last: it must answer
         admit(inventory, (*(h for h in record.hosts if h != name), name), head.name, project, renderer)
     session = connect(joiner, inventory.known_hosts, project.root)
-    sync_code((joiner,), inventory, project.root, renderer)
+    sync_code((joiner,), inventory, project, renderer)
     sessions = {joiner.name: session}
     head_session = connect(head, inventory.known_hosts, project.root)
     try:

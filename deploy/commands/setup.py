@@ -104,10 +104,11 @@ def installed_identity(session: Session, python: str) -> Identity | None:
     return Identity(version, build) if plain else Identity("unreadable", "unknown")
 
 
-def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer,
+def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, project: Project, renderer: Renderer,
                 request: SetupRequest) -> dict[str, SetupResult]:
+    root = project.root
     with sessions_to(hosts, inventory, root) as sessions:
-        sync_code(hosts, inventory, root, renderer)
+        sync_code(hosts, inventory, project, renderer)
         results = on_each(hosts, lambda h: setup_host(h, sessions[h.name], request, root, inventory),
                           timeout=WHEEL_PUSH_TIMEOUT_S + SETUP_TIMEOUT_S + 60)
     return results.require_all()
@@ -125,7 +126,7 @@ def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site
     if not remote:
         return
     request = SetupRequest(base, reuse_site, controller_wheel(), controller_identity(), project_requirements(root))
-    results = setup_hosts(remote, inv, root, renderer, request)
+    results = setup_hosts(remote, inv, project, renderer, request)
     for host in remote:
         result = results[host.name]
         done = "; ".join(result.actions) or "already set up, nothing to do"

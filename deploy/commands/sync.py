@@ -14,6 +14,8 @@ from meshrun.deploy.edges.codehints import hint_file, host_holds, load_hints, sa
 from meshrun.deploy.edges.sessions import SessionsLater, sessions_to
 from meshrun.deploy.host import codestat
 from meshrun.deploy.run.codehint import hint_key, may_hold
+from meshrun.deploy.run.shell import local_workdir
+from meshrun.deploy.errors import InputError
 from meshrun.deploy.edges.datasync import DataResult, DataSpec, build_manifest, parse_data_flag, sync_data
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
 from meshrun.deploy.project import Project
@@ -30,25 +32,35 @@ SESSION_WAIT_S = 60  # a hinted host's session, at most; then it is synced as an
 FANOUT_MARGIN_S = 30  # rsync is stopped at its own deadline: its message, not the fan-out's, says why
 
 
-def code_files(inventory: Inventory, root: Path) -> bytes:
-    """What the code sync sends: the project's files less the inventory in use and its key files."""
+def code_files(inventory: Inventory, project: Project) -> bytes:
+    """What the code sync sends: the project's files less the inventory in use, its key files and
+    the runs folder in use (`--runs-dir` may name one inside the project: fetched host trees there
+    hold what one host served, for no other host to read)."""
+    if os.path.realpath(project.runs) == os.path.realpath(project.root):
+        raise InputError(f"--runs-dir {project.runs}: is the project itself, whose files every host gets; "
+                         "name a folder inside or outside it")
     private = tuple(p for p in (inventory.path, inventory.known_hosts, *(h.identity for h in inventory.hosts)) if p)
-    return project_files(root, tuple(Path(p).expanduser() for p in private))
+    # A local host's workdir in a folder of the project holds the last copy: shipped, it would nest
+    # a copy in each copy (`wd/wd/wd`). `workdir: .` is the project itself and is not synced.
+    copies = tuple(local_workdir(h.workdir, project.root) for h in inventory.hosts if h.is_local)
+    return project_files(project.root, tuple(Path(p).expanduser() for p in private),
+                         (project.runs, *(c for c in copies if c.resolve() != project.root.resolve())))
 
 
-def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, renderer: Renderer,
+def sync_code(hosts: tuple[Host, ...], inventory: Inventory, project: Project, renderer: Renderer,
               files: bytes | None = None, later: SessionsLater | None = None) -> dict[str, SyncResult]:
     """Sync to every host; raises one MeshrunError naming each host that failed. With `later`
     (`fab train`), a host last synced this very code is asked first, over its session once open,
     and synced only if what it holds differs (deploy/run/codehint.py); the others at once."""
-    files = code_files(inventory, root) if files is None else files
+    root = project.root
+    files = code_files(inventory, project) if files is None else files
     sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     names = [n for n in files.split(b"\0") if n]
-    local, project = codestat.digest(os.fsencode(root), names), os.path.realpath(root)
+    local, where = codestat.digest(os.fsencode(root), names), os.path.realpath(root)
     hints, started = (load_hints(hint_file()) if later is not None else {}), time.monotonic()
 
     def one(host: Host, bars: HostProgress) -> SyncResult:
-        key = hint_key(project, host)
+        key = hint_key(where, host)
         if later is not None and may_hold(hints, key, local) and _holds(host, later, files, local):
             bars.update(host.name, 100)
             return SyncResult(host.name, False, len(names), unchanged=True)
@@ -58,7 +70,7 @@ def sync_code(hosts: tuple[Host, ...], inventory: Inventory, root: Path, rendere
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
         results = on_each(hosts, lambda h: one(h, bars), timeout=SYNC_TIMEOUT_S + FANOUT_MARGIN_S)
     done = results.ok
-    save_hints(hint_file(), {hint_key(project, h): local for h in hosts if h.name in done and not done[h.name].skipped})
+    save_hints(hint_file(), {hint_key(where, h): local for h in hosts if h.name in done and not done[h.name].skipped})
     return results.require_all()
 
 
@@ -85,12 +97,12 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
     spec = parse_data_flag(data) if data else None
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
-    files = code_files(inv, root)
+    files = code_files(inv, project)
     with ThreadPoolExecutor(1) as pool:
         beside = spec is not None and data_beside_code(spec.dest, files)
         dataset = pool.submit(sync_dataset, selected, inv, root, spec) if beside else None
         try:
-            code = sync_code(selected, inv, root, renderer, files)
+            code = sync_code(selected, inv, project, renderer, files)
         finally:
             if dataset is not None:
                 dataset.exception()  # wait: the data sync must not outlive this command

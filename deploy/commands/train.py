@@ -25,7 +25,7 @@ from meshrun.deploy.run import notify
 from meshrun.deploy.run.idle import IdlePolicy
 from meshrun.deploy.edges.idle import IdleWatcher
 from meshrun import events
-from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import read_input
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
@@ -81,7 +81,7 @@ def _with_resumed_defaults(request: TrainRequest, project: Project) -> TrainRequ
     """`--resume ID` defaults to that run's inventory and hosts."""
     if not request.resume:
         return request
-    record = load_record(project.runs, request.resume)
+    record = load_record(project.runs, request.resume, "--resume")
     return dataclasses.replace(request, inventory=request.inventory or record.inventory,
                                hosts=request.hosts or ",".join(record.hosts))
 
@@ -182,14 +182,17 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     selection = select_hosts(inventory, request.hosts)
     hosts = selection.hosts
     urls = notify.receivers(request.notify, inventory.notify)  # checked before any host is contacted
+    if request.every_checkpoint and not urls:
+        raise InputError("--every-checkpoint adds notifications, and this run sends none: add --notify URL, or "
+                         "`notify:` to the inventory")
     options = _launch_options(request, inventory, len(hosts), renderer)
     run_id = options.run_id
-    files = code_files(inventory, project.root)
+    files = code_files(inventory, project)
     # The code sync needs no session (rsync brings its own ssh): it runs while they open and the
     # pre-flight checks, and is waited for before anything uses the code (_prepare_hosts). A host
     # it last synced this very code is asked first, over its session once open (deploy/run/codehint.py).
     later = SessionsLater()
-    syncing = None if request.no_sync else Beside(sync_code, hosts, inventory, project.root, renderer, files, later)
+    syncing = None if request.no_sync else Beside(sync_code, hosts, inventory, project, renderer, files, later)
     try:
         with sessions_to(hosts, inventory, project.root) as sessions:
             later.put(sessions)

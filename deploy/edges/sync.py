@@ -40,10 +40,11 @@ class SyncResult:
     unchanged: bool = False  # asked first, it held this very code: nothing sent (deploy/run/codehint.py)
 
 
-def project_files(root: Path, private: tuple[Path, ...] = ()) -> bytes:
+def project_files(root: Path, private: tuple[Path, ...] = (), private_dirs: tuple[Path, ...] = ()) -> bytes:
     """NUL-separated paths of tracked and untracked-not-ignored files (rsync --files-from --from0),
-    less inventories and SSH files (`deploy/run/syncset.py`) and the `private` files given (the
-    inventory in use, its known_hosts and identity files)."""
+    less inventories and SSH files (`deploy/run/syncset.py`), the `private` files given (the
+    inventory in use, its known_hosts and identity files) and all under the `private_dirs` (the
+    runs folder in use)."""
     try:
         done = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
                               capture_output=True, check=True, timeout=GIT_TIMEOUT_S)
@@ -53,7 +54,8 @@ def project_files(root: Path, private: tuple[Path, ...] = ()) -> bytes:
     # Deleted-but-tracked files are still listed by git; rsync would fail on them.
     names = [os.fsdecode(n) for n in done.stdout.split(b"\0") if n and (root / os.fsdecode(n)).exists()]
     named = frozenset(_relative(p, root) for p in private)
-    return b"".join(os.fsencode(n) + b"\0" for n in shippable(names, named))
+    folders = frozenset(_relative(p, root) for p in private_dirs)
+    return b"".join(os.fsencode(n) + b"\0" for n in shippable(names, named, folders))
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -16,8 +16,10 @@ tell them apart), and an editor's or a merge's copy stays home with its file: `h
 
 `inventory/local.yaml` is therefore not synced either: no host needs an inventory.
 
-Nor is the project's `runs/`: the controller's run records (launch records name the inventory,
-fetched checkpoints are large) stay home even in a project whose .gitignore forgets them.
+Nor is the project's `runs/`, nor the runs folder in use (`--runs-dir`) where it lies inside the
+project: the controller's run records (launch records name the inventory; fetched host trees hold
+what one host served, which no other host may read) stay home even in a project whose .gitignore
+forgets them.
 """
 
 from __future__ import annotations
@@ -60,11 +62,17 @@ def is_private(name: str) -> bool:
     return in_inventory and bool(_YAML.fullmatch(parts[-1])) and not parts[-1].endswith(EXAMPLE_SUFFIX)
 
 
-def shippable(names: list[str], named: frozenset[str]) -> list[str]:
+def shippable(names: list[str], named: frozenset[str], folders: frozenset[str] = frozenset()) -> list[str]:
     """`names` minus private files; `named`: the in-use files (relative names) to keep home too, with
-    their backups and whatever their case."""
+    their backups and whatever their case; `folders`: relative folders (the runs folder in use)
+    whose every file stays home, whatever their case and with the folder's backups."""
     home = {_original(n) for n in named if n}
-    return [n for n in names if not is_private(n) and _original(n) not in home]
+    trees = [_original(f) for f in folders if f]
+
+    def ships(name: str) -> bool:
+        parts = _original(name)
+        return not is_private(name) and parts not in home and not any(parts[:len(t)] == t for t in trees)
+    return [n for n in names if ships(n)]
 
 
 def data_beside_code(dest: str, files: bytes) -> bool:
