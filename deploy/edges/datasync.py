@@ -1,33 +1,48 @@
 """`fab sync --data SRC:DEST`: a dataset directory to every host, with a sha256 manifest.
 
 rsync's quick check (size + mtime) skips unchanged files and its delta transfer sends only what
-changed. The manifest (`MANIFEST.sha256`, sha256sum format, written next to the data) then lets
+changed. The manifest (`.meshrun-manifest.sha256`, sha256sum format, at DEST on each host) then lets
 each host verify what it holds: a file whose bytes differ while size and mtime match (bit rot,
 a half-written copy) is caught, sent again with rsync's checksum comparison, and verified once
 more. Local hashes are cached by (size, mtime) so an unchanged dataset is not re-read.
+
+SRC is the user's and is only ever read. The hash cache lives in the user's cache folder, keyed by
+SRC's real path; the manifest is written to a private temporary folder and handed to rsync as a
+second source, so it lands at DEST beside the data. A `MANIFEST.sha256` of the user's in SRC is a
+data file like any other. Only a top-level `.meshrun-manifest.sha256` in SRC is refused: at DEST
+the two would be one file. A `.meshrun-hash-cache.json` an older meshrun left in SRC is not data
+and is never sent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import re
 import shlex
+import shutil
+import tempfile
 from stat import S_ISDIR
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run.shell import local_workdir
+from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from meshrun.deploy.edges.transport import Session
-from meshrun.fsutil import read_regular, sha256_file
+from meshrun.fsutil import FileRefused, atomic_write_json, not_regular, read_regular
 
-MANIFEST = "MANIFEST.sha256"
-CACHE = ".meshrun-hash-cache.json"
+DATA_MANIFEST = ".meshrun-manifest.sha256"  # meshrun's listing, at DEST on each host
+LEGACY_CACHE = ".meshrun-hash-cache.json"  # an older meshrun's hash cache inside SRC: never data
 CACHE_MAX = 256 << 20  # about a million files' hashes
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -59,41 +74,166 @@ def parse_data_flag(value: str) -> DataSpec:
     return DataSpec(path, dest)
 
 
+def hash_cache_file(source: Path) -> Path:
+    """Where the hashes of `source` are cached: the user's cache folder, one file per real path of
+    SRC (two spellings of one folder share it), never inside SRC."""
+    key = hashlib.sha256(os.fsencode(os.path.realpath(source))).hexdigest()[:32]
+    return cache_file().parent / "datasets" / f"{key}.json"
+
+
 def build_manifest(source: Path) -> dict[str, str]:
-    """{relative path: sha256} of every file under `source`, reusing cached hashes of unchanged files."""
-    cache_path = source / CACHE
-    try:  # meshrun's own file, but in the user's folder: any shape, or a FIFO, means no cache
-        cache = json.loads(read_regular(cache_path, CACHE_MAX))
-    except (OSError, ValueError, RecursionError):
-        cache = {}
-    if not isinstance(cache, dict) or not all(isinstance(v, dict) for v in cache.values()):
-        cache = {}
+    """{relative path: sha256} of every file under `source`, reusing cached hashes of unchanged files.
+    Reads SRC only. A file that cannot be read, or whose name a manifest line cannot hold, is one
+    InputError naming it."""
+    real, cache_path = os.path.realpath(source), hash_cache_file(source)
+    cache = _load_cache(cache_path, real)
     manifest, fresh = {}, {}
-    for path in sorted(p for p in source.rglob("*") if p.is_file() and p.name not in (MANIFEST, CACHE)):
-        rel = path.relative_to(source).as_posix()
-        stat = path.stat()
-        key = f"{stat.st_size}:{stat.st_mtime_ns}"
-        cached = cache.get(rel, {}).get(key)
-        digest = cached if isinstance(cached, str) and SHA256_RE.fullmatch(cached) else sha256_file(path)
+    for rel, full in sorted(_data_files(source)):
+        try:
+            stat = os.stat(full)
+            key = f"{stat.st_size}:{stat.st_mtime_ns}"
+            cached = cache.get(rel, {}).get(key)
+            digest = cached if isinstance(cached, str) and SHA256_RE.fullmatch(cached) else _sha256(full)
+        except OSError as err:
+            raise _unreadable(full, err) from None
         manifest[rel], fresh[rel] = digest, {key: digest}
-    cache_path.write_text(json.dumps(fresh))
-    (source / MANIFEST).write_text("".join(f"{d}  {r}\n" for r, d in manifest.items()))
+    _save_cache(cache_path, real, fresh)
     return manifest
 
 
+def _data_files(source: Path) -> Iterator[tuple[str, str]]:
+    """(relative posix name, path) of each file under `source`: regular files and links to them,
+    not descending into linked folders (rsync --archive sends links as links)."""
+    def refuse(err: OSError) -> None:  # os.walk would skip an unreadable folder, and its files go unverified
+        raise _unreadable(err.filename or source, err)
+
+    for top, dirs, files in os.walk(source, onerror=refuse):
+        rel_top = os.path.relpath(top, source)
+        if rel_top == "." and DATA_MANIFEST in dirs + files:
+            raise InputError(with_path("--data: ", os.path.join(top, DATA_MANIFEST), ": meshrun writes its own "
+                                       "manifest under that name at DEST; rename or move yours"))
+        dirs[:] = [d for d in dirs if d != LEGACY_CACHE]  # rsync's --exclude drops it at any depth too
+        for name in files:
+            full = os.path.join(top, name)
+            if name == LEGACY_CACHE or not os.path.isfile(full):
+                continue
+            rel = name if rel_top == "." else f"{rel_top}/{name}"
+            _check_listable(rel, full)
+            yield rel, full
+
+
+def _check_listable(rel: str, full: str) -> None:
+    """The host's verifier reads the manifest as UTF-8 text, line by line (universal newlines): a name
+    with a line break or with bytes that are not UTF-8 would be misread, and its file never checked."""
+    try:
+        rel.encode("utf-8")
+        listable = "\n" not in rel and "\r" not in rel
+    except UnicodeEncodeError:
+        listable = False
+    if not listable:
+        raise InputError(with_path("--data: ", full, ": a name with a line break or bytes that are not UTF-8 "
+                                   "cannot be listed in the sha256 manifest; rename it"))
+
+
+def _sha256(path: str) -> str:
+    # Non-blocking open and fstat on that same file: a FIFO swapped in after the walk is refused, not waited on.
+    with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as handle:
+        problem = not_regular(os.fstat(handle.fileno()).st_mode)
+        if problem is not None:
+            raise FileRefused(problem)
+        sha = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def _unreadable(path: Path | str, err: OSError) -> InputError:
+    return InputError(with_path("--data: cannot read ", path, f": {_why(err)}; make it readable or move it out of SRC"))
+
+
+def _why(err: OSError) -> str:
+    """`permission denied`, or FileRefused's own words (`is a FIFO, not a regular file`)."""
+    return err.strerror.lower() if err.strerror else str(err)
+
+
+def _load_cache(path: Path, real: str) -> dict[str, dict]:
+    """{name: {"size:mtime_ns": sha256}} cached for the source at `real`; {} when there is none or it
+    cannot be used (any shape, a FIFO, another source's)."""
+    try:
+        record = json.loads(read_regular(path, CACHE_MAX))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    hashes = record.get("hashes") if isinstance(record, dict) and record.get("source") == real else None
+    if not isinstance(hashes, dict) or not all(isinstance(v, dict) for v in hashes.values()):
+        return {}
+    return hashes
+
+
+def _save_cache(path: Path, real: str, hashes: dict[str, dict]) -> None:
+    """Never fatal: a cache that cannot be written costs the next sync its hashing, nothing else. Not
+    written when the cache folder is inside SRC itself (`--data ~:...`): SRC is only ever read."""
+    if _inside(path.parent, real):
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"source": real, "hashes": hashes})
+    except OSError:
+        pass
+
+
+def _inside(path: Path | str, real_dir: str) -> bool:
+    real = os.path.realpath(path)
+    return os.path.commonpath([real, real_dir]) == real_dir
+
+
+def manifest_bytes(manifest: dict[str, str]) -> bytes:
+    """sha256sum's format: `<sha256>  <name>` lines."""
+    return "".join(f"{d}  {r}\n" for r, d in manifest.items()).encode("utf-8", "surrogateescape")
+
+
+@contextlib.contextmanager
+def staged_manifest(source: Path, manifest: dict[str, str]) -> Iterator[Path]:
+    """The manifest as a file named DATA_MANIFEST, for rsync to send beside SRC's files. It is in a
+    fresh private folder per call, so hosts synced side by side never share or race on one file,
+    and it is gone afterwards; the folder is outside SRC (TMPDIR, else the user's cache folder)."""
+    real = os.path.realpath(source)
+    bases = [Path(tempfile.gettempdir()), cache_file().parent]
+    base = next((b for b in bases if not _inside(b, real)), None)
+    if base is None:
+        raise InputError(with_path("--data: ", source, " holds both the temporary folder and meshrun's cache "
+                                   "folder; set TMPDIR to a folder outside it"))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="meshrun-manifest-", dir=base))  # mode 0700: this user's alone
+    except OSError as err:
+        raise MeshrunError(f"--data: cannot make a folder for the manifest in {base}: {_why(err)}") from None
+    try:
+        try:
+            (folder / DATA_MANIFEST).write_bytes(manifest_bytes(manifest))
+        except OSError as err:
+            raise MeshrunError(f"--data: cannot write the manifest in {folder}: {_why(err)}") from None
+        yield folder / DATA_MANIFEST
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | None, checksum: bool,
-                    files: list[str] | None = None) -> list[str]:
-    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--mkpath", "--itemize-changes", "--exclude", CACHE]
+                    files: list[str] | None = None, listing: Path | None = None) -> list[str]:
+    """rsync of SRC's files to DEST; with `listing` (the staged manifest) that file too, to DEST's top.
+    The listing comes first: of two sources' files of one name rsync keeps the first, so meshrun's
+    manifest is the one at DEST whatever SRC holds by then."""
+    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--mkpath", "--itemize-changes",
+            "--exclude", LEGACY_CACHE]
     if checksum:
         argv.append("--checksum")
     if files is not None:
         argv += ["--files-from=-", "--from0"]
+    sources = ([str(listing)] if listing is not None and files is None else []) + [f"{spec.source}/"]
     if host.is_local:
         target = str(local_workdir(host.workdir, root) / spec.dest) if not spec.dest.startswith("/") else spec.dest
-        return argv + [f"{spec.source}/", f"{target}/"]
+        return argv + sources + [f"{target}/"]
     dest = spec.dest if spec.dest.startswith("/") else f"{remote_path(host.workdir)}/{spec.dest}"
-    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{spec.source}/",
-                   remote_spec(host.ssh_host, f"{dest}/")]
+    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts))] + sources + [remote_spec(host.ssh_host, f"{dest}/")]
 
 
 def changed_file(line: str) -> str | None:
@@ -120,12 +260,12 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-# Runs on the host with its python: checks DEST against DEST/MANIFEST.sha256, prints failing names as JSON.
+# Runs on the host with its python: checks DEST against DEST/<argv[2]> (DATA_MANIFEST), prints failing names as JSON.
 VERIFY = """
 import hashlib, json, os, sys
 os.chdir(sys.argv[1])
 bad = []
-for line in open("MANIFEST.sha256", encoding="utf-8"):
+for line in open(sys.argv[2], encoding="utf-8"):
     digest, _, name = line.rstrip("\\n").partition("  ")
     try:
         h = hashlib.sha256()
@@ -145,7 +285,7 @@ def verify(session: Session, python: str, dest: str, manifest: dict[str, str], t
     """The manifest's names the host says fail. Only those: the answer is the host's, and a name
     the manifest does not list (`../../.ssh/id_ed25519`, terminal escapes) must never become a
     file the controller sends or a line it prints."""
-    result = session.run([python, "-c", VERIFY, dest], timeout=timeout)
+    result = session.run([python, "-c", VERIFY, dest, DATA_MANIFEST], timeout=timeout)
     try:
         answer = result.last_json()
     except (ValueError, IndexError):
@@ -161,10 +301,12 @@ def listed_only(names: list[object], manifest: dict[str, str]) -> tuple[str, ...
 
 def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifest: dict[str, str], root: Path,
               known_hosts: Path | None, timeout: float) -> DataResult:
-    """Send what changed, verify everything against the manifest, resend and re-verify what fails;
-    all of it within `timeout` s."""
+    """Send what changed and the manifest, verify everything against it, resend and re-verify what
+    fails; all of it within `timeout` s. The resend needs no manifest: DEST holds it by then."""
     deadline = time.monotonic() + timeout
-    sent = _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False), host.name, deadline)
+    with staged_manifest(spec.source, manifest) as listing:
+        sent = _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False, listing=listing), host.name,
+                      deadline)
     bad = verify(session, python, spec.dest, manifest, _left(deadline))
     if bad:
         files = b"\0".join(b.encode() for b in bad) + b"\0"
@@ -174,4 +316,4 @@ def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifes
         if still:
             raise MeshrunError(f"host '{host.name}': data files still corrupt after a second transfer: "
                                f"{', '.join(still)}; check the host's disk")
-    return DataResult(host.name, len(manifest), tuple(s for s in sent if s != MANIFEST), bad)
+    return DataResult(host.name, len(manifest), tuple(s for s in sent if s != DATA_MANIFEST), bad)
