@@ -1,15 +1,19 @@
 """A compromised member of a run, for the cluster tests of issue 20: it plants a pickle in the live
 rendezvous stores.
 
-    python tests/rdzv_attacker.py MARKER_DIR HOST SECONDS ADDRESS:PORT...
+    python tests/rdzv_attacker.py MARKER_DIR HOST SECONDS GO_FILE ADDRESS:PORT...
 
 Run inside host HOST's namespace. It learns the run's rendezvous id as a member would, from its own
-host's torchrun command line (`--rdzv-id`), then writes, under `torch.rendezvous.<id>` and the next
-generations' keys (`<id>-g1`, `<id>-g2`), in every listed store it reaches, what torch's c10d backend
-stores there (base64) of a pickle whose `__reduce__` creates a file in MARKER_DIR named after the
-host and process that unpickled it. It keeps writing (honest agents would overwrite the state)
-until its own host has had no torchrun for 10 s, or SECONDS pass, and prints one JSON line: the id
-and how many writes landed in each store.
+host's torchrun command line (`--rdzv-id`), then, once GO_FILE exists, writes under
+`torch.rendezvous.<id>` and the next generations' keys (`<id>-g1`, `<id>-g2`), in every listed
+store it reaches, what torch's c10d backend stores there (base64) of a pickle whose `__reduce__`
+creates a file in MARKER_DIR named after the host and process that unpickled it. It keeps writing
+(honest agents would overwrite the state) until its own host has had no torchrun for 10 s, or
+SECONDS pass, and prints one JSON line: the id and how many writes landed in each store.
+
+A test starts it before the run and creates GO_FILE when the run trains: started only then, on a
+loaded machine, its python and torch import took so long that a short run had ended before it
+wrote (CI, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -61,9 +65,12 @@ def launch_id(rdzv_id: str) -> str:
 
 
 def main() -> int:
-    marker_dir, host, seconds, endpoints = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
+    marker_dir, host, seconds, go = sys.argv[1], sys.argv[2], float(sys.argv[3]), Path(sys.argv[4])
+    endpoints = sys.argv[5:]
     payload = base64.b64encode(pickle.dumps(Planted(marker_dir)))
     deadline = time.monotonic() + seconds
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     while (found := rdzv_id_on(host)) is None and time.monotonic() < deadline:
         time.sleep(0.1)
     base = launch_id(found or "")

@@ -141,8 +141,10 @@ def test_a_member_planting_a_pickle_in_the_check_store_runs_nothing_anywhere(tes
     marks = tmp_path / "planted"
     marks.mkdir()
     store = f"{testbed.host(1).address}:{RDZV_PORT}"
+    go = tmp_path / "go"
+    go.touch()  # at once: the check's round is short
     attacker = testbed.popen(3, [sys.executable, str(REPO / "tests" / "rdzv_attacker.py"), str(marks), "h3", "200",
-                                 store], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                 str(go), store], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         report, code, _ = check_json(inventory)
         planted = json.loads(attacker.communicate(timeout=120)[0].splitlines()[-1])

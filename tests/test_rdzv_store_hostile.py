@@ -28,17 +28,19 @@ def test_a_member_planting_a_pickle_in_the_live_store_runs_nothing_anywhere(test
     marks = tmp_path / "planted"
     marks.mkdir()
     stores = [f"{testbed.host(i).address}:29400" for i in (1, 2)]
+    go = tmp_path / "go"
+    # Started first, told when to write: its python and torch import run beside the run's own start.
+    attacker = testbed.popen(3, [sys.executable, str(REPO / "tests" / "rdzv_attacker.py"), str(marks), "h3",
+                                 "400", str(go), *stores], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     run = FabProcess("train", "--inventory", str(inventory), "--nnodes", "2:3", "--", *ELASTIC_TRAIN)
-    attacker = None
     try:
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 1 step", timeout=240))
-        attacker = testbed.popen(3, [sys.executable, str(REPO / "tests" / "rdzv_attacker.py"), str(marks), "h3",
-                                     "200", *stores], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        go.touch()  # the run trains: plant now
         code = run.finish(timeout=300)
         planted = json.loads(attacker.communicate(timeout=120)[0].splitlines()[-1])
     finally:
         run.close()
-        if attacker is not None and attacker.poll() is None:
+        if attacker.poll() is None:
             attacker.kill()
             attacker.wait()
     assert sorted(p.name for p in marks.iterdir()) == []  # on the old code: ran-h1-<pid>, ran-h2-..., ran-h3-...
