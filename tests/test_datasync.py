@@ -256,3 +256,29 @@ def test_a_folder_that_cannot_be_listed_is_one_line_input_error(homes: Path, src
     message = str(err.value)
     assert message.startswith("--data: cannot read ") and "file name too long" in message
     assert message.endswith("ddd: file name too long; make it readable or move it out of SRC") and len(message) < 300
+
+
+def test_a_bad_src_is_said_even_when_a_host_cannot_be_reached(tmp_path: Path) -> None:
+    """The real `meshrun sync --data`: the code sync runs beside the data's hashing, and its error (a
+    host refusing the connection) used to be the one shown. A bad name in SRC is the user's to fix
+    whatever the hosts do, so its line wins."""
+    import socket
+
+    project = tmp_path / "proj"
+    (project / "inventory").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    with socket.socket() as probe:  # a port nothing listens on: the host refuses at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (project / "inventory" / "hosts.yaml").write_text(f"hosts:\n  gpu1: {{address: 127.0.0.1, port: {port}}}\n")
+    data = tmp_path / "ds"
+    data.mkdir()
+    (data / "a.bin").write_bytes(b"a")
+    (data / "two\nlines").write_bytes(b"b")
+    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {
+        "MESHRUN_SSH_CONFIG": os.devnull, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([str(Path(sys.executable).parent / "meshrun"), "sync", "--data", f"{data}:data"],
+                          cwd=project, capture_output=True, text=True, timeout=120, env=env)
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2, f"error: --data: {data}/two\\nlines: a name with a line break or bytes that are not UTF-8 cannot be "
+           "listed in the sha256 manifest; rename it"), done.stderr

@@ -15,7 +15,7 @@ from meshrun.deploy.edges.sessions import SessionsLater, sessions_to
 from meshrun.deploy.host import codestat
 from meshrun.deploy.run.codehint import hint_key, may_hold
 from meshrun.deploy.run.shell import local_workdir
-from meshrun.deploy.errors import InputError
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.datasync import DataResult, DataSpec, build_manifest, parse_data_flag, sync_data
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
 from meshrun.deploy.project import Project
@@ -103,6 +103,12 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
         dataset = pool.submit(sync_dataset, selected, inv, root, spec) if beside else None
         try:
             code = sync_code(selected, inv, project, renderer, files)
+        except MeshrunError:
+            # A bad SRC (unreadable file, refused name) is the user's to fix whatever the hosts do,
+            # and it would be lost behind an unreachable host's error.
+            if dataset is not None and isinstance(dataset.exception(), InputError):
+                raise dataset.exception() from None
+            raise
         finally:
             if dataset is not None:
                 dataset.exception()  # wait: the data sync must not outlive this command
