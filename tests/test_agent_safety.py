@@ -229,3 +229,83 @@ def test_signal_handlers_are_in_place_before_torchrun_is_started(tmp_path: Path,
             signal.signal(sig, handler)
     assert set(seen) == {"SIGTERM", "SIGHUP", "SIGINT"}
     assert all(callable(h) and h not in before.values() for h in seen.values()), seen
+
+
+# A user's script that starts a helper the run's tags cannot find: a clean environment, a session of
+# its own, its parent gone (double fork). It writes the helper's pid, then stays (or exits: `end`).
+ESCAPER = """import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execve(sys.executable, [sys.executable, "-c",
+                  "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)",
+                  sys.argv[1]], {})
+    os._exit(0)
+if sys.argv[2] == "end":
+    time.sleep(2)  # the helper is adopted by the agent before this command ends
+    sys.exit(0)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["stopped", "end"])
+def test_a_helper_that_dropped_the_runs_tags_does_not_outlive_the_run(tmp_path: Path, how: str) -> None:
+    """Orphaned with a clean environment in a session of its own, the helper escaped both the process
+    group and the tag scan, and kept its GPU's memory after the run (a review, 2026-12-05). The agent
+    is its run's subreaper: the orphan is re-parented to it and goes when the run is stopped (TERM,
+    as `fab stop` and a lost controller do) or when the command ends by itself."""
+    script = tmp_path / "escaper.py"
+    script.write_text(ESCAPER)
+    marker = tmp_path / "helper.pid"
+    run_id = "escape-" + os.urandom(3).hex()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    agent = subprocess.Popen([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host",
+                              "local", "--heartbeat-timeout", "0", "--grace", "2", "--quiet", "--", sys.executable,
+                              str(script), str(marker), how], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    helper = wait_for_file(marker, 60)
+    try:
+        assert alive(helper) and helper not in tagged(run_id)
+        if how == "stopped":
+            agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == (128 + signal.SIGTERM if how == "stopped" else 0)
+        deadline = time.monotonic() + 10
+        while alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(helper), f"the helper outlived the run: {process_states([helper])}"
+    finally:
+        if alive(helper):
+            os.kill(helper, signal.SIGKILL)
+        if agent.poll() is None:
+            agent.kill()
+
+
+def test_a_controller_that_stopped_reading_does_not_hold_the_stop(tmp_path: Path) -> None:
+    """A cut link: the agent's stdout (its SSH channel) fills and a write blocks until TCP gives up,
+    about 15 min. The command prints without end and nobody reads the agent's stdout or sends a
+    heartbeat: the agent must still stop its run at the heartbeat timeout. It wrote to the
+    controller in the watch loop, behind the tee thread blocked in a write (a review, 2026-12-05)."""
+    chatter = tmp_path / "chatter.py"
+    chatter.write_text("import sys\nwhile True:\n    sys.stdout.write('x' * 1000 + '\\n')\n")
+    run_id = "unread-" + os.urandom(3).hex()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    agent = subprocess.Popen([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host",
+                              "local", "--heartbeat-timeout", "3", "--grace", "2", "--", sys.executable, str(chatter)],
+                             cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    try:
+        started = time.monotonic()
+        while not tagged(run_id) and time.monotonic() - started < 30:
+            time.sleep(0.1)
+        assert tagged(run_id), "the command never started"
+        deadline = time.monotonic() + 60
+        while agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert agent.poll() == 128 + signal.SIGTERM, "the agent did not stop its run with its stdout unread"
+        assert not tagged(run_id)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        for pid in tagged(run_id):
+            os.kill(pid, signal.SIGKILL)
+        agent.communicate(timeout=30)

@@ -5,7 +5,9 @@ python before anything else there is known to work.
          tees output to `train.log` and to the controller, and watches the controller: every
          line on stdin is a heartbeat; EOF or silence past `--heartbeat-timeout` means the
          controller is gone (killed, laptop closed, link cut), so the run is stopped. SIGTERM,
-         SIGHUP and SIGINT stop it too. Exits with the command's status.
+         SIGHUP and SIGINT stop it too. Stopping takes every process below the agent with it,
+         tagged or not: the agent is the run's subreaper (deploy/host/procs.py). Exits with the
+         command's status.
 `stop`   stops a run found through its pidfile and run id: TERM the process group, a grace
          period, KILL; then every process tagged with the run's MESHRUN_RUN_ID and
          MESHRUN_HOST (torchrun starts each worker in a session of its own, out of reach of
@@ -32,21 +34,17 @@ from meshrun.layout import (AGENT_MODULE, AGENT_PEER_GONE_LINE, AGENT_RESTART_LI
 from meshrun.deploy.host.agentargs import parse
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
-from meshrun.deploy.host.procs import POLL_S, alive, die_with_parent, signal_all, start_time, tagged_pids, terminate_run
+from meshrun.deploy.host.outpipe import ControllerPipe
+from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, signal_all, start_time,
+                                       tagged_pids, terminate_run, with_offspring)
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
     parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
 from meshrun.events import NOTIFY_KEY
+from meshrun.fsutil import atomic_write_json
 from meshrun.idlerule import parse_policy
 
 CHECKPOINT_LOOK_S = 2.0  # a detached run with receivers: how often the agent reads its checkpoint manifest
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Atomic: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict | None:
@@ -68,6 +66,7 @@ class Supervisor:
         self.torchrun_start: int | None = None
         self.head_lost = False
         self.to_controller = not args.quiet
+        self.pipe = ControllerPipe(sys.stdout.buffer) if self.to_controller else None
         self.peers: PeerWatcher | None = None
         self.idle: HostIdle | None = None
         self.usage: UsageFeed | None = None
@@ -89,6 +88,8 @@ class Supervisor:
         env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host, TORCHRUN_EXIT_MARK_ENV: str(self.barrier.mark)})
         self.log = open(self.dir / TRAIN_LOG, "ab")
         # Before any child exists: a signal between Popen and here would kill us and orphan it.
+        # Orphans below us (a script's child that dropped the run's tags and left its session) come to us.
+        become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda signum, _f: self.request_stop(f"signal {signal.Signals(signum).name}"))
         if self.args.heartbeat_timeout > 0:
@@ -116,10 +117,12 @@ class Supervisor:
         for watcher in (self.peers, self.idle, self.usage):
             if watcher is not None:
                 watcher.stop()
-        write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
+        atomic_write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
                                              "generation": index})
         self.notices.ended(rc, self.stop_reason, generations[index].head)
         self.journal("ended", f"exit status {rc} ({self.stop_reason or 'exited'})")
+        if self.pipe is not None:
+            self.pipe.drain()
         return rc
 
     def run_generation(self, generation: Generation, index: int, env: dict[str, str]) -> int:
@@ -137,7 +140,7 @@ class Supervisor:
             return 127
         self.torchrun_pid = child.pid
         self.torchrun_start = start_time(child.pid)
-        write_json(self.dir / AGENT_PIDFILE, {
+        atomic_write_json(self.dir / AGENT_PIDFILE, {
             "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
             "pgid_start": self.torchrun_start,
             "started": time.time(), "command": list(generation.torchrun), "generation": index,
@@ -160,7 +163,8 @@ class Supervisor:
                 self.request_stop(f"no heartbeat from the controller for {silent:.0f} s")
             if self.stop_reason is not None:
                 self.emit(f"meshrun-agent: stopping run ({self.stop_reason})\n".encode())
-                left = terminate_run(self.args.run_id, self.args.host, child.pid, self.args.grace, self.torchrun_start)
+                left = terminate_run(self.args.run_id, self.args.host, child.pid, self.args.grace, self.torchrun_start,
+                                      tree=os.getpid())
                 child.wait()
                 self.emit(f"meshrun-agent: stopped; {len(left)} processes left\n".encode())
                 return 128 + signal.SIGTERM
@@ -189,14 +193,14 @@ class Supervisor:
                 if self.ends_by_itself(child):
                     break  # the workers were done: torchrun's own exit status says how the run ended
                 self.head_lost = True
-                terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start)
+                terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start, tree=os.getpid())
                 child.wait()
                 return 1
             if self.barrier.release():
                 return self.leave_exit_barrier(child)
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
-        terminate_run(self.args.run_id, self.args.host, child.pid, 2, self.torchrun_start)
+        terminate_run(self.args.run_id, self.args.host, child.pid, 2, self.torchrun_start, tree=os.getpid())
         # A refused rendezvous state (deploy/host/torchrun.py) fails the run; it is not a lost rendezvous host,
         # even though that host's store goes down with its torchrun.
         if child.returncode not in (0, STATE_REFUSED_EXIT) and watcher is not None:
@@ -229,7 +233,7 @@ class Supervisor:
         self.emit(f"meshrun-agent: {text} (torch's exit barrier)\n".encode())
         self.journal("exit_barrier_left", text)
         # No grace: a torchrun in its exit barrier sits in the store's wait and does not see a TERM.
-        terminate_run(self.args.run_id, self.args.host, child.pid, 0.0, self.torchrun_start)
+        terminate_run(self.args.run_id, self.args.host, child.pid, 0.0, self.torchrun_start, tree=os.getpid())
         child.wait()
         return 0
 
@@ -256,7 +260,9 @@ class Supervisor:
         workers = self.workers()
         self.emit(f"meshrun-agent: a peer was lost; restarting {len(workers)} worker(s)\n".encode())
         self.journal("workers_restarted", f"a peer was lost; {len(workers)} worker(s) restarted")
-        signal_all(None, workers, signal.SIGKILL)
+        # With what they started, tags or not, and the orphans they left with us: a process of the old
+        # group that outlived it would hold its GPU's memory against the new one.
+        signal_all(None, with_offspring(workers, os.getpid(), self.torchrun_pid), signal.SIGKILL)
 
     def workers(self) -> list[int]:
         """This run's processes on this host but the agent and torchrun: its workers."""
@@ -282,13 +288,9 @@ class Supervisor:
         self.send(data)
 
     def send(self, data: bytes) -> None:
-        """To the controller only (the usage lines are not the run's log)."""
-        if self.to_controller:
-            try:
-                sys.stdout.buffer.write(data)
-                sys.stdout.buffer.flush()
-            except (BrokenPipeError, OSError):
-                self.to_controller = False  # controller gone; the log file still gets everything
+        """To the controller only (the usage lines are not the run's log); never blocks (outpipe.py)."""
+        if self.pipe is not None:
+            self.pipe.put(data)
 
 
 ENV_BLOCK_MAX = 1 << 20  # the inventory itself is capped at 1 MiB

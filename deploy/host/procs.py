@@ -1,6 +1,14 @@
 """Finding and signalling a run's processes on a host, without ever signalling a stranger:
 processes are found by the run's environment tags, never by name, and a process group is
 signalled only while its leader is provably the process the agent started. Standard library only.
+
+Tags alone miss a process that drops them: a user's script may start a child with a clean
+environment (`env -i`, `Popen(env={...})`), in a session of its own, and exit, so the child is
+orphaned. The agent is therefore its run's child subreaper (`become_subreaper`): such an orphan
+is re-parented to the agent, not to init, and stays among the agent's descendants, which the
+agent signals with the tagged processes (`terminate_run(..., tree=agent pid)`). A process of the
+same user can still leave that tree only by a subreaper of its own or by a daemon of the system
+(systemd-run, at): out of reach without a cgroup per run.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from meshrun.layout import ENV_HOST, ENV_RUN_ID
 
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _stat(pid: int) -> list[bytes] | None:
@@ -53,6 +62,47 @@ def die_with_parent(parent: int) -> Callable[[], None]:
     return in_child
 
 
+def become_subreaper() -> bool:
+    """Orphans among this process's descendants are re-parented to it (Linux >= 3.4); False where
+    the kernel has no such call."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below `root` (children, theirs, ...), from one pass over /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and len(fields) > 1 and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def with_offspring(workers: list[int], agent: int, spared: int) -> list[int]:
+    """`workers`, what they started, and the orphans re-parented to `agent` (see adopted_orphans)."""
+    return sorted({*workers, *(p for w in workers for p in descendants(w)), *adopted_orphans(agent, spared)})
+
+
+def adopted_orphans(agent: int, spared: int) -> list[int]:
+    """Orphans re-parented to the subreaper `agent`, and what they started: its children but
+    `spared` (torchrun) outside its own session (the agent's own helpers, nvidia-smi, run in it)."""
+    def field(pid: int, index: int) -> int | None:
+        fields = _stat(pid)
+        return int(fields[index]) if fields is not None and len(fields) > index else None
+
+    mine = field(agent, 3)
+    orphans = [p for p in descendants(agent) if p != spared and field(p, 1) == agent and field(p, 3) != mine]
+    return [*orphans, *(p for o in orphans for p in descendants(o))]
+
+
 def tagged_pids(run_id: str, host: str) -> list[int]:
     """Processes whose environment carries this run's id and this host's name."""
     want = {f"{ENV_RUN_ID}={run_id}".encode(), f"{ENV_HOST}={host}".encode()}
@@ -83,21 +133,30 @@ def signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
             pass
 
 
-def terminate_run(run_id: str, host: str, pgid: int | None, grace_s: float, pgid_start: int | None = None) -> list[int]:
-    """TERM the group and tagged processes, wait `grace_s`, KILL what is left. Returns survivors."""
+def terminate_run(run_id: str, host: str, pgid: int | None, grace_s: float, pgid_start: int | None = None,
+                  tree: int | None = None) -> list[int]:
+    """TERM the group, the tagged processes and (with `tree`, the agent's pid) every process below
+    `tree`; wait `grace_s`, KILL what is left. Returns survivors."""
     if pgid is not None and not _group_is_ours(pgid, pgid_start, run_id, host):
         pgid = None  # the pid was reused by something else: never signal it
-    signal_all(pgid, tagged_pids(run_id, host), signal.SIGTERM)
+
+    def ours() -> list[int]:
+        below = [p for p in descendants(tree) if p != os.getpid()] if tree is not None else []
+        return sorted(set(tagged_pids(run_id, host) + below))
+
+    signal_all(pgid, ours(), signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (tagged_pids(run_id, host) or (pgid and alive(pgid))):
+    while time.monotonic() < deadline and (ours() or (pgid and alive(pgid))):
         time.sleep(POLL_S)
     for _ in range(25):
-        left = tagged_pids(run_id, host)
+        left = ours()
         if not left:
             return []
+        if pgid is not None and not _group_is_ours(pgid, pgid_start, run_id, host):
+            pgid = None  # emptied and its number taken meanwhile
         signal_all(pgid, left, signal.SIGKILL)
         time.sleep(POLL_S)
-    return tagged_pids(run_id, host)
+    return ours()
 
 
 def _group_is_ours(pgid: int, recorded_start: int | None, run_id: str, host: str) -> bool:

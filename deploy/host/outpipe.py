@@ -1,0 +1,60 @@
+"""The agent's lines to the controller, sent by a thread of their own. Standard library only.
+
+Why: the agent's stdout is its SSH channel. When the link is cut, or the controller stops
+reading, the channel's window fills (about 2 MiB) and a write blocks until TCP gives up, which
+takes about 15 minutes with Linux's defaults. A blocking write in the watch loop (or in the tee
+thread, which then holds the stream's lock) would hold the stop of the run as long: a host cut
+off from its controller must stop its run within the heartbeat timeout (docs/elastic.md). So
+lines go into a bounded queue that never blocks; a full queue drops lines, counted, and says so
+once it has room again. Everything still reaches the host's train.log, written before this.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import BinaryIO
+
+QUEUE_LINES = 10_000  # about a megabyte of a run's output waiting for a slow link
+DRAIN_S = 5.0  # at the agent's end: how long its last lines may take to leave
+
+
+class ControllerPipe:
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.lines: queue.Queue[bytes] = queue.Queue(QUEUE_LINES)
+        self.dropped = 0
+        self.open = True
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def put(self, data: bytes) -> None:
+        """Never blocks: the line is queued, or dropped and counted."""
+        if not self.open:
+            return
+        try:
+            if self.dropped:
+                self.lines.put_nowait(f"meshrun-agent: {self.dropped} lines not sent to the controller (its link "
+                                      "was slow or cut); the host's train.log has them\n".encode())
+                self.dropped = 0
+            self.lines.put_nowait(data)
+        except queue.Full:
+            self.dropped += 1
+
+    def drain(self, timeout: float = DRAIN_S) -> None:
+        """Wait, at most `timeout` s, for the queued lines to be written."""
+        deadline = time.monotonic() + timeout
+        while self.open and self.lines.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _pump(self) -> None:
+        while True:
+            data = self.lines.get()
+            try:
+                self.stream.write(data)
+                self.stream.flush()
+            except OSError:  # BrokenPipeError included: the controller is gone
+                self.open = False
+                return
+            finally:
+                self.lines.task_done()
