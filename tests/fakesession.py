@@ -32,7 +32,7 @@ class FakeStream:
     def readline(self) -> bytes:
         return self.lines.pop(0) if self.lines else b""
 
-    def send(self, data: bytes) -> bool:
+    def send(self, data: bytes, timeout: float = 0.0) -> bool:
         return True
 
     def close_stdin(self) -> None:

@@ -34,7 +34,7 @@ class IdleStream:
         self.closed.wait(30)
         return b""
 
-    def send(self, data: bytes) -> bool:
+    def send(self, data: bytes, timeout: float = 0.0) -> bool:
         return True
 
     def close_stdin(self) -> None:

@@ -292,3 +292,21 @@ def test_thousands_of_rsync_errors_cannot_block_it(honest_project: Path, honest:
     assert f"host 'h1': {what} failed (rsync exit 23): " in text, text[-3000:]
     assert "Permission denied (13)" in text and "some files/attrs were not transferred" in text, text[-3000:]
     assert processes_naming(f"-p {honest.port} ") == []
+
+
+def test_a_host_that_never_reads_its_stdin_costs_a_send_its_timeout(silent_project: Path) -> None:
+    """The silent host runs the command and never reads what it is sent, so its SSH window fills
+    (paramiko's 2 MiB). `sendall` waited for room without end: a launch's env block, the heartbeat
+    thread (no host got heartbeats any more) and Ctrl-C all hung on it. A send now gives up after
+    its timeout, and at once with timeout 0 (the heartbeat's)."""
+    inventory = load_inventory(silent_project / "inventory" / "hosts.yaml")
+    host = inventory.host("h1")
+    with sessions_to((host,), inventory, silent_project) as sessions:
+        stream = sessions["h1"].start(["cat"])
+        try:
+            assert returns(lambda: stream.send(b"x" * (8 << 20), timeout=1.0)) is False
+            assert returns(lambda: stream.send(b"\n", timeout=0)) is False
+            stream.close_stdin()
+            assert returns(lambda: stream.send(b"\n", timeout=5.0)) is False  # closed: no spin, no wait
+        finally:
+            stream.abandon()

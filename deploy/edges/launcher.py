@@ -28,6 +28,7 @@ from meshrun.deploy.edges.transport import Session, Stream
 
 PING_TIMEOUT_S = 3.0  # sshd granting a new SSH channel: a round trip, in time even over a 1 Mbit link
 PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
+TELL_TIMEOUT_S = 2.0  # a restart or peer-gone line a host has no room for this long: it does not read its stdin
 TAIL_LINES = 20
 
 LineSink = Callable[[str, str], None]  # (host, line without newline)
@@ -217,7 +218,7 @@ class JobRunner:
                     self._maybe_rejoin(live)
                 if live.stream is None or live.done.is_set():
                     continue
-                live.stream.send(b"\n")
+                live.stream.send(b"\n", timeout=0)  # a full window already holds unread heartbeats
                 if not live.probing:
                     live.probing = True
                     threading.Thread(target=self._probe, args=(live,), daemon=True).start()
@@ -302,7 +303,7 @@ class JobRunner:
         torchrun waits for it in torch's exit barrier ends that wait (deploy/host/exitbarrier.py)."""
         for live in list(self.hosts):
             if live.name != gone and live.stream is not None and not live.done.is_set():
-                live.stream.send(line)
+                live.stream.send(line, timeout=TELL_TIMEOUT_S)
 
     def _wait(self) -> Verdict:
         """Until the job is finished or has failed; records each host's end as it happens."""

@@ -21,6 +21,9 @@ import paramiko
 from meshrun.deploy.edges.capped import Capped, read_line
 from meshrun.deploy.edges.sshtarget import CONNECT_TIMEOUT_S
 
+SEND_TIMEOUT_S = 10.0  # a host's SSH window with no room this long: the host does not read its stdin
+SEND_POLL_S = 0.01
+
 # sshd answers "open a channel" and "run this" at once, before the command does anything: a host
 # that has not within this bound is stuck, whatever the command's own time limit.
 EXEC_ANSWER_S = CONNECT_TIMEOUT_S
@@ -138,12 +141,27 @@ class SshStream:
         except SshErrors:
             return b""
 
-    def send(self, data: bytes) -> bool:
+    def send(self, data: bytes, timeout: float = SEND_TIMEOUT_S) -> bool:
+        """All of `data`, or False: the channel is closed, or the host granted no room in its window
+        for `timeout` s (0: only what fits now). Not `sendall`: it waits without end for a host
+        that stops reading, and spins once stdin is closed (paramiko's send then returns 0)."""
+        view, deadline = memoryview(data), time.monotonic() + timeout
         try:
-            self.channel.sendall(data)
-            return True
+            while view:
+                if self.channel.closed or self.channel.eof_sent:
+                    return False
+                if not self.channel.send_ready():
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(SEND_POLL_S)
+                    continue
+                sent = self.channel.send(view)
+                if sent == 0:
+                    return False
+                view = view[sent:]
         except SshErrors:
             return False
+        return True
 
     def close_stdin(self) -> None:
         try:

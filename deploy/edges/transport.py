@@ -67,7 +67,7 @@ class Stream(Protocol):
     """A long-running command: merged output by line, a stdin to write heartbeats to."""
 
     def readline(self) -> bytes: ...  # b"" at EOF
-    def send(self, data: bytes) -> bool: ...  # False once the other end is gone
+    def send(self, data: bytes, timeout: float = ...) -> bool: ...  # False: the other end is gone or reads nothing
     def close_stdin(self) -> None: ...
     def poll(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int | None: ...
@@ -91,7 +91,8 @@ class LocalStream:
         assert self.proc.stdout is not None
         return read_line(self.proc.stdout.readline)
 
-    def send(self, data: bytes) -> bool:
+    def send(self, data: bytes, timeout: float = 0.0) -> bool:
+        """A local agent (this machine's own): a pipe write, which its reader drains."""
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(data)
