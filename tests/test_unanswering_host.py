@@ -310,3 +310,35 @@ def test_a_host_that_never_reads_its_stdin_costs_a_send_its_timeout(silent_proje
             assert returns(lambda: stream.send(b"\n", timeout=5.0)) is False  # closed: no spin, no wait
         finally:
             stream.abandon()
+
+
+def test_a_failed_connect_leaves_no_reader_on_the_hosts_socket(tmp_path: Path, keys: Keys,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose SSH greeting never ends: the connect fails at its timeout, and Fabric's close()
+    does nothing before a connect has returned, so paramiko's reader went on reading (uncapped) on
+    an open socket, one more at each retry of an elastic run's rejoin. The socket is now closed:
+    the host sees it."""
+    import socket
+
+    from meshrun.deploy.edges.transport import connect
+
+    monkeypatch.setenv("MESHRUN_SSH_CONFIG", os.devnull)
+    closed = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def babble() -> None:
+            conn, _ = server.accept()
+            with conn:
+                try:
+                    while True:
+                        conn.sendall(b"x" * 64)
+                        time.sleep(0.01)
+                except OSError:
+                    closed.set()
+
+        threading.Thread(target=babble, daemon=True).start()
+        host = Host("h1", "127.0.0.1", ssh_address=None, user="root", port=server.getsockname()[1],
+                    identity=str(keys.client_key),
+                    python=None, workdir="~/meshrun", network=None, gpus=None, nproc=1, batch_size=None, env=())
+        failure = returns(lambda: connect(host, None, tmp_path, timeout=2))
+        assert isinstance(failure, MeshrunError) and str(failure).startswith("host 'h1': "), failure
+        assert closed.wait(10), "the controller still holds the connection open"

@@ -201,9 +201,22 @@ class SshSession:
     def open_hops(self, count: int) -> SshSession:
         """Open the first `count` hops in order (all of them: the target too)."""
         sshtarget.check_keys(self.target, count)
-        for index, (hop, conn) in enumerate(zip(self.target.hops[:count], self.chain)):
-            self._open(conn, hop, hop.label if index < len(self.target.jumps) else None)
+        try:
+            for index, (hop, conn) in enumerate(zip(self.target.hops[:count], self.chain)):
+                self._open(conn, hop, hop.label if index < len(self.target.jumps) else None)
+        except BaseException:
+            self._drop()
+            raise
         return self
+
+    def _drop(self) -> None:
+        """After a failed connect: Fabric's close() does nothing until a connect has returned, and
+        paramiko's reader would go on reading the host's greeting (uncapped) on its socket."""
+        for conn in reversed(self.chain):
+            try:
+                conn.client.close()
+            except Exception:  # noqa: BLE001 - the connect has already failed; this only frees it
+                pass
 
     def _open(self, conn: fabric.Connection, hop: sshtarget.Hop, jump: str | None) -> None:
         who, target = hostkeys.whose(self.host.name, jump), f"{hop.user}@{hop.hostname}:{hop.port}"
