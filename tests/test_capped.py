@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,27 @@ def test_a_controller_killed_outright_takes_its_local_commands_with_it() -> None
         assert not alive(child), f"pid {child} outlived its controller"
     finally:
         controller.kill()
+
+
+def test_ctrl_c_during_a_local_command_ends_its_group() -> None:
+    """KeyboardInterrupt while the main thread waits on rsync (a resume's checkpoint push, a local
+    host's command): the exit handler no longer knew the group once `run_bounded` returned, and
+    rsync with its ssh kept writing until the controller's own end (on macOS, beyond)."""
+    started: list[int] = []
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            run_bounded(["sh", "-c", "echo $$; exec sleep 60"], timeout=120,
+                        on_stdout=lambda data: started.append(int(data)), on_stderr=print)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert started and not alive(started[0]), f"pid {started} outlived the Ctrl-C"
 
 
 def load_inventory_local(tmp_path: Path):  # type: ignore[no-untyped-def]

@@ -61,6 +61,17 @@ def run_bounded(argv: Sequence[str], *, timeout: float, on_stdout: Sink, on_stde
         for pump in pumps:
             pump.join(max(0.0, drained - time.monotonic()))
         return rc if exited else None
+    except BaseException:
+        # Ctrl-C (KeyboardInterrupt) on this thread, mid-run: the exit handler is about to lose track
+        # of the group (finally below), so it is ended here, as at the deadline.
+        if proc.returncode is None:
+            _kill_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(TERM_GRACE_S)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                pass
+            _kill_group(proc.pid, signal.SIGKILL)
+        raise
     finally:
         with _live_lock:
             _live.discard(proc.pid)
