@@ -127,9 +127,11 @@ class Listener:
     port: int
     rendezvous: str
 
-    def close(self) -> None:
+    def close(self, deadline: float | None = None) -> None:
+        """Ask it to end; wait until `deadline` (monotonic; default 5 s from now), then drop it."""
         self.stream.close_stdin()
-        if self.stream.wait(timeout=5) is None:
+        left = 5.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if self.stream.wait(timeout=left) is None:
             self.stream.abandon()
 
 
@@ -313,5 +315,8 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
                 links += [_with_bandwidth(k, measured) for k in results.ok[name]]
         return rdzv, tuple(links)
     finally:
+        for listener in listeners.values():  # asked all at once, then one wait for all: never 5 s per host
+            listener.stream.close_stdin()
+        deadline = time.monotonic() + 5
         for listener in listeners.values():
-            listener.close()
+            listener.close(deadline)

@@ -379,9 +379,9 @@ class JobRunner:
         return next(live for live in self.hosts if live.name == name)
 
     def _outcomes(self, remaining: Mapping[str, object]) -> tuple[HostOutcome, ...]:
-        outcomes = []
+        outcomes, deadline = [], time.monotonic() + 5  # one wait for all: hosts whose streams hang must not add up
         for live in self.hosts:
-            live.done.wait(timeout=5)
+            live.done.wait(timeout=max(0.0, deadline - time.monotonic()))
             left = remaining.get(live.name, ())
             error = str(left) if isinstance(left, MeshrunError) else None
             pids = tuple(left) if isinstance(left, tuple) else ()

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host, Inventory
@@ -19,16 +18,14 @@ from meshrun.deploy.edges.transport import CommandResult, Session, connect
 
 def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], argv: list[str],
                       timeout: float) -> Iterator[tuple[str, CommandResult]]:
-    """(host, result) of `argv` on each named host that still answers; after a run, some may not
-    (and a host without a session here is skipped)."""
-    for name in names:
-        session = sessions.get(name)
-        if session is None:
-            continue
-        try:
-            yield name, session.run(argv, timeout=timeout)
-        except MeshrunError:
-            continue
+    """(host, result) of `argv` on each named host that still answers, in the order named; after a
+    run, some may not (and a host without a session here is skipped). All hosts at once: one after
+    another, each host gone silent since the run cost its whole timeout."""
+    asked = [sessions[name].host for name in names if name in sessions]
+    results = on_each(asked, lambda host: sessions[host.name].run(argv, timeout=timeout), timeout=timeout + 5)
+    for host in asked:
+        if host.name in results.ok:
+            yield host.name, results.ok[host.name]
 
 
 def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:
