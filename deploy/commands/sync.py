@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from meshrun.deploy.edges.beside import Beside
 from pathlib import Path
 
 from meshrun.deploy.edges import sshtarget
@@ -98,26 +98,27 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
     files = code_files(inv, project)
-    with ThreadPoolExecutor(1) as pool:
-        beside = spec is not None and data_beside_code(spec.dest, files)
-        dataset = pool.submit(sync_dataset, selected, inv, root, spec) if beside else None
-        try:
-            code = sync_code(selected, inv, project, renderer, files)
-        except MeshrunError:
-            # A bad SRC (unreadable file, refused name) is the user's to fix whatever the hosts do,
-            # and it would be lost behind an unreachable host's error.
-            if dataset is not None and isinstance(dataset.exception(), InputError):
-                raise dataset.exception() from None
-            raise
-        finally:
-            if dataset is not None:
-                dataset.exception()  # wait: the data sync must not outlive this command
-        for result in code.values():
-            renderer.info(f"{result.host}: " + ("workdir is this project, nothing to copy" if result.skipped
-                                                 else f"{result.files} files in sync"))
-        if spec is None:
-            return
-        items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec)
+    beside = spec is not None and data_beside_code(spec.dest, files)
+    # A daemon thread, not a pool: Ctrl-C must not wait for the data's rsyncs, which localproc stops.
+    dataset = Beside(sync_dataset, selected, inv, root, spec) if beside else None
+    try:
+        code = sync_code(selected, inv, project, renderer, files)
+    except MeshrunError:
+        # A bad SRC (unreadable file, refused name) is the user's to fix whatever the hosts do,
+        # and it would be lost behind an unreachable host's error.
+        if dataset is not None:
+            dataset.settle()
+            if isinstance(dataset.error, InputError):
+                raise dataset.error from None
+        raise
+    if dataset is not None:
+        dataset.settle()  # the data sync must not outlive this command
+    for result in code.values():
+        renderer.info(f"{result.host}: " + ("workdir is this project, nothing to copy" if result.skipped
+                                             else f"{result.files} files in sync"))
+    if spec is None:
+        return
+    items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec)
     for item in items.values():
         sent = f"{len(item.transferred)} sent" if item.transferred else "unchanged, nothing sent"
         renderer.info(f"{item.host}: data {spec.dest}: {item.files} files verified by sha256; {sent}")

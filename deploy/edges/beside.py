@@ -41,6 +41,11 @@ class Beside(Generic[T]):
             raise self._error
         return self._value  # type: ignore[return-value]
 
+    @property
+    def error(self) -> BaseException | None:
+        """What the call raised, once it has ended (None: it returned, or runs on)."""
+        return self._error if self._done.is_set() else None
+
     def settle(self) -> None:
         """Wait for the call to end, its outcome unused: the caller is already failing for
         another reason, and what this one started (a sync) should end whole, not be cut off."""
