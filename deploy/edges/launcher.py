@@ -356,12 +356,20 @@ class JobRunner:
 
     def _stop_beside(self, live: _Live) -> None:
         """Stop one host beside the watch loop (`fab leave`, or it outlived the training). A stop that
-        fails leaves it to end by itself (its heartbeat, its join timeout); its log says why."""
+        fails drops the agent's connection: its agent reads EOF and stops the run by itself (heartbeats
+        would have kept it going). Its log says why, and names what outlived a stop."""
         def stop() -> None:
             try:
-                self._stop_host(live)
+                left = self._stop_host(live)
             except MeshrunError as err:
-                self.sink(live.name, f"[{live.name}] meshrun: stopping it failed: {err}")
+                self.sink(live.name, f"[{live.name}] meshrun: stopping it failed: {err}; its agent's connection is "
+                                     "closed, so it stops the run itself")
+                if live.stream is not None:
+                    live.stream.abandon()
+                return
+            if left:
+                self.sink(live.name, f"[{live.name}] meshrun: {len(left)} process(es) of the run outlived the stop: "
+                                     f"{', '.join(map(str, left))}")
         threading.Thread(target=stop, daemon=True, name=f"stop-{live.name}").start()
 
     def _stop_host(self, live: _Live) -> tuple[int, ...]:
