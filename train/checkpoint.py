@@ -135,8 +135,9 @@ class Checkpointer:
                 self.warn(f"checkpoint copies of ranks {differ} differ from rank 0's in {keys} "
                           "(state that differs per rank and is not gathered); they store rank "
                           "0's bytes, broadcast at every save")
+        # A writer bounds rank 0's copy by its own; a rank that writes nothing has none to bound it by.
         theirs = dist.broadcast_bytes(payload if site.rank == 0 else None, 0, site.device,
-                                      dist.size_limit(len(payload)))
+                                      dist.size_limit(len(payload)) if site.writer else None)
         return theirs if site.rank in differ else payload
 
     def _write(self, payload: bytes, step: int, is_best: bool) -> Path:
@@ -271,7 +272,7 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
     Only tensor collectives are used: object collectives would unpickle peers' data."""
     rejected: set[int] = set()
     failures: dict[int, int] = {}  # source rank -> its offers that did not load; the same on every rank
-    own = ckpt.largest_local()
+    own = ckpt.largest_local()  # per-rank state (DiLoCo replicas, PowerSGD errors) grows with the world: x world size
     while True:
         offered = dist.all_gather_ints(ckpt.candidate(frozenset(rejected)), device)
         steps = [step if failures.get(r, 0) <= ckpt.cfg.keep_last else -1 for r, step in enumerate(offered)]
@@ -281,7 +282,7 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
         src = steps.index(newest)
         _compare_copies(ckpt, steps, rank, device)
         payload = dist.broadcast_bytes(ckpt.read_bytes(newest) if rank == src else None, src,
-                                       device, dist.size_limit(own) if own else None)
+                                       device, dist.size_limit(own * len(offered)) if own else None)
         state, reason = _try_load(payload)
         loaded = dist.all_gather_ints(int(state is not None), device)
         if all(loaded):
