@@ -231,6 +231,14 @@ def test_signal_handlers_are_in_place_before_torchrun_is_started(tmp_path: Path,
     assert all(callable(h) and h not in before.values() for h in seen.values()), seen
 
 
+def quiet_agent(tmp_path: Path, run_id: str, command: list[str]) -> subprocess.Popen:
+    """A detached-style agent (no controller: no heartbeats, no output) running `command`."""
+    return subprocess.Popen([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host",
+                             "local", "--heartbeat-timeout", "0", "--grace", "2", "--quiet", "--", *command],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 # A user's script that starts a helper the run's tags cannot find: a clean environment, a session of
 # its own, its parent gone (double fork). It writes the helper's pid, then stays (or exits: `end`).
 ESCAPER = """import os, sys, time
@@ -258,11 +266,7 @@ def test_a_helper_that_dropped_the_runs_tags_does_not_outlive_the_run(tmp_path: 
     script.write_text(ESCAPER)
     marker = tmp_path / "helper.pid"
     run_id = "escape-" + os.urandom(3).hex()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    agent = subprocess.Popen([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host",
-                              "local", "--heartbeat-timeout", "0", "--grace", "2", "--quiet", "--", sys.executable,
-                              str(script), str(marker), how], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent = quiet_agent(tmp_path, run_id, [sys.executable, str(script), str(marker), how])
     helper = wait_for_file(marker, 60)
     try:
         assert alive(helper) and helper not in tagged(run_id)
@@ -309,3 +313,34 @@ def test_a_controller_that_stopped_reading_does_not_hold_the_stop(tmp_path: Path
         for pid in tagged(run_id):
             os.kill(pid, signal.SIGKILL)
         agent.communicate(timeout=30)
+
+
+ORPHAN_THAT_EXITS = """import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(sys.argv[1], "w").write(str(os.getpid()))
+        os._exit(0)
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+def test_the_agent_reaps_the_orphans_it_adopts(tmp_path: Path) -> None:
+    """As its run's subreaper the agent inherits a script's orphans; one that exits must not stay a
+    zombie (each holds a pid against the host's limit until the agent ends; init reaped them before)."""
+    from meshrun.deploy.host.procs import children
+
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_THAT_EXITS)
+    marker = tmp_path / "orphan.pid"
+    agent = quiet_agent(tmp_path, "reap-" + os.urandom(3).hex(), [sys.executable, str(script), str(marker)])
+    try:
+        orphan = wait_for_file(marker, 60)
+        deadline = time.monotonic() + 10
+        while orphan in children(agent.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert orphan not in children(agent.pid), f"a zombie under the agent: {process_states([orphan])}"
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=60)

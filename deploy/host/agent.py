@@ -35,8 +35,8 @@ from meshrun.deploy.host.agentargs import parse
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe
-from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, signal_all, start_time,
-                                       tagged_pids, terminate_run, with_offspring)
+from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, reap_adopted, signal_all,
+                                       start_time, tagged_pids, terminate_run, with_offspring)
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
     parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
@@ -198,6 +198,7 @@ class Supervisor:
                 return 1
             if self.barrier.release():
                 return self.leave_exit_barrier(child)
+            reap_adopted(os.getpid(), child.pid)
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
         terminate_run(self.args.run_id, self.args.host, child.pid, 2, self.torchrun_start, tree=os.getpid())

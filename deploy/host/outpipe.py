@@ -5,8 +5,9 @@ reading, the channel's window fills (about 2 MiB) and a write blocks until TCP g
 takes about 15 minutes with Linux's defaults. A blocking write in the watch loop (or in the tee
 thread, which then holds the stream's lock) would hold the stop of the run as long: a host cut
 off from its controller must stop its run within the heartbeat timeout (docs/elastic.md). So
-lines go into a bounded queue that never blocks; a full queue drops lines, counted, and says so
-once it has room again. Everything still reaches the host's train.log, written before this.
+lines go into a queue bounded in bytes that never blocks; a full queue drops lines, counted, and
+says so once it has room again. The run's lines still reach the host's train.log, written before
+this (the usage samples, which are not the run's log, are simply lost).
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import threading
 import time
 from typing import BinaryIO
 
-QUEUE_LINES = 10_000  # about a megabyte of a run's output waiting for a slow link
+QUEUE_BYTES = 4 << 20  # a run's output waiting for a slow link; a longer single line is dropped (train.log has it)
 DRAIN_S = 5.0  # at the agent's end: how long its last lines may take to leave
 
 
 class ControllerPipe:
     def __init__(self, stream: BinaryIO) -> None:
         self.stream = stream
-        self.lines: queue.Queue[bytes] = queue.Queue(QUEUE_LINES)
-        self.dropped = 0
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        self.queued = self.dropped = 0  # bytes waiting, lines dropped: under `lock` (several threads put)
+        self.lock = threading.Lock()
         self.open = True
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -32,14 +34,18 @@ class ControllerPipe:
         """Never blocks: the line is queued, or dropped and counted."""
         if not self.open:
             return
-        try:
+        with self.lock:
+            if self.queued + len(data) > QUEUE_BYTES:
+                self.dropped += 1
+                return
             if self.dropped:
-                self.lines.put_nowait(f"meshrun-agent: {self.dropped} lines not sent to the controller (its link "
-                                      "was slow or cut); the host's train.log has them\n".encode())
+                notice = (f"meshrun-agent: {self.dropped} lines not sent to the controller (its link was slow or "
+                          "cut); the run's lines are in the host's train.log\n").encode()
+                self.queued += len(notice)
+                self.lines.put_nowait(notice)
                 self.dropped = 0
+            self.queued += len(data)
             self.lines.put_nowait(data)
-        except queue.Full:
-            self.dropped += 1
 
     def drain(self, timeout: float = DRAIN_S) -> None:
         """Wait, at most `timeout` s, for the queued lines to be written."""
@@ -57,4 +63,6 @@ class ControllerPipe:
                 self.open = False
                 return
             finally:
+                with self.lock:
+                    self.queued -= len(data)
                 self.lines.task_done()
