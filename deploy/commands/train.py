@@ -16,7 +16,8 @@ from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, parse_manifest
 from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
-from meshrun.deploy.edges.sessions import SessionsLater, sessions_to, reachable_results, training_interfaces
+from meshrun.deploy.edges.sessions import (SessionsLater, first_found, sessions_to, reachable_results,
+                                         training_interfaces)
 from meshrun.deploy.commands.sync import code_files, sync_code
 from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
@@ -101,10 +102,8 @@ def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """The trainer's result.json, from whichever host ran rank 0."""
     names = [h.host.name for h in plan.hosts]
-    for _, result in reachable_results(sessions, names, ["cat", f"{run_dir(plan.run_id)}/result.json"], 20):
-        if result.ok and (found := trainer_result(result.stdout)) is not None:
-            return found
-    return None
+    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/result.json"], 20,
+                       lambda result: trainer_result(result.stdout))
 
 
 def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...] = (),

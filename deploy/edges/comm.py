@@ -19,7 +19,7 @@ from meshrun.layout import COMM_PLAN, run_dir
 from meshrun.deploy.check.sites import undeclared_places
 from meshrun.deploy.run import commplan
 from meshrun.deploy.run.commplan import CommPlan, Hook, HookSettings
-from meshrun.deploy.edges.sessions import reachable_results
+from meshrun.deploy.edges.sessions import first_found
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.check_probes import gather_facts, probe_pairs
 from meshrun.deploy.inventory.selection import Selection
@@ -164,13 +164,8 @@ def applied_hook(workload: Workload) -> str:
 def read_comm_record(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """Rank 0's `comm` record (the trainer's all-reduce probe), from whichever host ran rank 0."""
     names = [h.host.name for h in plan.hosts]
-    for _, result in reachable_results(sessions, names, ["cat", f"{run_dir(plan.run_id)}/metrics.rank0.jsonl"], 20):
-        if not result.ok:
-            continue
-        comm = last_comm_record(result.stdout)
-        if comm is not None:
-            return comm
-    return None
+    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/metrics.rank0.jsonl"], 20,
+                       lambda result: last_comm_record(result.stdout))
 
 
 def last_comm_record(text: str) -> dict | None:

@@ -19,7 +19,7 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges import host_queries
 from meshrun.deploy.edges.check_probes import FACTS_TIMEOUT_S, probe_argv
 from meshrun.deploy.edges.fanout import on_each
-from meshrun.deploy.edges.sessions import reachable_results
+from meshrun.deploy.edges.sessions import first_found, reachable_results
 from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.edges.wheel import controller_identity
 from meshrun.deploy.inventory.model import Host
@@ -104,10 +104,7 @@ def final_checkpoints(sessions: Mapping[str, Session], names: list[str], run_id:
 def trainer_config(sessions: Mapping[str, Session], names: list[str], run_id: str) -> dict[str, Any] | None:
     """The trainer's config record from metrics.jsonl on the first host that has one (rank 0's)."""
     argv = ["grep", "-F", "-m", "64", "--", rules.CONFIG_KIND, f"{run_dir(run_id)}/metrics.jsonl"]
-    for _, result in reachable_results(sessions, names, argv, 10):
-        if result.ok and (config := rules.trainer_config(result.stdout)) is not None:
-            return config
-    return None
+    return first_found(sessions, names, argv, 10, lambda result: rules.trainer_config(result.stdout))
 
 
 def at_launch(hosts: tuple[Host, ...], sessions: Mapping[str, Session], root: Path, shipped: bytes,

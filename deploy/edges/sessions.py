@@ -7,13 +7,15 @@ import contextlib
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.edges.host_queries import peer_address_for, route_dev
 from meshrun.deploy.edges.transport import CommandResult, Session, connect
+
+T = TypeVar("T")
 
 
 def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], argv: list[str],
@@ -26,6 +28,22 @@ def reachable_results(sessions: Mapping[str, Session], names: Iterable[str], arg
     for host in asked:
         if host.name in results.ok:
             yield host.name, results.ok[host.name]
+
+
+FIRST_BATCH = 8  # hosts asked at a time where the first answer will do (rank 0's host is among the first)
+
+
+def first_found(sessions: Mapping[str, Session], names: Iterable[str], argv: list[str], timeout: float,
+                read: Callable[[CommandResult], T | None]) -> T | None:
+    """read(result) of the first named host, in order, whose successful result reads (not None):
+    FIRST_BATCH hosts at a time, so a silent host costs its batch one timeout and a thousand
+    hosts are not all asked for what the first one holds."""
+    asked = [name for name in names if name in sessions]
+    for start in range(0, len(asked), FIRST_BATCH):
+        for _, result in reachable_results(sessions, asked[start:start + FIRST_BATCH], argv, timeout):
+            if result.ok and (found := read(result)) is not None:
+                return found
+    return None
 
 
 def connect_all(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, Session]:

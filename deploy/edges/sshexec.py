@@ -134,6 +134,9 @@ class SshStream:
     def __init__(self, channel: paramiko.Channel) -> None:
         self.channel = channel
         self.out = channel.makefile("rb")
+        # The heartbeat thread and the watch loop both send: between one's send_ready() and its
+        # send() the other could take the room, and paramiko would then wait for more without end.
+        self.sending = threading.Lock()
 
     def readline(self) -> bytes:
         try:
@@ -146,6 +149,9 @@ class SshStream:
         for `timeout` s (0: only what fits now). Not `sendall`: it waits without end for a host
         that stops reading, and spins once stdin is closed (paramiko's send then returns 0)."""
         view, deadline = memoryview(data), time.monotonic() + timeout
+        acquired = self.sending.acquire(timeout=timeout) if timeout > 0 else self.sending.acquire(blocking=False)
+        if not acquired:
+            return False
         try:
             while view:
                 if self.channel.closed or self.channel.eof_sent:
@@ -161,6 +167,8 @@ class SshStream:
                 view = view[sent:]
         except SshErrors:
             return False
+        finally:
+            self.sending.release()
         return True
 
     def close_stdin(self) -> None:
