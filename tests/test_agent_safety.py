@@ -337,6 +337,7 @@ def test_the_agent_reaps_the_orphans_it_adopts(tmp_path: Path) -> None:
     agent = quiet_agent(tmp_path, "reap-" + os.urandom(3).hex(), [sys.executable, str(script), str(marker)])
     try:
         orphan = wait_for_file(marker, 60)
+        assert children(agent.pid), "no /proc/PID/task/*/children here: nothing to test the reaping with"
         deadline = time.monotonic() + 10
         while orphan in children(agent.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
