@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -202,14 +203,39 @@ def test_join_requests_that_are_not_requests_neither_block_nor_crash_the_control
     record = RunRecord(RUN, "/inv.yaml", ("gpu1",), 1.0, False, "10.0.0.1:29400", elastic=(1, 2))
     requests = tmp_path / "runs" / RUN / "requests"
     requests.mkdir(parents=True)
+    renderer = Warnings()
+    poller = RequestPoller(record, None, Project(tmp_path, tmp_path / "runs"), renderer)  # type: ignore[arg-type]
     os.rename(fifo, requests / "1-fifo.json")
     (requests / "2-list.json").write_text("[" * 100_000)
     (requests / "3-shape.json").write_text('{"action": "reboot", "host": "gpu1"}')
-    renderer = Warnings()
-    poller = RequestPoller(record, None, Project(tmp_path, tmp_path / "runs"), renderer)  # type: ignore[arg-type]
     within(lambda: poller(None))  # type: ignore[arg-type]
     assert renderer.lines == [f"ignored {name} in {requests}: not a join or leave request"
                               for name in ("1-fifo.json", "2-list.json", "3-shape.json")]
+
+
+def test_a_resumed_run_does_not_replay_the_requests_of_an_earlier_controller(tmp_path: Path) -> None:
+    """`fab train --resume` reuses runs/<id>/requests/: a leave answered (or never answered) by the
+    controller that ran before is history. Only what arrives while this controller runs is done."""
+    from types import SimpleNamespace
+
+    from meshrun.deploy.project import Project
+
+    record = RunRecord(RUN, "/inv.yaml", ("gpu1",), 1.0, False, "10.0.0.1:29400", elastic=(1, 2))
+    requests = tmp_path / "runs" / RUN / "requests"
+    requests.mkdir(parents=True)
+    (requests / "1-old-leave-gpu1.json").write_text('{"action": "leave", "host": "gpu1"}')
+    renderer = Warnings()
+    renderer.info = renderer.lines.append  # type: ignore[method-assign]
+    poller = RequestPoller(record, None, Project(tmp_path, tmp_path / "runs"), renderer)  # type: ignore[arg-type]
+    (requests / "2-new-leave-gpu1.json").write_text('{"action": "leave", "host": "gpu1"}')
+    poller(SimpleNamespace(hosts=[]))  # type: ignore[arg-type]
+    answer = requests / "2-new-leave-gpu1.done.json"
+    deadline = time.monotonic() + 10
+    while not answer.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads(answer.read_text()) == {"ok": False, "message": f"host 'gpu1' is not running in run {RUN}"}
+    time.sleep(0.5)  # a replayed request would have been answered beside the new one
+    assert not (requests / "1-old-leave-gpu1.done.json").exists()
 
 
 def test_the_preflight_cache_and_pyproject_are_read_bounded(tmp_path: Path, fifo: Path) -> None:

@@ -71,17 +71,23 @@ class SlowStopSession:
         pass
 
 
-def test_a_host_back_from_a_cut_is_started_once_while_its_old_agent_is_being_stopped(tmp_path: Path) -> None:
+def runner_with_b_cut(tmp_path: Path, stop_s: float, started: list[Sequence[str]]) -> tuple[JobRunner, _Live]:
+    """An elastic job of a and b whose b was just cut off; a reconnected b's stop takes `stop_s`."""
     hosts = (host("a", "10.0.0.1"), host("b", "10.0.0.2"))
     plan = plan_launch(Selection(hosts, Rendezvous("a", 29400)), LaunchOptions("r1", elastic=ElasticBounds(1, 2)),
                        {}, "/p")
-    started: list[Sequence[str]] = []
     sessions = {h.name: SlowStopSession(h, 0.0, started) for h in hosts}
     runner = JobRunner(plan, sessions, lambda _h, _l: None, tmp_path, "/venv/bin/python",
-                       reconnect=lambda h: SlowStopSession(h, 1.0, started))
+                       reconnect=lambda h: SlowStopSession(h, stop_s, started))
     lost: _Live = runner.hosts[1]
     lost.lost = lost.cut = lost.seen_down = True
     lost.done.set()
+    return runner, lost
+
+
+def test_a_host_back_from_a_cut_is_started_once_while_its_old_agent_is_being_stopped(tmp_path: Path) -> None:
+    started: list[Sequence[str]] = []
+    runner, lost = runner_with_b_cut(tmp_path, 1.0, started)
     for _ in range(20):  # the link watcher ticks many times during the one-second stop
         runner._maybe_rejoin(lost)
         time.sleep(0.1)
@@ -98,3 +104,24 @@ def test_a_host_back_from_a_cut_is_started_once_while_its_old_agent_is_being_sto
     for live in runner.hosts:
         if live.stream is not None:
             live.stream.abandon()
+
+
+def test_a_leave_stops_the_agent_that_runs_not_the_one_that_was_lost(tmp_path: Path) -> None:
+    """After a host came back, its name has two entries: the lost one and the running one. `fab
+    leave` took the first, so it stopped through a dead session (the host trained on) or killed the
+    new agent without marking it as leaving (a false loss)."""
+    runner, lost = runner_with_b_cut(tmp_path, 0.0, [])
+    runner._maybe_rejoin(lost)
+    deadline = time.monotonic() + 5
+    while not lost.replaced and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fresh = [live for live in runner.hosts if live.name == "b" and live is not lost]
+    assert len(fresh) == 1
+    try:
+        runner.remove_host("b")
+        assert fresh[0].leaving and not lost.leaving
+    finally:
+        runner.stopping.set()
+        for live in runner.hosts:
+            if live.stream is not None:
+                live.stream.abandon()

@@ -27,7 +27,7 @@ from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.agents import run_detached_agent
 from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.inventory.load import load_inventory
-from meshrun.deploy.inventory.model import ElasticBounds, Inventory, Rendezvous
+from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
 from meshrun.deploy.run.answers import from_json
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, at_generation, plan_launch
 from meshrun.deploy.render.console import Renderer
@@ -86,10 +86,18 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
     finally:
         head_session.close()
     rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
-    # The joiner walks the same succession order as the members (theirs, then itself).
-    everyone = (*(m for m in members if m.name != joiner.name), joiner)
-    plan = plan_launch(Selection(everyone, rdzv), options, interfaces, sys.executable)
+    plan = plan_launch(Selection(join_order(members, joiner), rdzv), options, interfaces, sys.executable)
     return next(h for h in plan.hosts if h.host.name == joiner.name), session
+
+
+def join_order(members: tuple[Host, ...], joiner: Host) -> tuple[Host, ...]:
+    """The succession order a joiner walks: the members', so that every agent looks for the next
+    store at the same address. A former member keeps its old place (moved to the end, it and the
+    others would each look for the next store at the other's address once the first rendezvous host
+    died, and neither would hold one); a new host comes after them."""
+    if any(m.name == joiner.name for m in members):
+        return tuple(joiner if m.name == joiner.name else m for m in members)
+    return (*members, joiner)
 
 
 def add_member(project: Project, record: RunRecord, name: str) -> RunRecord:
@@ -148,7 +156,10 @@ class RequestPoller:
         self.inventory = inventory
         self.project = project
         self.renderer = renderer
-        self.seen: set[Path] = set()
+        # A resumed run reuses its run directory: the requests of an earlier controller, answered or
+        # left unanswered when it died, are history, never carried out again.
+        directory = requests_dir(project, record.run_id)
+        self.seen: set[Path] = set(directory.glob("[0-9]*.json")) if directory.is_dir() else set()
 
     def __call__(self, runner: JobRunner) -> None:
         directory = requests_dir(self.project, self.record.run_id)
@@ -189,10 +200,21 @@ class RequestPoller:
         return f"started on {name}; the job re-rendezvouses to take it in"
 
     def _leave(self, runner: JobRunner, name: str) -> str:
-        if not any(h.name == name and not h.done.is_set() for h in runner.hosts):
+        running = [h.name for h in runner.hosts if not h.done.is_set()]
+        if name not in running:
             raise MeshrunError(f"host '{name}' is not running in run {self.record.run_id}")
+        below_minimum(self.record, name, len(set(running)))
         runner.remove_host(name)
         return f"stopping {name}; the others go on while at least {self.record.elastic[0]} host(s) remain"
+
+
+def below_minimum(record: RunRecord, name: str, running: int) -> None:
+    """A leave that would take the run below its elastic minimum is refused: the others would wait
+    for a host that never comes and fail at the join timeout, the run blamed on them."""
+    if running - 1 < record.elastic[0]:
+        raise MeshrunError(f"leaving {name} would leave {running - 1} host(s) in run {record.run_id}, below its "
+                           f"elastic minimum of {record.elastic[0]}; end the whole run with fab stop --run "
+                           f"{record.run_id}")
 
 
 def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[str], renderer: Renderer) -> list[str]:
@@ -201,6 +223,9 @@ def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[
     inventory = load_inventory(Path(record.inventory), project.root)
     for name in hosts:
         select_hosts(inventory, name)  # unknown hosts get the usual one-line error
+        if name not in inventory.host_names:  # a group, or `host:0,1`: the record and the order take names
+            raise InputError(f"--hosts {shown(name)}: join and leave take host names, one by one "
+                             f"(hosts: {', '.join(inventory.host_names)})")
     if controller_alive(record):
         answers = [submit(project, record, action, name) for name in hosts]
         failed = [a["message"] for a in answers if not a["ok"]]
@@ -215,7 +240,13 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
     from meshrun.deploy.edges.agents import host_states, stop_hosts
 
     if action == "leave":
-        stop_hosts(record, project.root, (name,))
+        running = {st.host for st in host_states(record, project.root) if st.state == "running"}
+        if name not in running:
+            raise MeshrunError(f"host '{name}' is not running in run {record.run_id}")
+        below_minimum(record, name, len(running))
+        failed = stop_hosts(record, project.root, (name,)).failed
+        if failed:
+            raise MeshrunError(str(failed[name]))
         return f"stopped run {record.run_id} on {name}"
     # Detached, no controller knows where the rendezvous went: the members' agents do.
     generation = max((st.generation or 0 for st in host_states(record, project.root) if st.state == "running"),

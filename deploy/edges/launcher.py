@@ -384,7 +384,9 @@ class JobRunner:
         return remaining_pids(host.name, report)
 
     def _live(self, name: str) -> _Live:
-        return next(live for live in self.hosts if live.name == name)
+        """The host's current entry: a host that came back or rejoined has a newer one after the
+        old, and a leave must stop the agent that runs, not the one that was lost."""
+        return next(live for live in reversed(self.hosts) if live.name == name and not live.done.is_set())
 
     def _outcomes(self, remaining: Mapping[str, object]) -> tuple[HostOutcome, ...]:
         outcomes, deadline = [], time.monotonic() + 5  # one wait for all: hosts whose streams hang must not add up
