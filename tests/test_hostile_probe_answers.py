@@ -194,6 +194,11 @@ def test_a_sound_facts_answer() -> None:
     facts = check_probes.host_facts(FakeSession(answer), host(), None, "/venv/bin/python")
     assert (facts.fingerprint, facts.disk_free_gib, facts.gpu_note) == (
         Fingerprint("3.11.7", "2.4.1"), 10.0, "nvidia-smi not found: CPU only")
+    assert not facts.python_unset
+    unset = check_probes.host_facts(FakeSession(answer), dataclasses.replace(host(), python=None), None, "/x/python")
+    local = dataclasses.replace(host(), python=None, address="local")
+    assert (unset.python_unset, check_probes.host_facts(FakeSession(answer), local, None, "/x/python").python_unset) \
+        == (True, False)
 
 
 ROUTE = ("host 'h1': no route to 10.0.0.2 (ip route get gave no interface: {}); check the host's network and its "

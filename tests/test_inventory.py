@@ -129,7 +129,7 @@ MALFORMED = [
     ("hosts:\n  a: {address: 10.0.0.1\n",
      "3: YAML syntax error: expected ',' or '}', but got '<stream end>'; fix the YAML at that line"),
     ("hosts:\n  a:\n    address: [1\n", "4: YAML syntax error: expected ',' or ']', but got '<stream end>'; fix the YAML at that line"),
-    ("", "1: the inventory is empty; add a `hosts:` section (see inventory/local.yaml)"),
+    ("", '1: the inventory is empty; add a `hosts:` section (README, "Many machines")'),
     ("- a\n- b\n", "1: the inventory must be a mapping (key: value lines); write the inventory as `key: value` pairs"),
     ("defaults: {}\n", "1: no `hosts:` section; list at least one host under `hosts:`"),
     ("hosts: {}\n", "1: `hosts:` is empty; list at least one host"),

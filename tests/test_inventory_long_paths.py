@@ -141,9 +141,9 @@ def test_no_inventory_under_a_long_project_root(tmp_path: Path) -> None:
         inventory_path(None, root, {}, tmp_path / "home")
     assert str(info.value) == (
         "no inventory found (looked for --inventory, $MESHRUN_INVENTORY, the project's inventory/hosts.yaml or "
-        f"inventory/local.yaml, ~/.config/meshrun/inventory.yaml); write level0-{'x' * 13}…{'x' * 31}"
-        "/project/inventory/hosts.yaml (README, \"Inventory\") or pass --inventory FILE")
-    assert len("error: " + str(info.value)) == LINE_MAX
+        f"inventory/local.yaml, ~/.config/meshrun/inventory.yaml); write level0-{'x' * 12}…"
+        "/project/inventory/hosts.yaml (README, \"Many machines\") or pass --inventory FILE")
+    assert len("error: " + str(info.value)) <= LINE_MAX  # the cut falls at a `/`: the rest stays whole
 
 
 def test_meshrun_prints_the_short_line(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def test_no_inventory_anywhere_names_the_lookup_order(project: Path, tmp_path: P
     assert done.returncode == 2
     before = ("error: no inventory found (looked for --inventory, $MESHRUN_INVENTORY, the project's "
               "inventory/hosts.yaml or inventory/local.yaml, ~/.config/meshrun/inventory.yaml); write ")
-    after = ' (README, "Inventory") or pass --inventory FILE'
+    after = ' (README, "Many machines") or pass --inventory FILE'
     # The path gets the room the line leaves (300 characters in all); a longer one loses its middle, not its end.
     where = shown_path(project.resolve() / "inventory/hosts.yaml", 300 - len(before) - len(after))
     assert where.endswith("/proj/inventory/hosts.yaml")

@@ -165,6 +165,17 @@ def test_missing_torch_missing_gpu_and_unreachable_are_fail() -> None:
     assert host_findings(dead, {}) == [Finding(Level.FAIL, "h2", "host 'h2': no SSH answer from root@10.0.0.2:22 within 3 s")]
 
 
+def test_a_python_that_did_not_run_says_how_to_make_one_when_the_inventory_names_none() -> None:
+    missing = Fingerprint(None, error="`/usr/bin/python3.12`: No such file or directory")
+    assert host_findings(facts("h1", fingerprint=missing), {}) == [Finding(Level.FAIL, "h1", (
+        "the host's python did not run (`/usr/bin/python3.12`: No such file or directory); set `python:` in the "
+        "inventory to an interpreter that exists there"))]
+    assert host_findings(facts("h1", fingerprint=missing, python_unset=True), {}) == [Finding(Level.FAIL, "h1", (
+        "the host's python did not run (`/usr/bin/python3.12`: No such file or directory); it has no `python:` in "
+        "the inventory: run `meshrun setup --hosts h1` (it makes ~/meshrun/.venv), then set "
+        "`python: ~/meshrun/.venv/bin/python`"))]
+
+
 def test_differing_versions_are_fail_but_python_patch_level_is_not() -> None:
     hosts = [facts("h1"), facts("h2", fingerprint=Fingerprint("3.11.2", "2.13.0+cpu", None, None)),
              facts("h3", fingerprint=Fingerprint("3.12.1", "2.14.1+cu130", "13.0", "2.30.7"))]

@@ -4,6 +4,7 @@ host's meshrun compares with the controller's (version skew), and what a host ma
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -13,8 +14,12 @@ from meshrun.deploy.check.findings import Finding, Level
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.check.verdicts import Fingerprint, HostFacts
 from meshrun.deploy.check.answers import meshrun_of
+from meshrun.deploy.commands.train import TrainRequest, refuse_unshipped
+from meshrun.deploy.edges.sync import project_files
 from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.project import Project, find_project, relative_to_project
+from meshrun.deploy.run.plan import Workload
 from meshrun.deploy.run.requirements import Requirements, project_requirements
 
 MINE = "0.1.0 (build 0123456789ab)"
@@ -79,6 +84,35 @@ def test_script_and_config_paths_as_the_hosts_will_see_them(repo: Path, tmp_path
         relative_to_project("sub/x.yaml", project, "--config", packaged_ok=True)
     with pytest.raises(InputError, match=r"^--script \.\./x.py: not inside the project "):
         relative_to_project("../x.py", project, "--script")
+
+
+def test_a_script_or_config_the_code_sync_leaves_out_is_refused_before_any_host(repo: Path) -> None:
+    (repo / ".gitignore").write_text("secret.py\nlocal/\n")
+    (repo / "secret.py").write_text("")
+    (repo / "local").mkdir()
+    (repo / "local/c.yaml").write_text("")
+    project, files = Project(repo, repo / "runs"), project_files(repo)
+
+    remote = Host("gpu1", "10.0.0.1", ssh_address=None, user=None, port=None, identity=None, python=None,
+                  workdir="~/meshrun", network=Network.LAN, gpus=None, nproc=1, batch_size=None, env=())
+    itself = dataclasses.replace(remote, name="local", address="local", workdir=str(repo))
+
+    def refused(no_sync: bool = False, hosts: tuple[Host, ...] = (remote,), **work: str) -> str | None:
+        request = TrainRequest(None, None, Workload(**work), no_sync=no_sync)  # type: ignore[arg-type]
+        try:
+            refuse_unshipped(request, files, project, hosts)
+        except InputError as err:
+            return str(err)
+        return None
+
+    assert refused(script="main.py", config="cfg.yaml") is None  # untracked, not ignored: shipped
+    assert refused(config="digits.yaml") is None  # meshrun's own config, not the project's
+    assert refused(script="secret.py") == ("--script secret.py: not among the files fab sync sends (gitignored or "
+                                           "outside the project); commit it or un-ignore it")
+    assert refused(config="local/c.yaml") == ("--config local/c.yaml: not among the files fab sync sends "
+                                              "(gitignored or outside the project); commit it or un-ignore it")
+    assert refused(no_sync=True, script="secret.py") is None  # --no-sync: the hosts have what they have
+    assert refused(hosts=(itself,), script="secret.py") is None  # the local default: the workdir is the project
 
 
 def facts(name: str, fingerprint: Fingerprint | None) -> HostFacts:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from meshrun.train.metrics import EpochRecord, ResumeRecord, StepRecord, as_json
+from meshrun.deploy.commands.report import metrics_root
+from meshrun.deploy.errors import InputError
 from meshrun.deploy.render.png import write_png
 from meshrun.deploy.run.report import load_report
 
@@ -47,6 +49,20 @@ def test_load_report_merges_hosts_and_resumed_epochs(tmp_path: Path) -> None:
     assert [(r.host, r.rank, r.samples_per_s) for r in report.ranks] == [
         ("gpu1", 0, 1100.0), ("gpu2", 1, 800.0)]
     assert report.total_samples_per_s == 1900.0
+
+
+def test_a_run_without_metrics_says_why_and_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "r1").mkdir()
+    with pytest.raises(InputError) as err:
+        metrics_root(tmp_path, "r1")
+    assert str(err.value) == (f"run r1: no metrics under {tmp_path / 'r1'}; bring them home first: "
+                              "fab fetch-checkpoints --run r1")
+    with pytest.raises(InputError) as err:  # fetching would bring none: a user script writes none
+        metrics_root(tmp_path, "r1", "train.py")
+    assert str(err.value) == (f"run r1: no metrics under {tmp_path / 'r1'}: it ran --script train.py, and runs of a "
+                              "user script record no metrics (only the built-in trainer writes metrics.jsonl)")
+    write(tmp_path / "r1" / "hosts" / "gpu1" / "metrics.jsonl", [epoch(1, 0.5, 1.0)])
+    assert metrics_root(tmp_path, "r1", "train.py") == tmp_path / "r1" / "hosts"
 
 
 def test_png_has_size_and_content(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from meshrun.deploy.edges import sshargv, sshtarget
 from meshrun.deploy.edges.sshtarget import Hop, SshTarget
+from meshrun.deploy.edges.transport import login_refused
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.model import Host, Network
 
@@ -73,11 +74,10 @@ def test_the_inventory_wins_where_it_speaks(home: Path) -> None:
 
 
 def test_a_block_without_hostname_keeps_the_address_and_no_block_means_the_address() -> None:
-    assert resolve(host("gpu2", "10.0.0.2")).target == Hop("gpu2", "10.0.0.2", "alice", 22, (),
-                                                           "IdentityFile for Host gpu2 in /cfg")
+    assert resolve(host("gpu2", "10.0.0.2")).target == Hop("gpu2", "10.0.0.2", "alice", 22, (), "")
     # `Host *` alone says nothing about the name: the address's block applies, as `ssh 10.0.0.3` would.
-    assert resolve(host("cpu3", "10.0.0.3")).target == Hop("10.0.0.3", "10.0.0.3", "root", 2203, (),
-                                                           "IdentityFile for Host 10.0.0.3 in /cfg")
+    assert resolve(host("cpu3", "10.0.0.3")).target == Hop("10.0.0.3", "10.0.0.3", "root", 2203, (), "",
+                                                           user_defaulted=True)
 
 
 def test_ssh_address_picks_its_block_as_before() -> None:
@@ -87,8 +87,8 @@ def test_ssh_address_picks_its_block_as_before() -> None:
 
 def test_jump_specs_and_refusals() -> None:
     got = resolve(host("a", "10.0.0.9"), "Host a\n  ProxyJump u@j1:2001,[fd00::5]:23,j3\n")
-    assert [(j.label, j.hostname, j.user, j.port) for j in got.jumps] == [
-        ("j1", "j1", "u", 2001), ("fd00::5", "fd00::5", "root", 23), ("j3", "j3", "root", 22)]
+    assert [(j.label, j.hostname, j.user, j.port, j.user_defaulted) for j in got.jumps] == [
+        ("j1", "j1", "u", 2001, False), ("fd00::5", "fd00::5", "root", 23, True), ("j3", "j3", "root", 22, True)]
     with pytest.raises(InputError) as err:
         resolve(host("a", "10.0.0.9"), "Host a\n  ProxyCommand nc %h %p\n")
     assert str(err.value) == ("host 'a': /cfg sets a ProxyCommand for a; meshrun cannot pin the keys behind it: "
@@ -127,6 +127,27 @@ def test_missing_keys_are_named_with_where_they_were_set(home: Path) -> None:
     (home / ".ssh").mkdir()
     (home / ".ssh/id_ed25519").write_text("k")
     sshtarget.check_keys(resolve(host("gpu2", "10.0.0.2")))  # paramiko finds ~/.ssh/id_ed25519 itself
+
+
+def test_a_refused_login_names_a_defaulted_user_and_only_a_real_key_source(home: Path) -> None:
+    """The target's user fell back to root and no key was set anywhere: say so, and name no IdentityFile."""
+    refused = paramiko.AuthenticationException("Authentication failed.")
+    bare = resolve(host("cpu3", "10.0.0.3"))
+    assert str(login_refused("host 'cpu3'", "root@10.0.0.3:2203", bare.target, None, bare.config, refused)) == (
+        "host 'cpu3': SSH login to root@10.0.0.3:2203 refused (Authentication failed.); check user root (the "
+        "default; set `user:` in the inventory) and the key (ssh-agent or ~/.ssh/id_*: none is set in the "
+        "inventory or ssh_config), and that the key is in the host's authorized_keys")
+    named = resolve(host("gpu1", "10.147.17.11"))
+    assert str(login_refused("host 'gpu1'", "ubuntu@203.0.113.7:2200", named.target, None, named.config,
+                             refused)) == (
+        "host 'gpu1': SSH login to ubuntu@203.0.113.7:2200 refused (Authentication failed.); check the user and "
+        "the key (IdentityFile for Host gpu1 in /cfg), and that the key is in the host's authorized_keys")
+    jumped = resolve(host("a", "10.0.0.9", user="me", identity="~/k"), "Host a\n  ProxyJump j3\n")
+    assert str(login_refused("host 'a': jump host j3", "root@j3:22", jumped.jumps[0], "j3", jumped.config,
+                             refused)) == (
+        "host 'a': jump host j3: SSH login to root@j3:22 refused (Authentication failed.); check user root (the "
+        "default; set User for Host j3 in /cfg) and the key (`identity` in the inventory), and that the key is "
+        "in the host's authorized_keys")
 
 
 def test_a_key_path_with_a_percent_reaches_ssh_literally(home: Path) -> None:

@@ -82,6 +82,7 @@ class HostFacts:
     wireguard: WireGuardState | None = None
     machine: str | None = None  # a digest of the kernel's boot id: hosts that share it share CPUs (allreduce_budget)
     cpus: int | None = None  # the CPUs the host's processes may use
+    python_unset: bool = False  # a remote host with no `python:` in the inventory: it was given the controller's
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,11 @@ def _python_findings(host: HostFacts) -> list[Finding]:
     fp = host.fingerprint
     if fp is None or fp.python is None:
         reason = fp.error if fp is not None and fp.error else "no answer"
+        if host.python_unset:
+            venv = f"{host.workdir}/.venv"
+            return [fail(host.name, f"the host's python did not run ({reason}); it has no `python:` in the inventory: "
+                                    f"run `meshrun setup --hosts {host.name}` (it makes {venv}), then set "
+                                    f"`python: {venv}/bin/python`")]
         return [fail(host.name, f"the host's python did not run ({reason}); set `python:` in the inventory "
                                 "to an interpreter that exists there")]
     if fp.torch is None:

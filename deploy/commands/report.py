@@ -12,6 +12,7 @@ from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import resolve_run
 from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.shown import shown_path
 from meshrun.deploy.render.console import Renderer
 
 from meshrun.deploy.render.png import write_png
@@ -20,21 +21,25 @@ from meshrun.deploy.run.provenance import report_lines
 from meshrun.deploy.run.report import RunReport, load_report
 
 
-def metrics_root(runs: Path, run_id: str) -> Path:
-    """Where a run's metrics are: per host after `fab fetch-checkpoints`, else in the run dir itself."""
+def metrics_root(runs: Path, run_id: str, script: str | None = None) -> Path:
+    """Where a run's metrics are: per host after `fab fetch-checkpoints`, else in the run dir itself.
+    `script`: the run's --script (its launch record), whose runs write none."""
     home = runs / run_id
     fetched = home / "hosts"
     if fetched.is_dir() and any(fetched.glob("*/metrics*.jsonl")):
         return fetched
     if any(home.glob("metrics*.jsonl")):
         return home
+    if script is not None:
+        raise InputError(f"run {run_id}: no metrics under {home}: it ran --script {shown_path(script)}, and runs of "
+                         "a user script record no metrics (only the built-in trainer writes metrics.jsonl)")
     raise InputError(f"run {run_id}: no metrics under {home}; bring them home first: "
                      f"fab fetch-checkpoints --run {run_id}")
 
 
-def build_report(runs: Path, run_id: str) -> tuple[RunReport, Path]:
+def build_report(runs: Path, run_id: str, script: str | None = None) -> tuple[RunReport, Path]:
     """The report and the PNG written next to the run (`runs/<id>/report.png`)."""
-    report = load_report(metrics_root(runs, run_id))
+    report = load_report(metrics_root(runs, run_id, script))
     png = write_png(report, runs / run_id / "report.png")
     return report, png
 
@@ -70,8 +75,9 @@ def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = N
 def main(run: str | None, as_json: bool, project: Project) -> None:
     runs = project.runs
     """`fab report [--run ID] [--json]`."""
-    run_id = resolve_run(runs, run, warn=Renderer().warn).run_id
-    result, png = build_report(runs, run_id)
+    record = resolve_run(runs, run, warn=Renderer().warn)
+    run_id = record.run_id
+    result, png = build_report(runs, run_id, record.workload.get("script"))
     comm = comm_beside_floor(runs, run_id, result)
     provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
     renderer = Renderer()

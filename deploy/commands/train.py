@@ -78,6 +78,20 @@ def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest
     return dataclasses.replace(request, workload=dataclasses.replace(work, script=script, config=config))
 
 
+def refuse_unshipped(request: TrainRequest, files: bytes, project: Project, hosts: tuple[Host, ...]) -> None:
+    """A project's --script or --config that the code sync leaves out (gitignored, in a submodule)
+    would reach no host, and every rank would fail "can't open file". A bare config name the
+    project lacks is one of meshrun's own (train/configs/) and is not the project's to send. Hosts
+    whose workdir is the project itself (the local default) get no copy and need none."""
+    if request.no_sync or all(is_project_itself(h, project.root) for h in hosts):
+        return
+    shipped = frozenset(os.fsdecode(n) for n in files.split(b"\0") if n)
+    for flag, path in (("--script", request.workload.script), ("--config", request.workload.config)):
+        if path and (project.root / path).is_file() and path not in shipped:
+            raise InputError(f"{flag} {path}: not among the files fab sync sends (gitignored or outside the "
+                             "project); commit it or un-ignore it")
+
+
 def _with_resumed_defaults(request: TrainRequest, project: Project) -> TrainRequest:
     """`--resume ID` defaults to that run's inventory and hosts."""
     if not request.resume:
@@ -187,6 +201,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     options = _launch_options(request, inventory, len(hosts), renderer)
     run_id = options.run_id
     files = code_files(inventory, project)
+    refuse_unshipped(request, files, project, hosts)  # before any host is contacted
     # The code sync needs no session (rsync brings its own ssh): it runs while they open and the
     # pre-flight checks, and is waited for before anything uses the code (_prepare_hosts). A host
     # it last synced this very code is asked first, over its session once open (deploy/run/codehint.py).

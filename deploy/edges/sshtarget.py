@@ -52,7 +52,8 @@ class Hop:
     user: str
     port: int
     identities: tuple[str, ...]  # key files, ~ expanded; empty: agent and ~/.ssh/id_* (as ssh)
-    identity_from: str  # where `identities` were set, for messages
+    identity_from: str  # where `identities` were set, for messages; "": nowhere (agent and ~/.ssh/id_*)
+    user_defaulted: bool = False  # neither the inventory nor ssh_config named the user: it is DEFAULT_USER
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,11 @@ def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | N
     else:
         said.check("HostName", hostname)
     identities = (os.path.expanduser(host.identity),) if host.identity else _config_keys(options, said)
-    where = "`identity` in the inventory" if host.identity else f"IdentityFile for Host {alias} in {path}"
-    target = Hop(alias, hostname, host.user or said.user(options) or DEFAULT_USER,
-                 host.port or said.port(options) or DEFAULT_PORT, identities, where)
+    where = ("`identity` in the inventory" if host.identity
+             else f"IdentityFile for Host {alias} in {path}" if identities else "")
+    user = host.user or said.user(options)
+    target = Hop(alias, hostname, user or DEFAULT_USER, host.port or said.port(options) or DEFAULT_PORT, identities,
+                 where, user is None)
     jumps = tuple(_jump(host.name, spec, config, path, target) for spec in _jump_specs(host, options, path))
     return SshTarget(host.name, jumps, target, path)
 
@@ -187,8 +190,9 @@ def _jump(host_name: str, spec: str, config: paramiko.SSHConfig, path: Path, tar
     said = Said(host_name, name, path)
     keys = _config_keys(options, said)
     where = f"IdentityFile for Host {name} in {path}" if keys else target.identity_from
-    return Hop(name, said.check("HostName", options["hostname"]), user or said.user(options) or DEFAULT_USER,
-               port or said.port(options) or DEFAULT_PORT, keys or target.identities, where)
+    user = user or said.user(options)
+    return Hop(name, said.check("HostName", options["hostname"]), user or DEFAULT_USER,
+               port or said.port(options) or DEFAULT_PORT, keys or target.identities, where, user is None)
 
 
 def _split_spec(spec: str, said: Said) -> tuple[str | None, str, int | None]:

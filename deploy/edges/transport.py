@@ -181,6 +181,16 @@ def _connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hos
     return conn
 
 
+def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, config: Path,
+                  err: Exception) -> MeshrunError:
+    """One line: the user (said to be the default where nothing named it) and where the key came from."""
+    where = "`user:` in the inventory" if jump is None else f"User for Host {hop.label} in {config}"
+    user = f"user {hop.user} (the default; set {where})" if hop.user_defaulted else "the user"
+    key = hop.identity_from or "ssh-agent or ~/.ssh/id_*: none is set in the inventory or ssh_config"
+    return MeshrunError(f"{who}: SSH login to {target} refused ({err}); check {user} and the key ({key}), "
+                        "and that the key is in the host's authorized_keys")
+
+
 class SshSession:
     """An SSH connection with enforced host keys (see deploy.edges.hostkeys) on every hop: each
     ProxyJump host is opened here, checked, and carries the next hop's connection."""
@@ -230,8 +240,7 @@ class SshSession:
                                                  err.expected_key)
             raise hostkeys.changed_key_error(self.host.name, named, self.known_hosts, jump) from None
         except paramiko.AuthenticationException as err:
-            raise MeshrunError(f"{who}: SSH login to {target} refused ({err}); check the user and the key "
-                               f"({hop.identity_from}), and that the key is in the host's authorized_keys") from None
+            raise login_refused(who, target, hop, jump, self.target.config, err) from None
         except (socket.timeout, TimeoutError):
             raise MeshrunError(f"{who}: no SSH answer from {target} within {self.timeout:.0f} s; is the host "
                                "up and its address right? (fab check-network)") from None

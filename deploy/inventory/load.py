@@ -57,8 +57,9 @@ def inventory_path(cli_value: str | None, project_root: Path, env: Mapping[str, 
     config = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else (home or Path.home()) / ".config"
     if (config / USER_INVENTORY).is_file():
         return config / USER_INVENTORY
+    fix = ' (README, "Many machines") or pass --inventory FILE'
     raise InputError(with_path(f"no inventory found (looked for {LOOKUP_ORDER}); write ",
-                               project_root / PROJECT_INVENTORIES[0], ' (README, "Inventory") or pass --inventory FILE'))
+                               project_root / PROJECT_INVENTORIES[0], fix))
 
 
 def load_inventory(path: Path, project: Path | None = None) -> Inventory:
@@ -68,7 +69,7 @@ def load_inventory(path: Path, project: Path | None = None) -> Inventory:
     root = compose_file(path)
     where = Where(path, 1)
     if root is None:
-        raise where.fail("the inventory is empty", "add a `hosts:` section (see inventory/local.yaml)")
+        raise where.fail("the inventory is empty", 'add a `hosts:` section (README, "Many machines")')
     sections: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     for key, key_node, value_node in mapping_items(root, where, "the inventory"):
         if key not in TOP_KEYS:
