@@ -95,6 +95,12 @@ SETUP = "host 'h1': the setup script gave an unexpected answer: "
     ('{"actions": [], "python": "/v/bin/python", "torch": 2}', SETUP + "torch is 2; expected text or null"),
     ('{"error": "pip\\u001b[2J"}', "host 'h1': setup failed: pip\\x1b[2J; is `/usr/bin/python3` a Python >= 3.10 "
                                    "with venv? (--base PYTHON)"),
+    ('{"error": "/usr/bin/python3 -m venv failed: ensurepip is not available; on Debian or Ubuntu install python3-venv"}',
+     "host 'h1': setup failed: /usr/bin/python3 -m venv failed: ensurepip is not available; on Debian or Ubuntu install "
+     "python3-venv"),
+    ('{"error": "pip could not install torch: No matching distribution"}',
+     "host 'h1': setup failed: pip could not install torch: No matching distribution; check the project's requirements "
+     "and that the host reaches its package index"),
 ])
 def test_setup_script_answers(answer: str, message: str) -> None:
     assert failure(lambda: setup._run_setup(host(), FakeSession(answer), REQUEST, False)) == message

@@ -82,8 +82,12 @@ def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool)
         data = {"error": result.stderr.strip()[-300:] or f"exit status {result.rc}"}
     if "error" in data:
         why = said(data["error"]) if isinstance(data["error"], str) else shown(data["error"])
-        raise MeshrunError(f"host '{host.name}': setup failed: {why}; is `{request.base}` a Python >= 3.10 "
-                           "with venv? (--base PYTHON)")
+        # The host's venv and pip errors carry their own advice; others get the usual question.
+        hint = ("" if " -m venv failed: " in why
+                else "; check the project's requirements and that the host reaches its package index"
+                if why.startswith("pip could not install ")
+                else f"; is `{request.base}` a Python >= 3.10 with venv? (--base PYTHON)")
+        raise MeshrunError(f"host '{host.name}': setup failed: {why}{hint}")
     reader = Answer(host.name, "the setup script")
     python = reader.text(data.get("python", MISSING), "python", limit=PATH_CLIP)
     if not python:

@@ -77,11 +77,19 @@ def requirements_digest(args: argparse.Namespace) -> str:
 
 
 def make_venv(reuse_site: str | None, actions: list[str]) -> None:
-    if not venv_python().exists():
+    # A venv whose pip never came (Debian's python without python3-venv stops after the
+    # interpreter) is made again: skipped, every later setup failed with "No module named pip".
+    whole = venv_python().exists() and (reuse_site is not None or (VENV / "bin" / "pip").exists())
+    if not whole:
         # With --reuse-site, pip and setuptools come from the reused env too (newer than ensurepip's).
         without_pip = ["--without-pip"] if reuse_site else []
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *without_pip, str(VENV)], check=True,
-                       timeout=VENV_TIMEOUT_S)
+        done = subprocess.run([sys.executable, "-m", "venv", "--clear", "--system-site-packages", *without_pip,
+                               str(VENV)], capture_output=True, text=True, timeout=VENV_TIMEOUT_S)
+        if done.returncode != 0:
+            lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+            said = " | ".join(lines[-3:]) or f"exit status {done.returncode}"
+            raise SetupFailed(f"{sys.executable} -m venv failed: {said}; on Debian or Ubuntu install python3-venv "
+                              "(apt install python3-venv), or pass --base another Python >= 3.10")
         actions.append(f"created venv {VENV.resolve()}")
     if reuse_site:
         target = Path(site_packages(str(venv_python()))) / PTH
