@@ -176,6 +176,13 @@ def test_a_python_that_did_not_run_says_how_to_make_one_when_the_inventory_names
         "`python: ~/meshrun/.venv/bin/python`"))]
 
 
+def test_a_host_without_rsync_fails_before_any_sync_would() -> None:
+    assert host_findings(facts("h1", rsync_missing=True), {}) == [Finding(Level.FAIL, "h1", (
+        "rsync not found on the host: meshrun sends code, data and checkpoints with it; install rsync >= 3.2.3 there "
+        "(apt-get install rsync)"))]
+    assert host_findings(facts("h1"), {}) == []
+
+
 def test_differing_versions_are_fail_but_python_patch_level_is_not() -> None:
     hosts = [facts("h1"), facts("h2", fingerprint=Fingerprint("3.11.2", "2.13.0+cpu", None, None)),
              facts("h3", fingerprint=Fingerprint("3.12.1", "2.14.1+cu130", "13.0", "2.30.7"))]

@@ -83,6 +83,7 @@ class HostFacts:
     machine: str | None = None  # a digest of the kernel's boot id: hosts that share it share CPUs (allreduce_budget)
     cpus: int | None = None  # the CPUs the host's processes may use
     python_unset: bool = False  # a remote host with no `python:` in the inventory: it was given the controller's
+    rsync_missing: bool = False  # a remote host whose PATH has no rsync (every sync and fetch needs it)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,9 @@ def host_findings(host: HostFacts, cluster_nodes: Mapping[str, str]) -> list[Fin
     found = _python_findings(host) + _gpu_findings(host)
     if host.interface_error is not None:
         found.append(fail(host.name, host.interface_error))
+    if host.rsync_missing:
+        found.append(fail(host.name, "rsync not found on the host: meshrun sends code, data and checkpoints with it; "
+                                     "install rsync >= 3.2.3 there (apt-get install rsync)"))
     if host.disk_free_gib is not None and host.disk_free_gib < LOW_DISK_GIB:
         found.append(warn(host.name, f"only {host.disk_free_gib:.1f} GiB free in {host.workdir}: checkpoints may not fit"))
     if host.network == "zerotier":

@@ -69,7 +69,8 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
                      ssh_ms=ssh_ms, fingerprint=fingerprint, gpus=gpus, gpu_note=gpu_note, selected_gpus=host.gpus,
                      workdir=host.workdir, disk_free_gib=None if disk_free is None else round(disk_free / 2**30, 1),
                      interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg,
-                     machine=machine, cpus=cpus, python_unset=host.python is None and not host.is_local)
+                     machine=machine, cpus=cpus, python_unset=host.python is None and not host.is_local,
+                     rsync_missing=not host.is_local and "rsync" in tools and tools["rsync"] is None)
 
 
 def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str],

@@ -11,6 +11,8 @@ sends keep-alives while it works, so an honest host that is busy never meets it.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Callable, Sequence
 
 from meshrun.deploy.edges.capped import LineSplitter, TailLines
@@ -23,6 +25,8 @@ RSYNC_TIMEOUT_EXIT = 30  # rsync's exit status for "timeout in data send/receive
 RSYNC_VANISHED_EXIT = 24  # "some files vanished before they could be transferred"
 ERR_LINES = 20  # of rsync's stderr, kept for the message
 MESSAGE_CHARS = 1000  # of those lines in the message: the newest that fit
+RSYNC_MIN = (3, 2, 3)  # --mkpath, which every sync passes; macOS ships 2.6.9 (or openrsync), Ubuntu 20.04 3.1.3
+VERSION_RE = re.compile(rb"rsync\s+version\s+v?(\d+)\.(\d+)\.(\d+)")
 
 
 def io_timeout_option() -> str:
@@ -34,6 +38,7 @@ def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint
     """Run rsync to its end within `timeout` s, each line of its stdout (split at \\n and \\r) to
     `on_line`; an exit status in `success` is success. A failure is one MeshrunError:
     `host '<host>': <what> failed (rsync exit N): <the last lines of its stderr>; <hint>`."""
+    local_rsync_problem(argv[0], host, what)
     lines, errors = LineSplitter(b"\r\n"), TailLines(ERR_LINES)
 
     def out(data: bytes) -> None:
@@ -55,7 +60,34 @@ def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint
         raise MeshrunError(f"host '{host}': {what} did not finish within {timeout:.0f} s; rsync was stopped "
                            f"({said_last}); {hint}")
     why = f"rsync exit {rc}" + (f": no data from the host for {RSYNC_IO_TIMEOUT_S} s" if rc == RSYNC_TIMEOUT_EXIT else "")
+    if "--mkpath" in said_last:  # the far end's rsync does not know it: older than RSYNC_MIN
+        hint = f"the host's rsync is older than {'.'.join(map(str, RSYNC_MIN))}: install a newer one there"
     raise MeshrunError(f"host '{host}': {what} failed ({why}): {said_last}; {hint}")
+
+
+def local_rsync_problem(program: str, host: str, what: str) -> None:
+    """One line, before the first transfer, when this machine's rsync is too old for the options
+    every sync passes (it would fail per host with an option error)."""
+    version = _version(program)
+    if version is not None and version < RSYNC_MIN:
+        raise MeshrunError(f"host '{host}': {what}: the rsync on this machine is {'.'.join(map(str, version))}, older "
+                           f"than {'.'.join(map(str, RSYNC_MIN))}, which meshrun needs (--mkpath); install a newer "
+                           "one (macOS: brew install rsync)")
+
+
+@functools.lru_cache(maxsize=None)
+def _version(program: str) -> tuple[int, ...] | None:
+    """`rsync --version`'s version, (0, 0, 0) when it names none (openrsync), None when it cannot run
+    (that failure is said by the transfer itself)."""
+    out: list[bytes] = []
+    try:
+        rc = run_bounded([program, "--version"], timeout=10, on_stdout=out.append, on_stderr=out.append)
+    except OSError:
+        return None
+    found = VERSION_RE.search(b"".join(out))
+    if rc is None:
+        return None
+    return tuple(int(g) for g in found.groups()) if found else (0, 0, 0)
 
 
 def stderr_tail(lines: Sequence[str]) -> str:

@@ -19,7 +19,7 @@ import sys
 from typing import Iterator
 
 EXTRA_PATH = ("~/bin", "/usr/sbin", "/usr/local/sbin", "/sbin")
-TOOLS = ("nvidia-smi", "zerotier-cli", "wg", "ping")
+TOOLS = ("nvidia-smi", "zerotier-cli", "wg", "ping", "rsync")
 NOT_INSTALLED = "torch is not installed"
 
 
