@@ -125,3 +125,24 @@ def test_a_leave_stops_the_agent_that_runs_not_the_one_that_was_lost(tmp_path: P
         for live in runner.hosts:
             if live.stream is not None:
                 live.stream.abandon()
+
+
+def test_a_join_and_a_return_reserve_the_host_and_the_room_before_they_start(tmp_path: Path) -> None:
+    """A join prepares its host for seconds (sync, plan). Without a reservation a return of the same
+    host, or a second join, started it twice meanwhile, or two joins both passed the maximum."""
+    runner, lost = runner_with_b_cut(tmp_path, 0.0, [])  # a runs, b is lost; at most 2 hosts
+    try:
+        assert runner.claim("b") is None
+        assert runner.claim("b") == "host 'b' is already in run r1, or being started"
+        runner._maybe_rejoin(lost)  # b's return waits for the join that holds it
+        time.sleep(0.2)
+        assert not lost.rejoining and [h.name for h in runner.hosts] == ["a", "b"]
+        assert runner.claim("c") == "run r1 already has its maximum of 2 hosts"  # a + the b being joined
+        assert runner.claim("a") == "host 'a' is already in run r1, or being started"
+        runner.unclaim("b")
+        assert runner.claim("c") is None
+    finally:
+        runner.stopping.set()
+        for live in runner.hosts:
+            if live.stream is not None:
+                live.stream.abandon()

@@ -189,13 +189,15 @@ class RequestPoller:
         os.replace(tmp, done)
 
     def _join(self, runner: JobRunner, name: str) -> str:
-        running = [h for h in runner.hosts if not h.done.is_set()]
-        if any(h.name == name for h in running):
-            raise MeshrunError(f"host '{name}' is already in run {self.record.run_id}")
-        if len(running) >= self.record.elastic[1]:
-            raise MeshrunError(f"run {self.record.run_id} already has its maximum of {self.record.elastic[1]} hosts")
-        launch, session = prepare_joiner(self.record, self.inventory, name, self.project, self.renderer, detach=False)
-        runner.add_host(launch, session)
+        refused = runner.claim(name)
+        if refused is not None:
+            raise MeshrunError(refused)
+        try:
+            launch, session = prepare_joiner(self.record, self.inventory, name, self.project, self.renderer,
+                                             detach=False)
+            runner.add_host(launch, session)
+        finally:
+            runner.unclaim(name)
         self.record = add_member(self.project, self.record, name)
         return f"started on {name}; the job re-rendezvouses to take it in"
 

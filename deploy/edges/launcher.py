@@ -8,8 +8,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -18,54 +16,20 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.fanout import on_each, start_each
 from meshrun.deploy.edges.records import append_event
 from meshrun.deploy.run.answers import remaining_pids, said
-from meshrun.deploy.run.membership import (Change, HostView, MembershipEvent, Verdict, how_it_ended, judge, next_head,
-                                           outlived, world_size)
+from meshrun.deploy.run.membership import (Change, MembershipEvent, Verdict, how_it_ended, judge, next_head, outlived,
+                                           world_size)
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, at_generation
 from meshrun.deploy.edges.agents import start_agent
-from meshrun.deploy.edges.transport import Session, Stream
+from meshrun.deploy.edges.livehost import LiveHost as _Live
+from meshrun.deploy.edges.transport import Session
 
 PING_TIMEOUT_S = 3.0  # sshd granting a new SSH channel: a round trip, in time even over a 1 Mbit link
 PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
 TELL_TIMEOUT_S = 2.0  # a restart or peer-gone line a host has no room for this long: it does not read its stdin
-TAIL_LINES = 20
 
 LineSink = Callable[[str, str], None]  # (host, line without newline)
-
-
-@dataclass
-class _Live:
-    """Mutable per-host state while the job runs; owned by JobRunner."""
-
-    launch: HostLaunch
-    session: Session
-    log: Path
-    stream: Stream | None = None
-    rc: int | None = None
-    lost: bool = False  # unreachable, or its connection died without an exit status
-    leaving: bool = False  # being removed on purpose (`fab leave`)
-    recorded: bool = False  # its end is in the timeline
-    missed_pings: int = 0
-    probing: bool = False  # a liveness probe is in flight
-    cut: bool = False  # lost by the probe while its stream was still open: no TCP reset reached anyone
-    restarted_peers: bool = False  # the survivors were told to restart after this host was cut
-    was_head: bool = False  # it was the rendezvous host when it was lost
-    seen_down: bool = False  # a probe found it unreachable (a killed run on a live host never is)
-    replaced: bool = False  # it came back: a new _Live runs its part now
-    rejoining: bool = False  # an attempt to start it again is in flight (at most one at a time)
-    outlived: bool = False  # still waiting to be admitted when training finished: stopped, not lost
-    done: threading.Event = field(default_factory=threading.Event)
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    worker_tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-
-    @property
-    def name(self) -> str:
-        return self.launch.host.name
-
-    def view(self) -> HostView:
-        return HostView(self.name, self.launch.host.nproc_per_node, not self.done.is_set(), self.rc, self.lost,
-                        self.leaving or self.outlived)
 
 
 RequestPoller = Callable[["JobRunner"], None]
@@ -97,6 +61,7 @@ class JobRunner:
         self.events: list[MembershipEvent] = []
         self.finished_at: float | None = None  # when a host first finished with status 0 (monotonic)
         self.lock = threading.Lock()
+        self.claims: set[str] = set()  # hosts being started (a join, a return) and not yet running: under lock
         self.stopping = threading.Event()
         self.interrupted = False
 
@@ -144,10 +109,32 @@ class JobRunner:
         """The succession's current generation: the index of the current rendezvous host."""
         return self.order.index(self.head) if self.head in self.order else 0
 
+    def claim(self, name: str) -> str | None:
+        """Reserve `name` for a start (a `fab join`, a host that came back): None, or why not. A join
+        prepares its host for seconds; without the reservation a return, or a second join, started
+        the same host meanwhile (two agents restarting each other's workers), or both of two hosts
+        passed the maximum."""
+        bounds = self.plan.elastic
+        with self.lock:
+            running = [h.name for h in self.hosts if not h.done.is_set()]
+            if name in self.claims or name in running:
+                return f"host '{name}' is already in run {self.plan.run_id}, or being started"
+            if bounds is not None and len(running) + len(self.claims) >= bounds.max:
+                return f"run {self.plan.run_id} already has its maximum of {bounds.max} hosts"
+            self.claims.add(name)
+            return None
+
+    def unclaim(self, name: str) -> None:
+        with self.lock:
+            self.claims.discard(name)
+
     def add_host(self, launch: HostLaunch, session: Session) -> None:
-        """A host joining the running job (`fab join`), at the current generation."""
+        """A host joining the running job (`fab join`), at the current generation (claimed first)."""
         live = _Live(at_generation(launch, self.generation()), session, self.local_dir / "logs" / f"{launch.host.name}.log")
         with self.lock:
+            for old in self.hosts:  # its lost entry must not be brought back or stopped later: this one runs
+                if old.name == live.name and old.done.is_set():
+                    old.replaced = True
             self.hosts.append(live)
         self._start(live, Change.JOINED)
 
@@ -246,8 +233,7 @@ class JobRunner:
                 or self.stopping.is_set() or self.finished_at is not None  # training is over: nothing to join
                 or self.rejoins.get(live.name, 0) >= MAX_REJOINS or live.probing or live.rejoining):
             return
-        running = [h for h in self.hosts if not h.done.is_set()]
-        if len(running) >= bounds.max:
+        if self.claim(live.name) is not None:  # at the maximum, or a join of it is under way
             return
         live.rejoining = True
         threading.Thread(target=self._try_rejoin, args=(live,), daemon=True).start()
@@ -262,6 +248,7 @@ class JobRunner:
             live.seen_down = True  # it did not answer after all: it stays lost, and may be tried again
         finally:
             live.rejoining = False
+            self.unclaim(live.name)
 
     def _rejoin(self, live: _Live) -> None:
         assert self.reconnect is not None
