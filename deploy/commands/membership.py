@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrun.fsutil import read_regular
-from meshrun.deploy.edges.sessions import training_interfaces
+from meshrun.deploy.edges.host_queries import route_dev
 from meshrun.deploy.project import Project
 from meshrun.deploy.commands.firewall import admit
 from meshrun.deploy.commands.sync import sync_code
@@ -74,17 +74,16 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
     if head is None:
         raise InputError(f"run {record.run_id}: its rendezvous {shown(record.rdzv_endpoint)} is no member's address "
                          f"in {record.inventory}; was the inventory changed?")
-    sshtarget.check_all((joiner, head))  # a bad ssh_config value is one line before any host is contacted
+    sshtarget.check_all((joiner,))  # a bad ssh_config value is one line before any host is contacted
     if record.firewall:  # the joiner last: it must answer
         admit(inventory, (*(h for h in record.hosts if h != name), name), head.name, project, renderer)
     session = connect(joiner, inventory.known_hosts, project.root)
     sync_code((joiner,), inventory, project, renderer)
-    sessions = {joiner.name: session}
-    head_session = connect(head, inventory.known_hosts, project.root)
-    try:
-        interfaces = training_interfaces((head, joiner), head, {**sessions, head.name: head_session})
-    finally:
-        head_session.close()
+    # Only the joiner's own route is asked (toward the first rendezvous host's address, or another
+    # member's when it is that host): no session to that host, which may be gone after a succession.
+    peer = head if head.name != joiner.name else next((m for m in members if m.name != joiner.name), None)
+    device = route_dev(session, peer.address) if peer is not None and not joiner.is_local else ""
+    interfaces = {joiner.name: device} if device else {}
     rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
     plan = plan_launch(Selection(join_order(members, joiner), rdzv), options, interfaces, sys.executable)
     return next(h for h in plan.hosts if h.host.name == joiner.name), session
