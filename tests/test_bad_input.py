@@ -131,15 +131,15 @@ CASES = [
                                            "key=value overrides after --"),
     (("check-network", "--inventory", "fifo"), "fifo: is a FIFO, not a regular file; pass the inventory's YAML file"),
     (("check-network", "--inventory", "kh-fifo.yaml"), "kh-fifo.yaml:7: field 'known_hosts': 'fifo' is a FIFO, "
-                                                       "not a regular file; point it at the file `fab trust` writes (it "
-                                                       "may not exist yet)"),
+                                                       "not a regular file; point it at the file `meshrun trust` "
+                                                       "writes (it may not exist yet)"),
     (("train", "--inventory", "two.yaml"), "host 'gpu2': {root}/ssh_config: Port 'abc' for Host '127.0.0.9' is not a "
                                            "port number (1-65535); fix ssh_config or set it in the inventory"),
     (("train", "--every-checkpoint"), "--every-checkpoint adds notifications, and this run sends none: add --notify "
                                       "URL, or `notify:` to the inventory"),
     (("status", "--frames", "3"), "--frames counts the frames of --watch: add --watch, or leave --frames out"),
     (("train", "--resume", "../x"), "--resume '../x': not a run id (letters, digits, '.', '_', '-'; no '..'); list "
-                                    "runs with `fab status`"),
+                                    "runs with `meshrun status`"),
     (("check-network", "--project", LONG), "{long_project}"),  # the path shortened in its middle (shown.with_path)
 ]
 

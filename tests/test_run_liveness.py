@@ -128,7 +128,7 @@ def test_no_runs_at_all_names_the_runs_dir(tmp_path: Path) -> None:
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     status = meshrun("status", "--runs-dir", str(tmp_path / "elsewhere"), cwd=tmp_path)
     assert (status.returncode, status.stderr) == (0, "")
-    assert f"no runs recorded under {tmp_path / 'elsewhere'}; start one with `fab train`" in status.stdout
+    assert f"no runs recorded under {tmp_path / 'elsewhere'}; start one with `meshrun train`" in status.stdout
     report = meshrun("report", "--runs-dir", str(tmp_path / "elsewhere"), cwd=tmp_path)
     assert (report.returncode, report.stderr) == (
-        2, f"error: no runs recorded under {tmp_path / 'elsewhere'}; start one with `fab train`\n")
+        2, f"error: no runs recorded under {tmp_path / 'elsewhere'}; start one with `meshrun train`\n")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import threading
 from typing import Any
@@ -15,6 +17,17 @@ from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.summary import RunSummary
 
 HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")
+TASKS = ("check-network", "trust", "setup", "sync", "train", "status", "logs", "stop", "join", "leave",
+         "fetch-checkpoints", "report", "firewall")
+# Messages say `fab TASK` (the README's first form); run as `meshrun`, with no fabfile in the user's
+# project, that hint would fail ("Can't find any collection named 'fabfile'"): said as `meshrun TASK`.
+FAB_TASK_RE = re.compile(r"(?<![\w/.-])fab (?=(?:" + "|".join(map(re.escape, TASKS)) + r")\b)")
+
+
+def as_run(message: str, program: str | None = None) -> str:
+    """`message` with its `fab TASK` hints in the words of the program that runs."""
+    name = os.path.basename(sys.argv[0]) if program is None else program
+    return FAB_TASK_RE.sub("meshrun ", message) if name == "meshrun" else message
 
 
 class Renderer:
@@ -37,15 +50,15 @@ class Renderer:
 
     def info(self, message: str) -> None:
         with self._lock:
-            self.console.print(plain(message))
+            self.console.print(plain(as_run(message)))
 
     def warn(self, message: str) -> None:
         with self._lock:
-            self.err.print(Text("warning: ", style="yellow bold") + plain(message))
+            self.err.print(Text("warning: ", style="yellow bold") + plain(as_run(message)))
 
     def error(self, message: str) -> None:
         with self._lock:
-            self.err.print(Text("error: ", style="red bold") + plain(message))
+            self.err.print(Text("error: ", style="red bold") + plain(as_run(message)))
 
     def json(self, data: Any) -> None:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
