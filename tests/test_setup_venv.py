@@ -26,13 +26,18 @@ def test_a_failing_venv_says_its_own_words_and_the_fix(tmp_path: Path, monkeypat
 
 
 def test_a_venv_left_without_pip_is_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made again in place: the wheel `fab setup` pushed into .venv before this step must stay (a
+    `venv --clear` removed it, and pip then found no wheel to install)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").write_text("half a venv\n")
+    wheel = tmp_path / ".venv" / "meshrun-wheels" / "b" / "meshrun-0.1.0-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"a wheel")
     actions: list[str] = []
     setup.make_venv(None, actions)
     assert actions == [f"created venv {tmp_path / '.venv'}"]
-    assert (tmp_path / ".venv" / "bin" / "pip").exists()
+    assert (tmp_path / ".venv" / "bin" / "pip").exists() and wheel.read_bytes() == b"a wheel"
     again: list[str] = []
     setup.make_venv(None, again)  # whole now: nothing to do
     assert again == []

@@ -83,7 +83,7 @@ def make_venv(reuse_site: str | None, actions: list[str]) -> None:
     if not whole:
         # With --reuse-site, pip and setuptools come from the reused env too (newer than ensurepip's).
         without_pip = ["--without-pip"] if reuse_site else []
-        done = subprocess.run([sys.executable, "-m", "venv", "--clear", "--system-site-packages", *without_pip,
+        done = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *without_pip,
                                str(VENV)], capture_output=True, text=True, timeout=VENV_TIMEOUT_S)
         if done.returncode != 0:
             lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
