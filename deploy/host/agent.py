@@ -5,9 +5,8 @@ python before anything else there is known to work.
          tees output to `train.log` and to the controller, and watches the controller: every
          line on stdin is a heartbeat; EOF or silence past `--heartbeat-timeout` means the
          controller is gone (killed, laptop closed, link cut), so the run is stopped. SIGTERM,
-         SIGHUP and SIGINT stop it too. Stopping takes every process below the agent with it,
-         tagged or not: the agent is the run's subreaper (deploy/host/procs.py). Exits with the
-         command's status.
+         SIGHUP and SIGINT stop it too, with every process below the agent, tagged or not (it is
+         the run's subreaper: deploy/host/procs.py). Exits with the command's status.
 `stop`   stops a run found through its pidfile and run id: TERM the process group, a grace
          period, KILL; then every process tagged with the run's MESHRUN_RUN_ID and
          MESHRUN_HOST (torchrun starts each worker in a session of its own, out of reach of
@@ -18,7 +17,6 @@ python before anything else there is known to work.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -31,7 +29,7 @@ from pathlib import Path
 from meshrun.layout import (AGENT_MODULE, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
                            EVENTS, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT,
                            TORCHRUN_EXIT_MARK_ENV, TRAIN_LOG, host_dir, run_dir)
-from meshrun.deploy.host.agentargs import parse
+from meshrun.deploy.host.agentargs import parse, read_env_block
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe
@@ -88,8 +86,7 @@ class Supervisor:
         env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host, TORCHRUN_EXIT_MARK_ENV: str(self.barrier.mark)})
         self.log = open(self.dir / TRAIN_LOG, "ab")
         # Before any child exists: a signal between Popen and here would kill us and orphan it.
-        # Orphans below us (a script's child that dropped the run's tags and left its session) come to us.
-        become_subreaper()
+        become_subreaper()  # orphans below us (a script's child that dropped the run's tags) come to us
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda signum, _f: self.request_stop(f"signal {signal.Signals(signum).name}"))
         if self.args.heartbeat_timeout > 0:
@@ -163,8 +160,7 @@ class Supervisor:
                 self.request_stop(f"no heartbeat from the controller for {silent:.0f} s")
             if self.stop_reason is not None:
                 self.emit(f"meshrun-agent: stopping run ({self.stop_reason})\n".encode())
-                left = terminate_run(self.args.run_id, self.args.host, child.pid, self.args.grace, self.torchrun_start,
-                                      tree=os.getpid())
+                left = self.end_all(child, self.args.grace)
                 child.wait()
                 self.emit(f"meshrun-agent: stopped; {len(left)} processes left\n".encode())
                 return 128 + signal.SIGTERM
@@ -193,7 +189,7 @@ class Supervisor:
                 if self.ends_by_itself(child):
                     break  # the workers were done: torchrun's own exit status says how the run ended
                 self.head_lost = True
-                terminate_run(self.args.run_id, self.args.host, child.pid, 1, self.torchrun_start, tree=os.getpid())
+                self.end_all(child, 1)
                 child.wait()
                 return 1
             if self.barrier.release():
@@ -201,12 +197,17 @@ class Supervisor:
             reap_adopted(os.getpid(), child.pid)
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
-        terminate_run(self.args.run_id, self.args.host, child.pid, 2, self.torchrun_start, tree=os.getpid())
+        self.end_all(child, 2)
         # A refused rendezvous state (deploy/host/torchrun.py) fails the run; it is not a lost rendezvous host,
         # even though that host's store goes down with its torchrun.
         if child.returncode not in (0, STATE_REFUSED_EXIT) and watcher is not None:
             self.head_lost = watcher.confirm_lost()
         return child.returncode
+
+    def end_all(self, child: subprocess.Popen, grace_s: float) -> list[int]:
+        """Stop torchrun's group, the run's tagged processes and all below this agent; the survivors."""
+        args = self.args
+        return terminate_run(args.run_id, args.host, child.pid, grace_s, self.torchrun_start, tree=os.getpid())
 
     def ends_by_itself(self, child: subprocess.Popen) -> bool:
         """The rendezvous host's store is gone and so are this host's workers: at the end of a run
@@ -234,7 +235,7 @@ class Supervisor:
         self.emit(f"meshrun-agent: {text} (torch's exit barrier)\n".encode())
         self.journal("exit_barrier_left", text)
         # No grace: a torchrun in its exit barrier sits in the store's wait and does not see a TERM.
-        terminate_run(self.args.run_id, self.args.host, child.pid, 0.0, self.torchrun_start, tree=os.getpid())
+        self.end_all(child, 0.0)
         child.wait()
         return 0
 
@@ -292,22 +293,6 @@ class Supervisor:
         """To the controller only (the usage lines are not the run's log); never blocks (outpipe.py)."""
         if self.pipe is not None:
             self.pipe.put(data)
-
-
-ENV_BLOCK_MAX = 1 << 20  # the inventory itself is capped at 1 MiB
-
-
-def read_env_block(stream: io.BufferedIOBase) -> dict[str, str]:
-    """The first stdin line (`--env-stdin`): the inventory's `env` as a JSON object of strings.
-    Read before the heartbeat thread starts, so no heartbeat is mistaken for it."""
-    line = stream.readline(ENV_BLOCK_MAX)
-    try:
-        block = json.loads(line)
-    except ValueError:
-        block = None
-    if not isinstance(block, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in block.items()):
-        raise SystemExit("meshrun-agent: --env-stdin: the first line of stdin is not a JSON object of strings")
-    return block
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,9 +1,12 @@
 """The agent's command line (`python -m meshrun.deploy.host.agent run|stop|status ...`), as the
-controller builds it (deploy/run/plan.py `agent_argv`). Standard library only: it runs on hosts."""
+controller builds it (deploy/run/plan.py `agent_argv`), and the inventory's `env` it reads from
+stdin (`--env-stdin`). Standard library only: it runs on hosts."""
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 
 from meshrun.layout import AGENT_MODULE, HEARTBEAT_TIMEOUT_S, STOP_GRACE_S
 
@@ -41,3 +44,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if not args.command:
             parser.error("run needs a command after --")
     return args
+
+
+ENV_BLOCK_MAX = 1 << 20  # the inventory itself is capped at 1 MiB
+
+
+def read_env_block(stream: io.BufferedIOBase) -> dict[str, str]:
+    """The first stdin line (`--env-stdin`): the inventory's `env` as a JSON object of strings.
+    Read before the heartbeat thread starts, so no heartbeat is mistaken for it."""
+    line = stream.readline(ENV_BLOCK_MAX)
+    try:
+        block = json.loads(line)
+    except ValueError:
+        block = None
+    if not isinstance(block, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in block.items()):
+        raise SystemExit("meshrun-agent: --env-stdin: the first line of stdin is not a JSON object of strings")
+    return block
