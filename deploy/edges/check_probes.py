@@ -128,11 +128,9 @@ class Listener:
     port: int
     rendezvous: str
 
-    def close(self, deadline: float | None = None) -> None:
-        """Ask it to end; wait until `deadline` (monotonic; default 5 s from now), then drop it."""
-        self.stream.close_stdin()
-        left = 5.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        if self.stream.wait(timeout=left) is None:
+    def end_by(self, deadline: float) -> None:
+        """Wait until `deadline` (monotonic) for it to end once asked (its stdin closed), then drop it."""
+        if self.stream.wait(timeout=max(0.0, deadline - time.monotonic())) is None:
             self.stream.abandon()
 
 
@@ -320,4 +318,4 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
             listener.stream.close_stdin()
         deadline = time.monotonic() + 5
         for listener in listeners.values():
-            listener.close(deadline)
+            listener.end_by(deadline)
