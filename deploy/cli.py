@@ -33,9 +33,10 @@ def debug_log() -> Path:
 def guarded(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: object, **kwargs: object) -> object:
-        from meshrun.deploy.render.console import Renderer
+        from meshrun.deploy.render.console import Renderer, repeat_in_hints
 
         _paramiko_to_debug_log()
+        repeat_in_hints(kwargs)  # `fab setup --hosts gpu2` from a run with --inventory lab.yaml says so
         try:
             return fn(*args, **kwargs)
         except MeshrunError as err:

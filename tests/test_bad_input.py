@@ -131,7 +131,8 @@ CASES = [
                                            "key=value overrides after --"),
     (("check-network", "--inventory", "fifo"), "fifo: is a FIFO, not a regular file; pass the inventory's YAML file"),
     (("check-network", "--inventory", "kh-fifo.yaml"), "kh-fifo.yaml:7: field 'known_hosts': 'fifo' is a FIFO, "
-                                                       "not a regular file; point it at the file `meshrun trust` "
+                                                       "not a regular file; point it at the file `meshrun trust "
+                                                       "--inventory kh-fifo.yaml` "
                                                        "writes (it may not exist yet)"),
     (("train", "--inventory", "two.yaml"), "host 'gpu2': {root}/ssh_config: Port 'abc' for Host '127.0.0.9' is not a "
                                            "port number (1-65535); fix ssh_config or set it in the inventory"),

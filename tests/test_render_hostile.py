@@ -304,14 +304,3 @@ def test_render_builds_tables_only_as_plain_tables() -> None:
             if name in ("Table", "Panel", "from_markup", "render_markup") or (name == "TextColumn" and not plain_column):
                 found.append(f"{path.name}:{node.lineno} {name}")
     assert found == []
-
-
-def test_hints_name_the_program_that_runs() -> None:
-    """Messages say `fab TASK`; run as `meshrun` in a project with no fabfile, that hint would fail.
-    Only a task after a lone `fab` changes: not `./fab train`, `fabulous`, or `fab` alone."""
-    from meshrun.deploy.render.console import as_run
-
-    text = "run: fab trust --hosts gpu1; see `fab check-network`; fab stop --run x; fabulous fab; ./fab train; fab"
-    assert as_run(text, "meshrun") == ("run: meshrun trust --hosts gpu1; see `meshrun check-network`; meshrun stop "
-                                       "--run x; fabulous fab; ./fab train; fab")
-    assert as_run(text, "fab") == text

@@ -124,11 +124,13 @@ def test_naming_a_run_does_contact_its_hosts(project: Path, trap: socket.socket)
 
 def test_no_runs_at_all_names_the_runs_dir(tmp_path: Path) -> None:
     """With nothing recorded there is no older run to name: status says where it looked, and a
-    task that needs a run refuses naming that directory (here one given with --runs-dir)."""
+    task that needs a run refuses naming that directory (here one given with --runs-dir, which the
+    hint repeats: a plain `meshrun train` would record its run elsewhere)."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     status = meshrun("status", "--runs-dir", str(tmp_path / "elsewhere"), cwd=tmp_path)
     assert (status.returncode, status.stderr) == (0, "")
-    assert f"no runs recorded under {tmp_path / 'elsewhere'}; start one with `meshrun train`" in status.stdout
+    hint = f"start one with `meshrun train --runs-dir {tmp_path / 'elsewhere'}`"
+    assert f"no runs recorded under {tmp_path / 'elsewhere'}; {hint}" in status.stdout
     report = meshrun("report", "--runs-dir", str(tmp_path / "elsewhere"), cwd=tmp_path)
     assert (report.returncode, report.stderr) == (
-        2, f"error: no runs recorded under {tmp_path / 'elsewhere'}; start one with `meshrun train`\n")
+        2, f"error: no runs recorded under {tmp_path / 'elsewhere'}; {hint}\n")

@@ -76,7 +76,7 @@ def test_changed_key_is_an_error_naming_both_fingerprints_and_never_replaced(
     assert result.returncode == 1
     expected = (f"error: host 'h1': SSH host key CHANGED for 10.77.0.11: known {testbed.host_key_fingerprint(2)}, "
                 f"offered {testbed.host_key_fingerprint(1)}. This may be an attack; if the host was reinstalled, "
-                f"delete its line from {known} and run: fab trust --hosts h1")
+                f"delete its line from {known} and run: fab trust --inventory {inventory} --hosts h1")
     assert result.stderr.strip().splitlines()[-1] == expected
     assert known.read_text() == before
     ok, error = reachable(inventory, "h1")

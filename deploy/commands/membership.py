@@ -123,7 +123,7 @@ def submit(project: Project, record: RunRecord, action: str, host: str) -> dict:
             return _answer(answer)
         time.sleep(0.2)
     raise MeshrunError(f"run {record.run_id}: its controller did not answer the {action} of '{host}' within "
-                       f"{ANSWER_TIMEOUT_S:.0f} s; is `fab train` still running? (fab status --run {record.run_id})")
+                       f"{ANSWER_TIMEOUT_S:.0f} s; is the controller that started it still running? (fab status --run {record.run_id})")
 
 
 def _request_data(path: Path) -> dict | None:

@@ -4,30 +4,34 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
+from meshrun.deploy.render import hints
+from meshrun.deploy.render.hints import repeated_flags
 from meshrun.deploy.render.neutral import NeutralConsole, PlainTable, neutral, one_line, plain
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.summary import RunSummary
 
 HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")
-TASKS = ("check-network", "trust", "setup", "sync", "train", "status", "logs", "stop", "join", "leave",
-         "fetch-checkpoints", "report", "firewall")
-# Messages say `fab TASK` (the README's first form); run as `meshrun`, with no fabfile in the user's
-# project, that hint would fail ("Can't find any collection named 'fabfile'"): said as `meshrun TASK`.
-FAB_TASK_RE = re.compile(r"(?<![\w/.-])fab (?=(?:" + "|".join(map(re.escape, TASKS)) + r")\b)")
+_HINT_FLAGS: dict[str, str] = {}  # this command's --inventory, --project, --runs-dir, repeated in hints
 
 
-def as_run(message: str, program: str | None = None) -> str:
-    """`message` with its `fab TASK` hints in the words of the program that runs."""
-    name = os.path.basename(sys.argv[0]) if program is None else program
-    return FAB_TASK_RE.sub("meshrun ", message) if name == "meshrun" else message
+def repeat_in_hints(given: Mapping[str, object]) -> None:
+    """Hints printed from now on repeat the flags of `given` (a task's keyword arguments) that a
+    later command needs to find the same hosts and runs (deploy/render/hints.py)."""
+    _HINT_FLAGS.clear()
+    _HINT_FLAGS.update(repeated_flags(given))
+
+
+def as_run(message: str) -> str:
+    """`message` with its `fab TASK` hints as this very command's user can run them."""
+    return hints.as_run(message, os.path.basename(sys.argv[0]), _HINT_FLAGS)
 
 
 class Renderer:
@@ -136,8 +140,8 @@ class Renderer:
                                              "kept yours (--force replaces it)", style="yellow"))
             self.console.print(plain(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
                                      f"logs and metrics: {home}/hosts/<host>/"))
-            self.console.print(plain(f"resume this run: fab train --resume {run_id} (same hosts; the newest checkpoint "
-                                     "is pushed back if the hosts lost it)"))
+            self.console.print(plain(as_run(f"resume this run: fab train --resume {run_id} (same hosts; the newest "
+                                            "checkpoint is pushed back if the hosts lost it)")))
 
     def run_report(self, run_id: str, report: Any, png: str, comm: dict | None = None) -> None:
         """`fab report`: throughput and step-time breakdown per rank, then accuracy."""
