@@ -99,6 +99,14 @@ class Checkpointer:
         self.hashes = read_manifest(directory / MANIFEST)
         self._verified: dict[str, bool] = {}
         self._warned_divergence = False
+        # resume=false: this session starts from step 0, so what the manifest lists is another
+        # timeline's; the first save unlists all of it (see `_supersede`).
+        self._earlier = frozenset() if cfg.resume else frozenset(filter(is_checkpoint_name, self.hashes))
+        if self._earlier and self.site.writer:  # one line per directory
+            self.warn(f"checkpoint.resume is false but {self.label(MANIFEST)} lists an earlier "
+                      f"session's checkpoints (steps {_steps(self._earlier)}); this run starts "
+                      "from step 0 and its first save supersedes them (unlisted, files left in "
+                      "place until a save of the same step replaces them)")
 
     def due(self, global_step: int) -> bool:
         """Whether an intra-epoch save is due after this optimizer step."""
@@ -141,15 +149,20 @@ class Checkpointer:
         return theirs if site.rank in differ else payload
 
     def _write(self, payload: bytes, step: int, is_best: bool) -> Path:
-        """The manifest never lists a file whose bytes are about to change or go: `best.pt` and
-        the pruned saves leave it before they are replaced or deleted, so a host killed at any
-        point (or a fetch reading the manifest first) finds every listed file matching."""
+        """The manifest never lists a file whose bytes are about to change or go: `best.pt`, a
+        listed save of the same step, and the pruned saves leave it before they are replaced or
+        deleted, so a host killed at any point (or a fetch reading the manifest first) finds
+        every listed file matching."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / checkpoint_name(step)
-        self.hashes[path.name] = atomic_write_bytes(path, payload)
+        if self.hashes.pop(path.name, None) is not None:  # a reused directory's, or a redone step's
+            self._write_manifest()
+        digest = atomic_write_bytes(path, payload)
+        self._supersede(step)
+        self.hashes[path.name] = digest
         if is_best:
             self.hashes.pop(BEST, None)
-        pruned = self._prune()
+        pruned = self._prune(path.name)
         self._write_manifest()
         for name in pruned:
             (self.directory / name).unlink(missing_ok=True)
@@ -158,13 +171,38 @@ class Checkpointer:
             self._write_manifest()
         return path
 
-    def _prune(self) -> list[str]:
+    def _supersede(self, step: int) -> None:
+        """Unlists what this save makes another timeline's: on the first save with resume off,
+        everything the manifest listed at start; always, every listed step above `step` (left by
+        a session this one did not resume, or a newer copy `restore_agreed` fell back below), and
+        `best.pt` when it is a copy of one of those. Listed, such a step would be what the next
+        resume loads (another experiment's state) and would count toward `keep_last`, pruning
+        this run's own new saves. The files are only unlisted, never deleted: they are the only
+        copy of the abandoned timeline's work, which a user who reused the directory by mistake
+        can still take; they are never offered (resume needs a listing), never counted or pruned,
+        and a save of the same step later replaces them. In the same manifest write as the new
+        save's listing, so a kill before it leaves the old listing whole."""
+        stale = {n for n in self._earlier if n in self.hashes}
+        self._earlier = frozenset()
+        above = {n for n in self.hashes if (s := checkpoint_step(n)) is not None and s > step}
+        if BEST in self.hashes and self.hashes[BEST] in {self.hashes[n] for n in above}:
+            above.add(BEST)
+        for name in stale | above:
+            del self.hashes[name]
+        if above - stale:
+            self.warn(f"{self.label(MANIFEST)} listed steps {_steps(above - stale)} above this save "
+                      f"(step {step}), from a timeline this run did not resume; unlisted (files "
+                      "left in place), so resume and keep_last see this run's saves only")
+
+    def _prune(self, saved: str) -> list[str]:
         """Drops the saves past `keep_last` from the manifest's list and returns their names, to
         delete once the manifest no longer lists them. Retention counts the listed checkpoints
-        only: an unlisted file (planted, or left by a save killed before its manifest update)
-        neither counts nor is deleted."""
+        only (after `_supersede`, none newer than `saved`), and never drops `saved`: an unlisted
+        file (planted, or left by a save killed before its manifest update) neither counts nor
+        is deleted."""
         steps = sorted(step for n in self.hashes if (step := checkpoint_step(n)) is not None)
-        pruned = [checkpoint_name(step) for step in (steps[:-self.cfg.keep_last] if self.cfg.keep_last > 0 else [])]
+        old = steps[:-self.cfg.keep_last] if self.cfg.keep_last > 0 else []
+        pruned = [name for name in map(checkpoint_name, old) if name != saved]
         for name in pruned:
             self.hashes.pop(name, None)
         return pruned
@@ -245,6 +283,12 @@ def _differing_keys(state: dict[str, Any] | None, site: Site) -> list[str]:
         if any(codes[r] != codes[0] for r in site.writers):
             differ.append(name)
     return differ
+
+
+def _steps(names: frozenset[str] | set[str]) -> list[int | str]:
+    """For messages: the steps of checkpoint names, ascending, then `best.pt` if present."""
+    steps: list[int | str] = sorted(s for n in names if (s := checkpoint_step(n)) is not None)
+    return steps + [n for n in sorted(names) if checkpoint_step(n) is None]
 
 
 def _short_digest(payload: bytes) -> int:
