@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -41,9 +42,9 @@ class HashingWriter:
 @contextlib.contextmanager
 def atomic_writer(path: Path) -> Iterator[HashingWriter]:
     """Yield a writer whose bytes appear at ``path`` all at once, or not at all."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    tmp, fd = _new_temp(path)
     try:
-        with open(tmp, "wb") as handle:
+        with os.fdopen(fd, "wb") as handle:
             writer = HashingWriter(handle)
             yield writer
             handle.flush()
@@ -52,6 +53,19 @@ def atomic_writer(path: Path) -> Iterator[HashingWriter]:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def _new_temp(path: Path) -> tuple[Path, int]:
+    """A new temp file beside ``path`` and its open descriptor, unique to this writer: two threads of one
+    process saving the same file (the controller's join threads, the run record) must not share one. Not
+    mkstemp: its 0o600 would make every written file private; O_EXCL with 0o666 gives what
+    ``open(..., "wb")`` gave, the umask applied (0o644 under the usual 022)."""
+    while True:
+        tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:  # 1 in 4 billion: draw again
+            continue
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> str:

@@ -25,6 +25,7 @@ ENV_SSH_CONFIG = "MESHRUN_SSH_CONFIG"
 
 # Files of a run directory (`runs/<run_id>/`).
 LAUNCH_RECORD = "launch.json"  # controller: what was started where
+RECORD_LOCK = ".record.lock"  # controller: flock held while a `fab join` re-reads and rewrites launch.json
 SUMMARY = "summary.json"  # controller: the outcome, a user contract
 COMM_PLAN = "commplan.json"  # controller: `--comm` floors and choice
 PROVENANCE = "provenance.json"  # controller: a detached run's provenance at launch (fab report adds the fetched end)

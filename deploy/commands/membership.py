@@ -9,6 +9,7 @@ run has no controller: `join`/`leave` act on the hosts directly.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import secrets
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrun.fsutil import read_regular
+from meshrun.layout import RECORD_LOCK
 from meshrun.deploy.edges.host_queries import route_dev
 from meshrun.deploy.project import Project
 from meshrun.deploy.commands.firewall import admit
@@ -29,6 +31,7 @@ from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
 from meshrun.deploy.run.answers import from_json
+from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, at_generation, plan_launch
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, controller_alive, load_record
@@ -100,12 +103,31 @@ def join_order(members: tuple[Host, ...], joiner: Host) -> tuple[Host, ...]:
 
 
 def add_member(project: Project, record: RunRecord, name: str) -> RunRecord:
-    """The run record lists every host that ever took part, so status/stop/fetch reach it."""
-    if name in record.hosts:
-        return record
-    updated = dataclasses.replace(record, hosts=(*record.hosts, name))
-    updated.save(project.runs)
+    """The run record lists every host that ever took part, so status/stop/fetch reach it. The record on
+    disk is re-read and merged under a lock beside it: two `fab join`s, or two join threads of one
+    controller, each saving the list it read earlier would drop the other's host, and `fab stop` would
+    then never reach that host's agent."""
+    home = project.runs / record.run_id
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / RECORD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        current = load_record(project.runs, record.run_id)
+        hosts = merged_hosts(current.hosts, record.hosts, name)
+        if hosts == current.hosts:
+            return current
+        updated = dataclasses.replace(current, hosts=hosts)
+        updated.save(project.runs)
     return updated
+
+
+def merged_hosts(on_disk: tuple[str, ...], known: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """The record's hosts on disk, then any this caller knew that it lacks, then `name`: hosts are only
+    ever added, so the union loses no one, in the order they took part."""
+    hosts = list(on_disk)
+    for host in (*known, name):
+        if host not in hosts:
+            hosts.append(host)
+    return tuple(hosts)
 
 
 def submit(project: Project, record: RunRecord, action: str, host: str) -> dict:
@@ -155,6 +177,7 @@ class RequestPoller:
         self.inventory = inventory
         self.project = project
         self.renderer = renderer
+        self.record_lock = threading.Lock()  # join threads: the last to set self.record holds every host
         # A resumed run reuses its run directory: the requests of an earlier controller, answered or
         # left unanswered when it died, are history, never carried out again.
         directory = requests_dir(project, record.run_id)
@@ -181,6 +204,8 @@ class RequestPoller:
             answer = {"ok": True, "message": message}
         except MeshrunError as err:
             answer = {"ok": False, "message": str(err)}
+        except OSError as err:  # e.g. the run record could not be saved: `fab join` must still get an answer
+            answer = {"ok": False, "message": f"host '{request.host}': {request.action} failed: {err}"}
         self.renderer.info(f"{request.action} {request.host}: {answer['message']}")
         done = request.path.with_name(request.path.stem + ".done.json")
         tmp = done.with_name("." + done.name)
@@ -197,7 +222,8 @@ class RequestPoller:
             runner.add_host(launch, session)
         finally:
             runner.unclaim(name)
-        self.record = add_member(self.project, self.record, name)
+        with self.record_lock:
+            self.record = add_member(self.project, self.record, name)
         return f"started on {name}; the job re-rendezvouses to take it in"
 
     def _leave(self, runner: JobRunner, name: str) -> str:
@@ -233,11 +259,16 @@ def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[
         if failed:
             raise MeshrunError("; ".join(failed))
         return [a["message"] for a in answers]
-    return [_detached(project, record, inventory, action, name, renderer) for name in hosts]
+    messages = []
+    for name in hosts:  # each host's record goes to the next: saving the first one read would drop the others
+        message, record = _detached(project, record, inventory, action, name, renderer)
+        messages.append(message)
+    return messages
 
 
 def _detached(project: Project, record: RunRecord, inventory: Inventory, action: str, name: str,
-              renderer: Renderer) -> str:
+              renderer: Renderer) -> tuple[str, RunRecord]:
+    """One host's detached join or leave: its message, and the run record as it now stands."""
     from meshrun.deploy.edges.agents import host_states, stop_hosts
 
     if action == "leave":
@@ -248,10 +279,13 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
         failed = stop_hosts(record, project.root, (name,)).failed
         if failed:
             raise MeshrunError(str(failed[name]))
-        return f"stopped run {record.run_id} on {name}"
+        return f"stopped run {record.run_id} on {name}", record
+    # The joiner is asked too, even when the record lacks it (a join an older meshrun lost from the record).
+    asked = record if name in record.hosts else dataclasses.replace(record, hosts=(*record.hosts, name))
+    states = host_states(asked, project.root)
+    refuse_running(record, name, states)
     # Detached, no controller knows where the rendezvous went: the members' agents do.
-    generation = max((st.generation or 0 for st in host_states(record, project.root) if st.state == "running"),
-                     default=0)
+    generation = max((st.generation or 0 for st in states if st.state == "running"), default=0)
     launch, session = prepare_joiner(record, inventory, name, project, renderer, detach=True)
     launch = at_generation(launch, generation)
     try:
@@ -260,8 +294,16 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
         session.close()
     if result.rc != 0:
         raise MeshrunError(f"host '{name}': detached start failed: {result.stderr.strip()[-300:]}")
-    add_member(project, record, name)
-    return f"started detached on {name}"
+    return f"started detached on {name}", add_member(project, record, name)
+
+
+def refuse_running(record: RunRecord, name: str, states: list[HostState]) -> None:
+    """A detached agent has no heartbeat: a host cut off for a while runs on. Started a second time it
+    would be two agents of one host in one rendezvous, on the same GPUs, each ending the other's
+    workers until the run dies."""
+    if any(st.host == name and st.state == "running" for st in states):
+        raise MeshrunError(f"host '{name}' is still in run {record.run_id} (its agent is running); nothing started. "
+                           f"To restart it there: fab leave --run {record.run_id} --hosts {name}, then fab join")
 
 
 def main(action: str, run: str, hosts: str, project: Project) -> None:
