@@ -213,7 +213,7 @@ def leave(c, run="", hosts="", project="", runs_dir="", debug=False):
 
 @task(name="fetch-checkpoints", help={**PROJECT_FLAGS, 
     "run": RUN_HELP, "dest": "where runs live locally (default: where this controller records them)",
-    "force": "overwrite local files that differ from the hosts' copies", "debug": DEBUG_HELP})
+    "force": "overwrite local files you changed that differ from the hosts' copies", "debug": DEBUG_HELP})
 @guarded
 def fetch_checkpoints(c, run="", dest="", force=False, project="", runs_dir="", debug=False):
     """Bring a run home: verified checkpoints + manifest, and every host's logs and metrics."""

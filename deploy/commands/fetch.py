@@ -2,30 +2,44 @@
 
 from __future__ import annotations
 
+import os
 import shutil
-from stat import S_ISDIR
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from stat import S_ISDIR, S_ISREG
 from pathlib import Path
 
-from meshrun.layout import CHECKPOINTS, HOSTS, run_dir
+from meshrun.fsutil import atomic_write_bytes, sha256_file
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, Staging, fetch_argv, \
-    fetch_verified, place, prepare_staging, remove_staging, skip_lines, stage_verified
+    fetch_verified, place, prepare_staging, read_host_manifest, remove_staging, skip_lines, stage_verified
 from meshrun.deploy.edges.records import RunRecord, resolve_run
-from meshrun.deploy.errors import InputError
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.render.console import HostProgress, Renderer
+from meshrun.deploy.run.manifest import manifest_text
 from meshrun.deploy.run.shell import local_workdir
 
 INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) for the assembly
 PLACE_S = 600  # after the transfer: hashing and placing what came, on this machine's disk
 
 
-def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer) -> list[FetchReport]:
-    """Fetch every host of the run in parallel, then assemble the newest checkpoints."""
+@dataclass
+class Fetched:
+    reports: list[FetchReport]  # the hosts whose files came home, in the run's host order
+    failed: dict[str, MeshrunError]  # host -> why nothing of it came home this time (unreachable, say)
+    newest_step: int  # the newest step `runs/<id>/checkpoints/`'s manifest lists (-1: none)
+
+
+def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer) -> Fetched:
+    """Fetch every host of the run in parallel, then assemble the newest checkpoints from the
+    hosts that answered: a host that is gone for good (a lost rendezvous host) is named in
+    `failed`, never a reason to leave the others' newest work on the hosts."""
     hosts, inventory = run_hosts(record, root)  # hosts gone from the inventory, bad ssh_config: one line
     home = dest / record.run_id
 
@@ -45,35 +59,83 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
 
     with HostProgress(renderer, "fetch", list(record.hosts)) as bars:
         deadline = FETCH_ATTEMPTS * FETCH_TIMEOUT_S + PLACE_S
-        results = on_each(hosts, lambda h: one(h, bars), timeout=deadline).require_all()
-    reports = list(results.values())
+        results = on_each(hosts, lambda h: one(h, bars), timeout=deadline)
+    reports = list(results.ok.values())
     _assemble_checkpoints(home, reports, force)
     incoming = home / INCOMING
     if incoming.is_dir() and not any(incoming.iterdir()):
         incoming.rmdir()
-    return reports
+    steps = (checkpoint_step(name) for name in read_host_manifest(home / CHECKPOINTS).digests())
+    return Fetched(reports, results.failed, max((s for s in steps if s is not None), default=-1))
 
 
 def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -> None:
     """`runs/<id>/checkpoints/`: the verified checkpoints of the host holding the newest one, and
-    a manifest of exactly those (nothing else a host put in its folder)."""
+    the controller's manifest of the verified ones there (nothing else a host put in its folder).
+    That manifest is meshrun's own file, rewritten on every fetch: kept as it was, it would stop
+    at an earlier fetch's step while newer files land, and `fab train --resume` would redo the
+    steps between. A checkpoint it listed, unchanged since, is meshrun's too, and may be replaced."""
     holders = [r for r in reports if r.newest_step >= 0 and r.landed != home]
     if not holders:
         return
     best = max(holders, key=lambda r: r.newest_step)
+    target = home / CHECKPOINTS
+    ours = not any(r.landed == home for r in reports)  # else the folder is a local host's trainer's, manifest too
+    previous = read_host_manifest(target).digests() if ours else {}
     assembly = home / INCOMING / f".{CHECKPOINTS}"
     shutil.rmtree(assembly, ignore_errors=True)
     stage_verified(best.landed / CHECKPOINTS, best.verified, assembly)
-    combined = FetchReport(best.host, home / CHECKPOINTS)
-    place(assembly, combined.landed, combined, force, prefix=f"{CHECKPOINTS}/")
+    combined = FetchReport(best.host, target)
+    place(assembly, target, combined, force, prefix=f"{CHECKPOINTS}/", ours=previous)
     shutil.rmtree(assembly)
+    if ours:
+        present = _hashes(target, set(previous) | {n for r in reports for n in r.verified})
+        _write_manifest(target, vouched(present, [r.verified for r in reports], previous), combined)
     best.conflicts += [c for c in combined.conflicts if c not in best.conflicts]
     best.refused += combined.refused
 
 
+def vouched(present: Mapping[str, str], verified: Iterable[Mapping[str, str]],
+            previous: Mapping[str, str]) -> dict[str, str]:
+    """What the assembled manifest lists: each checkpoint here (name -> its sha256 now) whose
+    sha256 a host's manifest verified in this fetch, or the previous assembled manifest listed
+    (a file an earlier fetch verified, unchanged since). A file edited here is not listed."""
+    now = {(name, digest) for digests in verified for name, digest in digests.items()}
+    return {name: digest for name, digest in present.items() if (name, digest) in now or previous.get(name) == digest}
+
+
+def _hashes(directory: Path, names: Iterable[str]) -> dict[str, str]:
+    """{name: sha256} of the regular files of `directory` among `names` (links not followed)."""
+    return {name: sha256_file(directory / name) for name in sorted(names) if _regular(directory / name)}
+
+
+def _write_manifest(directory: Path, entries: dict[str, str], report: FetchReport) -> None:
+    """Write the assembled manifest atomically (never through a link, as os.replace swaps the
+    name itself), unless the folder is not a real one (place said so) or the manifest's name is
+    a folder or link of yours (a conflict, as place would call it)."""
+    try:
+        if not S_ISDIR(os.lstat(directory).st_mode):
+            return
+    except FileNotFoundError:
+        return  # nothing was placed
+    path, text = directory / CHECKPOINT_MANIFEST, manifest_text(entries).encode()
+    if os.path.lexists(path) and not _regular(path):
+        report.conflicts.append(f"{CHECKPOINTS}/{CHECKPOINT_MANIFEST}")
+    elif not _regular(path) or os.lstat(path).st_size != len(text) or path.read_bytes() != text:
+        atomic_write_bytes(path, text)
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def main(run: str | None, dest: str | None, force: bool, project: Project) -> int:
-    """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum or
-    its manifest had lines meshrun does not accept; what did pass is fetched all the same."""
+    """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum, its
+    manifest had lines meshrun does not accept, or a host could not be fetched (down, say); what
+    did pass, from the hosts that answered, is fetched and assembled all the same."""
     renderer = Renderer()
     record = resolve_run(project.runs, run, warn=renderer.warn)
     destination = Path(dest).expanduser().resolve() if dest else project.runs
@@ -81,7 +143,8 @@ def main(run: str | None, dest: str | None, force: bool, project: Project) -> in
     if found is not None and not S_ISDIR(found.st_mode):
         raise InputError(with_path("--dest ", destination, ": exists and is not a directory; name a directory to "
                                    "fetch runs into"))
-    reports = fetch_run(record, project.root, destination, force, renderer)
+    fetched = fetch_run(record, project.root, destination, force, renderer)
+    reports = fetched.reports
     renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports)
     for line in [line for r in reports for line in skip_lines(r.host, r.skipped)]:
         renderer.warn(line)
@@ -90,4 +153,19 @@ def main(run: str | None, dest: str | None, force: bool, project: Project) -> in
     corrupt = [f"{r.host}:{name}" for r in reports for name in r.corrupt]
     if corrupt:
         renderer.error(f"checksum mismatch, not kept: {', '.join(corrupt)}; the host's copy is damaged")
-    return 1 if corrupt or any(r.refused for r in reports) else 0
+    for line in failure_lines(fetched, str(destination / record.run_id / CHECKPOINTS)):
+        renderer.error(line)
+    return 1 if corrupt or fetched.failed or any(r.refused for r in reports) else 0
+
+
+def failure_lines(fetched: Fetched, checkpoints: str) -> list[str]:
+    """One line per host that sent nothing (its own error), then what is home all the same. A
+    host that answered but sent damaged files is not here: it is a checksum mismatch."""
+    if not fetched.failed:
+        return []
+    names, one = ", ".join(fetched.failed), len(fetched.failed) == 1
+    home = (f"the other hosts' files are home and {checkpoints}/ lists verified checkpoints up to step "
+            f"{fetched.newest_step}" if fetched.newest_step >= 0 else "no verified checkpoint of this run is home")
+    return [str(err) for err in fetched.failed.values()] + [
+        f"not fetched: {names}; {home}; fetch again when {names} {'is' if one else 'are'} back to bring "
+        f"{'its' if one else 'their'} files home"]

@@ -9,7 +9,9 @@ tree. Checkpoints are verified against the host's `MANIFEST.sha256` under the ru
 `deploy.run.manifest` (the trainer's own names only; other lines are reported, not acted on).
 Each staged file is then fsynced and renamed into place (`os.replace`), so a file appears under
 its final name whole or not at all; a file that differs from one already here is never
-overwritten unless `force`, and nothing is written through a link or outside the target.
+overwritten unless `force` or it is still what an earlier fetch brought (a log or metrics
+file the host has since grown, or a checkpoint the controller's own manifest lists with that
+sha256), and nothing is written through a link or outside the target.
 
 The staged tree is walked with a stack of our own, never by recursion (Python 3.11's `os.walk`
 and `shutil.rmtree` recurse once per level: a host serving a thousand nested folders would stop
@@ -26,14 +28,14 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from meshrun.fsutil import fsync_dir, sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.rsyncrun import RSYNC_VANISHED_EXIT, io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from meshrun.deploy.inventory.model import Host
-from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, manifest_text, parse_manifest, refusal_lines, shown
+from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest, refusal_lines, shown
 from meshrun.deploy.run.shell import local_workdir
 
 PARTIAL_DIR = ".rsync-partial"  # relative, so rsync also refuses to take one from the host
@@ -70,6 +72,7 @@ class FetchReport:
     verified: dict[str, str] = field(default_factory=dict)  # checkpoint name -> sha256, checked this fetch
     refused: list[str] = field(default_factory=list)  # manifest lines and files not acted on, one line each
     skipped: Skips = field(default_factory=Skips)  # not regular files on the host: not brought home
+    updated: list[str] = field(default_factory=list)  # replaced a local file: grown, ours, or --force
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,9 @@ def transfer(argv: list[str], host: str, progress: Callable[[str, int], None],
     """Run the fetch rsync; returns what it skipped for not being a regular file. A file that
     vanished while rsync ran (a save the live trainer pruned) is not an error: it is not home."""
     skipped = Skips()
-    run_rsync(argv, host=host, what="fetch", timeout=timeout, hint="run the same fetch again to resume",
+    # No promise that a retry works now: the host may be down for good (a lost rendezvous host).
+    run_rsync(argv, host=host, what="fetch", timeout=timeout,
+              hint="fetch again once the host answers; the transfer resumes where it stopped",
               on_line=lambda line: _read_line(line, host, progress, skipped), success=(0, RSYNC_VANISHED_EXIT))
     progress(host, 100)
     return skipped
@@ -194,10 +199,13 @@ def verify_checkpoints(tree: Path, report: FetchReport) -> None:
     report.newest_step = max((s for s in steps if s is not None), default=-1)
 
 
-def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: str = "") -> None:
+def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: str = "",
+          ours: Mapping[str, str] | None = None) -> None:
     """Move the regular files under `source` into `target`, each atomically: new ones land,
-    identical ones are dropped, a differing local file is kept (a conflict) unless `force`.
-    Folders deeper than MAX_DEPTH are refused (a report line) and left in `source`."""
+    identical ones are dropped, a differing local file is kept (a conflict) unless `force` or it
+    is still what meshrun put there: a byte prefix of the new copy (a log that grew: none of its
+    bytes is lost), or the sha256 `ours` gives for its relative name. Folders deeper than
+    MAX_DEPTH are refused (a report line) and left in `source`."""
     deep: list[Path] = []
     found = _regular_files(source, deep)
     report.refused += deep_lines(report.host, [prefix + shown(d.relative_to(source).as_posix(), limit=200)
@@ -215,26 +223,36 @@ def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: 
             continue
         if not os.path.lexists(dst):
             report.new.append(name)
-        elif sha256_file(dst) == sha256_file(src):
+        elif (local := sha256_file(dst)) == sha256_file(src):
             report.unchanged.append(name)
             continue
-        elif not force:
+        elif force or (ours or {}).get(rel.as_posix()) == local or _grew(dst, src):
+            report.updated.append(name)
+        else:
             report.conflicts.append(name)
             continue
         _commit(src, dst)
 
 
+def _grew(old: Path, new: Path) -> bool:
+    """`old`'s bytes are a proper prefix of `new`'s: a file that was only appended to."""
+    if os.lstat(old).st_size >= os.lstat(new).st_size:
+        return False
+    with open(old, "rb") as a, open(new, "rb") as b:
+        while chunk := a.read(1 << 20):
+            if b.read(len(chunk)) != chunk:
+                return False
+    return True
+
+
 def stage_verified(source: Path, digests: dict[str, str], out: Path) -> None:
-    """Copy into `out` the checkpoints of `source` that still match their verified sha256, and a
-    manifest listing exactly those: what `runs/<id>/checkpoints/` is assembled from."""
+    """Copy into `out` the checkpoints of `source` that still match their verified sha256: what
+    `runs/<id>/checkpoints/` is assembled from (its manifest the controller writes afterwards)."""
     out.mkdir(parents=True, exist_ok=True)
-    kept: dict[str, str] = {}
     for name, digest in digests.items():
         if _is_regular(source / name) and sha256_file(source / name) == digest:
             with open(source / name, "rb") as src, open(out / name, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-            kept[name] = digest
-    (out / CHECKPOINT_MANIFEST).write_text(manifest_text(kept))
 
 
 def remove_staging(staging: Staging) -> None:

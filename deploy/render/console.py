@@ -126,10 +126,10 @@ class Renderer:
 
     def fetch_reports(self, run_id: str, home: str, reports: list) -> None:
         """Where everything landed, what was refused, and how to resume from it."""
-        table = PlainTable("host", "landed in", "new", "unchanged", "not overwritten", "corrupt (not kept)",
-                           title=f"fetched run {run_id}")
+        table = PlainTable("host", "landed in", "new", "updated", "unchanged", "not overwritten",
+                           "corrupt (not kept)", title=f"fetched run {run_id}")
         for r in reports:
-            table.add_row(r.host, r.landed, len(r.new), len(r.unchanged),
+            table.add_row(r.host, r.landed, len(r.new), len(r.updated), len(r.unchanged),
                           plain(", ".join(r.conflicts) or "-", style="yellow" if r.conflicts else ""),
                           plain(", ".join(r.corrupt) or "-", style="red bold" if r.corrupt else ""))
         with self._lock:

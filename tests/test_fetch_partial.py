@@ -1,0 +1,148 @@
+"""`fab fetch-checkpoints` when a host of the run is gone, and when a run is fetched again: on real
+files, moved by real rsync from local hosts (no sshd needed; the dead host is 127.0.0.1 port 1,
+which refuses at once)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+
+from meshrun.deploy.commands.fetch import Fetched, failure_lines, main, vouched
+from meshrun.deploy.commands.train import newest_listed_step
+from meshrun.deploy.edges.fetch import FetchReport, place
+from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.project import Project
+from meshrun.deploy.run.manifest import manifest_text, parse_manifest
+
+RUN = "20260101-000000-abcd"
+DEAD = "  h1:\n    address: 127.0.0.1\n    port: 1\n    nproc: 1\n    workdir: w1\n"  # the lost rendezvous host
+LIVE = "  h2:\n    address: local\n    nproc: 1\n    workdir: w2\n"
+
+
+def _project(tmp_path: Path, hosts: str, names: tuple[str, ...]) -> Project:
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory/hosts.yaml").write_text("hosts:\n" + hosts)
+    project = Project(tmp_path, tmp_path / "runs")
+    RunRecord(RUN, str(tmp_path / "inventory/hosts.yaml"), names, time.time(), True, "h1:29500").save(project.runs)
+    return project
+
+
+def _host_run(run: Path, steps: list[int], metrics: str) -> dict[str, str]:
+    """What the trainer leaves in a host's run dir: the last saves, its manifest, metrics and a
+    log. Older saves are pruned, as keep_last does. Returns the manifest's {name: sha256}."""
+    checkpoints = run / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    for old in checkpoints.glob("ckpt-*"):
+        old.unlink()
+    digests = {}
+    for step in steps:
+        name = f"ckpt-step{step:09d}.pt"
+        (checkpoints / name).write_bytes(f"weights at {step}".encode())
+        digests[name] = hashlib.sha256(f"weights at {step}".encode()).hexdigest()
+    (checkpoints / "MANIFEST.sha256").write_text(manifest_text(digests))
+    (run / "metrics.jsonl").write_text(metrics)
+    (run / "train.log").write_text(metrics.replace("{", "log "))
+    return digests
+
+
+def _listed(checkpoints: Path) -> dict[str, str]:
+    return parse_manifest((checkpoints / "MANIFEST.sha256").read_bytes()).digests()
+
+
+def test_a_dead_rendezvous_host_does_not_keep_the_survivors_checkpoints_away(tmp_path: Path, capsys) -> None:
+    """h1 (the rendezvous host) is powered off; h2 trained on to step 500. The fetch brings h2's
+    checkpoints home and assembles them, prints the table, names h1, and exits 1. Before the
+    fix it raised at h1's rsync and `runs/<id>/checkpoints/` was never made."""
+    project = _project(tmp_path, DEAD + LIVE, ("h1", "h2"))
+    digests = _host_run(tmp_path / "w2/runs" / RUN, [300, 400, 500], '{"step": 500}\n')
+    assert main(RUN, None, False, project) == 1
+    home = project.runs / RUN / "checkpoints"
+    assert _listed(home) == digests
+    assert newest_listed_step((home / "MANIFEST.sha256").read_bytes()) == 500
+    out, err = capsys.readouterr()
+    assert "fetched run" in out and "h2" in out
+    lines = err.replace("\n", " ")  # the console wraps long lines
+    assert "host 'h1': fetch failed" in lines
+    assert "not fetched: h1; the other hosts' files are home and" in lines
+    assert "lists verified checkpoints up to step 500; fetch again when h1 is back" in lines
+    assert not (project.runs / RUN / "hosts/h1").exists()
+
+
+def test_failure_lines_say_what_is_home_and_name_every_host_not_fetched() -> None:
+    failed = {"h1": MeshrunError("host 'h1': fetch failed (rsync exit 255): gone"),
+              "h3": MeshrunError("host 'h3': no answer within 4200 s")}
+    assert failure_lines(Fetched([], failed, -1), "runs/r/checkpoints") == [
+        "host 'h1': fetch failed (rsync exit 255): gone", "host 'h3': no answer within 4200 s",
+        "not fetched: h1, h3; no verified checkpoint of this run is home; fetch again when h1, h3 are back to bring "
+        "their files home"]
+    assert failure_lines(Fetched([], {}, 700), "runs/r/checkpoints") == []
+
+
+def test_fetching_again_lists_the_newest_step_and_brings_grown_metrics(tmp_path: Path) -> None:
+    """A live run fetched at step 500 as a backup, then again at 700: the assembled manifest is
+    the controller's own and lists 700 (resume would otherwise redo 500 -> 700), and metrics and
+    logs that only grew are replaced. Before the fix both stayed as the first fetch left them."""
+    project = _project(tmp_path, LIVE, ("h2",))
+    run = tmp_path / "w2/runs" / RUN
+    first = _host_run(run, [300, 400, 500], '{"step": 500}\n')
+    assert main(RUN, None, False, project) == 0
+    home = project.runs / RUN
+    assert newest_listed_step((home / "checkpoints/MANIFEST.sha256").read_bytes()) == 500
+    second = _host_run(run, [500, 600, 700], '{"step": 500}\n{"step": 700}\n')
+    assert main(RUN, None, False, project) == 0
+    assert newest_listed_step((home / "checkpoints/MANIFEST.sha256").read_bytes()) == 700
+    assert _listed(home / "checkpoints") == first | second  # 300 and 400 were verified by the first fetch
+    assert (home / "hosts/h2/metrics.jsonl").read_text() == '{"step": 500}\n{"step": 700}\n'
+    assert (home / "hosts/h2/train.log").read_text() == 'log "step": 500}\nlog "step": 700}\n'
+
+
+def test_an_edited_checkpoint_at_home_is_kept_and_no_longer_listed(tmp_path: Path) -> None:
+    """Checkpoints the controller's manifest listed are its own only while unchanged: one edited
+    here stays (a conflict, as before) and the rewritten manifest does not vouch for it."""
+    project = _project(tmp_path, LIVE, ("h2",))
+    run = tmp_path / "w2/runs" / RUN
+    _host_run(run, [300, 400, 500], "")
+    assert main(RUN, None, False, project) == 0
+    home = project.runs / RUN / "checkpoints"
+    (home / "ckpt-step000000400.pt").write_bytes(b"yours")
+    (home / "ckpt-step000000500.pt").write_bytes(b"yours too")
+    second = _host_run(run, [500, 600], "")
+    assert main(RUN, None, False, project) == 0
+    assert (home / "ckpt-step000000500.pt").read_bytes() == b"yours too"
+    assert sorted(_listed(home)) == ["ckpt-step000000300.pt", "ckpt-step000000600.pt"]
+    assert _listed(home)["ckpt-step000000600.pt"] == second["ckpt-step000000600.pt"]
+
+
+@pytest.mark.parametrize("local, ours, replaced", [
+    (b"line 1\n", {}, True),  # grew: every local byte is in the new copy
+    (b"line 1\nline 2\n", {}, False),  # the same bytes: unchanged, not a conflict
+    (b"line X\n", {}, False),  # edited here: a conflict
+    (b"line 1\nline 2\nline 3\n", {}, False),  # longer here than on the host: a conflict
+    (b"older", {"f.pt": hashlib.sha256(b"older").hexdigest()}, True),  # what meshrun listed, unchanged
+    (b"older", {"f.pt": hashlib.sha256(b"other").hexdigest()}, False),  # changed since meshrun listed it
+])
+def test_place_replaces_only_files_that_grew_or_are_still_ours(tmp_path: Path, local: bytes, ours: dict,
+                                                                replaced: bool) -> None:
+    source, target = tmp_path / "staged", tmp_path / "landed"
+    source.mkdir()
+    target.mkdir()
+    (source / "f.pt").write_bytes(b"line 1\nline 2\n")
+    (target / "f.pt").write_bytes(local)
+    report = FetchReport("h1", target)
+    place(source, target, report, False, ours=ours)
+    assert (report.updated, report.conflicts) == ((["f.pt"], []) if replaced else
+                                                   ([], ["f.pt"] if local != b"line 1\nline 2\n" else []))
+    assert (target / "f.pt").read_bytes() == (b"line 1\nline 2\n" if replaced else local)
+
+
+def test_vouched_lists_files_verified_now_or_listed_before_and_unchanged() -> None:
+    present = {"ckpt-step000000300.pt": "a", "ckpt-step000000500.pt": "b", "ckpt-step000000700.pt": "c",
+               "best.pt": "d", "ckpt-step000000900.pt": "e"}
+    verified = [{"ckpt-step000000700.pt": "c", "best.pt": "x"}, {"ckpt-step000000900.pt": "e"}]
+    previous = {"ckpt-step000000300.pt": "a", "ckpt-step000000500.pt": "old", "best.pt": "d"}
+    assert vouched(present, verified, previous) == {"ckpt-step000000300.pt": "a", "ckpt-step000000700.pt": "c",
+                                                    "best.pt": "d", "ckpt-step000000900.pt": "e"}
