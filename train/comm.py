@@ -121,10 +121,11 @@ class Communicator:
         snapshot["optimizer"] = comm["ranks"][0]["optimizer"]
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
+        """``state`` as loaded: checkpoints and gathered states come back on the CPU."""
         if self.powersgd is not None and "powersgd" in state:
             group = self.powersgd.process_group
             with _quiet():
-                self.powersgd.__setstate__(state["powersgd"])
+                self.powersgd.__setstate__(_tensors_to(state["powersgd"], self._device()))
             self.powersgd.process_group = group
         if self.localsgd is not None and self.averager is not None and "localsgd_iter" in state:
             self.localsgd.iter = state["localsgd_iter"]
@@ -132,6 +133,11 @@ class Communicator:
         if self.diloco is not None and self.optimizer is not None and "samples" in state:
             self.diloco.load_rank(state)
             self.optimizer.load_state_dict(state["optimizer"])
+
+    def _device(self) -> torch.device:
+        """Where the model's gradients are, and with them the hook's state."""
+        param = next(self.model.parameters(), None) if self.model is not None else None
+        return param.device if param is not None else torch.device("cpu")
 
     def _average_after_step(self, *_: Any) -> None:
         """Optimizer step post-hook: runs after ``step()`` and before ``zero_grad``, as torch's
@@ -190,6 +196,13 @@ class Communicator:
             yield
         finally:
             self.load_rank_state(saved)
+
+
+def _tensors_to(state: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """PowerSGD's state with the tensors of its dicts (error feedback, P and Q memories, by
+    bucket) on ``device``: its hook adds them to the bucket's gradients in place."""
+    return {key: {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+            if isinstance(value, dict) else value for key, value in state.items()}
 
 
 @contextlib.contextmanager

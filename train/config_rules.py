@@ -3,8 +3,10 @@ that is clearly meaningless. ``train.config`` has already made every float finit
 
 Contract: ``check_ranges(cfg, source)`` returns or raises ``UsageError`` with one line naming the
 source, the dotted key, the allowed range and the value. One rule per key; a rule that allows 0
-says what 0 means. Dataset- or model-specific limits (``data.num_classes`` of ``shapes``,
-``model.sa_points`` levels) are checked where that dataset or model is built.
+says what 0 means. Then the settings that cannot go together (``check_combinations``): one line
+naming the source, both keys and what to do. Dataset- or model-specific limits
+(``data.num_classes`` of ``shapes``, ``model.sa_points`` levels) are checked where that dataset
+or model is built.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshrun.train.errors import UsageError
+from meshrun.train.kinds import CommHook
 
 SEED_MAX = 2**32 - 1  # numpy's RandomState takes [0, 2**32); torch 2**64 - 1, but gets seed * 100_003 + epoch
 PG_TIMEOUT_MAX_S = 86_400  # as the controller's --timeout (deploy/run/flags.py): a day
@@ -76,3 +79,15 @@ def check_ranges(cfg: Any, source: str) -> None:
             value = getattr(value, part)
         if not ok(value):
             raise UsageError(f"{source}: {key!r} must be {allowed}; got {value!r}")
+    check_combinations(cfg, source)
+
+
+def check_combinations(cfg: Any, source: str) -> None:
+    """DiLoCo's inner steps communicate nothing (docs/sites.md); SyncBatchNorm would all-gather
+    every BatchNorm layer's statistics over every rank at each of them, across the slow links."""
+    hook = cfg.comm.hook
+    if cfg.sync_bn and hook in (CommHook.DILOCO, CommHook.DILOCO_OVERLAP):
+        raise UsageError(f"{source}: 'sync_bn' true and 'comm.hook' {hook.value} do not go together: "
+                         f"SyncBatchNorm would communicate at every inner step; set sync_bn=false "
+                         f"(the outer step averages BatchNorm statistics) or use comm.hook=hier "
+                         f"(SyncBatchNorm inside each site)")

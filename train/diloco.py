@@ -218,19 +218,21 @@ class DiLoCo:
 
     @torch.no_grad()
     def _apply(self, reduced: torch.Tensor) -> None:
-        """Outer step with ``g = sum w delta / sum w``; buffers become the weighted mean."""
-        total = reduced[-1].item()
-        mean = reduced[:-1] / total if total > 0 else torch.zeros_like(reduced[:-1])
+        """Outer step with ``g = sum w delta / sum w``; buffers become the weighted mean. No
+        sample in the round (``sum w == 0``): a zero gradient, buffers kept. Decided on the
+        device, not by ``.item()``: no wait for the GPU at every round."""
+        total = reduced[-1]
+        some = total > 0
+        mean = torch.where(some, reduced[:-1] / total, 0.0)
         at = 0
         for a in self.anchor:
             a.grad = mean[at:at + a.numel()].view_as(a).to(a.dtype)
             at += a.numel()
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
-        if total > 0:
-            for b in self.buffers:
-                b.copy_(mean[at:at + b.numel()].view_as(b))
-                at += b.numel()
+        for b in self.buffers:
+            b.copy_(torch.where(some, mean[at:at + b.numel()].view_as(b), b))
+            at += b.numel()
 
     @torch.no_grad()
     def _restart(self) -> None:
@@ -247,11 +249,17 @@ class DiLoCo:
 
     @torch.no_grad()
     def load_shared(self, state: dict[str, Any]) -> None:
+        """``state`` as loaded (checkpoints and gathered states come back on the CPU): the anchor
+        is copied and the outer optimizer's state moved by ``load_state_dict``; the pending
+        buffer is moved here, or its outer step would mix devices on a GPU."""
         for a, saved in zip(self.anchor, state["anchor"]):
             a.copy_(saved)
         self.outer.load_state_dict(state["outer"])
         self.inner_step = state["inner_step"]
-        self._flight, self._pending, self._landed = None, state["pending"], True
+        pending = state["pending"]
+        if pending is not None:
+            pending = pending.to(self.anchor[0].device)
+        self._flight, self._pending, self._landed = None, pending, True
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's replica: its parameters and floating buffers, samples in the round. At a

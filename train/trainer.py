@@ -4,7 +4,8 @@ Contract:
 - Construction is collective when a process group exists (it agrees on and loads the newest
   checkpoint held by any rank) and must happen after ``dist.init``.
 - Construction also resolves the per-rank batch sizes (``train.balance``, collective; it runs
-  the ``batch_size: auto`` probe when asked) and lays out each epoch with them.
+  the ``batch_size: auto`` probe when asked, on plain BatchNorm: ``sync_bn`` converts it after,
+  over DDP's process group) and lays out each epoch with them.
 - ``fit()`` trains up to ``cfg.epochs`` epochs from the restored position, evaluates exactly
   after each, checkpoints (a copy per host) after each epoch and every ``checkpoint.every_steps``
   optimizer steps, and returns the final ``ResultRecord`` (also written to result.json).
@@ -51,16 +52,23 @@ def amp_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if precision is Precision.BF16 else torch.float16
 
 
-def convert_sync_bn(module: nn.Module, wanted: bool, device: torch.device) -> nn.Module:
-    """``sync_bn: true``: BatchNorm layers become SyncBatchNorm, whose statistics are computed
-    over all ranks' samples (weighted by sample count, so uneven batches are exact). Torch
+def check_sync_bn(wanted: bool, device: torch.device) -> None:
+    """Before any collective: a rank that cannot run SyncBatchNorm stops the run at once. Torch
     implements it for GPUs only."""
-    if not wanted or not dist.active():
-        return module
-    if device.type != "cuda":
+    if wanted and dist.active() and device.type != "cuda":
         raise UsageError("sync_bn=true needs CUDA: torch's SyncBatchNorm runs on GPUs only; "
                          "on CPU use sync_bn=false (see docs/heterogeneous.md, BatchNorm)")
-    return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
+def convert_sync_bn(module: nn.Module, wanted: bool,
+                    group: torch.distributed.ProcessGroup | None) -> nn.Module:
+    """``sync_bn: true``: BatchNorm layers become SyncBatchNorm, whose statistics are computed
+    over the samples of ``group``'s ranks (None: every rank; hier: the site, so that inner steps
+    cross no slow link), weighted by sample count, so uneven batches are exact. The converted
+    layers hold the same Parameter and buffer objects: an optimizer made before stays valid."""
+    if not wanted:
+        return module
+    return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group=group)
 
 
 @dataclass
@@ -79,8 +87,8 @@ class Trainer:
         self.cfg, self.env, self.device, self.console = cfg, env, device, console
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.data = build_datasets(cfg.data)
-        module = build_model(cfg.model, self.data.num_classes, self.data.input_shape).to(device)
-        self.module = convert_sync_bn(module, cfg.sync_bn, device)
+        self.module = build_model(cfg.model, self.data.num_classes, self.data.input_shape).to(device)
+        check_sync_bn(cfg.sync_bn, device)
         optimizer = build_optimizer(cfg.optim, self.module.parameters())
         dtype = amp_dtype(cfg.amp, device)
         scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
@@ -95,20 +103,11 @@ class Trainer:
         self.pos = Position()
         self._comm_saved: comm.SavedComm | None = None  # set by _restore
         self._restored = self._restore(optimizer, scaler)
+        # The probe times each rank alone: with plain BatchNorm, before any SyncBatchNorm (whose
+        # collectives would meet the other ranks' all-gathers here, and only some ranks probe).
         self.batches = balance.resolve_batch_sizes(env, cfg.data, cfg.autobatch, self.module,
                                                    self._probe_batch, device)
-        model = self.module
-        places = None
-        if dist.active():
-            ids = [device.index] if device.type == "cuda" else None
-            # hier: DDP over this rank's site; the outer all-reduce between sites (docs/sites.md).
-            places = sites.build(env) if cfg.comm.hook is CommHook.HIER else None
-            # DiLoCo replicas keep their own buffers between syncs (no broadcast per forward;
-            # still one at construction, so all start equal).
-            model = DistributedDataParallel(
-                self.module, device_ids=ids, bucket_cap_mb=cfg.comm.bucket_cap_mb,
-                forward_sync_buffers=cfg.comm.hook not in comm.DILOCO_HOOKS,
-                process_group=places.group if places is not None else None)
+        model, places = self._distributed()
         self.comm = comm.attach(model, optimizer, cfg.comm, env.rank, env.world_size,
                                 self._comm_saved, console.line, places)
         if places is not None:
@@ -120,6 +119,23 @@ class Trainer:
         self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
         self.run_seconds = [0.0] * env.world_size
         self._progress_since: tuple[float, int, int] | None = None  # this start's first progress record
+
+    def _distributed(self) -> tuple[nn.Module, sites.Sites | None]:
+        """The DDP model and, for hier, the sites: DDP and SyncBatchNorm over this rank's site,
+        the outer all-reduce between sites (docs/sites.md); otherwise over every rank."""
+        if not dist.active():
+            return self.module, None
+        cfg, device = self.cfg, self.device
+        places = sites.build(self.env) if cfg.comm.hook is CommHook.HIER else None
+        group = places.group if places is not None else None
+        self.module = convert_sync_bn(self.module, cfg.sync_bn, group)
+        # DiLoCo replicas keep their own buffers between syncs (no broadcast per forward;
+        # still one at construction, so all start equal).
+        model = DistributedDataParallel(
+            self.module, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.comm.bucket_cap_mb,
+            forward_sync_buffers=cfg.comm.hook not in comm.DILOCO_HOOKS, process_group=group)
+        return model, places
 
     def _build_loaders(self) -> None:
         cfg, env = self.cfg, self.env
