@@ -9,10 +9,8 @@ tests/test_hostile_probe_answers.py: the probes of check-network and firewall.""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 
@@ -53,12 +51,8 @@ def test_launcher_stop_answers(answer: str, message: str, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("answer,message", STOP_CASES)
 def test_fab_stop_answers(answer: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    @contextmanager
-    def sessions_to(*_args: object) -> Iterator[dict[str, FakeSession]]:
-        yield {"h1": FakeSession(answer)}
-
-    monkeypatch.setattr(agents, "run_hosts", lambda _record, _root: ((host(),), None))
-    monkeypatch.setattr(agents, "sessions_to", sessions_to)
+    monkeypatch.setattr(agents, "run_hosts", lambda _record, _root: ((host(),), SimpleNamespace(known_hosts=None)))
+    monkeypatch.setattr(agents, "connect", lambda *_args: FakeSession(answer))
     results = agents.stop_hosts(SimpleNamespace(run_id="r1"), Path("."), ("h1",))
     assert str(results.failed.get("h1")) == message
 

@@ -1,11 +1,12 @@
-"""`fab stop`: TERM, grace, KILL on every host of a run, and proof that nothing is left."""
+"""`fab stop`: TERM, grace, KILL on every host of a run, and proof that nothing is left. A host
+that cannot be reached is named, and every other host is stopped all the same."""
 
 from __future__ import annotations
 
-
+from meshrun.layout import HEARTBEAT_TIMEOUT_S
 from meshrun.deploy.edges.agents import stop_run
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.records import resolve_run
+from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.render.console import Renderer
 
 
@@ -13,18 +14,30 @@ def main(run: str | None, project: Project) -> int:
     """Exit status 1 when a host could not be reached or still has run processes."""
     renderer = Renderer()
     record = resolve_run(project.runs, run, live_only=True, warn=renderer.warn)
-    dirty = []
     results = stop_run(record, project.root)
     for host in results:
         if host in results.failed:
-            dirty.append(host)
             renderer.error(f"{host}: {results.failed[host]}")
         elif left := results.ok[host]:
-            dirty.append(host)
             renderer.error(f"{host}: processes still alive: {list(left)}")
         else:
             renderer.info(f"{host}: clean, no process of run {record.run_id} left")
-    if dirty:
+    if results.failed:
+        renderer.error(not_stopped(record, tuple(results.failed)))
+    if results.failed or any(results.ok.values()):
         return 1
-    renderer.info(f"run {record.run_id} stopped on {len(record.hosts)} host(s)")
+    renderer.info(f"run {record.run_id} stopped on {len(results)} host(s)")
     return 0
+
+
+def not_stopped(record: RunRecord, hosts: tuple[str, ...]) -> str:
+    """What becomes of the run on the hosts whose stop failed, and what to do."""
+    names, again = ", ".join(hosts), "it answers" if len(hosts) == 1 else "they answer"
+    if record.detached:  # its agents run with no controller and no heartbeat
+        fate = ("a detached run's agent goes on there until its training ends, or until the run's "
+                "--idle-stop rule, if it was started with one, stops it")
+    else:
+        fate = (f"its agent stops the run there by itself once the run's controller has been silent for "
+                f"{HEARTBEAT_TIMEOUT_S} s, so ending the controller (Ctrl-C in its terminal) ends it too")
+    return (f"run {record.run_id} was not stopped on {names} and may still be running there: {fate}; "
+            f"run fab stop --run {record.run_id} again once {again}")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from meshrun.layout import STOP_GRACE_S
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.inventory.shown import with_path
-from meshrun.deploy.edges.sessions import sessions_to
+from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, CommandResult, Session, Stream, connect
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
@@ -20,6 +21,11 @@ from meshrun.deploy.run.answers import remaining_pids, said
 from meshrun.deploy.run.hoststate import HostState, parse_status
 from meshrun.deploy.run.plan import HostLaunch, agent_verb_argv, env_block
 from meshrun.deploy.edges.stdinfeed import run_fed
+
+T = TypeVar("T")
+# A host's whole connect, every ProxyJump hop of it (each has its own connect timeout): as long as
+# sessions.connect_all waits for its hosts.
+CONNECT_BUDGET_S = 3 * DEFAULT_CONNECT_TIMEOUT_S
 
 
 def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventory]:
@@ -34,21 +40,33 @@ def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventor
     return hosts, inventory
 
 
+def on_each_connected(hosts: tuple[Host, ...], inventory: Inventory, root: Path, fn: Callable[[Host, Session], T],
+                      timeout: float, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> HostResults[T]:
+    """fn(host, session) on every host at once, each over a session of its own that its task opens
+    and closes: a host that cannot be reached is its own entry in the results and the others go on
+    (connecting to all first, as sessions_to does, fails every host for one: a dead host kept
+    `fab stop` from stopping any). `timeout` bounds a host's whole task, its connect included."""
+    def one(host: Host) -> T:
+        session = connect(host, inventory.known_hosts, root, connect_timeout)
+        try:
+            return fn(host, session)
+        finally:
+            close_all({host.name: session})  # bounded: a cut link's close must not hold the fan-out
+
+    return on_each(hosts, one, timeout=timeout)
+
+
 def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
     """Every host's view of the run; an unreachable host is a state, not an error."""
     hosts, inventory = run_hosts(record, root)
 
-    def ask(host: Host) -> HostState:
-        session = connect(host, inventory.known_hosts, root, timeout)
-        try:
-            result = session.run(agent_verb_argv(host, "status", record.run_id, sys.executable), timeout=timeout)
-        finally:
-            session.close()
+    def ask(host: Host, session: Session) -> HostState:
+        result = session.run(agent_verb_argv(host, "status", record.run_id, sys.executable), timeout=timeout)
         if not result.ok:
             return HostState(record.run_id, host.name, "unknown", detail=result.stderr.strip()[-200:] or None)
         return parse_status(record.run_id, host.name, result.stdout)
 
-    results = on_each(hosts, ask, timeout=timeout + 20)
+    results = on_each_connected(hosts, inventory, root, ask, timeout=timeout + 20, connect_timeout=timeout)
     return [r if isinstance(r, HostState) else HostState(record.run_id, name, "unreachable", detail=str(r))
             for name, r in results.items()]
 
@@ -59,13 +77,14 @@ def stop_run(record: RunRecord, root: Path) -> HostResults[tuple[int, ...]]:
 
 
 def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostResults[tuple[int, ...]]:
-    """Stop the run on the named hosts of the run."""
+    """Stop the run on the named hosts of the run; one that cannot be reached is its entry in
+    `.failed`, and the others are stopped all the same."""
     hosts, inventory = run_hosts(record, root)
     hosts = tuple(h for h in hosts if h.name in names)
 
-    def stop(host: Host, sessions: dict[str, Session]) -> tuple[int, ...]:
-        result = sessions[host.name].run(agent_verb_argv(host, "stop", record.run_id, sys.executable, STOP_GRACE_S),
-                                         timeout=STOP_GRACE_S + 25)
+    def stop(host: Host, session: Session) -> tuple[int, ...]:
+        result = session.run(agent_verb_argv(host, "stop", record.run_id, sys.executable, STOP_GRACE_S),
+                             timeout=STOP_GRACE_S + 25)
         try:
             answer = result.last_json()
         except (ValueError, IndexError):  # the host's answer is data: any shape
@@ -73,8 +92,7 @@ def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostRes
             raise MeshrunError(f"host '{host.name}': stop gave no report: {why}") from None
         return remaining_pids(host.name, answer)
 
-    with sessions_to(hosts, inventory, root) as sessions:
-        return on_each(hosts, lambda h: stop(h, sessions), timeout=STOP_GRACE_S + 40)
+    return on_each_connected(hosts, inventory, root, stop, timeout=CONNECT_BUDGET_S + STOP_GRACE_S + 40)
 
 
 def start_agent(session: Session, launch: HostLaunch) -> Stream:

@@ -42,8 +42,13 @@ def on_each(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
     """fn(host) on every host in parallel, on at most `workers` threads that take hosts in order.
     `timeout` bounds each wave of `workers` hosts (the whole fan-out waits at most that many
     times): a host that never answers holds one thread, never serialises the others, and is an
-    error naming it. Other exceptions than MeshrunError propagate."""
-    hosts = list(hosts)
+    error naming it. Other exceptions than MeshrunError propagate. A name given twice is one host,
+    served once by its first entry: the results are keyed by name, so a second entry could never
+    be waited for (the fan-out took its whole timeout) and its fn would race the first's there."""
+    unique: dict[str, Host] = {}
+    for host in hosts:
+        unique.setdefault(host.name, host)
+    hosts = list(unique.values())
     results: dict[str, T | MeshrunError] = {}
     crashes: list[BaseException] = []
     turns: queue.SimpleQueue[Host] = queue.SimpleQueue()

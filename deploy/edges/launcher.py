@@ -332,11 +332,14 @@ class JobRunner:
         for live in self.hosts:
             if live.stream is not None:
                 live.stream.close_stdin()  # the agent reads EOF as "controller gone" and stops too
-        by_name = {live.name: live for live in self.hosts}
+        # One stop per host, over its newest entry's session: a host that came back or rejoined has
+        # a newer entry after its old one, whose session may have died with the link that lost it.
+        # The stop is by run id on the host, not by session: a second one there would do no more.
+        newest = {live.name: live for live in self.hosts}
         while True:
             try:
-                return on_each([live.launch.host for live in self.hosts],
-                               lambda h: self._stop_host(by_name[h.name]), timeout=STOP_GRACE_S + 30)
+                return on_each([live.launch.host for live in newest.values()],
+                               lambda h: self._stop_host(newest[h.name]), timeout=STOP_GRACE_S + 30)
             except KeyboardInterrupt:  # only where no SIGINT handler of ours is installed
                 self.interrupted = True
                 continue  # a second Ctrl-C must not leave hosts half-stopped
