@@ -7,6 +7,7 @@ is one host to the fan-out: served once, never waited for until the timeout."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -107,6 +108,29 @@ def test_stop_hosts_gives_the_unreachable_host_its_own_entry(run: tuple[Path, Ru
         worker.kill()
     assert list(results) == ["h1", "h2"] and results.ok == {"h1": ()}
     assert str(results.failed["h2"]).startswith("host 'h2': ")
+
+
+def test_a_host_taken_out_of_the_inventory_costs_that_host_only(run: tuple[Path, RunRecord]) -> None:
+    """The record lists every host that ever took part; one the inventory no longer names cannot
+    be reached, and is named, but h1 is stopped and its log shown all the same."""
+    root, record = run
+    gone = dataclasses.replace(record, hosts=("h1", "h3", "h2"))
+    gone.save(root / "runs")
+    worker = run_process(record, "h1")
+    try:
+        results = agents.stop_hosts(gone, root, ("h1", "h3", "h2"))
+        assert worker.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        worker.kill()
+    assert list(results) == ["h1", "h3", "h2"] and results.ok == {"h1": ()}
+    assert str(results.failed["h3"]) == (f"host 'h3' of run {record.run_id} is no longer in {record.inventory}; "
+                                         "put it back in that inventory to reach it")
+    states = {s.host: (s.state, s.detail) for s in agents.host_states(gone, root)}
+    assert states["h3"] == ("unreachable", str(results.failed["h3"])) and states["h1"][0] != "unreachable"
+    host_log(root, record).write_text("[h1:0] step 1\n")
+    logs = meshrun("logs", "--run", record.run_id, cwd=root)
+    assert logs.returncode == 1 and "[h1:0] step 1" in logs.stdout
+    assert f"warning: host 'h3' of run {record.run_id} is no longer in" in logs.stderr
 
 
 def test_what_a_failed_stop_leaves_running() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from meshrun.fsutil import atomic_write_bytes, sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
-from meshrun.deploy.edges.agents import run_hosts
+from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, Staging, fetch_argv, \
@@ -40,7 +40,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     """Fetch every host of the run in parallel, then assemble the newest checkpoints from the
     hosts that answered: a host that is gone for good (a lost rendezvous host) is named in
     `failed`, never a reason to leave the others' newest work on the hosts."""
-    hosts, inventory = run_hosts(record, root)  # hosts gone from the inventory, bad ssh_config: one line
+    hosts, inventory, missing = run_hosts(record, root)  # a bad ssh_config: one line before any host
     home = dest / record.run_id
 
     def one(host: Host, bars: HostProgress) -> FetchReport:
@@ -66,7 +66,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     if incoming.is_dir() and not any(incoming.iterdir()):
         incoming.rmdir()
     steps = (checkpoint_step(name) for name in read_host_manifest(home / CHECKPOINTS).digests())
-    return Fetched(reports, results.failed, max((s for s in steps if s is not None), default=-1))
+    return Fetched(reports, with_missing(results, missing, record.hosts).failed, max((s for s in steps if s is not None), default=-1))
 
 
 def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -> None:

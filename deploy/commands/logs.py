@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from meshrun.layout import log_path
-from meshrun.deploy.edges.agents import CONNECT_BUDGET_S, on_each_connected, run_hosts
+from meshrun.deploy.edges.agents import CONNECT_BUDGET_S, on_each_connected, run_hosts, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
@@ -28,14 +28,16 @@ def tail_argv(record: RunRecord, host: str, lines: int, follow: bool = False) ->
 
 def show_logs(record: RunRecord, root: Path, renderer: Renderer, follow: bool, lines: int) -> None:
     """Each host's train.log (the last `lines`), prefixed; with `follow`, until Ctrl-C."""
-    hosts, inventory = run_hosts(record, root)
+    hosts, inventory, missing = run_hosts(record, root)
     if follow:
+        for err in missing.values():
+            renderer.warn(f"{err}; following the other hosts without it")
         _follow(hosts, inventory, root, record, renderer, lines)
         return
     # All hosts at once, each within TAIL_TIMEOUT_S: one after another, silent hosts added up.
-    tails = on_each_connected(hosts, inventory, root,
-                              lambda h, s: s.run(tail_argv(record, h.name, lines), timeout=TAIL_TIMEOUT_S),
-                              timeout=CONNECT_BUDGET_S + TAIL_TIMEOUT_S + 5)
+    tails = with_missing(on_each_connected(hosts, inventory, root,
+                                           lambda h, s: s.run(tail_argv(record, h.name, lines), timeout=TAIL_TIMEOUT_S),
+                                           timeout=CONNECT_BUDGET_S + TAIL_TIMEOUT_S + 5), missing, record.hosts)
     for name in tails:
         if name in tails.failed:
             renderer.warn(str(tails.failed[name]))

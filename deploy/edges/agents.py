@@ -28,16 +28,27 @@ T = TypeVar("T")
 CONNECT_BUDGET_S = 3 * DEFAULT_CONNECT_TIMEOUT_S
 
 
-def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventory]:
+def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventory, dict[str, MeshrunError]]:
+    """The run's hosts as its inventory now describes them, and {name: why} for those it no longer
+    names: such a host cannot be reached, but it must not keep `fab stop` (or status, logs, fetch)
+    from the others; each caller reports it as that host's failure."""
     inventory = load_inventory(Path(record.inventory), root)
     known = {h.name: h for h in inventory.hosts}
-    missing = [h for h in record.hosts if h not in known]
-    if missing:
-        raise MeshrunError(with_path(f"run {record.run_id}: host(s) {', '.join(missing)} are no longer in ", record.inventory,
-                                     "; put them back in that inventory to reach the run's hosts"))
-    hosts = tuple(known[h] for h in record.hosts)
+    missing = {name: MeshrunError(with_path(f"host '{name}' of run {record.run_id} is no longer in ", record.inventory,
+                                            "; put it back in that inventory to reach it"))
+               for name in record.hosts if name not in known}
+    hosts = tuple(known[h] for h in record.hosts if h in known)
     sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
-    return hosts, inventory
+    return hosts, inventory, missing
+
+
+def with_missing(results: HostResults[T], missing: dict[str, MeshrunError], order: tuple[str, ...]) -> HostResults[T]:
+    """`results` and the `missing` hosts' errors in one, in the run record's host order."""
+    merged: HostResults[T] = HostResults()
+    for name in order:
+        if name in results or name in missing:
+            merged[name] = results[name] if name in results else missing[name]
+    return merged
 
 
 def on_each_connected(hosts: tuple[Host, ...], inventory: Inventory, root: Path, fn: Callable[[Host, Session], T],
@@ -58,7 +69,7 @@ def on_each_connected(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
 
 def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
     """Every host's view of the run; an unreachable host is a state, not an error."""
-    hosts, inventory = run_hosts(record, root)
+    hosts, inventory, missing = run_hosts(record, root)
 
     def ask(host: Host, session: Session) -> HostState:
         result = session.run(agent_verb_argv(host, "status", record.run_id, sys.executable), timeout=timeout)
@@ -66,7 +77,8 @@ def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_
             return HostState(record.run_id, host.name, "unknown", detail=result.stderr.strip()[-200:] or None)
         return parse_status(record.run_id, host.name, result.stdout)
 
-    results = on_each_connected(hosts, inventory, root, ask, timeout=timeout + 20, connect_timeout=timeout)
+    results = with_missing(on_each_connected(hosts, inventory, root, ask, timeout=timeout + 20,
+                                             connect_timeout=timeout), missing, record.hosts)
     return [r if isinstance(r, HostState) else HostState(record.run_id, name, "unreachable", detail=str(r))
             for name, r in results.items()]
 
@@ -79,8 +91,9 @@ def stop_run(record: RunRecord, root: Path) -> HostResults[tuple[int, ...]]:
 def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostResults[tuple[int, ...]]:
     """Stop the run on the named hosts of the run; one that cannot be reached is its entry in
     `.failed`, and the others are stopped all the same."""
-    hosts, inventory = run_hosts(record, root)
+    hosts, inventory, missing = run_hosts(record, root)
     hosts = tuple(h for h in hosts if h.name in names)
+    missing = {name: err for name, err in missing.items() if name in names}
 
     def stop(host: Host, session: Session) -> tuple[int, ...]:
         result = session.run(agent_verb_argv(host, "stop", record.run_id, sys.executable, STOP_GRACE_S),
@@ -92,7 +105,8 @@ def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostRes
             raise MeshrunError(f"host '{host.name}': stop gave no report: {why}") from None
         return remaining_pids(host.name, answer)
 
-    return on_each_connected(hosts, inventory, root, stop, timeout=CONNECT_BUDGET_S + STOP_GRACE_S + 40)
+    results = on_each_connected(hosts, inventory, root, stop, timeout=CONNECT_BUDGET_S + STOP_GRACE_S + 40)
+    return with_missing(results, missing, names)
 
 
 def start_agent(session: Session, launch: HostLaunch) -> Stream:
