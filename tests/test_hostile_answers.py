@@ -51,7 +51,7 @@ def test_launcher_stop_answers(answer: str, message: str, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("answer,message", STOP_CASES)
 def test_fab_stop_answers(answer: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agents, "run_hosts", lambda _record, _root: ((host(),), SimpleNamespace(known_hosts=None)))
+    monkeypatch.setattr(agents, "run_hosts", lambda _record, _root: ((host(),), SimpleNamespace(known_hosts=None), {}))
     monkeypatch.setattr(agents, "connect", lambda *_args: FakeSession(answer))
     results = agents.stop_hosts(SimpleNamespace(run_id="r1"), Path("."), ("h1",))
     assert str(results.failed.get("h1")) == message
