@@ -114,7 +114,7 @@ def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Call
         firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, project)
         return run()
     finally:
-        joined = [n for r in all_records(project.runs) if r.controller_pid == os.getpid() for n in r.hosts]
+        joined = [n for r in all_records(project.runs) if r.controller_pid == os.getpid() for n in r.members]
         everyone = ",".join(dict.fromkeys([*(hosts.split(",") if hosts else []), *joined])) or hosts
         firewall(FirewallRequest(Action.DOWN.value, inventory, everyone), renderer, project)
 

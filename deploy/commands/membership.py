@@ -71,7 +71,7 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
     options = options_of(record)
     if detach:
         options = dataclasses.replace(options, detach=True)
-    members = tuple(inventory.host(h) for h in record.hosts)
+    members = tuple(inventory.host(h) for h in record.members)  # not an earlier attempt's hosts: not in the job
     joiner = select_hosts(inventory, name).hosts[0]
     head = next((h for h in members if record.rdzv_endpoint.rpartition(":")[0] == h.address), None)
     if head is None:
@@ -79,7 +79,7 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
                          f"in {record.inventory}; was the inventory changed?")
     sshtarget.check_all((joiner,))  # a bad ssh_config value is one line before any host is contacted
     if record.firewall:  # the joiner last: it must answer
-        admit(inventory, (*(h for h in record.hosts if h != name), name), head.name, project, renderer)
+        admit(inventory, (*(h for h in record.members if h != name), name), head.name, project, renderer)
     session = connect(joiner, inventory.known_hosts, project.root)
     sync_code((joiner,), inventory, project, renderer)
     # Only the joiner's own route is asked (toward the first rendezvous host's address, or another
@@ -112,10 +112,11 @@ def add_member(project: Project, record: RunRecord, name: str) -> RunRecord:
     with open(home / RECORD_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         current = load_record(project.runs, record.run_id)
-        hosts = merged_hosts(current.hosts, record.hosts, name)
-        if hosts == current.hosts:
+        # A host of an earlier attempt (`fab train --resume` left it out) that joins is a member again.
+        updated = dataclasses.replace(current, hosts=merged_hosts(current.hosts, record.hosts, name),
+                                      earlier=tuple(h for h in current.earlier if h != name))
+        if updated == current:
             return current
-        updated = dataclasses.replace(current, hosts=hosts)
         updated.save(project.runs)
     return updated
 

@@ -12,7 +12,8 @@ from typing import Mapping
 
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, DEFAULT_PG_TIMEOUT_S, checkpoint_step, log_path, run_dir
 from meshrun.deploy.edges.check_probes import WRITE_FILE
-from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, parse_manifest
+from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest
+from meshrun.deploy.run.resume import pushed_manifest, resumed_hosts
 from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
@@ -32,13 +33,14 @@ from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
 from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.agents import run_detached_agent
 from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
 from meshrun.deploy.render.console import Renderer
-from meshrun.deploy.edges.records import RunRecord, load_record, new_run_id, write_summary
+from meshrun.deploy.edges.records import RunRecord, load_record, new_run_id, retire_attempt, write_summary
 from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
@@ -93,12 +95,13 @@ def refuse_unshipped(request: TrainRequest, files: bytes, project: Project, host
 
 
 def _with_resumed_defaults(request: TrainRequest, project: Project) -> TrainRequest:
-    """`--resume ID` defaults to that run's inventory and hosts."""
+    """`--resume ID` defaults to that run's inventory and the hosts of its latest attempt (not those
+    an earlier `--resume --hosts` left out, which its record still lists)."""
     if not request.resume:
         return request
     record = load_record(project.runs, request.resume, "--resume")
     return dataclasses.replace(request, inventory=request.inventory or record.inventory,
-                               hosts=request.hosts or ",".join(record.hosts))
+                               hosts=request.hosts or ",".join(record.members))
 
 
 def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
@@ -143,46 +146,55 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tupl
         raise MeshrunError(f"{err}; stop what did start with: fab stop --run {plan.run_id}") from None
 
 
-def newest_listed_step(manifest: bytes) -> int:
+def newest_listed_step(manifest: bytes | Manifest) -> int:
     """The newest periodic checkpoint a manifest lists in the trainer's exact form (-1: none)."""
-    steps = [checkpoint_step(e.name) for e in parse_manifest(manifest).entries]
+    entries = (manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)).entries
+    steps = [checkpoint_step(e.name) for e in entries]
     return max((s for s in steps if s is not None), default=-1)
+
+
+def hosts_manifests(sessions: Mapping[str, Session], names: list[str], run_id: str) -> dict[str, Manifest]:
+    """Each reachable host's own checkpoints manifest (a host without one is left out)."""
+    path = f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}"
+    argv = ["head", "-c", str(MANIFEST_MAX_BYTES + 1), path]
+    return {name: parse_manifest(r.stdout.encode("utf-8", "surrogateescape"))
+            for name, r in reachable_results(sessions, names, argv, 10) if r.ok}
 
 
 def hosts_newest_step(sessions: Mapping[str, Session], names: list[str], run_id: str) -> int:
     """The newest step any reachable host lists in its own checkpoints manifest."""
-    path = f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}"
-    argv = ["head", "-c", str(MANIFEST_MAX_BYTES + 1), path]
-    return max((newest_listed_step(r.stdout.encode("utf-8", "surrogateescape"))
-                for _, r in reachable_results(sessions, names, argv, 10) if r.ok), default=-1)
+    return max(map(newest_listed_step, hosts_manifests(sessions, names, run_id).values()), default=-1)
 
 
 def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_id: str, inventory: Inventory,
                      project: Project, renderer: Renderer) -> None:
     """Give the rendezvous host the fetched checkpoints of a resumed run, when no host holds one as
     new (every host keeps its own copies; the trainer broadcasts the newest from whoever has it).
-    The files go first, never replacing the host's; then the controller's verified manifest, so
-    the host's trainer lists what was pushed."""
+    The files go first, never replacing the host's; then the manifest, atomically: the controller's
+    verified lines for the files pushed, the host's own for those it kept (deploy/run/resume.py)."""
     local = project.run_home(run_id) / CHECKPOINTS
     head = selection.head
     manifest = local / CHECKPOINT_MANIFEST
     if not manifest.is_file() or is_project_itself(head, project.root):
         return
     text = read_input(manifest, MANIFEST_MAX_BYTES, "checkpoint manifest", "fetch the run again: fab fetch-checkpoints")
-    ours, theirs = newest_listed_step(text), hosts_newest_step(sessions, [h.name for h in selection.hosts], run_id)
+    held = hosts_manifests(sessions, [h.name for h in selection.hosts], run_id)
+    ours, theirs = newest_listed_step(text), max(map(newest_listed_step, held.values()), default=-1)
     if ours <= theirs:
         renderer.info(f"resume: the hosts already hold step {theirs} (fetched: {ours}); nothing pushed")
         return
     argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", project.root, inventory.known_hosts)
-    run_rsync(argv, host=head.name, what=f"pushing the checkpoints of {run_id}", timeout=FETCH_TIMEOUT_S,
-              hint=f"check `fab check-network --hosts {head.name}`")
+    pushed: set[str] = set()
+    run_rsync([argv[0], "--out-format=%n", *argv[1:]], host=head.name, what=f"pushing the checkpoints of {run_id}",
+              timeout=FETCH_TIMEOUT_S, hint=f"check `fab check-network --hosts {head.name}`",
+              on_line=lambda line: pushed.add(line.decode("utf-8", "replace")))  # the files the host lacked
+    lines = pushed_manifest(parse_manifest(text), held.get(head.name, parse_manifest(b"")), pushed)
     written = sessions[head.name].run([python_of(head, sys.executable), "-c", WRITE_FILE,
-                                       f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}",
-                                       text.decode("ascii", "replace")], timeout=30)
+                                       f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}", lines], timeout=30)
     if not written.ok:
         raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: "
                            f"{said(written.stderr.strip()[-300:])}")
-    renderer.info(f"resume: pushed checkpoints up to step {ours} to {head.name}")
+    renderer.info(f"resume: pushed checkpoints up to step {newest_listed_step(lines.encode())} to {head.name}")
 
 
 def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
@@ -213,7 +225,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
             interfaces = _checked_routes(request.skip_checks, selection, sessions, renderer)  # as the code syncs
             options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer, syncing)
             plan = plan_launch(selection, options, interfaces, sys.executable)
-            record = _record(request, inventory, hosts, plan, options, project)
+            record = _record(request, inventory, hosts, plan, options, project, renderer)
             renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
             # What the hosts run is read while their agents start: only the records need it.
             origin = Beside(provenance.at_launch, hosts, sessions, project.root, files, sys.executable)
@@ -281,6 +293,10 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
             renderer.info(f"sync: the code on {len(unchanged)} of {len(synced)} host(s) was already this project's "
                           "(every file's size and mtime, as rsync compares them); nothing sent there")
     if request.resume:
+        # This attempt begins: the last one's summary (and provenance, --comm floors) would make the
+        # run look ended, and its summary read as this one's (deploy/edges/records.retire_attempt).
+        if retired := retire_attempt(project.run_home(options.run_id)):
+            renderer.info(f"resume: the previous attempt's {', '.join(retired)} kept as *.prev.json")
         push_checkpoints(selection, sessions, options.run_id, inventory, project, renderer)
     if not request.comm:
         return options
@@ -291,12 +307,20 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
 
 
 def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...], plan: LaunchPlan,
-            options: LaunchOptions, project: Project) -> RunRecord:
-    elastic = options.elastic
-    record = RunRecord(options.run_id, str(inventory.path.resolve()), tuple(h.name for h in hosts), time.time(),
+            options: LaunchOptions, project: Project, renderer: Renderer) -> RunRecord:
+    """launch.json; a resumed run's still lists the hosts of its earlier attempts (resumed_hosts)."""
+    elastic, names, earlier = options.elastic, tuple(h.name for h in hosts), ()
+    if request.resume:
+        before = load_record(project.runs, options.run_id, "--resume").hosts
+        resumed = resumed_hosts(before, names, inventory.host_names)
+        names, earlier = resumed.hosts, resumed.earlier
+        if resumed.dropped:
+            gone = f"resume: {', '.join(resumed.dropped)}, of an earlier attempt, not in "
+            renderer.warn(with_path(gone, inventory.path, ": the run's record no longer lists them (their files stay)"))
+    record = RunRecord(options.run_id, str(inventory.path.resolve()), names, time.time(),
                        request.detach, plan.rdzv_endpoint, options.rendezvous_id,
                        (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(options.workload),
-                       request.pg_timeout_s, None if request.detach else os.getpid(), request.firewall)
+                       request.pg_timeout_s, None if request.detach else os.getpid(), request.firewall, earlier)
     record.save(project.runs)
     return record
 

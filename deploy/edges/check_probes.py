@@ -38,8 +38,21 @@ PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, s
 FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
 LINK_CONNECT_TIMEOUT_S = 3.0
 # The file travels in argv, not on stdin: invoke feeds a remote stdin about 100 bytes per second.
-WRITE_FILE = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.parent.mkdir(parents=True, exist_ok=True); "
-              "p.write_text(sys.argv[2])")
+# Written to a temp file beside it and renamed over it: a session cut mid-write (the resume's
+# checkpoint manifest) leaves the old file whole, never a truncated one.
+WRITE_FILE = """import os, pathlib, sys
+p = pathlib.Path(sys.argv[1])
+p.parent.mkdir(parents=True, exist_ok=True)
+t = p.with_name(".tmp-" + p.name + "." + str(os.getpid()))
+try:
+    with open(t, "w") as f:
+        f.write(sys.argv[2])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(t, p)
+finally:
+    t.unlink(missing_ok=True)
+"""
 
 
 def probe_argv(python: str, probe: str, *args: str) -> list[str]:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from meshrun.fsutil import atomic_write_bytes
 from meshrun.layout import COMM_PLAN, run_dir
 from meshrun.deploy.check.sites import undeclared_places
 from meshrun.deploy.run import commplan
@@ -143,7 +144,7 @@ def save_plan(runs: Path, run_id: str, plan: CommPlan, hook: str) -> Path:
     except ValueError:
         why = "--comm: the plan holds a number that is not finite; "
         raise MeshrunError(with_path(why, path, " not written")) from None
-    path.write_text(text + "\n")
+    atomic_write_bytes(path, (text + "\n").encode())  # a cut write would leave fab report a file it refuses
     return path
 
 

@@ -1,6 +1,10 @@
 """The controller's record of each run: `runs/<run_id>/launch.json`, so later tasks
 (`fab status`, `logs`, `stop`, `fetch-checkpoints`, `join`) know where a run lives.
 
+`fab train --resume` reuses the run's folder: its previous attempt's end records are renamed to
+`*.prev.json` before the new attempt starts (`retire_attempt`), and the record keeps listing the
+hosts of every attempt (`earlier`: those the latest left out).
+
 A record is a file anyone with the folder could have edited or copied, and its fields become hosts to
 dial, an inventory to read and argv on hosts: it is read as a regular file of at most 1 MiB and
 checked field by field, and one whose `run_id` is not its folder's name is refused (a task naming
@@ -10,14 +14,16 @@ the run), or left out with a warning (a task listing runs), never trusted.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from meshrun.fsutil import atomic_write_bytes, atomic_write_json
-from meshrun.layout import DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, SUMMARY
+from meshrun.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir
+from meshrun.layout import (COMM_PLAN, DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD,
+                            PROVENANCE, SUMMARY)
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.fields import NAME_RE
@@ -43,6 +49,20 @@ class RunRecord:
     pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S
     controller_pid: int | None = None  # the attached `fab train` that watches this run
     firewall: bool = False  # started with --firewall: a joining host is let in by the members' chains
+    # Hosts of an earlier attempt (`fab train --resume`) that the latest one left out. They stay in
+    # `hosts`, after this attempt's, so status/stop/fetch still reach their trees; they are no members.
+    earlier: tuple[str, ...] = ()
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The latest attempt's hosts (its launch, and any that joined it since), in the order of
+        `hosts`: the order a joiner's succession walks (membership.join_order) and a resume's default."""
+        return tuple(h for h in self.hosts if h not in self.earlier)
+
+    def with_member(self, name: str) -> RunRecord:
+        """The record once `name` joined: listed, and no longer an earlier attempt's host only."""
+        hosts = self.hosts if name in self.hosts else (*self.hosts, name)
+        return replace(self, hosts=hosts, earlier=tuple(h for h in self.earlier if h != name))
 
     def save(self, runs: Path) -> Path:
         path = runs / self.run_id / LAUNCH_RECORD
@@ -75,6 +95,7 @@ def record_from(data: Any, run_id: str, path: Path) -> RunRecord:
         raise InputError(with_path("", path, f": run_id {shown(got)} is not its folder's name {shown(run_id)}; "
                                    f"{RECORD_FIX}"))
     hosts, elastic, work = data.get("hosts"), data.get("elastic"), data.get("workload", {})
+    earlier = data.get("earlier", [])
     checks = [
         ("inventory", isinstance(data.get("inventory"), str) and data["inventory"].isprintable(), "a path"),
         ("hosts", isinstance(hosts, list) and hosts != [] and all(isinstance(h, str) and NAME_RE.fullmatch(h)
@@ -92,6 +113,7 @@ def record_from(data: Any, run_id: str, path: Path) -> RunRecord:
         ("controller_pid", data.get("controller_pid") is None or is_int(data["controller_pid"])
          and data["controller_pid"] > 0, "null or a process id"),
         ("firewall", isinstance(data.get("firewall", False), bool), "true or false"),
+        ("earlier", _earlier_ok(earlier, hosts), "a list of some of its hosts"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -99,7 +121,15 @@ def record_from(data: Any, run_id: str, path: Path) -> RunRecord:
     return RunRecord(run_id, data["inventory"], tuple(hosts), data["started"], data["detached"],
                      data["rdzv_endpoint"], data.get("rdzv_id", run_id), tuple(elastic) if elastic else None, work,
                      data.get("pg_timeout_s", DEFAULT_PG_TIMEOUT_S), data.get("controller_pid"),
-                     data.get("firewall") is True)
+                     data.get("firewall") is True, tuple(earlier))
+
+
+def _earlier_ok(earlier: object, hosts: object) -> bool:
+    """Hosts of the record, not all of them: the latest attempt has at least one."""
+    if not isinstance(earlier, list) or not isinstance(hosts, list):
+        return False
+    return (all(isinstance(h, str) and h in hosts for h in earlier)
+            and any(h not in earlier for h in hosts))
 
 
 def _workload_ok(work: object) -> bool:
@@ -170,6 +200,31 @@ def live_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
 def new_run_id() -> str:
     """Sortable and unique: reusing an rdzv id would join a stale rendezvous."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+RETIRED = (SUMMARY, PROVENANCE, COMM_PLAN)  # what one attempt of a run leaves that the next must not inherit
+
+
+def retired_name(name: str) -> str:
+    """`summary.json` -> `summary.prev.json`: where a resume keeps the previous attempt's file."""
+    return name.removesuffix(".json") + ".prev.json"
+
+
+def retire_attempt(run_path: Path) -> tuple[str, ...]:
+    """Before a resumed run starts again in its folder: the previous attempt's summary.json,
+    provenance.json and commplan.json become *.prev.json (a newer resume replaces them), each by one
+    rename, so the run counts as running until its new summary (may_be_running), and neither that
+    summary nor `fab report` reads the old outcome, provenance or --comm floors. Returns the names."""
+    moved = []
+    for name in RETIRED:
+        try:
+            os.replace(run_path / name, run_path / retired_name(name))
+        except FileNotFoundError:
+            continue
+        moved.append(name)
+    if moved:
+        fsync_dir(run_path)  # the renames survive a crash before the new attempt writes anything
+    return tuple(moved)
 
 
 def write_summary(run_path: Path, summary: RunSummary) -> Path:

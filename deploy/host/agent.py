@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from meshrun.layout import (AGENT_MODULE, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
-                           EVENTS, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RUNS_DIR, STATE_REFUSED_EXIT,
+                           EVENTS, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT,
                            TORCHRUN_EXIT_MARK_ENV, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.agentargs import parse, read_env_block
 from meshrun.deploy.host.exitbarrier import ExitBarrier
@@ -52,6 +52,13 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def forget_last_attempt(directory: Path, run_id: str) -> None:
+    """A resumed run reuses its directories: the last attempt's exit status, and rank 0's result of it
+    (the trainer writes result.json only at a successful end), must not pass for this attempt's."""
+    (directory / EXIT_RECORD).unlink(missing_ok=True)
+    (Path(run_dir(run_id)) / RESULT).unlink(missing_ok=True)
+
+
 class Supervisor:
     """Runs one command for `run`; see the module docstring."""
 
@@ -73,7 +80,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / EXIT_RECORD).unlink(missing_ok=True)  # a resumed run reuses this directory
+        forget_last_attempt(self.dir, self.args.run_id)
         env = dict(os.environ)
         env.update(kv.split("=", 1) for kv in self.args.env)
         spec = self.args.secret_env.pop(NOTIFY_KEY, None)  # a detached run's receivers: never in the env

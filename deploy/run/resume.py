@@ -1,0 +1,39 @@
+"""What `fab train --resume` decides, pure: the hosts its run record lists, and the checkpoint
+manifest it gives the rendezvous host after pushing the fetched checkpoints there."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from meshrun.deploy.run.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class ResumedHosts:
+    hosts: tuple[str, ...]  # the record's: this attempt's, then the earlier ones'
+    earlier: tuple[str, ...]  # hosts of earlier attempts that this one leaves out
+    dropped: tuple[str, ...]  # hosts of earlier attempts that the resume's inventory lacks
+
+
+def resumed_hosts(before: tuple[str, ...], launched: tuple[str, ...], known: Collection[str]) -> ResumedHosts:
+    """The hosts a resumed run's record lists: this attempt's first, in launch order (the order a
+    joiner walks the succession in, membership.join_order: a member's agent and a joiner's must look
+    for the next rendezvous at the same host), then every host an earlier attempt listed that this
+    one leaves out, in their recorded order, so status, stop and fetch still reach what they hold.
+    A host the resume's inventory (`known`) lacks cannot be: the record names one inventory."""
+    left_out = [h for h in before if h not in launched]
+    earlier = tuple(h for h in left_out if h in known)
+    return ResumedHosts((*launched, *earlier), earlier, tuple(h for h in left_out if h not in known))
+
+
+def pushed_manifest(ours: Manifest, theirs: Manifest, pushed: Collection[str]) -> str:
+    """The manifest the rendezvous host gets once the push is through. The push never replaces a
+    file the host holds (rsync --ignore-existing), and `best.pt` is rewritten under one name at
+    every new best, so the host's may be older than ours: a file the push did not bring keeps the
+    host's own line, or none when the host listed none (a save cut short: its bytes are unknown),
+    and a file it brought (`pushed`, the names rsync sent) gets ours. Listing ours for a file the
+    host kept would fail its checksum at the next fetch."""
+    lines = {e.name: e.sha256 for e in theirs.entries}
+    lines.update((e.name, e.sha256) for e in ours.entries if e.name in pushed)
+    return "".join(f"{digest}  {name}\n" for name, digest in lines.items())
