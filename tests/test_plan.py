@@ -41,13 +41,14 @@ def test_two_gpu_hosts_exact_plan() -> None:
     assert gpu1.is_rendezvous_host and not gpu2.is_rendezvous_host
     assert gpu1.env == (
         ("MESHRUN_RUN_ID", "r1"), ("MESHRUN_HOST", "gpu1"), ("PYTHONUNBUFFERED", "1"),
-        ("CUDA_VISIBLE_DEVICES", "0,1"), ("NCCL_SOCKET_IFNAME", "=ztabc"), ("GLOO_SOCKET_IFNAME", "ztabc"),
-        ("NCCL_IB_DISABLE", "1"),
+        ("CUDA_VISIBLE_DEVICES", "0,1"), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), ("NCCL_SOCKET_IFNAME", "=ztabc"),
+        ("GLOO_SOCKET_IFNAME", "ztabc"), ("NCCL_IB_DISABLE", "1"),
     )
     assert gpu2.env == (
         ("MESHRUN_RUN_ID", "r1"), ("MESHRUN_HOST", "gpu2"), ("PYTHONUNBUFFERED", "1"),
-        ("CUDA_VISIBLE_DEVICES", "1"), ("NCCL_SOCKET_IFNAME", "=ztabc"), ("GLOO_SOCKET_IFNAME", "ztabc"),
-        ("NCCL_IB_DISABLE", "1"), ("MESHRUN_BATCH_SIZE", "32"), ("OMP_NUM_THREADS", "1"),
+        ("CUDA_VISIBLE_DEVICES", "1"), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), ("NCCL_SOCKET_IFNAME", "=ztabc"),
+        ("GLOO_SOCKET_IFNAME", "ztabc"), ("NCCL_IB_DISABLE", "1"), ("MESHRUN_BATCH_SIZE", "32"),
+        ("OMP_NUM_THREADS", "1"),
     )
     assert gpu1.torchrun == (
         PY, "-m", "meshrun.deploy.host.torchrun", "--meshrun-rdzv-host", "gpu1", "--nnodes", "2",

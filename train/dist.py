@@ -5,6 +5,9 @@ Contract:
   ``DistEnv``; everything else receives that record.
 - Without ``RANK`` in the environment the run is one plain process: world size 1, no process
   group, and every collective helper below degrades to a local no-op.
+- A process trains on a GPU of its own or on CPU (``gpu_index``); ``dist.backend=auto`` is one
+  decision for the whole job, agreed over torchrun's store before the group exists (``agree_backend``).
+- On NCCL the object and bytes collectives run over a gloo group with CPU tensors (``open_object_group``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import datetime
 import io
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -87,31 +91,140 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise UsageError(f"environment variable {name}={text!r} must be an integer") from None
 
 
+def gpu_index(local_rank: int, local_world_size: int, device_count: int) -> int | None:
+    """The visible GPU this process trains on, or None for CPU. One GPU per process or none: NCCL
+    refuses two ranks on one GPU ("Duplicate GPU detected"), so a host that starts more processes
+    than it sees GPUs (the quick start's `nproc: 2` on a one-GPU laptop) trains on CPU."""
+    if device_count < 1 or local_world_size > device_count or not 0 <= local_rank < device_count:
+        return None
+    return local_rank
+
+
 def pick_device(env: DistEnv) -> torch.device:
-    """``cuda:<local rank>`` when CUDA is visible (torch applies CUDA_VISIBLE_DEVICES), else CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """``cuda:<local rank>`` when this host's processes each have a visible GPU (torch applies
+    CUDA_VISIBLE_DEVICES), else CPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = gpu_index(env.local_rank, env.local_world_size, count)
+    if index is None:
+        if count and env.local_rank == 0:
+            _warn(f"{env.local_world_size} processes on this host but {count} GPU(s) visible: training on CPU "
+                  f"(one GPU per process or none; set the host's `nproc:` to {count}, or list more `gpus:`)")
+        return torch.device("cpu")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _warn(text: str) -> None:
+    print(f"train: warning: {text}", file=sys.stderr, flush=True)
 
 
 def init(env: DistEnv, backend: Backend, timeout_s: float, device: torch.device) -> None:
     """Create the process group (torchrun's env:// rendezvous) with a deliberate timeout, so a
-    vanished peer is noticed in bounded time instead of gloo's 30 minutes."""
+    vanished peer is noticed in bounded time instead of gloo's 30 minutes. ``auto`` is decided for
+    the whole job (`agree_backend`), never by one rank alone; on NCCL, the object collectives get a
+    gloo group of their own (`open_object_group`)."""
     if not env.launched:
         return
-    if backend is Backend.AUTO:
-        backend = Backend.NCCL if device.type == "cuda" else Backend.GLOO
     if backend is Backend.NCCL and device.type != "cuda":
-        raise UsageError("dist.backend=nccl needs CUDA, but no GPU is visible; use dist.backend=gloo")
-    torch_dist.init_process_group(
-        backend=backend.value,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
-    )
+        raise UsageError(_nccl_without_gpu(env))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    joined: dict[str, Any] = {}
+    if backend is Backend.AUTO:
+        store, backend = _agreed(env, timeout, device.type == "cuda" and torch_dist.is_nccl_available())
+        joined = {"store": store, "rank": env.rank, "world_size": env.world_size}
+    torch_dist.init_process_group(backend=backend.value, timeout=timeout,
+                                  device_id=device if device.type == "cuda" else None, **joined)
+    if backend is Backend.NCCL:
+        open_object_group(timeout)
+
+
+def _nccl_without_gpu(env: DistEnv) -> str:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not count:
+        return "dist.backend=nccl needs CUDA, but no GPU is visible; use dist.backend=gloo"
+    return (f"dist.backend=nccl needs a GPU per process, and host {env.host or 'this host'} starts "
+            f"{env.local_world_size} processes on {count} visible GPU(s); set its `nproc:` to at most {count} "
+            "or list more `gpus:` in the inventory, or use dist.backend=gloo")
+
+
+def resolve_backend(requested: Backend, gpu_ranks: int, world_size: int) -> Backend:
+    """The backend the whole job uses: an explicit one as asked; ``auto`` is NCCL only when every
+    rank of the job trains on a GPU of its own, else gloo (NCCL on some ranks and gloo on others
+    never meet: the GPU ranks wait in NCCL's init while the others wait in gloo's until the timeout)."""
+    if requested is not Backend.AUTO:
+        return requested
+    return Backend.NCCL if world_size > 0 and gpu_ranks == world_size else Backend.GLOO
+
+
+# torchrun's store, under a prefix of meshrun's own: each rank counts itself in, a rank without a
+# usable GPU adds its host first; the last to arrive writes the decision that every rank waits for.
+BACKEND_PREFIX, ARRIVED, WITH_GPU, WITHOUT_GPU, DECIDED = "meshrun/backend", "arrived", "gpu", "no-gpu", "decided"
+HOST_LABEL_MAX, HOSTS_SHOWN = 64, 8
+
+
+def agree_backend(store: torch_dist.Store, usable: bool, world_size: int, host: str) -> Backend:
+    """``auto`` for the whole job, over a store every rank reaches. Each rank does a constant number
+    of store operations, whatever the world size; a rank that never arrives fails the others' wait
+    at the store's timeout, as the process group's init would."""
+    if usable:
+        store.add(WITH_GPU, 1)
+    else:  # before this rank counts itself in, so that the last one to arrive sees it
+        label = "".join(c for c in host if c.isascii() and c.isprintable())[:HOST_LABEL_MAX]
+        store.append(WITHOUT_GPU, (label or "?") + "\n")
+    if store.add(ARRIVED, 1) == world_size:
+        store.set(DECIDED, resolve_backend(Backend.AUTO, store.add(WITH_GPU, 0), world_size).value)
+    store.wait([DECIDED])
+    # The decider is another rank: a rank without a GPU knows the answer is gloo whatever it says.
+    return Backend.NCCL if usable and store.get(DECIDED) == Backend.NCCL.value.encode() else Backend.GLOO
+
+
+def without_gpu(store: torch_dist.Store) -> tuple[int, tuple[str, ...]]:
+    """After `agree_backend`: how many ranks have a usable GPU, and the hosts of those that do not
+    (sorted: the ranks arrive in any order)."""
+    listed = store.get(WITHOUT_GPU).decode("ascii", "replace").split("\n") if store.check([WITHOUT_GPU]) else []
+    return store.add(WITH_GPU, 0), tuple(sorted({h for h in listed if h}))
+
+
+def _agreed(env: DistEnv, timeout: datetime.timedelta, usable: bool) -> tuple[torch_dist.Store, Backend]:
+    """torchrun's store as ``init_process_group`` itself would open it (env://), the job's backend
+    agreed on it first, and that store to hand to ``init_process_group``. Rank 0 says why a job
+    with GPUs runs on gloo (a user script is not the trainer: it decides its backend itself)."""
+    store, _, _ = next(torch_dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    ours = torch_dist.PrefixStore(f"{BACKEND_PREFIX}/{env.restart_count}", store)
+    backend = agree_backend(ours, usable, env.world_size, env.host or f"rank {env.rank}")
+    if env.is_main and backend is Backend.GLOO and (found := without_gpu(ours))[0]:
+        gpu_ranks, hosts = found
+        more = f" and {len(hosts) - HOSTS_SHOWN} more" if len(hosts) > HOSTS_SHOWN else ""
+        _warn(f"dist.backend=auto: gloo for the whole job, not NCCL: no GPU per process on "
+              f"{', '.join(hosts[:HOSTS_SHOWN])}{more} ({gpu_ranks} of {env.world_size} ranks have one and "
+              "keep it); set dist.backend=gloo to silence this")
+    return torch_dist.PrefixStore("default_pg", store), backend  # the prefix init_process_group gives its own
+
+
+_object_group: torch_dist.ProcessGroup | None = None
+
+
+def open_object_group(timeout: datetime.timedelta) -> None:
+    """A gloo group over every rank for the object and bytes collectives below, made by every rank
+    in the same order right after the NCCL group: on NCCL their buffers would be on the GPU, each
+    rank receiving world size x the largest rank's bytes at every checkpoint (8 ranks of 2.8 GB
+    DiLoCo state: 22 GB at once), where CPU memory holds them."""
+    global _object_group
+    _object_group = torch_dist.new_group(backend="gloo", timeout=timeout)
+
+
+def _object_channel() -> tuple[torch_dist.ProcessGroup | None, torch.device]:
+    """The group and device the object collectives use: the gloo group when there is one; else the
+    default group, on the current GPU when it is NCCL (a group the trainer's `init` did not make)."""
+    if _object_group is not None or torch_dist.get_backend() != "nccl":
+        return _object_group, torch.device("cpu")
+    return None, torch.device("cuda", torch.cuda.current_device())
 
 
 def shutdown() -> None:
+    global _object_group
+    _object_group = None
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
 
@@ -152,12 +265,13 @@ def all_gather_ints(value: int, device: torch.device) -> list[int]:
     return [int(v) for v in _all_gather_scalar(value, torch.int64, device)]
 
 
-def _all_gather_scalar(value: float, dtype: torch.dtype, device: torch.device) -> list[Any]:
+def _all_gather_scalar(value: float, dtype: torch.dtype, device: torch.device,
+                       group: torch_dist.ProcessGroup | None = None) -> list[Any]:
     if not active():
         return [value]
     mine = torch.tensor([value], dtype=dtype, device=device)
     out = [torch.zeros_like(mine) for _ in range(torch_dist.get_world_size())]
-    torch_dist.all_gather(out, mine)
+    torch_dist.all_gather(out, mine, group=group)
     return [t.item() for t in out]
 
 
@@ -192,15 +306,14 @@ def all_gather_objects(obj: Any) -> list[Any]:
         return [obj]
     buffer = io.BytesIO()
     torch.save({"value": obj}, buffer)
-    device = (torch.device("cuda", torch.cuda.current_device()) if torch_dist.get_backend() == "nccl"
-              else torch.device("cpu"))
-    sizes = all_gather_ints(buffer.getbuffer().nbytes, device)
+    group, device = _object_channel()
+    sizes = [int(v) for v in _all_gather_scalar(buffer.getbuffer().nbytes, torch.int64, device, group)]
     for rank, size in enumerate(sizes):
         _check_size(size, size_limit(buffer.getbuffer().nbytes), rank)
     mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
     mine[:sizes[torch_dist.get_rank()]] = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8).to(device)
     out = [torch.empty_like(mine) for _ in sizes]
-    torch_dist.all_gather(out, mine)
+    torch_dist.all_gather(out, mine, group=group)
     values = []
     for rank, (tensor, size) in enumerate(zip(out, sizes)):
         try:
@@ -214,19 +327,22 @@ def all_gather_objects(obj: Any) -> list[Any]:
 def broadcast_bytes(payload: bytes | None, src: int, device: torch.device, limit: int | None) -> bytes:
     """Send ``payload`` (only meaningful on ``src``) to every rank as a uint8 tensor. A receiver
     refuses (``UnsafeRankData``) a size above ``limit`` before allocating it; None: no bound
-    (the caller has nothing to bound it by)."""
+    (the caller has nothing to bound it by). On `device`, or on CPU over the object group when
+    there is one (NCCL: a checkpoint's bytes are no GPU memory's business)."""
     if not active():
         assert payload is not None
         return payload
+    group = _object_group
+    device = torch.device("cpu") if group is not None else device
     size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64,
                         device=device)
-    torch_dist.broadcast(size, src)
+    torch_dist.broadcast(size, src, group=group)
     if payload is None:  # a receiver: the size is the sender's word
         _check_size(int(size.item()), limit, src)
     buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if payload is not None:
         buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
-    torch_dist.broadcast(buf, src)
+    torch_dist.broadcast(buf, src, group=group)
     return buf.cpu().numpy().tobytes()
 
 
@@ -235,6 +351,6 @@ def barrier() -> None:
         torch_dist.barrier()
 
 
-__all__ = ["DistEnv", "read_env", "pick_device", "init", "shutdown", "all_reduce_sum", "all_reduce_sums", "start_sums",
-           "rank_and_world",
-           "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]
+__all__ = ["DistEnv", "read_env", "gpu_index", "pick_device", "init", "resolve_backend", "agree_backend",
+           "without_gpu", "open_object_group", "shutdown", "all_reduce_sum", "all_reduce_sums", "start_sums",
+           "rank_and_world", "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]

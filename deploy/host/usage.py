@@ -12,16 +12,20 @@ Standard library only. Prints one JSON object:
                events file (deploy/host/agent.py), at most EVENTS_KEPT}
 
 The run's processes are found by their environment tags (`procs.tagged_pids`), never by name. GPU
-figures come from nvidia-smi where there is one: the GPUs named by the workers'
-CUDA_VISIBLE_DEVICES when they are indices, else every GPU. The controller turns two answers into
+figures come from nvidia-smi where there is one: the GPUs nvidia-smi lists the run's processes on
+(`--query-compute-apps`, matched by pid and GPU UUID); where it lists none of them (before CUDA
+starts, or in a container whose pids nvidia-smi does not see), the GPUs named by the workers'
+CUDA_VISIBLE_DEVICES when they are indices (nvidia-smi's: the plan sets CUDA_DEVICE_ORDER=PCI_BUS_ID
+with them), else every GPU. The controller turns two answers into
 a utilisation (`deploy/run/idle.py`) and `fab status --watch`'s cells (`deploy/run/hostusage.py`).
-Every part is bounded in time (nvidia-smi, one connect) and in size.
+Every part is bounded in time (nvidia-smi's two queries together, one connect) and in size.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -35,8 +39,13 @@ from meshrun.deploy.host.procs import tagged_pids
 NVIDIA_SMI_TIMEOUT_S = 3
 MAX_PIDS = 256
 MANIFEST_READ = 1 << 20  # the trainer's manifest is a few hundred bytes
-GPU_QUERY = ("--query-gpu=index,utilization.gpu,memory.used,memory.total,temperature.gpu",
+# The UUID last: it ties a GPU to the compute apps' lines; the answer's rows keep the five figures.
+GPU_QUERY = ("--query-gpu=index,utilization.gpu,memory.used,memory.total,temperature.gpu,uuid",
              "--format=csv,noheader,nounits")
+APPS_QUERY = ("--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader")
+SMI_READ = 1 << 20  # what is parsed of nvidia-smi's answer: a few lines per GPU and per process
+SMI_LINES = 4096
+GPU_UUID_RE = re.compile(r"GPU-[0-9A-Fa-f-]{1,64}")
 RTT_TIMEOUT_S = 1.0
 PIDFILE_READ = 1 << 20
 EVENTS_READ = 16 << 10  # the tail of the events file read
@@ -68,28 +77,65 @@ def visible_gpus(pids: list[int]) -> set[int] | None:
     return None
 
 
+def _lines(text: str) -> list[list[str]]:
+    """nvidia-smi's CSV lines, bounded, each split into stripped fields."""
+    return [[p.strip() for p in line.split(",")] for line in text[:SMI_READ].splitlines()[:SMI_LINES]]
+
+
+def _count(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) < 10
+
+
 def parse_gpus(text: str, wanted: set[int] | None) -> list[list[int | None]]:
-    """nvidia-smi's `GPU_QUERY` lines → [index, util, memory used, memory total, temperature] of each
-    wanted GPU; a figure nvidia-smi cannot give (`[N/A]`, `[Not Supported]`) is None."""
+    """nvidia-smi's `GPU_QUERY` lines (the UUID last, or absent) → [index, util, memory used, memory
+    total, temperature] of each wanted GPU; a figure nvidia-smi cannot give (`[N/A]`, `[Not
+    Supported]`) is None."""
     found: list[list[int | None]] = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 5 or not (parts[0].isascii() and parts[0].isdigit()):
+    for parts in _lines(text):
+        if len(parts) not in (5, 6) or not _count(parts[0]):
             continue
         if wanted is None or int(parts[0]) in wanted:
-            found.append([int(p) if p.isascii() and p.isdigit() and len(p) < 10 else None for p in parts])
+            found.append([int(p) if _count(p) else None for p in parts[:5]])
     return found
 
 
+def gpu_uuids(text: str) -> dict[str, int]:
+    """nvidia-smi's `GPU_QUERY` lines → {GPU UUID: index}."""
+    return {parts[5]: int(parts[0]) for parts in _lines(text)
+            if len(parts) == 6 and _count(parts[0]) and GPU_UUID_RE.fullmatch(parts[5])}
+
+
+def run_gpus(apps: str, uuids: dict[str, int], pids: list[int]) -> set[int] | None:
+    """The indices of the GPUs `--query-compute-apps` lists the run's processes on (`apps`: its
+    `pid, gpu_uuid` lines); None when it lists none of them."""
+    ours = {str(pid) for pid in pids}
+    found = {uuids[parts[1]] for parts in _lines(apps)
+             if len(parts) == 2 and _count(parts[0]) and parts[0] in ours and parts[1] in uuids}
+    return found or None
+
+
+def _smi(tool: str, query: tuple[str, ...], timeout: float) -> str | None:
+    try:
+        out = subprocess.run([tool, *query], capture_output=True, text=True, errors="replace", timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout  # a failing status may still list the GPUs that answered
+
+
 def gpus(pids: list[int]) -> list[list[int | None]] | None:
+    """The run's GPUs' figures: those nvidia-smi lists its processes on, else `visible_gpus`' rule.
+    Both queries together take at most NVIDIA_SMI_TIMEOUT_S."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
         return None
-    try:
-        out = subprocess.run([tool, *GPU_QUERY], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
+    deadline = time.monotonic() + NVIDIA_SMI_TIMEOUT_S
+    text = _smi(tool, GPU_QUERY, NVIDIA_SMI_TIMEOUT_S)
+    if text is None:
         return None
-    return parse_gpus(out.stdout, visible_gpus(pids)) or None
+    left = deadline - time.monotonic()
+    apps = _smi(tool, APPS_QUERY, left) if pids and left > 0.1 else None
+    wanted = run_gpus(apps, gpu_uuids(text), pids) if apps is not None else None
+    return parse_gpus(text, wanted if wanted is not None else visible_gpus(pids)) or None
 
 
 def rss_bytes(pids: list[int]) -> int:

@@ -172,7 +172,10 @@ def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple
         ("PYTHONUNBUFFERED", "1"),  # logs must stream live, not in 8 KiB blocks
     ]
     if host.gpus is not None:
-        env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in host.gpus)))
+        # `gpus:` holds nvidia-smi's indices (PCI bus order); CUDA numbers the fastest card first unless
+        # told, so `gpus: [1]` for a 4090 beside a display card at bus 01 would train on the display card.
+        # Only with `gpus:`: without it, CUDA's own order puts rank 0 on the fastest card.
+        env += [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in host.gpus)), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
     if interface:
         env += [("NCCL_SOCKET_IFNAME", f"={interface}"), ("GLOO_SOCKET_IFNAME", interface)]
     if host.network.is_overlay_or_public:
