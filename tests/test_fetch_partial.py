@@ -117,6 +117,29 @@ def test_an_edited_checkpoint_at_home_is_kept_and_no_longer_listed(tmp_path: Pat
     assert _listed(home)["ckpt-step000000600.pt"] == second["ckpt-step000000600.pt"]
 
 
+def test_a_host_tree_fetched_again_takes_the_hosts_changes_but_keeps_yours(tmp_path: Path) -> None:
+    """`hosts/<host>/` as the host has it now: its manifest (rewritten when it pruned) and a log it
+    rewrote are replaced, because they are still what the last fetch placed (`.placed/<host>.json`,
+    apart from the host's tree); a file you edited here stays, as before. Before, the host's
+    manifest copy stayed at the first fetch's, a conflict on every later fetch."""
+    project = _project(tmp_path, LIVE, ("h2",))
+    run = tmp_path / "w2/runs" / RUN
+    _host_run(run, [300, 400, 500], '{"step": 500}\n')
+    assert main(RUN, None, False, project) == 0
+    tree = project.runs / RUN / "hosts/h2"
+    (tree / "metrics.jsonl").write_text("yours\n")
+    second = _host_run(run, [600, 700], '{"step": 700}\n')  # rewritten, not grown: only "ours" lets it in
+    assert main(RUN, None, False, project) == 0
+    assert _listed(tree / "checkpoints") == second
+    assert (tree / "train.log").read_text() == 'log "step": 700}\n'
+    assert (tree / "metrics.jsonl").read_text() == "yours\n"
+    (run / "placed-by-host.txt").write_text("x")  # a host naming a file after the record: just a file
+    (run / ".placed").mkdir()
+    (run / ".placed/h2.json").write_text('{"metrics.jsonl": "' + "0" * 64 + '"}')
+    assert main(RUN, None, False, project) == 0
+    assert (tree / "metrics.jsonl").read_text() == "yours\n"
+
+
 @pytest.mark.parametrize("local, ours, replaced", [
     (b"line 1\n", {}, True),  # grew: every local byte is in the new copy
     (b"line 1\nline 2\n", {}, False),  # the same bytes: unchanged, not a conflict

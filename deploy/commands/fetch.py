@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterable, Mapping
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from stat import S_ISDIR, S_ISREG
 from pathlib import Path
 
-from meshrun.fsutil import atomic_write_bytes, sha256_file
+from meshrun.fsutil import FileRefused, atomic_write_bytes, atomic_write_json, read_regular, sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.fanout import on_each
@@ -26,6 +27,8 @@ from meshrun.deploy.run.manifest import manifest_text
 from meshrun.deploy.run.shell import local_workdir
 
 INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) for the assembly
+PLACED = ".placed"  # per host, what the last fetch placed under hosts/<host>/ (read_placed)
+PLACED_MAX = 64 << 20  # a record of every file of a host's run folder: a sha256 and a name each
 PLACE_S = 600  # after the transfer: hashing and placing what came, on this machine's disk
 
 
@@ -53,7 +56,9 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         prepare_staging(staging)
         argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts)
         fetch_verified(argv, staging, report, bars.update)
-        place(staging.tree, report.landed, report, force)
+        ours = read_placed(home, host.name)
+        place(staging.tree, report.landed, report, force, ours=ours)
+        save_placed(home, host.name, placed_after(ours, report))
         remove_staging(staging)
         return report
 
@@ -67,6 +72,34 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         incoming.rmdir()
     steps = (checkpoint_step(name) for name in read_host_manifest(home / CHECKPOINTS).digests())
     return Fetched(reports, with_missing(results, missing, record.hosts).failed, max((s for s in steps if s is not None), default=-1))
+
+
+def read_placed(home: Path, host: str) -> dict[str, str]:
+    """What an earlier fetch placed under `hosts/<host>/` ({relative name: sha256}): a file still
+    so is meshrun's, and the next fetch may replace it (a host's manifest, `best.pt`, a pruned
+    log); one that differs is yours. Kept apart from the host's tree, which the host fills, so a
+    host cannot vouch for a file itself. Missing or unreadable: nothing vouched for."""
+    try:
+        data = json.loads(read_regular(home / PLACED / f"{host}.json", PLACED_MAX))
+    except (OSError, FileRefused, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str) and len(v) == 64}
+
+
+def placed_after(ours: Mapping[str, str], report: FetchReport) -> dict[str, str]:
+    """The record once this fetch is placed: what it placed, and what an earlier one placed that
+    this one did not bring (the host pruned it) while its file is still here. A file you changed
+    keeps the entry of what meshrun placed, which no longer matches it: it stays yours."""
+    merged = {**ours, **report.placed}
+    return {name: digest for name, digest in merged.items()
+            if name in report.placed or os.path.lexists(report.landed / name)}
+
+
+def save_placed(home: Path, host: str, placed: Mapping[str, str]) -> None:
+    (home / PLACED).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(home / PLACED / f"{host}.json", dict(placed))
 
 
 def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -> None:

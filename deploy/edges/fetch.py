@@ -73,6 +73,7 @@ class FetchReport:
     refused: list[str] = field(default_factory=list)  # manifest lines and files not acted on, one line each
     skipped: Skips = field(default_factory=Skips)  # not regular files on the host: not brought home
     updated: list[str] = field(default_factory=list)  # replaced a local file: grown, ours, or --force
+    placed: dict[str, str] = field(default_factory=dict)  # relative name -> sha256 of what is here now as the host sent it
 
 
 @dataclass(frozen=True)
@@ -221,17 +222,19 @@ def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: 
         if os.path.lexists(dst) and not _is_regular(dst):  # a folder or link of yours: never replaced
             report.conflicts.append(name)
             continue
+        digest = sha256_file(src)
         if not os.path.lexists(dst):
             report.new.append(name)
-        elif (local := sha256_file(dst)) == sha256_file(src):
+        elif (local := sha256_file(dst)) == digest:
             report.unchanged.append(name)
-            continue
         elif force or (ours or {}).get(rel.as_posix()) == local or _grew(dst, src):
             report.updated.append(name)
         else:
             report.conflicts.append(name)
             continue
-        _commit(src, dst)
+        report.placed[rel.as_posix()] = digest
+        if name not in report.unchanged:
+            _commit(src, dst)
 
 
 def _grew(old: Path, new: Path) -> bool:
