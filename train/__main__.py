@@ -1,7 +1,8 @@
 """``python -m meshrun.train [--config PATH] [--run-dir DIR] [--describe|--check] [key=value ...]``, alone or under torchrun.
 
-``--describe`` prints the model's gradient shapes as one JSON object and trains nothing (the
-controller uses it to size gradient communication, see deploy/run/commplan.py). ``--check`` loads
+``--describe`` prints the model's gradient shapes, the hook settings and ``sync_bn`` as one JSON
+object and trains nothing (the controller uses it to size gradient communication and to leave out
+the hooks the config cannot take: deploy/edges/comm.py, deploy/run/commplan.py). ``--check`` loads
 the config with its overrides and exits, importing no torch: the controller runs it before any
 host is contacted (deploy/edges/trainercheck.py), so a typo costs no connection.
 
@@ -65,7 +66,9 @@ def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
 
 
 def describe(cfg: TrainConfig) -> dict:
-    """``{"parameters", "gradient_bytes", "shapes", "comm"}`` of the model ``cfg`` builds (fp32 grads)."""
+    """``{"parameters", "gradient_bytes", "shapes", "sync_bn", "comm"}`` of the model ``cfg`` builds
+    (fp32 grads). ``sync_bn``: the controller's `--comm` must not pick a hook that
+    train/config_rules.check_combinations refuses with it, once it adds ``comm.hook=``."""
     from meshrun.train.comm import gradient_shapes
     from meshrun.train.data import build_datasets
     from meshrun.train.models import build_model
@@ -74,7 +77,7 @@ def describe(cfg: TrainConfig) -> dict:
     module = build_model(cfg.model, data.num_classes, data.input_shape)
     shapes = gradient_shapes(module)
     count = sum(math.prod(s) for s in shapes)
-    return {"parameters": count, "gradient_bytes": 4 * count, "shapes": shapes,
+    return {"parameters": count, "gradient_bytes": 4 * count, "shapes": shapes, "sync_bn": cfg.sync_bn,
             "comm": {"hook": cfg.comm.hook.value, "powersgd_rank": cfg.comm.powersgd_rank,
                      "localsgd_period": cfg.comm.localsgd_period,
                      "diloco_inner_steps": cfg.comm.diloco_inner_steps,

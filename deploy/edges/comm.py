@@ -1,8 +1,11 @@
 """`fab train --comm HOOK|auto`: measure the links, size the gradients, compute the floors,
 pick the hook (auto) and record the plan; afterwards, the measured all-reduce beside the floor.
 
-Edges: the trainer's `python -m meshrun.train --describe` runs locally (argv, no shell); the bandwidth
-comes from check-network's link probe over the open sessions. The math is deploy/run/commplan.py.
+Edges: the trainer's `python -m meshrun.train --describe` runs locally (argv, no shell), and its
+answer is shape-checked; the bandwidth comes from check-network's link probe over the open sessions.
+The math is deploy/run/commplan.py. The config's `sync_bn: true` refuses an explicit flat DiLoCo hook
+in one line (`check_comm`) and keeps `auto` from choosing one, as the trainer would refuse it on
+every rank.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ from meshrun.fsutil import atomic_write_bytes
 from meshrun.layout import COMM_PLAN, run_dir
 from meshrun.deploy.check.sites import undeclared_places
 from meshrun.deploy.run import commplan
-from meshrun.deploy.run.commplan import CommPlan, Hook, HookSettings
+from meshrun.deploy.run.commplan import GRAD_BYTES, CommPlan, Hook, HookSettings
 from meshrun.deploy.edges.sessions import first_found
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.check_probes import gather_facts, probe_pairs
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.shown import with_path
-from meshrun.deploy.run.answers import from_json, is_real
+from meshrun.deploy.run.answers import from_json, is_int, is_real
 from meshrun.deploy.run.plan import LaunchPlan, Workload
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.transport import Session, last_json_line
@@ -52,8 +55,8 @@ def parse_comm(value: str, workload: Workload) -> str:
 
 
 def describe(workload: Workload, root: Path) -> Gradients:
-    """Gradient shapes and hook settings of the configured model: `python -m meshrun.train --describe`
-    here on the controller (no training, no process group)."""
+    """Gradient shapes, hook settings and sync_bn of the configured model: `python -m meshrun.train
+    --describe` here on the controller (no training, no process group)."""
     argv = [sys.executable, "-m", "meshrun.train", "--describe"]
     argv += ["--config", workload.config] if workload.config else []
     done = subprocess.run([*argv, *workload.args], cwd=root, capture_output=True, text=True, timeout=300)
@@ -61,12 +64,49 @@ def describe(workload: Workload, root: Path) -> Gradients:
         reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise MeshrunError(f"--comm: could not size the model's gradients with `python -m meshrun.train --describe`: "
                            f"{reason}; try it locally: {' '.join(argv)}")
-    info = last_json_line(done.stdout)
-    comm = info.get("comm", {})
-    return Gradients(tuple(tuple(s) for s in info["shapes"]),
-                     HookSettings(int(comm.get("powersgd_rank", 4)), int(comm.get("localsgd_period", 4)),
-                                  int(comm.get("diloco_inner_steps", 8)),
-                                  diloco_wire_bytes=2 if comm.get("diloco_wire_dtype") == "bf16" else 4))
+    try:
+        gradients = described(last_json_line(done.stdout))
+    except ValueError:  # no output, or its last line is not JSON
+        gradients = None
+    if gradients is None:
+        raise MeshrunError(f"--comm: `python -m meshrun.train --describe` answered no JSON of the shape this "
+                           f"controller reads (is its meshrun this one?); try it locally: {' '.join(argv)}")
+    return gradients
+
+
+def described(info: object) -> Gradients | None:
+    """The `--describe` answer (train/__main__.describe), every field this controller reads checked:
+    a missing `sync_bn` would let `auto` choose a hook the trainer then refuses on every rank."""
+    if not isinstance(info, dict):
+        return None
+    comm, shapes, sync_bn = info.get("comm"), info.get("shapes"), info.get("sync_bn")
+    if not (isinstance(comm, dict) and isinstance(shapes, list) and isinstance(sync_bn, bool)):
+        return None
+    if not all(isinstance(s, list) and all(is_int(d) and d >= 0 for d in s) for s in shapes):
+        return None
+    counts = [comm.get(k) for k in ("powersgd_rank", "localsgd_period", "diloco_inner_steps")]
+    dtype = comm.get("diloco_wire_dtype")  # a list here would be unhashable: a text, or no answer
+    wire = {"fp32": GRAD_BYTES, "bf16": GRAD_BYTES // 2}.get(dtype) if isinstance(dtype, str) else None
+    if wire is None or not all(is_int(c) and c >= 1 for c in counts):
+        return None
+    return Gradients(tuple(tuple(s) for s in shapes),
+                     HookSettings(*counts, diloco_wire_bytes=wire, sync_bn=sync_bn))
+
+
+def check_comm(comm: str, workload: Workload, root: Path) -> Gradients:
+    """The model described, and an explicit `--comm` hook refused in one line when the trainer would
+    refuse it on every rank: flat DiLoCo with `sync_bn: true` (train/config_rules.check_combinations
+    sees `comm.hook=` only once `choose` adds it, after the controller's `--check`). The user's own
+    `comm.hook=` override after `--` wins over `--comm`, as on the hosts."""
+    gradients = describe(workload, root)
+    hook = applied_hook(dataclasses.replace(workload, args=(f"comm.hook={comm}", *workload.args)))
+    refused = {h.value for h in commplan.NO_SYNC_BN}
+    if comm != AUTO and gradients.settings.sync_bn and hook in refused:
+        raise InputError(f"--comm {comm} and sync_bn true (the trainer's config with its overrides) do not go "
+                         "together: SyncBatchNorm would communicate at every inner step; pass sync_bn=false after "
+                         "-- (the outer step averages BatchNorm statistics) or use --comm hier (SyncBatchNorm "
+                         "inside each site)")
+    return gradients
 
 
 Matrix = tuple[tuple[str, str, float | None, float | None], ...]  # (source, target, Mbit/s, RTT ms)
@@ -91,11 +131,14 @@ def site_map(selection: Selection) -> dict[str, str]:
     return {h.name: h.site or f"host:{h.name}" for h in selection.hosts}
 
 
-def choose(comm: str, selection: Selection, sessions: Mapping[str, Session],
-           workload: Workload, root: Path, renderer: Renderer) -> tuple[Workload, CommPlan | None]:
+def choose(comm: str, selection: Selection, sessions: Mapping[str, Session], workload: Workload, root: Path,
+           renderer: Renderer, gradients: Gradients | None = None) -> tuple[Workload, CommPlan | None]:
     """The workload with `comm.hook=...` first among its overrides (the user's own overrides
-    after it still win), and the plan behind it (None when no link could be measured)."""
-    gradients = describe(workload, root)
+    after it still win), and the plan behind it (None when no link could be measured).
+    `gradients`: what `check_comm` answered earlier; else it runs here, before the links are
+    measured but after the pre-flight and the code sync have reached the hosts."""
+    if gradients is None:
+        gradients = check_comm(comm, workload, root)
     bandwidth, rtt_s, matrix = measure_links(selection, sessions)
     sites = commplan.site_links(matrix, site_map(selection))
     plan = (dataclasses.replace(commplan.plan(bandwidth, len(selection.hosts), gradients.shapes, gradients.settings,

@@ -30,7 +30,9 @@ With sites the flat hooks' ring crosses the links between sites, so their floors
 of the two measured bandwidths and RTTs. The recommendation is the most exact hook whose floor
 fits the budget per step (default ``DEFAULT_BUDGET_S``), in the order none, fp16, powersgd,
 hier (exact inside each site; only with sites, and some site of two hosts or more), localsgd,
-diloco; when none fits, the hook with the lowest floor. Nothing here touches the network.
+diloco; when none fits, the hook with the lowest floor. With the trainer's ``sync_bn: true``
+diloco is no candidate (the trainer refuses it and diloco-overlap with SyncBatchNorm) and the
+reason says so. Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ class Hook(str, Enum):
 
 PREFERENCE = (Hook.NONE, Hook.FP16, Hook.POWERSGD, Hook.LOCALSGD, Hook.DILOCO)  # most exact first
 SITE_PREFERENCE = (Hook.NONE, Hook.FP16, Hook.POWERSGD, Hook.HIER, Hook.LOCALSGD, Hook.DILOCO)
+# Flat DiLoCo's inner steps communicate nothing; SyncBatchNorm would at each of them, so the
+# trainer refuses `sync_bn: true` with these (train/config_rules.check_combinations). hier keeps it.
+NO_SYNC_BN = (Hook.DILOCO, Hook.DILOCO_OVERLAP)
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class HookSettings:
     diloco_inner_steps: int = 8
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     diloco_wire_bytes: int = GRAD_BYTES  # per parameter on DiLoCo's outer all-reduce (bf16: 2)
+    sync_bn: bool = False  # the trainer's SyncBatchNorm: the NO_SYNC_BN hooks are no candidates
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,8 @@ def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
     flat = [h for h in Hook if h is not Hook.HIER]
     floors = tuple(hook_floor(h, shapes, settings, nodes, bandwidth_bytes_s, rtt_s) for h in flat)
     preference = SITE_PREFERENCE if sites is not None and sites.places else PREFERENCE
+    if settings.sync_bn:
+        preference = tuple(h for h in preference if h not in NO_SYNC_BN)
     if sites is not None:  # `--comm hier` may run on any sites (a host without one is its own)
         floors += (hier_floor(shapes, settings, sites),)
     by_hook = {f.hook: f for f in floors}
@@ -229,12 +237,13 @@ def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
         reason = f"{why}{_floor(by_hook[chosen])} <= budget {_ms(budget_s)} per step"
     else:
         chosen = min(preference, key=lambda h: by_hook[h].floor_s)
-        reason = (f"no hook fits the budget {_ms(budget_s)} per step; {chosen.value} has the "
+        other = "other " if settings.sync_bn else ""  # than those the reason's start leaves out
+        reason = (f"no {other}hook fits the budget {_ms(budget_s)} per step; {chosen.value} has the "
                   f"lowest floor, {_ms(by_hook[chosen].floor_s)}")
     gradient = GRAD_BYTES * sum(math.prod(s) for s in shapes)
     where = f" ({_sites_text(sites)})" if sites is not None and sites.places else ""
     reason = (f"{gradient / 1e6:.2f} MB of gradients, {nodes} nodes{where}, {mbit:.1f} Mbit/s per node, "
-              f"RTT {_ms(rtt_s)}: " + reason)
+              f"RTT {_ms(rtt_s)}: " + _sync_bn_text(settings, by_hook) + reason)
     return CommPlan(nodes, bandwidth_bytes_s, rtt_s, gradient, budget_s, floors, chosen, reason, sites)
 
 
@@ -274,6 +283,15 @@ def places_hint(hook: Hook, now: CommPlan, shapes: Sequence[Sequence[int]], sett
         return ""
     this = f"this run's {_floor(current)}" if current is not None else f"this run's {hook.value}"
     return f"{finding}; with them declared, --comm auto would choose {_floor(better)} per step ({this})"
+
+
+def _sync_bn_text(settings: HookSettings, by_hook: Mapping[Hook, HookFloor]) -> str:
+    """Why the hooks the trainer refuses with SyncBatchNorm are no candidates, with their floors
+    (what sync_bn=false would make possible); "" without it."""
+    if not settings.sync_bn:
+        return ""
+    return (f"sync_bn true leaves out {' and '.join(_floor(by_hook[h]) for h in NO_SYNC_BN)} (SyncBatchNorm "
+            "would communicate at every inner step); ")
 
 
 def _floor(floor: HookFloor) -> str:
