@@ -43,6 +43,9 @@ _PERIODIC_CHECKPOINT = re.compile(r"ckpt-step([0-9]{9})\.pt", re.ASCII)
 
 # Files of a host directory (`runs/<run_id>/hosts/<host>/`), written by the agent.
 AGENT_PIDFILE = "agent.json"
+# flock held by the run's one agent on the host for its whole life, its pid written in it: a second agent of the
+# run there (a detached join, a resume of a running run) refuses instead of stopping the first one's processes.
+AGENT_LOCK = "agent.lock"
 TRAIN_LOG = "train.log"
 EXIT_RECORD = "exit.json"
 # Membership events as JSON lines: each host's agent in its host directory (started, rejoined, peers

@@ -34,13 +34,14 @@ from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.inventory.shown import with_path
-from meshrun.deploy.edges.agents import run_detached_agent
+from meshrun.deploy.edges.agents import host_states, run_detached_agent
 from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
 from meshrun.deploy.render.console import Renderer
-from meshrun.deploy.edges.records import RunRecord, load_record, new_run_id, retire_attempt, write_summary
+from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, refuse_running, retire_attempt,
+                                          write_summary)
 from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
@@ -96,10 +97,13 @@ def refuse_unshipped(request: TrainRequest, files: bytes, project: Project, host
 
 def _with_resumed_defaults(request: TrainRequest, project: Project) -> TrainRequest:
     """`--resume ID` defaults to that run's inventory and the hosts of its latest attempt (not those
-    an earlier `--resume --hosts` left out, which its record still lists)."""
+    an earlier `--resume --hosts` left out, which its record still lists). A run still running is
+    refused: a detached one's hosts are asked, through the inventory this resume uses."""
     if not request.resume:
         return request
     record = load_record(project.runs, request.resume, "--resume")
+    asked = dataclasses.replace(record, inventory=request.inventory or record.inventory)
+    refuse_running(project.runs, record, lambda: host_states(asked, project.root))
     return dataclasses.replace(request, inventory=request.inventory or record.inventory,
                                hosts=request.hosts or ",".join(record.members))
 

@@ -29,6 +29,7 @@ from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.fields import NAME_RE
 from meshrun.deploy.inventory.shown import shown, with_path
 from meshrun.deploy.run.answers import from_json, is_int, is_real
+from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.summary import RunSummary
 
 RECORD_FIX = "the run record is damaged or was edited; restore it, or remove the run's folder"
@@ -139,7 +140,9 @@ def _workload_ok(work: object) -> bool:
 
 
 def all_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
-    """Every recorded run, newest first; a damaged record is left out (`warn` says which and why)."""
+    """Every recorded run, newest first: by the time its latest attempt started, then by id (an id's
+    clock, and a folder copied in by hand, say nothing of when a run started); a damaged record is
+    left out (`warn` says which and why)."""
     found = sorted(runs.glob(f"*/{LAUNCH_RECORD}"), reverse=True)
     records = []
     for path in found:
@@ -148,7 +151,7 @@ def all_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
         except InputError as err:
             if warn is not None:
                 warn(f"{err}; left out")
-    return records
+    return sorted(records, key=lambda r: (r.started, r.run_id), reverse=True)
 
 
 def no_runs(runs: Path) -> str:
@@ -156,7 +159,7 @@ def no_runs(runs: Path) -> str:
 
 
 def resolve_run(runs: Path, run_id: str | None, live_only: bool = False, warn: Warn | None = None) -> RunRecord:
-    """The named run, else the newest one (with `live_only`, the newest that may still be running:
+    """The named run, else the newest one by start (with `live_only`, the newest that may still be running:
     a task never contacts the hosts of a finished or stale run unless the user names it)."""
     if run_id:
         return load_record(runs, run_id)
@@ -197,9 +200,28 @@ def live_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
             if may_be_running(r, (runs / r.run_id / SUMMARY).exists(), controller_alive(r), now)]
 
 
+def refuse_running(runs: Path, record: RunRecord, ask_hosts: Callable[[], list[HostState]]) -> None:
+    """`fab train --resume` of a run that still runs would stop it: a new attempt's agents and its end
+    (`stop` by run id on every host) reach the old one's processes. A summary means it ended. An
+    attached run runs while its controller does (refused with no host asked); once that is gone its
+    agents stop within HEARTBEAT_TIMEOUT_S, and a new one refuses while one holds its host's lock.
+    A detached run never gets a summary: `ask_hosts()` asks its hosts, as `fab status --run` does."""
+    if (runs / record.run_id / SUMMARY).exists():
+        return
+    if controller_alive(record):
+        why = f"its controller, pid {record.controller_pid} on this machine, still watches it"
+    elif not record.detached or not (hosts := [s.host for s in ask_hosts() if s.state == "running"]):
+        return
+    else:
+        why = f"its agents still run on {', '.join(hosts)}"
+    raise InputError(f"--resume {record.run_id}: the run is still running ({why}); stop it first with "
+                     f"fab stop --run {record.run_id}, or check with fab status --run {record.run_id}")
+
+
 def new_run_id() -> str:
-    """Sortable and unique: reusing an rdzv id would join a stale rendezvous."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    """Unique (reusing an rdzv id would join a stale rendezvous), and its time in UTC: local time
+    jumps back at a DST change or a flight west. Which run is newest goes by `started` (all_records)."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
 RETIRED = (SUMMARY, PROVENANCE, COMM_PLAN)  # what one attempt of a run leaves that the next must not inherit

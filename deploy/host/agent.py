@@ -6,7 +6,8 @@ python before anything else there is known to work.
          line on stdin is a heartbeat; EOF or silence past `--heartbeat-timeout` means the
          controller is gone (killed, laptop closed, link cut), so the run is stopped. SIGTERM,
          SIGHUP and SIGINT stop it too, with every process below the agent, tagged or not (it is
-         the run's subreaper: deploy/host/procs.py). Exits with the command's status.
+         the run's subreaper: deploy/host/procs.py). Exits with the command's status, or
+         AGENT_BUSY_EXIT, having started nothing, while another agent of the run holds the host's lock.
 `stop`   stops a run found through its pidfile and run id: TERM the process group, a grace
          period, KILL; then every process tagged with the run's MESHRUN_RUN_ID and
          MESHRUN_HOST (torchrun starts each worker in a session of its own, out of reach of
@@ -26,15 +27,16 @@ import threading
 import time
 from pathlib import Path
 
-from meshrun.layout import (AGENT_MODULE, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
+from meshrun.layout import (AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
                            EVENTS, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT,
                            TORCHRUN_EXIT_MARK_ENV, TRAIN_LOG, host_dir, run_dir)
-from meshrun.deploy.host.agentargs import parse, read_env_block
+from meshrun.deploy.host.agentargs import detached_argv, parse, read_env_block
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe
-from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, reap_adopted, signal_all,
-                                       start_time, tagged_pids, terminate_run, with_offspring)
+from meshrun.deploy.host.procs import (AGENT_BUSY_EXIT, POLL_S, alive, become_subreaper, die_with_parent, hold_lock,
+                                       is_agent, lock_holder, reap_adopted, signal_all, start_time, tagged_pids,
+                                       terminate_run, with_offspring)
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
     parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
@@ -50,6 +52,12 @@ def read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def busy_line(run_id: str, host: str, holder: int) -> str:
+    """Why an agent started nothing: its run already has one on this host."""
+    return (f"meshrun-agent: run {run_id} already has an agent on host '{host}' (pid {holder or 'unknown'}, holding "
+            f"{host_dir(run_id, host)}/{AGENT_LOCK}); this one started nothing: see it with fab status --run {run_id}")
 
 
 def forget_last_attempt(directory: Path, run_id: str) -> None:
@@ -80,6 +88,12 @@ class Supervisor:
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
+        # Before anything of the run is touched: its other agent's end would stop our processes, ours its.
+        if (holder := hold_lock(self.dir / AGENT_LOCK)) is not None:
+            self.send(busy_line(self.args.run_id, self.args.host, holder).encode() + b"\n")
+            if self.pipe is not None:  # quiet (a detached copy): its parent says it (cmd_run)
+                self.pipe.drain()
+            return AGENT_BUSY_EXIT
         forget_last_attempt(self.dir, self.args.run_id)
         env = dict(os.environ)
         env.update(kv.split("=", 1) for kv in self.args.env)
@@ -307,30 +321,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.detach:
         return Supervisor(args).run()
     # Detached: re-run ourselves in a new session with no controller, wait for the pidfile.
-    argv = [sys.executable, "-m", AGENT_MODULE, "run", "--run-id", args.run_id, "--host", args.host,
-            "--heartbeat-timeout", "0", "--grace", str(args.grace), "--quiet"]
-    for kv in args.env:
-        argv += ["--env", kv]
-    if args.succession:
-        argv += ["--succession", args.succession, "--generation", str(args.generation)]
-    if args.peers:
-        argv += ["--peers", args.peers]
-    if args.idle:
-        argv += ["--idle", args.idle]
     pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
     # The secrets pass on as they came: through a pipe, never argv or a file.
-    child = subprocess.Popen(argv + ["--env-stdin", "--", *args.command], stdin=subprocess.PIPE,
+    child = subprocess.Popen(detached_argv(args, sys.executable), stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     assert child.stdin is not None
     child.stdin.write(json.dumps(args.secret_env).encode() + b"\n")
     child.stdin.close()
-    for _ in range(100):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ended = child.poll() is not None  # before the read: a copy that wrote its pidfile and ended is seen
         record = read_json(pidfile)
-        if record and record.get("run_id") == args.run_id:
+        # Our copy's own pidfile: one left by an earlier agent of the run (or a live one) says nothing of it.
+        if record and record.get("run_id") == args.run_id and record.get("agent_pid") == child.pid:
             print(json.dumps(record, sort_keys=True))
             return 0
+        if ended:
+            break
         time.sleep(0.1)
-    print(json.dumps({"error": f"agent did not start; see {pidfile.parent / TRAIN_LOG}"}))
+    if child.returncode == AGENT_BUSY_EXIT:
+        error = busy_line(args.run_id, args.host, lock_holder(pidfile.parent / AGENT_LOCK))
+    else:
+        error = f"agent did not start; see {pidfile.parent / TRAIN_LOG}"
+    print(json.dumps({"error": error}))
     return 1
 
 
@@ -339,7 +352,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     record = read_json(Path(host_dir(run_id, args.host)) / AGENT_PIDFILE) or {}
     agent_pid = record.get("agent_pid")
     was_running = bool(tagged_pids(run_id, args.host))
-    if agent_pid and alive(agent_pid) and _is_agent(agent_pid, run_id):
+    if agent_pid and alive(agent_pid) and is_agent(agent_pid, run_id):
         os.kill(agent_pid, signal.SIGTERM)  # it stops its own run gracefully
         deadline = time.monotonic() + args.grace + 5
         while alive(agent_pid) and time.monotonic() < deadline:
@@ -347,14 +360,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     left = terminate_run(run_id, args.host, record.get("pgid"), args.grace, record.get("pgid_start"))
     print(json.dumps({"host": args.host, "run_id": run_id, "was_running": was_running, "remaining": left}))
     return 0 if not left else 1
-
-
-def _is_agent(pid: int, run_id: str) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return AGENT_MODULE.encode() in cmdline and run_id.encode() in cmdline
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -46,6 +46,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def detached_argv(args: argparse.Namespace, python: str) -> list[str]:
+    """`run --detach`'s own copy of the agent: the same run with no controller (no heartbeat, quiet),
+    its variables from stdin as they came (`--env-stdin`)."""
+    argv = [python, "-m", AGENT_MODULE, "run", "--run-id", args.run_id, "--host", args.host,
+            "--heartbeat-timeout", "0", "--grace", str(args.grace), "--quiet"]
+    for kv in args.env:
+        argv += ["--env", kv]
+    if args.succession:
+        argv += ["--succession", args.succession, "--generation", str(args.generation)]
+    if args.peers:
+        argv += ["--peers", args.peers]
+    if args.idle:
+        argv += ["--idle", args.idle]
+    return argv + ["--env-stdin", "--", *args.command]
+
+
 ENV_BLOCK_MAX = 1 << 20  # the inventory itself is capped at 1 MiB
 
 

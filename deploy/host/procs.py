@@ -9,21 +9,29 @@ is re-parented to the agent, not to init, and stays among the agent's descendant
 agent signals with the tagged processes (`terminate_run(..., tree=agent pid)`). A process of the
 same user can still leave that tree only by a subreaper of its own or by a daemon of the system
 (systemd-run, at): out of reach without a cgroup per run.
+
+One agent per run and host: it holds the host dir's lock for its life (`hold_lock`), so a second
+agent of the run there refuses (AGENT_BUSY_EXIT) instead of stopping the first one's processes
+when its own torchrun ends: both would find the same tagged processes.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Callable
 
-from meshrun.layout import ENV_HOST, ENV_RUN_ID
+from meshrun.layout import AGENT_MODULE, ENV_HOST, ENV_RUN_ID
 
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+# An agent's exit status when another agent of its run holds the host's lock (EX_TEMPFAIL): it started nothing.
+AGENT_BUSY_EXIT = 75
 
 
 def _stat(pid: int) -> list[bytes] | None:
@@ -208,3 +216,38 @@ def _group_is_ours(pgid: int, recorded_start: int | None, run_id: str, host: str
     if recorded_start is not None:
         return now == recorded_start
     return alive(pgid) and pgid in tagged_pids(run_id, host)
+
+
+def is_agent(pid: int, run_id: str) -> bool:
+    """`pid` is an agent of run `run_id` (its command line names both): a pidfile's pid may be reused."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return AGENT_MODULE.encode() in cmdline and run_id.encode() in cmdline
+
+
+def hold_lock(path: Path) -> int | None:
+    """Take the exclusive flock on `path` for the rest of this process's life and write our pid in it;
+    None once held, else the pid of the process that holds it (0: not yet written). The descriptor
+    is never closed and never inherited (O_CLOEXEC): torchrun and the workers do not hold the lock,
+    so it is freed the moment this process ends, however it ends, and never outlives it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return lock_holder(path)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return None
+
+
+def lock_holder(path: Path) -> int:
+    """The pid written in a lock file (0 when none can be read: the holder may not have written it yet)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(32).strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() and len(text) < 20 else 0
