@@ -46,6 +46,7 @@ AGENT_PIDFILE = "agent.json"
 # flock held by the run's one agent on the host for its whole life, its pid written in it: a second agent of the
 # run there (a detached join, a resume of a running run) refuses instead of stopping the first one's processes.
 AGENT_LOCK = "agent.lock"
+AGENT_BUSY_EXIT = 75  # an agent's exit status when another agent of its run holds AGENT_LOCK (EX_TEMPFAIL)
 TRAIN_LOG = "train.log"
 EXIT_RECORD = "exit.json"
 # Membership events as JSON lines: each host's agent in its host directory (started, rejoined, peers

@@ -24,7 +24,8 @@ from meshrun.deploy.commands import train as train_cmd
 from meshrun.deploy.edges.records import RunRecord, refuse_running
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.host.agent import busy_line
-from meshrun.deploy.host.procs import AGENT_BUSY_EXIT, alive
+from meshrun.deploy.host.procs import alive
+from meshrun.layout import AGENT_BUSY_EXIT
 from meshrun.deploy.project import Project
 from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.plan import Workload

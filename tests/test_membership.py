@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from meshrun.deploy.inventory.model import ElasticBounds
-from meshrun.layout import STATE_REFUSED_EXIT
+from meshrun.layout import AGENT_BUSY_EXIT, STATE_REFUSED_EXIT
 from meshrun.deploy.run.membership import (OUTLIVED_DETAIL, RUN_END_GRACE_S, Change, HostView, Verdict, how_it_ended,
                                            judge, next_head, outlived, split_brain_risk, world_size)
 
@@ -84,3 +84,5 @@ def test_how_a_host_ended_is_named_for_the_timeline() -> None:
     assert how_it_ended(None, leaving=False, outlived=False, training_done=True) == (Change.LOST, "unreachable")
     assert how_it_ended(STATE_REFUSED_EXIT, leaving=False, outlived=False) == (
         Change.LOST, "it refused the rendezvous state: a member of the run may be compromised")
+    assert how_it_ended(AGENT_BUSY_EXIT, leaving=False, outlived=False) == (
+        Change.LOST, "another agent of this run already runs there; it started nothing")

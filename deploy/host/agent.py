@@ -27,14 +27,14 @@ import threading
 import time
 from pathlib import Path
 
-from meshrun.layout import (AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
+from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
                            EVENTS, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT,
                            TORCHRUN_EXIT_MARK_ENV, TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.agentargs import detached_argv, parse, read_env_block
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe
-from meshrun.deploy.host.procs import (AGENT_BUSY_EXIT, POLL_S, alive, become_subreaper, die_with_parent, hold_lock,
+from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, hold_lock,
                                        is_agent, lock_holder, reap_adopted, signal_all, start_time, tagged_pids,
                                        terminate_run, with_offspring)
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \

@@ -31,7 +31,6 @@ POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # An agent's exit status when another agent of its run holds the host's lock (EX_TEMPFAIL): it started nothing.
-AGENT_BUSY_EXIT = 75
 
 
 def _stat(pid: int) -> list[bytes] | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from meshrun.layout import STATE_REFUSED_EXIT
+from meshrun.layout import AGENT_BUSY_EXIT, STATE_REFUSED_EXIT
 from meshrun.deploy.inventory.model import ElasticBounds
 
 
@@ -82,6 +82,8 @@ def _end_detail(rc: int | None) -> str:
         return "unreachable"
     if rc == STATE_REFUSED_EXIT:  # deploy/host/torchrun.py said which store, in the host's log
         return "it refused the rendezvous state: a member of the run may be compromised"
+    if rc == AGENT_BUSY_EXIT:  # deploy/host/agent.py said whose, in the host's log
+        return "another agent of this run already runs there; it started nothing"
     return f"exit status {rc}"
 
 
