@@ -111,6 +111,29 @@ def test_choose_refuses_before_measuring_any_link(monkeypatch: pytest.MonkeyPatc
     assert str(info.value) == REFUSED.format("diloco")
 
 
+def test_fab_train_refuses_before_contacting_any_host(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fab train --comm diloco -- sync_bn=true`: one line before any session opens, any code is
+    synced or any record is written (the project's own checks run first, as for every flag)."""
+    from meshrun.deploy.commands import train as train_cmd
+    from meshrun.deploy.project import Project
+    from meshrun.deploy.render.console import Renderer
+
+    def contacted(*_: object, **__: object) -> None:
+        raise AssertionError("a host was contacted")
+
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "hosts.yaml").write_text("hosts:\n  h1: {address: 192.0.2.1}\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    for name in ("sessions_to", "sync_code", "preflight"):
+        monkeypatch.setattr(train_cmd, name, contacted)
+    request = train_cmd.TrainRequest(str(root / "hosts.yaml"), None, Workload(args=("sync_bn=true",)), comm="diloco")
+    with pytest.raises(InputError) as info:
+        train_cmd.train(request, Renderer(), Project(root, tmp_path / "runs"))
+    assert str(info.value) == REFUSED.format("diloco")
+    assert not (tmp_path / "runs").exists()
+
+
 # --- auto: diloco left out, and the reason says so
 
 def test_auto_leaves_diloco_out_when_nothing_else_fits() -> None:

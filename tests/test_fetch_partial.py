@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.commands.fetch import Fetched, failure_lines, main, vouched
-from meshrun.deploy.commands.train import newest_listed_step
+from meshrun.deploy.run.resume import newest_listed_step
 from meshrun.deploy.edges.fetch import FetchReport, place
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.errors import MeshrunError

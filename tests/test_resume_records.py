@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.commands import train as train_cmd
+from meshrun.deploy.edges.checkpointpush import push_checkpoints
 from meshrun.deploy.edges.check_probes import WRITE_FILE
 from meshrun.deploy.edges.records import (RunRecord, live_records, load_record, may_be_running, record_from,
                                           retire_attempt)
@@ -196,7 +197,7 @@ def test_the_resume_push_leaves_the_host_a_manifest_its_files_match(tmp_path: Pa
                  ("ckpt-step000000010.pt", "best.pt"))
     inventory = load_inventory(tmp_path / "hosts.yaml", tmp_path)
     with sessions_to(inventory.hosts, inventory, tmp_path) as sessions:
-        train_cmd.push_checkpoints(select_hosts(inventory, "h1"), sessions, RUN, inventory, project, Renderer())
+        push_checkpoints(select_hosts(inventory, "h1"), sessions, RUN, inventory, project, Renderer())
     listed = parse_manifest((host_dir / "MANIFEST.sha256").read_bytes()).digests()
     assert listed == {"ckpt-step000000010.pt": sha(b"step 10"), "best.pt": sha(b"best at 10"),
                       "ckpt-step000000020.pt": sha(b"step 20")}

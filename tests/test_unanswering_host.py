@@ -25,7 +25,7 @@ from typing import Callable, Iterator, cast
 import pytest
 
 from meshrun.deploy.commands.setup import SetupRequest, setup_host
-from meshrun.deploy.commands.train import push_checkpoints
+from meshrun.deploy.edges.checkpointpush import push_checkpoints
 from meshrun.deploy.edges import rsyncrun
 from meshrun.deploy.edges import sync as sync_edge
 from meshrun.deploy.edges.datasync import DataSpec, sync_data

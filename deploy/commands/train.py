@@ -10,15 +10,13 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, DEFAULT_PG_TIMEOUT_S, checkpoint_step, log_path, run_dir
-from meshrun.deploy.edges.check_probes import WRITE_FILE
-from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest
-from meshrun.deploy.run.resume import pushed_manifest, resumed_hosts
+from meshrun.layout import DEFAULT_PG_TIMEOUT_S, log_path, run_dir
+from meshrun.deploy.run.resume import resumed_hosts
+from meshrun.deploy.edges.checkpointpush import hosts_newest_step, push_checkpoints
 from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
-from meshrun.deploy.edges.sessions import (SessionsLater, first_found, sessions_to, reachable_results,
-                                         training_interfaces)
+from meshrun.deploy.edges.sessions import SessionsLater, first_found, sessions_to, training_interfaces
 from meshrun.deploy.commands.sync import code_files, sync_code
 from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
@@ -28,7 +26,6 @@ from meshrun.deploy.run.idle import IdlePolicy
 from meshrun.deploy.edges.idle import IdleWatcher
 from meshrun import events
 from meshrun.deploy.errors import InputError, MeshrunError
-from meshrun.deploy.inputfiles import read_input
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
@@ -38,15 +35,13 @@ from meshrun.deploy.edges.agents import host_states, run_detached_agent
 from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
-from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, python_of
+from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, refuse_running, retire_attempt,
                                           write_summary)
-from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S
-from meshrun.deploy.edges.rsyncrun import run_rsync
-from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
+from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
-from meshrun.deploy.run.answers import detached_record, said
+from meshrun.deploy.run.answers import detached_record
 from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
 from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
@@ -150,63 +145,11 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tupl
         raise MeshrunError(f"{err}; stop what did start with: fab stop --run {plan.run_id}") from None
 
 
-def newest_listed_step(manifest: bytes | Manifest) -> int:
-    """The newest periodic checkpoint a manifest lists in the trainer's exact form (-1: none)."""
-    entries = (manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)).entries
-    steps = [checkpoint_step(e.name) for e in entries]
-    return max((s for s in steps if s is not None), default=-1)
-
-
-def hosts_manifests(sessions: Mapping[str, Session], names: list[str], run_id: str) -> dict[str, Manifest]:
-    """Each reachable host's own checkpoints manifest (a host without one is left out)."""
-    path = f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}"
-    argv = ["head", "-c", str(MANIFEST_MAX_BYTES + 1), path]
-    return {name: parse_manifest(r.stdout.encode("utf-8", "surrogateescape"))
-            for name, r in reachable_results(sessions, names, argv, 10) if r.ok}
-
-
-def hosts_newest_step(sessions: Mapping[str, Session], names: list[str], run_id: str) -> int:
-    """The newest step any reachable host lists in its own checkpoints manifest."""
-    return max(map(newest_listed_step, hosts_manifests(sessions, names, run_id).values()), default=-1)
-
-
-def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_id: str, inventory: Inventory,
-                     project: Project, renderer: Renderer) -> None:
-    """Give the rendezvous host the fetched checkpoints of a resumed run, when no host holds one as
-    new (every host keeps its own copies; the trainer broadcasts the newest from whoever has it).
-    The files go first, never replacing the host's; then the manifest, atomically: the controller's
-    verified lines for the files pushed, the host's own for those it kept (deploy/run/resume.py)."""
-    local = project.run_home(run_id) / CHECKPOINTS
-    head = selection.head
-    manifest = local / CHECKPOINT_MANIFEST
-    if not manifest.is_file() or is_project_itself(head, project.root):
-        return
-    text = read_input(manifest, MANIFEST_MAX_BYTES, "checkpoint manifest", "fetch the run again: fab fetch-checkpoints")
-    held = hosts_manifests(sessions, [h.name for h in selection.hosts], run_id)
-    ours, theirs = newest_listed_step(text), max(map(newest_listed_step, held.values()), default=-1)
-    if ours <= theirs:
-        renderer.info(f"resume: the hosts already hold step {theirs} (fetched: {ours}); nothing pushed")
-        return
-    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", project.root, inventory.known_hosts)
-    pushed: set[str] = set()
-    run_rsync([argv[0], "--out-format=%n", *argv[1:]], host=head.name, what=f"pushing the checkpoints of {run_id}",
-              timeout=FETCH_TIMEOUT_S, hint=f"check `fab check-network --hosts {head.name}`",
-              on_line=lambda line: pushed.add(line.decode("utf-8", "replace")))  # the files the host lacked
-    lines = pushed_manifest(parse_manifest(text), held.get(head.name, parse_manifest(b"")), pushed)
-    written = sessions[head.name].run([python_of(head, sys.executable), "-c", WRITE_FILE,
-                                       f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}", lines], timeout=30)
-    if not written.ok:
-        raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: "
-                           f"{said(written.stderr.strip()[-300:])}")
-    renderer.info(f"resume: pushed checkpoints up to step {newest_listed_step(lines.encode())} to {head.name}")
-
-
 def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     """Pre-flight, sync, plan, launch on every host at once, then summarize. Exit status 0/1."""
     request = _with_project_paths(_with_resumed_defaults(request, project), project)
-    if request.comm:
-        comm_cmd.parse_comm(request.comm, request.workload)
     check_trainer_args(request.workload, request.pg_timeout_s, project.root)  # before any host is contacted
+    gradients = _comm_checked(request, project)  # --comm, and the model it plans for: before any host too
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
     hosts = selection.hosts
@@ -227,7 +170,8 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
         with sessions_to(hosts, inventory, project.root) as sessions:
             later.put(sessions)
             interfaces = _checked_routes(request.skip_checks, selection, sessions, renderer)  # as the code syncs
-            options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer, syncing)
+            options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer, syncing,
+                                     gradients)
             plan = plan_launch(selection, options, interfaces, sys.executable)
             record = _record(request, inventory, hosts, plan, options, project, renderer)
             renderer.run_started(run_id, [h.name for h in hosts], plan.world_size, str(project.run_home(run_id)))
@@ -249,6 +193,15 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
                              summary.failed_host))
     sender.close(NOTIFY_CLOSE_S)
     return status
+
+
+def _comm_checked(request: TrainRequest, project: Project) -> comm_cmd.Gradients | None:
+    """`--comm`'s value, and the model described with a hook the trainer would refuse (flat DiLoCo
+    with sync_bn) refused in one line, before any host is contacted (None without --comm)."""
+    if not request.comm:
+        return None
+    comm_cmd.parse_comm(request.comm, request.workload)
+    return comm_cmd.check_comm(request.comm, request.workload, project.root)
 
 
 def _checked_routes(skip_checks: bool, selection: Selection, sessions: Mapping[str, Session],
@@ -289,7 +242,8 @@ def _detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str
 
 def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inventory,
                    sessions: Mapping[str, Session], options: LaunchOptions, project: Project,
-                   renderer: Renderer, syncing: Beside | None) -> LaunchOptions:
+                   renderer: Renderer, syncing: Beside | None,
+                   gradients: comm_cmd.Gradients | None = None) -> LaunchOptions:
     """After the pre-flight: the code sync's end, checkpoints back for a resume, the comm hook choice."""
     if syncing is not None:
         synced = syncing.result()  # its error, naming each host that failed
@@ -304,7 +258,8 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
         push_checkpoints(selection, sessions, options.run_id, inventory, project, renderer)
     if not request.comm:
         return options
-    workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, options.workload, project.root, renderer)
+    workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, options.workload, project.root, renderer,
+                                          gradients)
     if comm_plan is not None:
         comm_cmd.save_plan(project.runs, options.run_id, comm_plan, comm_cmd.applied_hook(workload))
     return dataclasses.replace(options, workload=workload)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from meshrun.deploy.run.manifest import Manifest
+from meshrun.layout import checkpoint_step
+from meshrun.deploy.run.manifest import Manifest, parse_manifest
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,10 @@ def pushed_manifest(ours: Manifest, theirs: Manifest, pushed: Collection[str]) -
     lines = {e.name: e.sha256 for e in theirs.entries}
     lines.update((e.name, e.sha256) for e in ours.entries if e.name in pushed)
     return "".join(f"{digest}  {name}\n" for name, digest in lines.items())
+
+
+def newest_listed_step(manifest: bytes | Manifest) -> int:
+    """The newest periodic checkpoint a manifest lists in the trainer's exact form (-1: none)."""
+    entries = (manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)).entries
+    steps = [checkpoint_step(e.name) for e in entries]
+    return max((s for s in steps if s is not None), default=-1)
