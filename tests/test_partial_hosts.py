@@ -133,6 +133,25 @@ def test_a_host_taken_out_of_the_inventory_costs_that_host_only(run: tuple[Path,
     assert f"warning: host 'h3' of run {record.run_id} is no longer in" in logs.stderr
 
 
+def test_a_dead_host_of_an_earlier_attempt_is_a_warning_not_a_failure(run: tuple[Path, RunRecord]) -> None:
+    """`fab train --resume --hosts h1` left h2 out (it died): stop and logs still try it, and say
+    so, but exit 0 once the latest attempt's hosts are stopped and shown."""
+    root, record = run
+    dataclasses.replace(record, earlier=("h2",)).save(root / "runs")
+    worker = run_process(record, "h1")
+    try:
+        done = meshrun("stop", "--run", record.run_id, cwd=root)
+        assert worker.wait(timeout=30) == -signal.SIGTERM, done.stdout + done.stderr
+    finally:
+        worker.kill()
+    assert done.returncode == 0, done.stderr
+    warned = done.stderr.replace("\n", " ")
+    assert warned.startswith("warning: h2: host 'h2'") and "not reached: h2, of an earlier attempt" in warned
+    host_log(root, record).write_text("[h1:0] step 1\n")
+    logs = meshrun("logs", "--run", record.run_id, cwd=root)
+    assert logs.returncode == 0 and "[h1:0] step 1" in logs.stdout and "warning: host 'h2'" in logs.stderr
+
+
 def test_what_a_failed_stop_leaves_running() -> None:
     detached = RunRecord("r1", "/inv.yaml", ("h1", "h2", "h3"), 0.0, True, "10.0.0.1:29400")
     assert not_stopped(detached, ("h2",)) == (

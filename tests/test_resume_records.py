@@ -37,6 +37,7 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.manifest import ManifestEntry, Manifest, manifest_text, parse_manifest
 from meshrun.deploy.run.plan import Workload, plan_launch
 from meshrun.deploy.run.resume import ResumedHosts, pushed_manifest, resumed_hosts
+from meshrun.deploy.errors import MeshrunError
 from meshrun.layout import COMM_PLAN, LAUNCH_RECORD, PROVENANCE, SUMMARY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +88,21 @@ def test_a_resume_retires_the_last_attempts_end_records_and_counts_as_running(fi
     assert {name: (home / name.replace(".json", ".prev.json")).read_text() for name in before} == before
     assert may_be_running(record, (home / SUMMARY).exists(), False, time.time()) is True
     assert [r.run_id for r in live_records(finished.runs)] == [RUN]
+
+
+def test_a_resume_that_fails_before_its_launch_leaves_the_last_attempts_records(
+        finished: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint push failed (a host cut off, say): nothing of this attempt started, so the
+    run keeps its summary and stays ended; retired first, it would count as running for ever."""
+    def cut(*_: object, **__: object) -> None:
+        raise MeshrunError("host 'h2': could not push checkpoints: cut")
+
+    monkeypatch.setattr(train_cmd, "push_checkpoints", cut)
+    home = finished.run_home(RUN)
+    with pytest.raises(MeshrunError):
+        resume_on(finished, "h2,h3")
+    assert (home / SUMMARY).exists() and not (home / "summary.prev.json").exists()
+    assert live_records(finished.runs) == []
 
 
 def test_the_record_lists_every_attempts_hosts_and_the_next_resume_defaults_to_the_latest(finished: Project) -> None:

@@ -44,8 +44,9 @@ def show_logs(record: RunRecord, root: Path, renderer: Renderer, follow: bool, l
             continue
         for line in tails.ok[name].stdout.splitlines():
             renderer.log_line(name, line if line.startswith(f"[{name}:") else f"[{name}] {line}")
-    if tails.failed:
-        raise MeshrunError(f"no log from {', '.join(tails.failed)}; see the lines above")
+    # A host only an earlier attempt used (left out by --resume, often dead) is the warning above.
+    if missed := [name for name in tails.failed if name not in record.earlier]:
+        raise MeshrunError(f"no log from {', '.join(missed)}; see the lines above")
 
 
 def _follow(hosts: tuple[Host, ...], inventory: Inventory, root: Path, record: RunRecord, renderer: Renderer,
@@ -69,6 +70,8 @@ def _follow(hosts: tuple[Host, ...], inventory: Inventory, root: Path, record: R
     try:
         # The connect, then the start's answer (within the connect timeout: SshSession.start).
         started = on_each(hosts, start, timeout=CONNECT_BUDGET_S + DEFAULT_CONNECT_TIMEOUT_S)
+        with lock:
+            over.set()  # from now on a connect that comes is closed at once: its tail would never be read
         for err in started.failed.values():
             renderer.warn(f"{err}; following the other hosts without it")
         if not started.ok:

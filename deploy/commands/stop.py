@@ -11,20 +11,27 @@ from meshrun.deploy.render.console import Renderer
 
 
 def main(run: str | None, project: Project) -> int:
-    """Exit status 1 when a host could not be reached or still has run processes."""
+    """Exit status 1 when a host of the run's latest attempt could not be reached, or a host still
+    has run processes. A host only an earlier attempt used (`fab train --resume --hosts` left it
+    out, often because it died) is tried too, and a warning when it cannot be reached."""
     renderer = Renderer()
     record = resolve_run(project.runs, run, live_only=True, warn=renderer.warn)
     results = stop_run(record, project.root)
+    failed = tuple(h for h in results.failed if h not in record.earlier)
     for host in results:
         if host in results.failed:
-            renderer.error(f"{host}: {results.failed[host]}")
+            (renderer.error if host in failed else renderer.warn)(f"{host}: {results.failed[host]}")
         elif left := results.ok[host]:
             renderer.error(f"{host}: processes still alive: {list(left)}")
         else:
             renderer.info(f"{host}: clean, no process of run {record.run_id} left")
-    if results.failed:
-        renderer.error(not_stopped(record, tuple(results.failed)))
-    if results.failed or any(results.ok.values()):
+    if earlier := tuple(h for h in results.failed if h in record.earlier):
+        renderer.warn(f"not reached: {', '.join(earlier)}, of an earlier attempt of run {record.run_id} (left out "
+                      f"by --resume); if anything of the run is left there, run fab stop --run {record.run_id} "
+                      "again once it answers")
+    if failed:
+        renderer.error(not_stopped(record, failed))
+    if failed or any(results.ok.values()):
         return 1
     renderer.info(f"run {record.run_id} stopped on {len(results)} host(s)")
     return 0

@@ -251,15 +251,16 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
             renderer.info(f"sync: the code on {len(unchanged)} of {len(synced)} host(s) was already this project's "
                           "(every file's size and mtime, as rsync compares them); nothing sent there")
     if request.resume:
-        # This attempt begins: the last one's summary (and provenance, --comm floors) would make the
-        # run look ended, and its summary read as this one's (deploy/edges/records.retire_attempt).
-        if retired := retire_attempt(project.run_home(options.run_id)):
-            renderer.info(f"resume: the previous attempt's {', '.join(retired)} kept as *.prev.json")
         push_checkpoints(selection, sessions, options.run_id, inventory, project, renderer)
-    if not request.comm:
-        return options
-    workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, options.workload, project.root, renderer,
-                                          gradients)
+    workload, comm_plan = options.workload, None
+    if request.comm:
+        workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, workload, project.root, renderer,
+                                              gradients)
+    if request.resume and (retired := retire_attempt(project.run_home(options.run_id))):
+        # This attempt begins, its pre-launch steps through (a failed one leaves the last attempt's
+        # summary in place): that summary (and provenance, --comm floors) would make the run look
+        # ended, and read as this one's (deploy/edges/records.retire_attempt).
+        renderer.info(f"resume: the previous attempt's {', '.join(retired)} kept as *.prev.json")
     if comm_plan is not None:
         comm_cmd.save_plan(project.runs, options.run_id, comm_plan, comm_cmd.applied_hook(workload))
     return dataclasses.replace(options, workload=workload)
