@@ -4,16 +4,17 @@ which refuses at once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from pathlib import Path
 
 import pytest
 
-from meshrun.deploy.commands.fetch import Fetched, failure_lines, main, vouched
+from meshrun.deploy.commands.fetch import Fetched, failure_lines, main, replaceable, vouched
 from meshrun.deploy.run.resume import newest_listed_step
 from meshrun.deploy.edges.fetch import FetchReport, place
-from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.edges.records import RunRecord, load_record
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
 from meshrun.deploy.run.manifest import manifest_text, parse_manifest
@@ -70,6 +71,20 @@ def test_a_dead_rendezvous_host_does_not_keep_the_survivors_checkpoints_away(tmp
     assert "not fetched: h1; the other hosts' files are home and" in lines
     assert "lists verified checkpoints up to step 500; fetch again when h1 is back" in lines
     assert not (project.runs / RUN / "hosts/h1").exists()
+
+
+def test_a_dead_host_of_an_earlier_attempt_is_a_warning(tmp_path: Path, capsys) -> None:
+    """h1 died and `--resume --hosts h2` left it out: it is still tried (its files may matter),
+    and named, but the fetch of the latest attempt's hosts succeeds."""
+    project = _project(tmp_path, DEAD + LIVE, ("h2", "h1"))
+    record = load_record(project.runs, RUN)
+    dataclasses.replace(record, earlier=("h1",)).save(project.runs)
+    digests = _host_run(tmp_path / "w2/runs" / RUN, [300], "")
+    assert main(RUN, None, False, project) == 0
+    assert _listed(project.runs / RUN / "checkpoints") == digests
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "warning: host 'h1': fetch failed" in err and "h1 is a host of an earlier attempt of this run" in err
+    assert "not fetched" not in err
 
 
 def test_failure_lines_say_what_is_home_and_name_every_host_not_fetched() -> None:
@@ -169,3 +184,83 @@ def test_vouched_lists_files_verified_now_or_listed_before_and_unchanged() -> No
     previous = {"ckpt-step000000300.pt": "a", "ckpt-step000000500.pt": "old", "best.pt": "d"}
     assert vouched(present, verified, previous) == {"ckpt-step000000300.pt": "a", "ckpt-step000000700.pt": "c",
                                                     "best.pt": "d", "ckpt-step000000900.pt": "e"}
+
+
+
+def _saves(run: Path, files: dict[str, bytes]) -> dict[str, str]:
+    """A host's checkpoints folder as its trainer leaves it: these files (the others pruned) and
+    their manifest. Returns the manifest's {name: sha256}."""
+    checkpoints = run / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    for old in [*checkpoints.glob("ckpt-*"), *checkpoints.glob("best.pt")]:
+        old.unlink()
+    for name, data in files.items():
+        (checkpoints / name).write_bytes(data)
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    (checkpoints / "MANIFEST.sha256").write_text(manifest_text(digests))
+    return digests
+
+
+def _inventory(tmp_path: Path, up: str) -> None:
+    """h2 and h3, one of them up (a local host) and the other down: only one local host per inventory."""
+    h2 = LIVE if up == "h2" else DEAD.replace("h1", "h2")
+    h3 = "  h3:\n    address: local\n    nproc: 1\n    workdir: w3\n" if up == "h3" else DEAD.replace("h1", "h3")
+    (tmp_path / "inventory/hosts.yaml").write_text("hosts:\n" + h2 + h3)
+
+
+def test_an_older_host_answering_alone_does_not_replace_the_best_model_at_home(tmp_path: Path) -> None:
+    """h2 trained to step 500 (best.pt: the best, at step 450) and is fetched; then h2 dies, and
+    the next fetch gets only h3's answer, which left the run at step 300. Home keeps the best at
+    450 (the only copy left), still listed; h3's older best is not overwriting (kept, a conflict)
+    and its step 300 joins. Before the fix home best.pt became h3's, and was listed."""
+    project = _project(tmp_path, LIVE, ("h2", "h3"))
+    first = _saves(tmp_path / "w2/runs" / RUN, {"ckpt-step000000400.pt": b"s400", "ckpt-step000000500.pt": b"s500",
+                                                   "best.pt": b"best at 450"})
+    older = _saves(tmp_path / "w3/runs" / RUN, {"ckpt-step000000300.pt": b"s300", "best.pt": b"best at 200"})
+    _inventory(tmp_path, up="h2")
+    assert main(RUN, None, False, project) == 1
+    home = project.runs / RUN / "checkpoints"
+    assert (home / "best.pt").read_bytes() == b"best at 450"
+    _inventory(tmp_path, up="h3")
+    assert main(RUN, None, False, project) == 1
+    assert (home / "best.pt").read_bytes() == b"best at 450"
+    assert _listed(home) == first | {"ckpt-step000000300.pt": older["ckpt-step000000300.pt"]}
+    assert newest_listed_step((home / "MANIFEST.sha256").read_bytes()) == 500
+
+
+def test_a_host_claiming_a_newer_step_cannot_replace_a_verified_step_at_home(tmp_path: Path, capsys) -> None:
+    """h3 is compromised: it claims step 600 and sends its own bytes, with a matching manifest,
+    under step 500's name. The honest step 500 that h2's fetch brought home stays, named as not
+    overwritten, and stays listed; h2's tree and its record are not touched by h3's fetch. Before
+    the fix h3's step 500 replaced home's (listed in the previous manifest, unchanged: "ours")."""
+    project = _project(tmp_path, LIVE, ("h2", "h3"))
+    honest = _saves(tmp_path / "w2/runs" / RUN, {"ckpt-step000000400.pt": b"s400", "ckpt-step000000500.pt": b"s500"})
+    evil = _saves(tmp_path / "w3/runs" / RUN, {"ckpt-step000000500.pt": b"tampered", "ckpt-step000000600.pt": b"s600"})
+    _inventory(tmp_path, up="h2")
+    assert main(RUN, None, False, project) == 1
+    placed = (project.runs / RUN / ".placed/h2.json").read_bytes()
+    _inventory(tmp_path, up="h3")
+    capsys.readouterr()
+    assert main(RUN, None, False, project) == 1
+    home = project.runs / RUN / "checkpoints"
+    assert (home / "ckpt-step000000500.pt").read_bytes() == b"s500"
+    assert _listed(home) == honest | {"ckpt-step000000600.pt": evil["ckpt-step000000600.pt"]}
+    shown = capsys.readouterr().out.replace("\n", "")  # the kept file where it is: runs/<id>/checkpoints/
+    assert f"not overwritten: {project.runs / RUN}/checkpoints/ckpt-step000000500.pt differs from h3's copy" in shown
+    assert (project.runs / RUN / "hosts/h2/checkpoints/ckpt-step000000500.pt").read_bytes() == b"s500"
+    assert _listed(project.runs / RUN / "hosts/h2/checkpoints") == honest
+    assert (project.runs / RUN / ".placed/h2.json").read_bytes() == placed
+    assert (project.runs / RUN / "hosts/h3/checkpoints/ckpt-step000000500.pt").read_bytes() == b"tampered"
+
+
+@pytest.mark.parametrize("previous, newest_step, expected", [
+    ({"ckpt-step000000500.pt": "a", "best.pt": "b"}, 700, {"best.pt": "b"}),  # newer: its best may be newer
+    ({"ckpt-step000000500.pt": "a", "best.pt": "b"}, 500, {"best.pt": "b"}),  # as new
+    ({"ckpt-step000000500.pt": "a", "best.pt": "b"}, 300, {}),  # older: keep the best here
+    ({"ckpt-step000000500.pt": "a"}, 700, {}),  # a step's file: never
+    ({"best.pt": "b"}, 0, {"best.pt": "b"}),  # no step listed: any host is as new
+    ({}, 700, {}),
+])
+def test_replaceable_is_best_pt_only_and_only_from_a_host_as_new(previous: dict, newest_step: int,
+                                                                  expected: dict) -> None:
+    assert replaceable(previous, newest_step) == expected

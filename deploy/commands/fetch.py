@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ from stat import S_ISDIR, S_ISREG
 from pathlib import Path
 
 from meshrun.fsutil import FileRefused, atomic_write_bytes, atomic_write_json, read_regular, sha256_file
-from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
+from meshrun.layout import BEST_CHECKPOINT, CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
@@ -107,7 +108,8 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     the controller's manifest of the verified ones there (nothing else a host put in its folder).
     That manifest is meshrun's own file, rewritten on every fetch: kept as it was, it would stop
     at an earlier fetch's step while newer files land, and `fab train --resume` would redo the
-    steps between. A checkpoint it listed, unchanged since, is meshrun's too, and may be replaced."""
+    steps between. What it listed and is unchanged since stays listed; of those, only `best.pt`
+    may be replaced, and only by a host as new (`replaceable`)."""
     holders = [r for r in reports if r.newest_step >= 0 and r.landed != home]
     if not holders:
         return
@@ -119,13 +121,26 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     shutil.rmtree(assembly, ignore_errors=True)
     stage_verified(best.landed / CHECKPOINTS, best.verified, assembly)
     combined = FetchReport(best.host, target)
-    place(assembly, target, combined, force, prefix=f"{CHECKPOINTS}/", ours=previous)
+    place(assembly, target, combined, force, prefix=f"{CHECKPOINTS}/", ours=replaceable(previous, best.newest_step))
     shutil.rmtree(assembly)
     if ours:
         present = _hashes(target, set(previous) | {n for r in reports for n in r.verified})
         _write_manifest(target, vouched(present, [r.verified for r in reports], previous), combined)
-    best.conflicts += [c for c in combined.conflicts if c not in best.conflicts]
+    best.kept_home += [c for c in combined.conflicts if c not in best.kept_home]  # relative to runs/<id>/
     best.refused += combined.refused
+
+
+def replaceable(previous: Mapping[str, str], newest_step: int) -> dict[str, str]:
+    """Of what the previous assembled manifest listed, what an assembly from a host whose newest
+    step is `newest_step` may replace while unchanged here. A periodic checkpoint never: a step's
+    file is written once in a run, so other bytes under its name are another timeline or
+    tampering, and the verified copy here may be the only one left (a conflict; --force). `best.pt`
+    is rewritten by the trainer, but only a host at or past the newest step listed has a best as
+    new: an older host (one that left the run early) would replace the best model with its own."""
+    steps = (checkpoint_step(name) for name in previous)
+    listed = max((s for s in steps if s is not None), default=-1)
+    as_new = BEST_CHECKPOINT in previous and newest_step >= listed
+    return {BEST_CHECKPOINT: previous[BEST_CHECKPOINT]} if as_new else {}
 
 
 def vouched(present: Mapping[str, str], verified: Iterable[Mapping[str, str]],
@@ -186,9 +201,14 @@ def main(run: str | None, dest: str | None, force: bool, project: Project) -> in
     corrupt = [f"{r.host}:{name}" for r in reports for name in r.corrupt]
     if corrupt:
         renderer.error(f"checksum mismatch, not kept: {', '.join(corrupt)}; the host's copy is damaged")
-    for line in failure_lines(fetched, str(destination / record.run_id / CHECKPOINTS)):
+    # A host only an earlier attempt used (left out by --resume, often dead) costs a warning.
+    failed = {h: err for h, err in fetched.failed.items() if h not in record.earlier}
+    for host in [h for h in fetched.failed if h not in failed]:
+        renderer.warn(f"{fetched.failed[host]}; {host} is a host of an earlier attempt of this run: its files stay "
+                      "there until it answers")
+    for line in failure_lines(dataclasses.replace(fetched, failed=failed), str(destination / record.run_id / CHECKPOINTS)):
         renderer.error(line)
-    return 1 if corrupt or fetched.failed or any(r.refused for r in reports) else 0
+    return 1 if corrupt or failed or any(r.refused for r in reports) else 0
 
 
 def failure_lines(fetched: Fetched, checkpoints: str) -> list[str]:

@@ -10,8 +10,9 @@ tree. Checkpoints are verified against the host's `MANIFEST.sha256` under the ru
 Each staged file is then fsynced and renamed into place (`os.replace`), so a file appears under
 its final name whole or not at all; a file that differs from one already here is never
 overwritten unless `force` or it is still what an earlier fetch brought (a log or metrics
-file the host has since grown, or a checkpoint the controller's own manifest lists with that
-sha256), and nothing is written through a link or outside the target.
+file the host has since grown, a file of the host's own tree the last fetch placed, or a
+`best.pt` the controller's own manifest lists with that sha256, from a host as new; a step's
+checkpoint is never replaced), and nothing is written through a link or outside the target.
 
 The staged tree is walked with a stack of our own, never by recursion (Python 3.11's `os.walk`
 and `shutil.rmtree` recurse once per level: a host serving a thousand nested folders would stop
@@ -73,6 +74,7 @@ class FetchReport:
     refused: list[str] = field(default_factory=list)  # manifest lines and files not acted on, one line each
     skipped: Skips = field(default_factory=Skips)  # not regular files on the host: not brought home
     updated: list[str] = field(default_factory=list)  # replaced a local file: grown, ours, or --force
+    kept_home: list[str] = field(default_factory=list)  # as conflicts, but in runs/<id>/ (the assembled checkpoints/)
     placed: dict[str, str] = field(default_factory=dict)  # relative name -> sha256 of what is here now as the host sent it
 
 

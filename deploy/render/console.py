@@ -129,14 +129,15 @@ class Renderer:
         table = PlainTable("host", "landed in", "new", "updated", "unchanged", "not overwritten",
                            "corrupt (not kept)", title=f"fetched run {run_id}")
         for r in reports:
+            kept = [*r.conflicts, *r.kept_home]
             table.add_row(r.host, r.landed, len(r.new), len(r.updated), len(r.unchanged),
-                          plain(", ".join(r.conflicts) or "-", style="yellow" if r.conflicts else ""),
+                          plain(", ".join(kept) or "-", style="yellow" if kept else ""),
                           plain(", ".join(r.corrupt) or "-", style="red bold" if r.corrupt else ""))
         with self._lock:
             self.console.print(table)
             for r in reports:
-                for name in r.conflicts:
-                    self.console.print(plain(f"not overwritten: {r.landed}/{name} differs from {r.host}'s copy; "
+                for where in [f"{r.landed}/{name}" for name in r.conflicts] + [f"{home}/{n}" for n in r.kept_home]:
+                    self.console.print(plain(f"not overwritten: {where} differs from {r.host}'s copy; "
                                              "kept yours (--force replaces it)", style="yellow"))
             self.console.print(plain(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
                                      f"logs and metrics: {home}/hosts/<host>/"))
