@@ -16,6 +16,7 @@ import datetime
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -82,21 +83,36 @@ def test_explicit_nccl_with_more_processes_than_gpus_is_one_line(monkeypatch: py
                               "or use dist.backend=gloo")
 
 
-def _agree(usable: list[bool], hosts: list[str]) -> list[tuple[Backend, tuple[int, tuple[str, ...]]]]:
-    """Every rank's `agree_backend` at once, each over its own client of one real TCPStore."""
-    server = torch_dist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False)
-    results: list = [None] * len(usable)
+def _server() -> torch_dist.TCPStore:
+    return torch_dist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False)
 
-    def rank(r: int) -> None:
-        client = torch_dist.TCPStore("127.0.0.1", server.port, None, False, TIMEOUT)
-        store = torch_dist.PrefixStore(f"{dist.BACKEND_PREFIX}/0", client)
-        results[r] = (dist.agree_backend(store, usable[r], len(usable), hosts[r]), dist.without_gpu(store))
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(usable))]
+def _threads(*targets: Callable[[], None]) -> None:
+    threads = [threading.Thread(target=t) for t in targets]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
+
+
+def _client(server: torch_dist.TCPStore, timeout: datetime.timedelta = TIMEOUT) -> torch_dist.Store:
+    """A rank's view: its own client of the store, under meshrun's prefix (as `dist._agreed` opens it)."""
+    return torch_dist.PrefixStore(dist.BACKEND_PREFIX, torch_dist.TCPStore("127.0.0.1", server.port, None, False,
+                                                                           timeout))
+
+
+def _agree(usable: list[bool], hosts: list[str], server: torch_dist.TCPStore | None = None) -> list:
+    """Every rank's `agree_backend` at once, each over its own client of one real TCPStore (a fresh one,
+    or `server`: a store that earlier rounds met on), and the census each then reads."""
+    server = server or _server()
+    results: list = [None] * len(usable)
+
+    def rank(r: int) -> None:
+        store = _client(server)
+        agreed = dist.agree_backend(store, usable[r], len(usable), hosts[r])
+        results[r] = (agreed, dist.without_gpu(store, agreed.round))
+
+    _threads(*(lambda r=r: rank(r) for r in range(len(usable))))
     return results
 
 
@@ -105,12 +121,93 @@ def test_a_gpu_server_and_a_laptop_agree_on_gloo() -> None:
     NCCL and the laptop's gloo, and both waited for the other until the timeout. Over the store,
     every rank gets gloo, and the laptop is named (a hostile name arrives printable)."""
     got = _agree([True, True, False, False], ["server", "server", "laptop", "lap\x1b[2Jtop"])
-    assert got == [(Backend.GLOO, (2, ("lap[2Jtop", "laptop")))] * 4
+    assert got == [(dist.Agreement(Backend.GLOO, "0/"), dist.GpuCensus(2, 2, ("lap[2Jtop", "laptop")))] * 4
 
 
 def test_gpus_everywhere_agree_on_nccl() -> None:
-    assert _agree([True, True, True], ["a", "a", "b"]) == [(Backend.NCCL, (3, ()))] * 3
-    assert _agree([False, False], ["a", "b"]) == [(Backend.GLOO, (0, ("a", "b")))] * 2
+    assert _agree([True, True, True], ["a", "a", "b"]) == [(dist.Agreement(Backend.NCCL, "0/"),
+                                                            dist.GpuCensus(3, 0, ()))] * 3
+    assert _agree([False, False], ["a", "b"]) == [(dist.Agreement(Backend.GLOO, "0/"), dist.GpuCensus(0, 2, ("a", "b")))] * 2
+
+
+def test_ranks_whose_hosts_restarted_a_different_number_of_times_agree(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """An elastic run after a failure: the surviving host's agent counted one restart, the host that
+    joined counts none (TORCHELASTIC_RESTART_COUNT is each agent's own). The old keys had the count
+    in them: each rank waited under its own until the timeout. Two ranks through `dist._agreed`, as
+    torchrun starts them (env://) on one real store (the agent's, TORCHELASTIC_USE_AGENT_STORE)."""
+    server = _server()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    results: list = [None, None]
+
+    def rank(r: int) -> None:
+        env = dist.DistEnv(launched=True, rank=r, local_rank=0, world_size=2, restart_count=1 - r,
+                           host=["server", "laptop"][r])
+        results[r] = dist._agreed(env, datetime.timedelta(seconds=5), usable=r == 0)[1]
+
+    _threads(lambda: rank(0), lambda: rank(1))
+    assert results == [Backend.GLOO, Backend.GLOO]
+    assert capsys.readouterr().err == (
+        "train: warning: dist.backend=auto: gloo for the whole job, not NCCL: no GPU per process on laptop "
+        "(1 of 2 ranks have one and keep it); set dist.backend=gloo to silence this\n")
+
+
+def test_successive_rounds_on_one_shared_store_each_decide_their_own() -> None:
+    """A store shared across rounds (a non-elastic run's agent store): world 2 with GPUs, then world 3
+    with a laptop, then world 2 with GPUs again. Each round has keys of its own, named by the ranks
+    decided before it; a round numbered by arrivals over its world size would put the second round's
+    first rank into the first round."""
+    server = _server()
+    assert _agree([True, True], ["a", "b"], server) == [(dist.Agreement(Backend.NCCL, "0/"),
+                                                         dist.GpuCensus(2, 0, ()))] * 2
+    assert _agree([True, False, True], ["a", "laptop", "c"], server) == [(dist.Agreement(Backend.GLOO, "2/"),
+                                                                          dist.GpuCensus(2, 1, ("laptop",)))] * 3
+    assert _agree([True, True], ["a", "c"], server) == [(dist.Agreement(Backend.NCCL, "5/"),
+                                                         dist.GpuCensus(2, 0, ()))] * 2
+
+
+class _Reads:
+    """A real store that records the keys rank 0 reads whole (`get`)."""
+
+    def __init__(self, store: torch_dist.Store) -> None:
+        self.store, self.got = store, list[str]()
+
+    def get(self, key: str) -> bytes:
+        self.got.append(key)
+        return self.store.get(key)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+def test_a_hostile_rank_cannot_make_rank_0_read_or_print_its_labels_at_length() -> None:
+    """A compromised rank claims 1000 ranks without a GPU and writes 20 labels of 1 MB with a terminal
+    escape (the old single `no-gpu` value was read whole and printed uncut). Rank 0 reads 8 keys and
+    cuts each to 64 printable ASCII characters; the rest is a count."""
+    server, census = _server(), []
+    reads = _Reads(_client(server))
+
+    def honest() -> None:
+        agreed = dist.agree_backend(reads, True, 2, "server")
+        census.append((agreed, dist.without_gpu(reads, agreed.round)))
+
+    def hostile() -> None:
+        store = _client(server)
+        store.add(f"0/{dist.WITHOUT_GPU_COUNT}", 1000)
+        for i in range(1, 21):
+            store.set(f"0/{dist.WITHOUT_GPU}/{i}", b"\x1b[2J" + f"{21 - i:02d}".encode() + b"h" * (1 << 20))
+        if store.add(f"0/{dist.COUNTED}", 1) == 2:  # the last to count itself in: it decides (gloo)
+            store.add(f"0/{dist.DECIDED}", 1)
+
+    _threads(honest, hostile)
+    labels = tuple(f"[2J{n:02d}" + "h" * 58 for n in range(13, 21))
+    assert census == [(dist.Agreement(Backend.GLOO, "0/"), dist.GpuCensus(1, 1000, labels))]
+    assert reads.got == [f"0/{dist.WITHOUT_GPU}/{i}" for i in range(1, dist.HOSTS_SHOWN + 1)]
+    assert dist.gloo_warning(census[0][1], 2) == (
+        f"dist.backend=auto: gloo for the whole job, not NCCL: no GPU per process on {', '.join(labels)} and "
+        "992 more ranks (1 of 2 ranks have one and keep it); set dist.backend=gloo to silence this")
 
 
 def _auto(rank: int, world: int, port: int, base: str) -> None:

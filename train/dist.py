@@ -156,33 +156,80 @@ def resolve_backend(requested: Backend, gpu_ranks: int, world_size: int) -> Back
     return Backend.NCCL if world_size > 0 and gpu_ranks == world_size else Backend.GLOO
 
 
-# torchrun's store, under a prefix of meshrun's own: each rank counts itself in, a rank without a
-# usable GPU adds its host first; the last to arrive writes the decision that every rank waits for.
-BACKEND_PREFIX, ARRIVED, WITH_GPU, WITHOUT_GPU, DECIDED = "meshrun/backend", "arrived", "gpu", "no-gpu", "decided"
-HOST_LABEL_MAX, HOSTS_SHOWN = 64, 8
+# torchrun's store, under a prefix of meshrun's own. Each agreement (a round: one start of the job's
+# workers) has keys of its own, "<n>/...", n the ranks of the rounds decided on this store before it
+# (DECIDED_RANKS). A rank reads n, adds itself to the round's GPU count or no-GPU list, then counts
+# itself in; the one that brings the count to the world size adds that to DECIDED_RANKS, then writes
+# the decision every rank of the round waits for. A fresh store each round (meshrun's elastic runs:
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, worker rank 0 hosts a new one): n is 0 for all. A store shared
+# across rounds (a non-elastic run's agent store, or a torch that shares it): rounds stay apart if every
+# rank of a round reads n before its decider adds to it (true: it reads n before counting itself in) and
+# no rank of the next round reads n before that add. The assumption: torchrun starts the next round's
+# workers only after a rendezvous that each agent joins once its own workers have exited (a host left
+# out has none that reach the store), and a decider adds before the decision that lets its round go on.
+# A round that never reaches its world size (a rank died before counting itself in, or the decider
+# before its add) leaves n as it was, and the next round on a shared store would count with its counts.
+# Not torchrun's restart count: each agent counts its own failure restarts only, so after a failure and
+# a join, ranks of one round disagreed on it and waited under different keys until the timeout. Nor a
+# round from a rank's arrival number over the world size: that changes between elastic rounds.
+BACKEND_PREFIX, DECIDED_RANKS, COUNTED, DECIDED = "meshrun/backend", "decided-ranks", "counted", "decided"
+WITH_GPU, WITHOUT_GPU, WITHOUT_GPU_COUNT, HOST_LABEL_MAX, HOSTS_SHOWN = "gpu", "no-gpu", "no-gpu-count", 64, 8
+_CODES = {Backend.GLOO: 1, Backend.NCCL: 2}  # the decision as a counter: 8 bytes to read, whoever wrote it
 
 
-def agree_backend(store: torch_dist.Store, usable: bool, world_size: int, host: str) -> Backend:
-    """``auto`` for the whole job, over a store every rank reaches. Each rank does a constant number
-    of store operations, whatever the world size; a rank that never arrives fails the others' wait
-    at the store's timeout, as the process group's init would."""
+@dataclass(frozen=True)
+class Agreement:
+    backend: Backend  # the job's, as this rank uses it; round: its keys' prefix "<n>/", for `without_gpu`
+    round: str
+
+
+@dataclass(frozen=True)
+class GpuCensus:
+    with_gpu: int  # ranks of the round with a GPU of their own, and without one (each rank's word)
+    without: int
+    hosts: tuple[str, ...]  # of at most HOSTS_SHOWN ranks without: sorted, no repeats, each cut on read
+
+
+def _label(text: str) -> str:
+    return "".join(c for c in text if c.isascii() and c.isprintable())[:HOST_LABEL_MAX]
+
+
+def agree_backend(store: torch_dist.Store, usable: bool, world_size: int, host: str) -> Agreement:
+    """``auto`` for the whole job, over a store every rank reaches (the rounds: above). Each rank does
+    a constant number of store operations, whatever the world size; a rank that never arrives fails
+    the others' wait at the store's timeout, as the process group's init would."""
+    here = f"{store.add(DECIDED_RANKS, 0)}/"
     if usable:
-        store.add(WITH_GPU, 1)
-    else:  # before this rank counts itself in, so that the last one to arrive sees it
-        label = "".join(c for c in host if c.isascii() and c.isprintable())[:HOST_LABEL_MAX]
-        store.append(WITHOUT_GPU, (label or "?") + "\n")
-    if store.add(ARRIVED, 1) == world_size:
-        store.set(DECIDED, resolve_backend(Backend.AUTO, store.add(WITH_GPU, 0), world_size).value)
-    store.wait([DECIDED])
+        store.add(here + WITH_GPU, 1)
+    else:  # a key of its own, before this rank counts itself in, so that rank 0 finds it
+        store.set(f"{here}{WITHOUT_GPU}/{store.add(here + WITHOUT_GPU_COUNT, 1)}", _label(host) or "?")
+    if store.add(here + COUNTED, 1) == world_size:
+        store.add(DECIDED_RANKS, world_size)  # first: the next round's keys are apart, whatever follows
+        decided = resolve_backend(Backend.AUTO, store.add(here + WITH_GPU, 0), world_size)
+        store.add(here + DECIDED, _CODES[decided])
+    store.wait([here + DECIDED])
     # The decider is another rank: a rank without a GPU knows the answer is gloo whatever it says.
-    return Backend.NCCL if usable and store.get(DECIDED) == Backend.NCCL.value.encode() else Backend.GLOO
+    nccl = usable and store.add(here + DECIDED, 0) == _CODES[Backend.NCCL]
+    return Agreement(Backend.NCCL if nccl else Backend.GLOO, here)
 
 
-def without_gpu(store: torch_dist.Store) -> tuple[int, tuple[str, ...]]:
-    """After `agree_backend`: how many ranks have a usable GPU, and the hosts of those that do not
-    (sorted: the ranks arrive in any order)."""
-    listed = store.get(WITHOUT_GPU).decode("ascii", "replace").split("\n") if store.check([WITHOUT_GPU]) else []
-    return store.add(WITH_GPU, 0), tuple(sorted({h for h in listed if h}))
+def without_gpu(store: torch_dist.Store, here: str) -> GpuCensus:
+    """After `agree_backend` (`here`: its round): who has a GPU. Labels are other ranks' words: at most
+    HOSTS_SHOWN keys are read, each cut on read (the writer's cut is only an honest writer's). A key's
+    value still arrives whole (TCPStore has no partial get): that is the bound this can give."""
+    count = store.add(here + WITHOUT_GPU_COUNT, 0)
+    keys = [f"{here}{WITHOUT_GPU}/{i}" for i in range(1, min(count, HOSTS_SHOWN) + 1)]
+    labels = {_label(store.get(k)[:HOST_LABEL_MAX].decode("ascii", "replace")) or "?"
+              for k in keys if store.check([k])}  # a count without its key: a rank's lie, not a wait
+    return GpuCensus(store.add(here + WITH_GPU, 0), max(count, 0), tuple(sorted(labels)))
+
+
+def gloo_warning(census: GpuCensus, world_size: int) -> str:
+    """Rank 0's line on why a job with GPUs runs on gloo."""
+    more = f" and {census.without - HOSTS_SHOWN} more ranks" if census.without > HOSTS_SHOWN else ""
+    return (f"dist.backend=auto: gloo for the whole job, not NCCL: no GPU per process on "
+            f"{', '.join(census.hosts) or '?'}{more} ({census.with_gpu} of {world_size} ranks have one and "
+            "keep it); set dist.backend=gloo to silence this")
 
 
 def _agreed(env: DistEnv, timeout: datetime.timedelta, usable: bool) -> tuple[torch_dist.Store, Backend]:
@@ -191,15 +238,11 @@ def _agreed(env: DistEnv, timeout: datetime.timedelta, usable: bool) -> tuple[to
     with GPUs runs on gloo (a user script is not the trainer: it decides its backend itself)."""
     store, _, _ = next(torch_dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
     store.set_timeout(timeout)
-    ours = torch_dist.PrefixStore(f"{BACKEND_PREFIX}/{env.restart_count}", store)
-    backend = agree_backend(ours, usable, env.world_size, env.host or f"rank {env.rank}")
-    if env.is_main and backend is Backend.GLOO and (found := without_gpu(ours))[0]:
-        gpu_ranks, hosts = found
-        more = f" and {len(hosts) - HOSTS_SHOWN} more" if len(hosts) > HOSTS_SHOWN else ""
-        _warn(f"dist.backend=auto: gloo for the whole job, not NCCL: no GPU per process on "
-              f"{', '.join(hosts[:HOSTS_SHOWN])}{more} ({gpu_ranks} of {env.world_size} ranks have one and "
-              "keep it); set dist.backend=gloo to silence this")
-    return torch_dist.PrefixStore("default_pg", store), backend  # the prefix init_process_group gives its own
+    ours = torch_dist.PrefixStore(BACKEND_PREFIX, store)
+    agreed = agree_backend(ours, usable, env.world_size, env.host or f"rank {env.rank}")
+    if env.is_main and agreed.backend is Backend.GLOO and (census := without_gpu(ours, agreed.round)).with_gpu:
+        _warn(gloo_warning(census, env.world_size))
+    return torch_dist.PrefixStore("default_pg", store), agreed.backend  # the prefix init_process_group gives its own
 
 
 _object_group: torch_dist.ProcessGroup | None = None
@@ -352,5 +395,6 @@ def barrier() -> None:
 
 
 __all__ = ["DistEnv", "read_env", "gpu_index", "pick_device", "init", "resolve_backend", "agree_backend",
-           "without_gpu", "open_object_group", "shutdown", "all_reduce_sum", "all_reduce_sums", "start_sums",
-           "rank_and_world", "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]
+           "Agreement", "GpuCensus", "without_gpu", "gloo_warning", "open_object_group", "shutdown", "all_reduce_sum",
+           "all_reduce_sums", "start_sums", "rank_and_world", "all_gather_ints", "all_gather_objects",
+           "broadcast_bytes", "barrier"]
