@@ -45,6 +45,9 @@ def test_gpu_index_is_one_gpu_per_process_or_none() -> None:
     assert [dist.gpu_index(r, 2, 4) for r in (0, 1)] == [0, 1]
     assert [dist.gpu_index(r, 8, 4) for r in range(8)] == [None] * 8  # nproc 8 on 4 GPUs
     assert dist.gpu_index(0, 1, 0) is None
+    # An explicit dist.backend=gloo shares the GPUs instead (gloo allows two ranks on one GPU).
+    assert [dist.gpu_index(r, 3, 2, share=True) for r in range(3)] == [0, 1, 0]
+    assert dist.gpu_index(0, 2, 0, share=True) is None
 
 
 def _one_gpu(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -52,7 +52,7 @@ def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
     from meshrun.train import dist
     from meshrun.train.trainer import Trainer  # heavy imports after the config is known to be valid
 
-    device = dist.pick_device(env)
+    device = dist.pick_device(env, cfg.dist.backend)
     trainer = None
     try:
         dist.init(env, cfg.dist.backend, cfg.dist.timeout, device)

@@ -91,20 +91,21 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise UsageError(f"environment variable {name}={text!r} must be an integer") from None
 
 
-def gpu_index(local_rank: int, local_world_size: int, device_count: int) -> int | None:
+def gpu_index(local_rank: int, local_world_size: int, device_count: int, share: bool = False) -> int | None:
     """The visible GPU this process trains on, or None for CPU. One GPU per process or none: NCCL
     refuses two ranks on one GPU ("Duplicate GPU detected"), so a host that starts more processes
-    than it sees GPUs (the quick start's `nproc: 2` on a one-GPU laptop) trains on CPU."""
-    if device_count < 1 or local_world_size > device_count or not 0 <= local_rank < device_count:
+    than it sees GPUs (the quick start's `nproc: 2` on a one-GPU laptop) trains on CPU; with `share`
+    (an explicit dist.backend=gloo, which allows it) they share its GPUs round robin instead."""
+    if device_count < 1 or not share and (local_world_size > device_count or local_rank >= device_count):
         return None
-    return local_rank
+    return local_rank % device_count
 
 
-def pick_device(env: DistEnv) -> torch.device:
+def pick_device(env: DistEnv, backend: Backend = Backend.AUTO) -> torch.device:
     """``cuda:<local rank>`` when this host's processes each have a visible GPU (torch applies
-    CUDA_VISIBLE_DEVICES), else CPU."""
+    CUDA_VISIBLE_DEVICES), or share them on an explicit gloo; else CPU."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = gpu_index(env.local_rank, env.local_world_size, count)
+    index = gpu_index(env.local_rank, env.local_world_size, count, share=backend is Backend.GLOO)
     if index is None:
         if count and env.local_rank == 0:
             _warn(f"{env.local_world_size} processes on this host but {count} GPU(s) visible: training on CPU "
@@ -394,7 +395,6 @@ def barrier() -> None:
         torch_dist.barrier()
 
 
-__all__ = ["DistEnv", "read_env", "gpu_index", "pick_device", "init", "resolve_backend", "agree_backend",
-           "Agreement", "GpuCensus", "without_gpu", "gloo_warning", "open_object_group", "shutdown", "all_reduce_sum",
-           "all_reduce_sums", "start_sums", "rank_and_world", "all_gather_ints", "all_gather_objects",
-           "broadcast_bytes", "barrier"]
+__all__ = ["DistEnv", "read_env", "gpu_index", "pick_device", "init", "resolve_backend", "agree_backend", "Agreement",
+           "GpuCensus", "without_gpu", "gloo_warning", "open_object_group", "shutdown", "all_reduce_sum", "all_reduce_sums",
+           "start_sums", "rank_and_world", "all_gather_ints", "all_gather_objects", "broadcast_bytes", "barrier"]
