@@ -31,7 +31,7 @@ from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.plan import Workload
 from meshrun.layout import AGENT_LOCK, AGENT_MODULE, AGENT_PIDFILE, SUMMARY, host_dir
 
-RUN = "20260101-000000-lock"
+RUN = f"20260101-000000-{secrets.token_hex(2)}"  # per test process: agents sweep processes by run id and host, machine-wide
 SLEEPER = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
 
 
