@@ -129,6 +129,12 @@ class StandinSshd:
 
     def stop(self) -> None:
         self.released.set()
+        # Wake the accept() blocked on it first: closed only, its fd number went to the next
+        # listener while that call still waited, and it answered there with this one's host key.
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
         for transport in self.transports:
             transport.close()

@@ -14,9 +14,11 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 from typing import Callable, Sequence
 
 from meshrun.deploy.edges.capped import LineSplitter, TailLines
+from meshrun.deploy.edges.jumps import REFUSED_TRIES, refused_pause
 from meshrun.deploy.edges.localproc import run_bounded
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.run.answers import said
@@ -26,6 +28,9 @@ RSYNC_TIMEOUT_EXIT = 30  # rsync's exit status for "timeout in data send/receive
 RSYNC_VANISHED_EXIT = 24  # "some files vanished before they could be transferred"
 ERR_LINES = 20  # of rsync's stderr, kept for the message
 MESSAGE_CHARS = 1000  # of those lines in the message: the newest that fit
+# OpenSSH's words for a connection closed or reset before the banner ("ssh_" before 8.0). ssh's own
+# ConnectionAttempts would not help: it tries the TCP connect again, which sshd had accepted.
+REFUSED_RE = re.compile(r"\b(?:kex|ssh)_exchange_identification: (?:read: )?Connection (?:closed|reset)")
 RSYNC_MIN = (3, 2, 3)  # --mkpath, which every sync passes; macOS ships 2.6.9 (or openrsync), Ubuntu 20.04 3.1.3
 VERSION_RE = re.compile(rb"rsync\s+version\s+v?(\d+)\.(\d+)\.(\d+)")
 
@@ -38,8 +43,40 @@ def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint
               on_line: Callable[[bytes], None] | None = None, success: tuple[int, ...] = (0,)) -> None:
     """Run rsync to its end within `timeout` s, each line of its stdout (split at \\n and \\r) to
     `on_line`; an exit status in `success` is success. A failure is one MeshrunError:
-    `host '<host>': <what> failed (rsync exit N): <the last lines of its stderr>; <hint>`."""
+    `host '<host>': <what> failed (rsync exit N): <the last lines of its stderr>; <hint>`.
+    A try whose ssh was turned away before the SSH banner is run again (`refused_at_handshake`)."""
     local_rsync_problem(argv[0], host, what)
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, REFUSED_TRIES + 1):
+        rc, errors = _run_once(argv, host, what, deadline - time.monotonic(), stdin, on_line)
+        if rc in success or attempt == REFUSED_TRIES or not refused_at_handshake(rc, errors):
+            break
+        pause = refused_pause(attempt)  # random: the hosts turned away together do not come back together
+        if time.monotonic() + pause >= deadline:
+            break
+        time.sleep(pause)
+    if rc in success:
+        return
+    said_last = stderr_tail(errors)
+    if rc is None:
+        raise MeshrunError(f"host '{host}': {what} did not finish within {timeout:.0f} s; rsync was stopped "
+                           f"({said_last}); {hint}")
+    why = f"rsync exit {rc}" + (f": no data from the host for {RSYNC_IO_TIMEOUT_S} s" if rc == RSYNC_TIMEOUT_EXIT else "")
+    if "--mkpath" in said_last:  # the far end's rsync does not know it: older than RSYNC_MIN
+        hint = f"the host's rsync is older than {'.'.join(map(str, RSYNC_MIN))}: install a newer one there"
+    raise MeshrunError(f"host '{host}': {what} failed ({why}): {said_last}; {hint}")
+
+
+def refused_at_handshake(rc: int | None, stderr: Sequence[str]) -> bool:
+    """rsync's ssh (or the ssh of its ProxyCommand, to a jump host) was closed or reset before the
+    SSH banner: how sshd turns a connection away past MaxStartups. Nothing logged in, so nothing was
+    sent: trying again is safe. rsync says 255 (its ssh's status) or 12 (the pipe closed first)."""
+    return rc in (12, 255) and any(REFUSED_RE.search(line) for line in stderr)
+
+
+def _run_once(argv: Sequence[str], host: str, what: str, timeout: float, stdin: bytes | None,
+              on_line: Callable[[bytes], None] | None) -> tuple[int | None, list[str]]:
+    """One run of rsync: its exit status (None: stopped at `timeout`) and its last stderr lines."""
     lines, errors = LineSplitter(b"\r\n"), TailLines(ERR_LINES)
 
     def out(data: bytes) -> None:
@@ -48,22 +85,14 @@ def run_rsync(argv: Sequence[str], *, host: str, what: str, timeout: float, hint
                 on_line(line)
 
     try:
-        rc = run_bounded(argv, timeout=timeout, on_stdout=out, on_stderr=errors.feed, stdin=stdin, sweep_group=True)
+        rc = run_bounded(argv, timeout=max(timeout, 0.0), on_stdout=out, on_stderr=errors.feed, stdin=stdin,
+                         sweep_group=True)
     except OSError as err:
         raise MeshrunError(f"host '{host}': {what}: cannot run {argv[0]} here ({err.strerror}); install rsync") from None
     for line in lines.flush():
         if on_line is not None:
             on_line(line)
-    if rc in success:
-        return
-    said_last = stderr_tail(errors.text())
-    if rc is None:
-        raise MeshrunError(f"host '{host}': {what} did not finish within {timeout:.0f} s; rsync was stopped "
-                           f"({said_last}); {hint}")
-    why = f"rsync exit {rc}" + (f": no data from the host for {RSYNC_IO_TIMEOUT_S} s" if rc == RSYNC_TIMEOUT_EXIT else "")
-    if "--mkpath" in said_last:  # the far end's rsync does not know it: older than RSYNC_MIN
-        hint = f"the host's rsync is older than {'.'.join(map(str, RSYNC_MIN))}: install a newer one there"
-    raise MeshrunError(f"host '{host}': {what} failed ({why}): {said_last}; {hint}")
+    return rc, errors.text()
 
 
 def local_rsync_problem(program: str, host: str, what: str) -> None:

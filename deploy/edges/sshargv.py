@@ -6,6 +6,12 @@ cannot go elsewhere than paramiko does. rsync names the host by its inventory ad
 `HostName=` sends ssh where sshtarget resolved it. A ProxyJump chain becomes nested
 `ProxyCommand=ssh ... -W host:port jump`, each with the same strict host-key options (OpenSSH's
 own ProxyJump would start a child ssh that takes none of them).
+
+This ssh is a process of its own, so it cannot ride the controller's shared connection to a jump
+host (deploy/edges/jumps.py): each rsync through one is a handshake there. It is not capped (the
+controller cannot see when a child ssh has logged in, so a slot would last the whole transfer);
+a try the jump host turns away before its banner is run again by deploy/edges/rsyncrun.py.
+`ConnectionAttempts=` would not help: it repeats only the TCP connect, which sshd had accepted.
 """
 
 from __future__ import annotations

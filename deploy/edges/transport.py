@@ -8,6 +8,7 @@ included (deploy/edges/sshexec.py), and what it prints is capped (deploy/edges/c
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import subprocess
@@ -20,8 +21,9 @@ import fabric
 import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from meshrun.deploy.edges import hostkeys, sshtarget
+from meshrun.deploy.edges import hostkeys, jumps, sshtarget
 from meshrun.deploy.edges.capped import Capped, read_line
+from meshrun.deploy.edges.jumps import HopConnection, JumpConnection
 from meshrun.deploy.edges.localproc import run_bounded
 from meshrun.deploy.edges.sshexec import SshErrors, SshStream, Unanswered, collect, drop, open_command
 from meshrun.deploy.errors import MeshrunError
@@ -152,30 +154,17 @@ class LocalSession:
         pass
 
 
-class _Connection(fabric.Connection):
-    """Fabric's Connection, except that reaching a host through a ProxyJump hop gives up after
-    `_channel_timeout`: Fabric asks the hop for the direct-tcpip channel with paramiko's default
-    of an hour, and a hop that never answers would hold the connect that long."""
-
-    _channel_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
-
-    def open_gateway(self) -> paramiko.Channel:
-        self.gateway.open()
-        return self.gateway.transport.open_channel("direct-tcpip", (self.host, int(self.port)), ("", 0),
-                                                   timeout=self._channel_timeout)
-
-
 def _connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hosts: Path | None,
-                timeout: float) -> fabric.Connection:
+                timeout: float, kind: type[HopConnection] = HopConnection) -> HopConnection:
     """A Fabric connection to one hop with meshrun's host-key policy. An empty SSHConfig keeps
     Fabric from reading ssh_config itself (sshtarget did) and building its own ProxyJump client,
     which would accept any key; `gateway=False` means: no gateway at all."""
     kwargs: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout}
     if hop.identities:
         kwargs["key_filename"] = list(hop.identities)
-    conn = _Connection(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
-                       connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
-                       config=fabric.Config(ssh_config=paramiko.SSHConfig()))
+    conn = kind(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
+                connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
+                config=fabric.Config(ssh_config=paramiko.SSHConfig()))
     conn._channel_timeout = timeout
     hostkeys.load_known_hosts(conn.client, known_hosts)
     return conn
@@ -191,27 +180,57 @@ def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, c
                         "and that the key is in the host's authorized_keys")
 
 
+def _unreachable(who: str, target: str, err: Exception, jump: str | None) -> MeshrunError:
+    if jump is not None and jumps.refused_early(err):  # tried jumps.REFUSED_TRIES times
+        return MeshrunError(f"{who}: {target} closed the SSH connection before its banner, {jumps.REFUSED_TRIES} "
+                            "tries; its sshd refuses new connections while too many are logging in (MaxStartups), "
+                            "or it is no sshd: try again, or raise MaxStartups in its sshd_config")
+    return MeshrunError(f"{who}: cannot connect to {target} ({err}); is sshd running and the port "
+                        "open? (fab check-network)")
+
+
 class SshSession:
     """An SSH connection with enforced host keys (see deploy.edges.hostkeys) on every hop: each
-    ProxyJump host is opened here, checked, and carries the next hop's connection."""
+    ProxyJump host is opened, checked, and carries the next hop's connection. A jump host's
+    connection is shared by every session of this process through the same hops (deploy/edges/
+    jumps.py): N hosts behind a login node are one handshake there, not N at once."""
 
     def __init__(self, host: Host, known_hosts: Path | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.host = host
         self.known_hosts = known_hosts
         self.timeout = connect_timeout
         self.target = sshtarget.resolve(host)
-        self.chain: list[fabric.Connection] = []
-        for hop in self.target.hops:
-            self.chain.append(_connection(hop, self.chain[-1] if self.chain else None, known_hosts, connect_timeout))
-        self.conn = self.chain[-1]
+        self.conn = _connection(self.target.target, None, known_hosts, connect_timeout)
+        self.chain: list[HopConnection] = [self.conn]
+        self._held: list[tuple[Path | None, tuple[sshtarget.Hop, ...]]] = []  # keys of the jumps taken
+        self._hold()
+
+    def _hold(self) -> None:
+        """Take the shared connections to this host's jump hosts (again after a close or a failed open)."""
+        if self._held or not self.target.jumps:
+            return
+        chain: list[HopConnection] = []
+        for count, hop in enumerate(self.target.jumps, 1):
+            key = (self.known_hosts, self.target.jumps[:count])
+            gateway = chain[-1] if chain else None
+            chain.append(jumps.take(key, functools.partial(_connection, hop, gateway, self.known_hosts, self.timeout,
+                                                           JumpConnection)))
+            self._held.append(key)
+        self.conn.gateway = chain[-1]
+        self.chain = [*chain, self.conn]
+
+    def _release(self) -> None:
+        while self._held:  # pop: a close from two threads gives each jump back once
+            jumps.give_back(self._held.pop())
 
     def open(self) -> SshSession:
         return self.open_hops(len(self.chain))
 
     def open_hops(self, count: int) -> SshSession:
         """Open the first `count` hops in order (all of them: the target too)."""
-        sshtarget.check_keys(self.target, count)
         try:
+            sshtarget.check_keys(self.target, count)
+            self._hold()
             for index, (hop, conn) in enumerate(zip(self.target.hops[:count], self.chain)):
                 self._open(conn, hop, hop.label if index < len(self.target.jumps) else None)
         except BaseException:
@@ -221,17 +240,21 @@ class SshSession:
 
     def _drop(self) -> None:
         """After a failed connect: Fabric's close() does nothing until a connect has returned, and
-        paramiko's reader would go on reading the host's greeting (uncapped) on its socket."""
-        for conn in reversed(self.chain):
-            try:
-                conn.client.close()
-            except Exception:  # noqa: BLE001 - the connect has already failed; this only frees it
-                pass
+        paramiko's reader would go on reading the host's greeting (uncapped) on its socket. A jump
+        host's failed connect frees itself (jumps.py); one that is open is given back."""
+        try:
+            self.conn.client.close()
+        except Exception:  # noqa: BLE001 - the connect has already failed; this only frees it
+            pass
+        self._release()
 
-    def _open(self, conn: fabric.Connection, hop: sshtarget.Hop, jump: str | None) -> None:
+    def _open(self, conn: HopConnection, hop: sshtarget.Hop, jump: str | None) -> None:
         who, target = hostkeys.whose(self.host.name, jump), f"{hop.user}@{hop.hostname}:{hop.port}"
         try:
-            conn.open()
+            if isinstance(conn, JumpConnection):
+                conn.open_within(self.timeout)  # shared: once for all its sessions, a refused try retried
+            else:
+                conn.open()
         except hostkeys.UnknownHostKey as err:
             raise hostkeys.unknown_key_error(self.host.name, err, self.known_hosts, jump) from None
         except paramiko.BadHostKeyException as err:
@@ -248,11 +271,9 @@ class SshSession:
             if "No authentication methods available" in str(err):
                 raise MeshrunError(f"{who}: no SSH key to offer {target}; set `identity: ~/.ssh/<key>` in the "
                                    f"inventory or IdentityFile for Host {hop.label} in {self.target.config}") from None
-            raise MeshrunError(f"{who}: cannot connect to {target} ({err}); is sshd running and the port "
-                               "open? (fab check-network)") from None
+            raise _unreachable(who, target, err, jump) from None
         except (NoValidConnectionsError, OSError, EOFError) as err:
-            raise MeshrunError(f"{who}: cannot connect to {target} ({err}); is sshd running and the port "
-                               "open? (fab check-network)") from None
+            raise _unreachable(who, target, err, jump) from None
         transport = conn.client.get_transport()
         if transport is not None:  # its socket, or the channel through the hop before it
             transport.sock.settimeout(TRANSPORT_POLL_S)
@@ -313,8 +334,8 @@ class SshSession:
         return True
 
     def close(self) -> None:
-        for conn in reversed(self.chain):
-            conn.close()
+        self.conn.close()
+        self._release()  # the last session through a jump host closes it
 
 
 def connect(host: Host, known_hosts: Path | None, project_root: Path,

@@ -1,5 +1,6 @@
 """`fab status --watch`: one SSH session per host, opened once and reused, and one question in
-flight per host at a time (the agent's status and the usage probe). Asking never blocks the view:
+flight per host at a time (the agent's status and the usage probe), asked by at most WATCH_WORKERS
+threads, oldest question first. Asking never blocks the view:
 `rows()` returns at once with what each host last said; a host that stops answering is shown so
 after `watchview.NOT_ANSWERING_S` while the others keep updating. Watching only reads: it starts,
 stops and writes nothing on a host, so any number of people may watch a run."""
@@ -10,12 +11,14 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
 from meshrun.fsutil import not_regular
 from meshrun.layout import EVENTS
 from meshrun.deploy.edges.agents import run_hosts
+from meshrun.deploy.edges.fanout import FANOUT_WORKERS
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import Session, connect
 from meshrun.deploy.errors import MeshrunError
@@ -30,6 +33,10 @@ from meshrun.deploy.run.plan import agent_verb_argv, python_of
 from meshrun.deploy.run.watchview import HostSeen, WatchView, view
 
 ASK_TIMEOUT_S = 5.0
+# Threads asking at once, as many as a fan-out's (deploy/edges/fanout.py): a thousand hosts are not a
+# thousand threads, and the hosts behind a jump host reach it over one shared connection
+# (deploy/edges/jumps.py), never with a handshake each at once.
+WATCH_WORKERS = FANOUT_WORKERS
 EVENTS_TAIL = 16 << 10  # bytes of the controller's events file read
 
 
@@ -55,23 +62,28 @@ class RunWatch:
     def __init__(self, record: RunRecord, root: Path, runs: Path) -> None:
         self.record, self.root = record, root
         self.events_file = runs / record.run_id / EVENTS  # an attached controller's membership events
-        self.hosts, self.inventory = run_hosts(record, root)
+        self.hosts, self.inventory, missing = run_hosts(record, root)
         self.sessions: dict[str, Session] = {}
-        self.seen = {h.name: HostSeen() for h in self.hosts}
-        self.asking: set[str] = set()
+        # A host the inventory no longer names is never asked: its row says why.
+        self.seen = {name: HostSeen(error=str(missing[name])) if name in missing else HostSeen() for name in record.hosts}
+        self.asking: set[str] = set()  # hosts with a question waiting or in flight
+        self.waiting: deque[Host] = deque()
+        self.workers = 0
         self.lock = threading.Lock()
 
     def view(self) -> WatchView:
-        """Start a question to every host that has none in flight; the view as last answered."""
-        for host in self.hosts:
-            with self.lock:
-                if host.name in self.asking:
-                    continue
-                self.asking.add(host.name)
-            threading.Thread(target=self._ask, args=(host,), daemon=True, name=f"watch-{host.name}").start()
+        """Queue a question to every host that has none in flight; the view as last answered."""
         with self.lock:
+            for host in self.hosts:
+                if host.name not in self.asking:
+                    self.asking.add(host.name)
+                    self.waiting.append(host)
+            start = min(len(self.waiting), WATCH_WORKERS - self.workers)
+            self.workers += start
             seen = dict(self.seen)
-        return view([h.name for h in self.hosts], seen, time.time(),
+        for _ in range(start):
+            threading.Thread(target=self._work, daemon=True, name="watch-ask").start()
+        return view(list(self.record.hosts), seen, time.time(),
                     controller_events(tail(self.events_file, EVENTS_TAIL)))
 
     def snapshot(self, refresh_s: float, rounds: int = 2) -> WatchView:
@@ -81,6 +93,21 @@ class RunWatch:
             time.sleep(refresh_s)
             found = self.view()
         return found
+
+    def _work(self) -> None:
+        """Ask the waiting hosts, oldest first, until none waits: at most WATCH_WORKERS threads."""
+        while True:
+            with self.lock:
+                if not self.waiting:
+                    self.workers -= 1
+                    return
+                host = self.waiting.popleft()
+            try:
+                self._ask(host)
+            except BaseException:  # a bug: this thread ends, and a later view starts another
+                with self.lock:
+                    self.workers -= 1
+                raise
 
     def _ask(self, host: Host) -> None:
         try:
