@@ -46,9 +46,7 @@ def on_each(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
     served once by its first entry: the results are keyed by name, so a second entry could never
     be waited for (the fan-out took its whole timeout) and its fn would race the first's there."""
     unique: dict[str, Host] = {}
-    for host in hosts:
-        unique.setdefault(host.name, host)
-    hosts = list(unique.values())
+    hosts = [unique.setdefault(h.name, h) for h in hosts if h.name not in unique]  # each name once, its first entry
     results: dict[str, T | MeshrunError] = {}
     crashes: list[BaseException] = []
     turns: queue.SimpleQueue[Host] = queue.SimpleQueue()

@@ -27,10 +27,10 @@ import threading
 import time
 from pathlib import Path
 
-from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID,
-                           EVENTS, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT,
-                           TORCHRUN_EXIT_MARK_ENV, TRAIN_LOG, host_dir, run_dir)
-from meshrun.deploy.host.agentargs import detached_argv, parse, read_env_block
+from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, EVENTS,
+                           EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT, TRAIN_LOG,
+                           host_dir, run_dir)
+from meshrun.deploy.host.agentargs import detached_argv, parse, read_env_block, run_env
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe
@@ -40,7 +40,6 @@ from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
     parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
-from meshrun.events import NOTIFY_KEY
 from meshrun.fsutil import atomic_write_json
 from meshrun.idlerule import parse_policy
 
@@ -86,25 +85,26 @@ class Supervisor:
         self.next_checkpoint_look = 0.0
         self.barrier = ExitBarrier(self.dir / EXIT_BARRIER_MARK, self.workers)
 
+    def busy(self) -> bool:
+        """Another agent of this run holds the host's lock: said, and nothing of the run touched (its
+        end would stop our processes, ours its)."""
+        if (holder := hold_lock(self.dir / AGENT_LOCK)) is None:
+            return False
+        self.send(busy_line(self.args.run_id, self.args.host, holder).encode() + b"\n")
+        if self.pipe is not None:  # quiet (a detached copy): its parent says it (cmd_run)
+            self.pipe.drain()
+        return True
+
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
-        # Before anything of the run is touched: its other agent's end would stop our processes, ours its.
-        if (holder := hold_lock(self.dir / AGENT_LOCK)) is not None:
-            self.send(busy_line(self.args.run_id, self.args.host, holder).encode() + b"\n")
-            if self.pipe is not None:  # quiet (a detached copy): its parent says it (cmd_run)
-                self.pipe.drain()
+        if self.busy():
             return AGENT_BUSY_EXIT
         forget_last_attempt(self.dir, self.args.run_id)
-        env = dict(os.environ)
-        env.update(kv.split("=", 1) for kv in self.args.env)
-        spec = self.args.secret_env.pop(NOTIFY_KEY, None)  # a detached run's receivers: never in the env
+        env, spec = run_env(self.args, str(self.barrier.mark))
         from meshrun.deploy.host.notify import AgentNotices  # urllib: only a run sends, status and stop never do
 
         self.notices = AgentNotices(spec if self.args.heartbeat_timeout == 0 else None, self.args.run_id,
                                     self.args.host, lambda line: self.emit(f"meshrun-agent: {line}\n".encode()))
-        env.update(self.args.secret_env)  # the inventory's `env`, read from stdin, never argv
-        # Our own tags are set last: the sweep in `stop` relies on them.
-        env.update({ENV_RUN_ID: self.args.run_id, ENV_HOST: self.args.host, TORCHRUN_EXIT_MARK_ENV: str(self.barrier.mark)})
         self.log = open(self.dir / TRAIN_LOG, "ab")
         # Before any child exists: a signal between Popen and here would kill us and orphan it.
         become_subreaper()  # orphans below us (a script's child that dropped the run's tags) come to us

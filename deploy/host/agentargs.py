@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 
-from meshrun.layout import AGENT_MODULE, HEARTBEAT_TIMEOUT_S, STOP_GRACE_S
+from meshrun.events import NOTIFY_KEY
+from meshrun.layout import (AGENT_MODULE, ENV_HOST, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S, STOP_GRACE_S,
+                            TORCHRUN_EXIT_MARK_ENV)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -76,3 +79,15 @@ def read_env_block(stream: io.BufferedIOBase) -> dict[str, str]:
     if not isinstance(block, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in block.items()):
         raise SystemExit("meshrun-agent: --env-stdin: the first line of stdin is not a JSON object of strings")
     return block
+
+
+def run_env(args: argparse.Namespace, exit_mark: str) -> tuple[dict[str, str], str | None]:
+    """torchrun's environment, and a detached run's notification receivers (taken out: never in
+    the env). The inventory's `env` came on stdin, never argv; our own tags are set last, since
+    the sweep in `stop` relies on them."""
+    env = dict(os.environ)
+    env.update(kv.split("=", 1) for kv in args.env)
+    spec = args.secret_env.pop(NOTIFY_KEY, None)
+    env.update(args.secret_env)
+    env.update({ENV_RUN_ID: args.run_id, ENV_HOST: args.host, TORCHRUN_EXIT_MARK_ENV: exit_mark})
+    return env, spec
