@@ -181,8 +181,11 @@ def test_logs_follow_the_hosts_it_reaches(run: tuple[Path, RunRecord]) -> None:
     log = host_log(root, record)
     log.write_text("[h1:0] epoch 1\n")
     env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"PYTHONUNBUFFERED": "1"}
+    # SIGINT as a terminal's Ctrl-C finds it: a runner started in the background (CI's) ignores
+    # SIGINT, and Python leaves an ignored SIGINT ignored, so the command would never see it.
     follow = subprocess.Popen([MESHRUN, "logs", "-f", "--run", record.run_id], cwd=root, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(follow.stdout.readline, "")), daemon=True)
     reader.start()
