@@ -11,7 +11,6 @@ for the words of each OpenSSH version when it is turned away. No sshd, no networ
 
 from __future__ import annotations
 
-import gc
 import shlex
 import shutil
 import socket
@@ -131,22 +130,6 @@ def _end_listener(listener: socket.socket) -> None:
     listener.close()
 
 
-def _wake_stale_standins() -> None:
-    """StandinSshd.stop() (tests/standin_sshd.py) closes its listener under its accept thread, which
-    stays blocked: seen here taking a connection from this module's target, whose listener got the
-    same file descriptor number, and answering with another module's host key. One connection to
-    each stopped stand-in's port (still listening until that accept returns) lets its thread end."""
-    for standin in [o for o in gc.get_objects() if isinstance(o, StandinSshd) and o.released.is_set()]:
-        count = len(standin.transports)
-        try:
-            socket.create_connection(("127.0.0.1", standin.port), timeout=1).close()
-        except OSError:
-            continue  # its accept has returned already: the port is closed
-        deadline = time.monotonic() + 5
-        while len(standin.transports) == count and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-
 def _pump(read: Callable[[int], bytes], write: Callable[[bytes], None], sink: object) -> None:
     try:
         while data := read(32768):
@@ -168,7 +151,6 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 @pytest.fixture(scope="module")
 def target(keys: Keys) -> Iterator[StandinSshd]:
     """Every host behind the jump host (it forwards each address to this one sshd)."""
-    _wake_stale_standins()
     home = Path(tempfile.mkdtemp(prefix="meshrun-jump-home-"))
     (home / "meshrun").mkdir()  # the hosts' workdir, where commands run
     with StandinSshd(keys, Mode.REAL, home=home) as sshd:
