@@ -83,14 +83,20 @@ def host_log(root: Path, record: RunRecord) -> Path:
     return path
 
 
-def test_stop_stops_the_hosts_it_reaches_and_names_the_one_it_cannot(run: tuple[Path, RunRecord]) -> None:
-    root, record = run
+def stop_beside_a_worker(root: Path, record: RunRecord) -> subprocess.CompletedProcess[str]:
+    """`meshrun stop` while a process of the run runs on h1: that process must end by SIGTERM."""
     worker = run_process(record, "h1")
     try:
         done = meshrun("stop", "--run", record.run_id, cwd=root)
         assert worker.wait(timeout=30) == -signal.SIGTERM, done.stdout + done.stderr
     finally:
         worker.kill()
+    return done
+
+
+def test_stop_stops_the_hosts_it_reaches_and_names_the_one_it_cannot(run: tuple[Path, RunRecord]) -> None:
+    root, record = run
+    done = stop_beside_a_worker(root, record)
     assert done.returncode == 1
     assert done.stdout == f"h1: clean, no process of run {record.run_id} left\n"
     errors = done.stderr.splitlines()
@@ -138,12 +144,7 @@ def test_a_dead_host_of_an_earlier_attempt_is_a_warning_not_a_failure(run: tuple
     so, but exit 0 once the latest attempt's hosts are stopped and shown."""
     root, record = run
     dataclasses.replace(record, earlier=("h2",)).save(root / "runs")
-    worker = run_process(record, "h1")
-    try:
-        done = meshrun("stop", "--run", record.run_id, cwd=root)
-        assert worker.wait(timeout=30) == -signal.SIGTERM, done.stdout + done.stderr
-    finally:
-        worker.kill()
+    done = stop_beside_a_worker(root, record)
     assert done.returncode == 0, done.stderr
     warned = done.stderr.replace("\n", " ")
     assert warned.startswith("warning: h2: host 'h2'") and "not reached: h2, of an earlier attempt" in warned

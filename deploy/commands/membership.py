@@ -113,8 +113,7 @@ def add_member(project: Project, record: RunRecord, name: str) -> RunRecord:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         current = load_record(project.runs, record.run_id)
         # A host of an earlier attempt (`fab train --resume` left it out) that joins is a member again.
-        updated = dataclasses.replace(current, hosts=merged_hosts(current.hosts, record.hosts, name),
-                                      earlier=tuple(h for h in current.earlier if h != name))
+        updated = dataclasses.replace(current, hosts=merged_hosts(current.hosts, record.hosts, name)).with_member(name)
         if updated == current:
             return current
         updated.save(project.runs)
