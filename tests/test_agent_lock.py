@@ -23,8 +23,9 @@ import pytest
 
 from meshrun.deploy.commands import train as train_cmd
 from meshrun.deploy.edges.records import RunRecord, refuse_running
-from meshrun.deploy.errors import InputError
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.host.agent import busy_line
+from meshrun.deploy.run.answers import AgentBusy, detached_failure, detached_record
 from meshrun.deploy.host.procs import alive
 from meshrun.layout import AGENT_BUSY_EXIT
 from meshrun.deploy.project import Project
@@ -96,8 +97,23 @@ def test_a_detached_start_beside_a_running_agent_reports_the_refusal_not_the_run
     started = subprocess.run(agent_argv("--detach", "--env-stdin", command=["true"]), cwd=tmp_path, input=b"{}\n",
                              capture_output=True, timeout=30)
     assert started.returncode == 1
-    assert json.loads(started.stdout) == {"error": busy_line(RUN, "local", agent.pid)}
+    assert json.loads(started.stdout) == {"error": busy_line(RUN, "local", agent.pid), "busy": True}
     assert alive(worker) and agent.poll() is None
+
+
+def test_a_busy_hosts_failed_detached_start_hints_status_not_a_stop_of_the_run_running_there() -> None:
+    """The hint after a failed detached start was always `fab stop --run`; where a host refused
+    because the run already had an agent there (another controller's start of it), that stop would end
+    the run that controller started. A host answering `busy` is only believed for the hint's wording."""
+    busy = pytest.raises(AgentBusy, detached_record, "h2", {"error": "already has an agent", "busy": True}).value
+    lost = pytest.raises(MeshrunError, detached_record, "h3", {"error": "agent did not start", "busy": "yes"}).value
+    assert type(lost) is MeshrunError
+    assert detached_failure(RUN, {"h3": lost}) == (
+        "host 'h3': detached start failed: agent did not start; stop what did start with: fab stop --run " + RUN)
+    assert detached_failure(RUN, {"h2": busy, "h3": lost}) == (
+        "host 'h2': detached start failed: already has an agent; host 'h3': detached start failed: agent did not "
+        f"start; run {RUN} already runs on h2: see it with fab status --run {RUN} before you stop anything "
+        f"(fab stop --run {RUN} stops all of it)")
 
 
 def test_the_lock_goes_with_its_agent_and_a_detached_start_waits_for_its_own_pidfile(tmp_path: Path) -> None:

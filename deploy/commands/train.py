@@ -41,7 +41,7 @@ from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, re
                                           write_summary)
 from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
-from meshrun.deploy.run.answers import detached_record
+from meshrun.deploy.run.answers import detached_failure, detached_record
 from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
 from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
@@ -139,10 +139,9 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tupl
             record = {"error": result.stderr.strip()[-300:] or f"exit {result.rc}"}
         return detached_record(host.name, record)
 
-    try:
-        on_each([h.host for h in plan.hosts], start, timeout=60).require_all()
-    except MeshrunError as err:
-        raise MeshrunError(f"{err}; stop what did start with: fab stop --run {plan.run_id}") from None
+    failed = on_each([h.host for h in plan.hosts], start, timeout=60).failed
+    if failed:
+        raise MeshrunError(detached_failure(plan.run_id, failed))
 
 
 def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:

@@ -339,11 +339,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if ended:
             break
         time.sleep(0.1)
-    if child.returncode == AGENT_BUSY_EXIT:
-        error = busy_line(args.run_id, args.host, lock_holder(pidfile.parent / AGENT_LOCK))
+    if child.returncode == AGENT_BUSY_EXIT:  # the controller then hints status, not stop (deploy/run/answers.py)
+        answer = {"error": busy_line(args.run_id, args.host, lock_holder(pidfile.parent / AGENT_LOCK)), "busy": True}
     else:
-        error = f"agent did not start; see {pidfile.parent / TRAIN_LOG}"
-    print(json.dumps({"error": error}))
+        answer = {"error": f"agent did not start; see {pidfile.parent / TRAIN_LOG}"}
+    print(json.dumps(answer))
     return 1
 
 

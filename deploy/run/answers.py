@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.shown import shown
@@ -115,11 +115,27 @@ def remaining_pids(host: str, answer: object) -> tuple[int, ...]:
     return tuple(remaining)
 
 
+class AgentBusy(MeshrunError):
+    """A detached start refused: an agent of the run already runs on the host (deploy/host/agent.py)."""
+
+
 def detached_record(host: str, answer: object) -> dict:
-    """A detached agent's start: the run record it wrote, or its `error`."""
+    """A detached agent's start: the run record it wrote, or its `error` (AgentBusy when it says `busy`)."""
     record = Answer(host, "the agent's detached start").mapping(answer)
     if "error" in record:
         error = record["error"]
-        raise MeshrunError(f"host '{host}': detached start failed: "
-                           f"{said(error) if isinstance(error, str) else shown(error)}")
+        failure = AgentBusy if record.get("busy") is True else MeshrunError
+        raise failure(f"host '{host}': detached start failed: {said(error) if isinstance(error, str) else shown(error)}")
     return record
+
+
+def detached_failure(run_id: str, failed: Mapping[str, MeshrunError]) -> str:
+    """Why a detached start failed, and what to do. A host that was busy runs an agent this start did
+    not make (another controller's start of the same run, a race `--resume`'s check cannot see):
+    `fab stop` would stop that run too, so the hint is then to look first, not to stop."""
+    reasons = "; ".join(str(e) for e in failed.values())
+    busy = [name for name, e in failed.items() if isinstance(e, AgentBusy)]
+    if busy:
+        return (f"{reasons}; run {run_id} already runs on {', '.join(busy)}: see it with fab status --run {run_id} "
+                f"before you stop anything (fab stop --run {run_id} stops all of it)")
+    return f"{reasons}; stop what did start with: fab stop --run {run_id}"
