@@ -283,3 +283,17 @@ def test_selection_decides_the_rendezvous_host(tmp_path: Path) -> None:
                               "add it to --hosts or change `rendezvous.host`")
     no_rdzv = load_inventory(write(tmp_path, "hosts:\n  a: {address: 10.0.0.1}\n  b: {address: 10.0.0.2}\n"))
     assert select_hosts(no_rdzv, "b,a").head.name == "b"
+
+
+def test_a_resume_without_the_named_rendezvous_host_moves_it_to_the_first_selected_host(tmp_path: Path) -> None:
+    """The docs' way to resume after the rendezvous host died, `fab train --resume ID --hosts` leaving
+    it out, was refused by `head` (the inventory still names it). A resume now moves the rendezvous
+    to the first selected host, as succession would have, on the port the inventory gives, and says so."""
+    inv = load_inventory(write(tmp_path, FULL))
+    moved, line = select_hosts(inv, "gpu2,cpu1").resumable()
+    assert (moved.head.name, moved.rendezvous, [h.name for h in moved.hosts]) == (
+        "gpu2", Rendezvous(None, 29400), ["gpu2", "cpu1"])
+    assert line == ("rendezvous host 'gpu1' (rendezvous.host) is not among the hosts of this resume; "
+                    "'gpu2' hosts its rendezvous instead")
+    kept = select_hosts(inv, "cpu1,gpu1")
+    assert kept.resumable() == (kept, None) and kept.head.name == "gpu1"

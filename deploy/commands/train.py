@@ -151,6 +151,10 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     gradients = _comm_checked(request, project)  # --comm, and the model it plans for: before any host too
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
+    if request.resume:
+        selection, moved = selection.resumable()
+        if moved:
+            renderer.warn(moved)
     hosts = selection.hosts
     urls = notify.receivers(request.notify, inventory.notify)  # checked before any host is contacted
     if request.every_checkpoint and not urls:

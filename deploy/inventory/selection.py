@@ -37,7 +37,7 @@ class Selection:
 
     @property
     def head(self) -> Host:
-        """The inventory's rendezvous host if selected, else the first selected host."""
+        """The inventory's rendezvous host, which must be selected; without one, the first selected host."""
         if not self.hosts:
             raise InputError("no hosts selected; pass --hosts NAME[,NAME...]")
         if self.rendezvous.host is None:
@@ -49,6 +49,18 @@ class Selection:
             f"rendezvous host '{clip(self.rendezvous.host)}' is not among the selected hosts "
             f"({listing(h.name for h in self.hosts)}); add it to --hosts or change `rendezvous.host`"
         )
+
+    def resumable(self) -> tuple[Selection, str | None]:
+        """For `--resume`: a rendezvous host the inventory names but these hosts leave out (it died,
+        the usual reason to resume without it: docs/elastic.md) gives way to the first selected host,
+        as succession would have moved it, with the line that says so. A fresh run keeps `head`'s
+        refusal: there the inventory's choice is the user's. Otherwise this selection, unchanged."""
+        named = self.rendezvous.host
+        if named is None or not self.hosts or any(h.name == named for h in self.hosts):
+            return self, None
+        moved = Selection(self.hosts, dataclasses.replace(self.rendezvous, host=None))
+        return moved, (f"rendezvous host '{clip(named)}' (rendezvous.host) is not among the hosts of this resume; "
+                       f"'{moved.head.name}' hosts its rendezvous instead")
 
 
 def parse_hosts_flag(value: str) -> tuple[HostSpec, ...]:
