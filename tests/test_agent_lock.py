@@ -29,6 +29,7 @@ from meshrun.deploy.run.answers import AgentBusy, detached_failure, detached_rec
 from meshrun.deploy.host.procs import alive
 from meshrun.layout import AGENT_BUSY_EXIT
 from meshrun.deploy.project import Project
+from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.plan import Workload
 from meshrun.layout import AGENT_LOCK, AGENT_MODULE, AGENT_PIDFILE, SUMMARY, host_dir
@@ -192,7 +193,7 @@ def test_fab_train_resume_asks_a_detached_runs_real_host_and_resumes_it_once_sto
     project = record(tmp_path, detached=True)
     request = train_cmd.TrainRequest(None, None, Workload(), resume=RUN)
     with pytest.raises(InputError) as info:
-        train_cmd._with_resumed_defaults(request, project)
+        train_cmd._with_resumed_defaults(request, project, Renderer())
     assert str(info.value) == (f"--resume {RUN}: the run is still running (its agents still run on local); stop it "
                                f"first with fab stop --run {RUN}, or check with fab status --run {RUN}")
     assert alive(worker) and not (project.run_home(RUN) / "summary.prev.json").exists()
@@ -200,5 +201,5 @@ def test_fab_train_resume_asks_a_detached_runs_real_host_and_resumes_it_once_sto
                              cwd=tmp_path, capture_output=True, timeout=60)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     agent.wait(timeout=20)
-    resumed = train_cmd._with_resumed_defaults(request, project)
+    resumed = train_cmd._with_resumed_defaults(request, project, Renderer())
     assert (resumed.inventory, resumed.hosts) == (str(tmp_path / "hosts.yaml"), "local")

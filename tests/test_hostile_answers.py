@@ -16,7 +16,7 @@ import pytest
 
 from meshrun.deploy.check import wireguard, zerotier
 from meshrun.deploy.commands import setup, train
-from meshrun.deploy.edges import agents, comm, provenance
+from meshrun.deploy.edges import agents, comm, detachedstart, provenance
 from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.edges.wheel import Identity
 from meshrun.deploy.inventory.model import Rendezvous
@@ -73,7 +73,7 @@ STOP_HINT = "; stop what did start with: fab stop --run r1"
     ('{"error": "no\\u001b[2J"}', "host 'h1': detached start failed: no\\x1b[2J" + STOP_HINT),
 ])
 def test_detached_start_answers(answer: str, message: str) -> None:
-    assert failure(lambda: train.start_detached(plan(), {"h1": FakeSession(answer + "\n")})) == message
+    assert failure(lambda: detachedstart.start_detached(plan(), {"h1": FakeSession(answer + "\n")})) == message
 
 
 REQUEST = setup.SetupRequest("/usr/bin/python3", None, Path("meshrun-0.1.0-py3-none-any.whl"),

@@ -70,7 +70,7 @@ def resume_on(project: Project, hosts: str | None, inventory: str | None = None)
     and the record."""
     renderer = Renderer()
     request = train_cmd._with_resumed_defaults(train_cmd.TrainRequest(inventory, hosts, Workload(), nnodes="2:3",
-                                                                      resume=RUN), project)
+                                                                      resume=RUN), project, renderer)
     inv = load_inventory(Path(request.inventory), project.root)
     selection = select_hosts(inv, request.hosts)
     options = train_cmd._launch_options(request, inv, len(selection.hosts), renderer)

@@ -26,12 +26,12 @@ from meshrun.deploy.run.idle import IdlePolicy
 from meshrun.deploy.edges.idle import IdleWatcher
 from meshrun import events
 from meshrun.deploy.errors import InputError, MeshrunError
-from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.detachedstart import StartInterrupted, start_detached, stop_started
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.inventory.shown import with_path
-from meshrun.deploy.edges.agents import host_states, run_detached_agent
+from meshrun.deploy.edges.agents import host_states
 from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
@@ -41,7 +41,7 @@ from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, re
                                           write_summary)
 from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
-from meshrun.deploy.run.answers import detached_failure, detached_record
+from meshrun.deploy.run.workload import recorded_workload, refuse_trainer_flags, resumed_nnodes, resumed_work
 from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
 from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
@@ -55,7 +55,7 @@ class TrainRequest:
     hosts: str | None
     workload: Workload
     nnodes: str | None = None
-    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S
+    pg_timeout_s: int | None = None  # --timeout; None: the default, or a resumed run's own
     detach: bool = False
     skip_checks: bool = False
     no_sync: bool = False
@@ -90,17 +90,33 @@ def refuse_unshipped(request: TrainRequest, files: bytes, project: Project, host
                              "project); commit it or un-ignore it")
 
 
-def _with_resumed_defaults(request: TrainRequest, project: Project) -> TrainRequest:
-    """`--resume ID` defaults to that run's inventory and the hosts of its latest attempt (not those
-    an earlier `--resume --hosts` left out, which its record still lists). A run still running is
-    refused: a detached one's hosts are asked, through the inventory this resume uses."""
+def _with_resumed_defaults(request: TrainRequest, project: Project, renderer: Renderer) -> TrainRequest:
+    """`--resume ID` defaults to that run's inventory, the hosts of its latest attempt (not those an
+    earlier `--resume --hosts` left out, which its record still lists), and what it ran, script or
+    config, arguments and --timeout (deploy/run/workload.py). A run still running on the hosts this
+    resume launches on is refused: a detached one's are asked, through the inventory this resume uses
+    (a host left out cannot join the new attempt, whose rendezvous id is fresh, so its word is not
+    needed: a compromised member left out could otherwise block every resume by saying `running`)."""
+    given_timeout = request.pg_timeout_s
     if not request.resume:
-        return request
+        refuse_trainer_flags(request.workload, given_timeout is not None)
+        return dataclasses.replace(request, pg_timeout_s=given_timeout or DEFAULT_PG_TIMEOUT_S)
     record = load_record(project.runs, request.resume, "--resume")
-    asked = dataclasses.replace(record, inventory=request.inventory or record.inventory)
+    inventory = request.inventory or record.inventory
+    hosts = request.hosts or ",".join(record.members)
+    names = tuple(h.name for h in select_hosts(load_inventory(inventory_path(inventory, project.root), project.root),
+                                                hosts).hosts)
+    asked = dataclasses.replace(record, inventory=inventory, hosts=names, earlier=())
     refuse_running(project.runs, record, lambda: host_states(asked, project.root))
-    return dataclasses.replace(request, inventory=request.inventory or record.inventory,
-                               hosts=request.hosts or ",".join(record.members))
+    work = resumed_work(record.run_id, recorded_workload(record.workload), record.pg_timeout_s, request.workload,
+                        given_timeout, request.comm is not None)
+    refuse_trainer_flags(work.workload, given_timeout is not None)
+    nnodes = request.nnodes or resumed_nnodes(record.elastic, len(names))
+    for line in (work.note, f"resume: elastic as the run was: --nnodes {nnodes}" if nnodes != request.nnodes else None):
+        if line:
+            renderer.info(line)
+    return dataclasses.replace(request, inventory=inventory, hosts=hosts, workload=work.workload,
+                               pg_timeout_s=work.pg_timeout_s, nnodes=nnodes)
 
 
 def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
@@ -122,39 +138,13 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
                        lambda result: trainer_result(result.stdout))
 
 
-def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...] = (),
-                   every_checkpoint: bool = False) -> None:
-    """Start each host's agent in the background; it outlives this controller by design. With receivers,
-    the agents send the run's events (the rendezvous host's agent alone: deploy/host/notify.py)."""
-    names = [h.host.name for h in plan.hosts]
-    head = next(h.host.name for h in plan.hosts if h.is_rendezvous_host)
-
-    def start(host: Host) -> dict:
-        launch = next(h for h in plan.hosts if h.host.name == host.name)
-        block = notify.agent_block(dict(host.env), urls, head, names, every_checkpoint)
-        result = run_detached_agent(sessions[host.name], launch, block=block)
-        try:
-            record = result.last_json()
-        except (ValueError, IndexError):
-            record = {"error": result.stderr.strip()[-300:] or f"exit {result.rc}"}
-        return detached_record(host.name, record)
-
-    failed = on_each([h.host for h in plan.hosts], start, timeout=60).failed
-    if failed:
-        raise MeshrunError(detached_failure(plan.run_id, failed))
-
-
 def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     """Pre-flight, sync, plan, launch on every host at once, then summarize. Exit status 0/1."""
-    request = _with_project_paths(_with_resumed_defaults(request, project), project)
+    request = _with_project_paths(_with_resumed_defaults(request, project, renderer), project)
     check_trainer_args(request.workload, request.pg_timeout_s, project.root)  # before any host is contacted
     gradients = _comm_checked(request, project)  # --comm, and the model it plans for: before any host too
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
-    selection = select_hosts(inventory, request.hosts)
-    if request.resume:
-        selection, moved = selection.resumable()
-        if moved:
-            renderer.warn(moved)
+    selection = _selection(request, inventory, renderer)
     hosts = selection.hosts
     urls = notify.receivers(request.notify, inventory.notify)  # checked before any host is contacted
     if request.every_checkpoint and not urls:
@@ -198,6 +188,17 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     return status
 
 
+def _selection(request: TrainRequest, inventory: Inventory, renderer: Renderer) -> Selection:
+    """The hosts to train on; a resume's without the inventory's rendezvous host moves it (selection.py)."""
+    selection = select_hosts(inventory, request.hosts)
+    if not request.resume:
+        return selection
+    selection, moved = selection.resumable()
+    if moved:
+        renderer.warn(moved)
+    return selection
+
+
 def _comm_checked(request: TrainRequest, project: Project) -> comm_cmd.Gradients | None:
     """`--comm`'s value, and the model described with a hook the trainer would refuse (flat DiLoCo
     with sync_bn) refused in one line, before any host is contacted (None without --comm)."""
@@ -236,7 +237,11 @@ def _launch_options(request: TrainRequest, inventory: Inventory, count: int, ren
 
 def _detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str, ...], every_checkpoint: bool,
               origin: Beside[dict], project: Project, renderer: Renderer) -> int:
-    start_detached(plan, sessions, urls, every_checkpoint)
+    try:
+        start_detached(plan, sessions, urls, every_checkpoint)
+    except StartInterrupted as interrupted:
+        stop_started(plan.run_id, interrupted.started, project, renderer)
+        raise
     provenance.save_at_launch(project.runs, plan.run_id, origin.result())
     renderer.info(f"run {plan.run_id} is running detached; follow it: fab logs --run {plan.run_id} -f; "
                   f"state: fab status --run {plan.run_id}; stop it: fab stop --run {plan.run_id}")

@@ -11,6 +11,7 @@ its own arguments: they are not checked.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -41,4 +42,15 @@ def check_trainer_args(workload: Workload, pg_timeout_s: int, root: Path) -> Non
     if done.returncode != 2:
         raise MeshrunError(one_line(f"could not check the trainer's config with `python -m meshrun.train --check`: "
                                     f"{reason}"))
-    raise InputError(f"the trainer refuses its arguments: {reason}; fix --config or the key=value overrides after --")
+    raise InputError(f"the trainer refuses its arguments: {reason}; fix --config or the key=value overrides after --"
+                     f"{_script_hint(workload, root)}")
+
+
+def _script_hint(workload: Workload, root: Path) -> str:
+    """A script named after `--` without `--script` (`fab train -- train.py --epochs 3`) went to the
+    built-in trainer as an override: name the flag it wanted."""
+    first = workload.args[0] if workload.args else ""
+    if not first.endswith(".py") or not (root / first).is_file():
+        return ""
+    rest = f" -- {shlex.join(workload.args[1:])}" if len(workload.args) > 1 else ""
+    return f"; to run your own script: fab train --script {shlex.quote(first)}{rest}"

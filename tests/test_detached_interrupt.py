@@ -1,0 +1,81 @@
+"""A Ctrl-C during `fab train --detach`'s agent start (an interruption review, finding 3).
+
+The starts ran on `on_each`, whose threads went on after the Ctrl-C: the console said
+"interrupted" and exited 130 while every host's agent started and trained on, holding its GPUs,
+with no provenance written and nothing said. Now the starts run on `start_each` (no more begin,
+those in flight are waited for) and the hosts whose agents started are named and stopped. Fake
+sessions stand in for SSH (what is under test is the controller's bookkeeping; the detached agent
+itself is tested on real processes in tests/test_agent_lock.py), and the stop's SSH fan-out is
+replaced by one that records whom it was asked to stop."""
+
+from __future__ import annotations
+
+import _thread
+import dataclasses
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from meshrun.deploy.edges import detachedstart
+from meshrun.deploy.edges.fanout import HostResults
+from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.inventory.model import Rendezvous
+from meshrun.deploy.inventory.selection import Selection
+from meshrun.deploy.project import Project
+from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.run.plan import LaunchOptions, plan_launch
+from tests.fakesession import FakeSession, host
+
+RUN = "20260101-000000-cafe"
+
+
+def test_a_ctrl_c_during_the_detached_start_names_the_hosts_whose_agents_started() -> None:
+    hosts = tuple(dataclasses.replace(host(), name=f"h{i}", address=f"10.147.17.{i}") for i in (1, 2, 3))
+    plan = plan_launch(Selection(hosts, Rendezvous("h1", 29400)), LaunchOptions(RUN, detach=True), {}, "/v/python")
+
+    def answer(name: str, interrupt: bool = False) -> FakeSession:
+        def stdout(_argv: object) -> str:
+            if interrupt:
+                time.sleep(0.1)  # every start has begun
+                _thread.interrupt_main()
+            time.sleep(0.3)  # still in flight when the Ctrl-C arrives
+            if name == "h3":
+                return json.dumps({"error": "agent did not start; see train.log"})
+            return json.dumps({"run_id": RUN, "agent_pid": 4242})
+        return FakeSession(stdout, the_host=next(h for h in hosts if h.name == name))
+
+    sessions = {"h1": answer("h1"), "h2": answer("h2"), "h3": answer("h3", interrupt=True)}
+    # Python's own SIGINT handler: a pytest-xdist worker ignores SIGINT, and interrupt_main() then raises nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(detachedstart.StartInterrupted) as info:
+            detachedstart.start_detached(plan, sessions)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert info.value.started == ("h1", "h2")
+    assert isinstance(info.value, KeyboardInterrupt)  # the CLI's Ctrl-C path: exit 130, one line
+
+
+def test_the_hosts_that_started_are_stopped_and_a_host_left_unclean_is_named(tmp_path: Path, monkeypatch,
+                                                                             capsys) -> None:  # type: ignore[no-untyped-def]
+    project = Project(tmp_path, tmp_path / "runs")
+    RunRecord(RUN, str(tmp_path / "hosts.yaml"), ("h1", "h2", "h3"), time.time(), True, "10.147.17.1:29400",
+              controller_pid=None).save(project.runs)
+    asked: list[tuple[str, ...]] = []
+
+    def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostResults:
+        asked.append(names)
+        assert record.run_id == RUN and root == tmp_path
+        return HostResults({"h1": (), "h2": (77,)})
+
+    monkeypatch.setattr(detachedstart, "stop_hosts", stop_hosts)
+    detachedstart.stop_started(RUN, ("h1", "h2"), project, Renderer())
+    detachedstart.stop_started(RUN, (), project, Renderer())
+    assert asked == [("h1", "h2")]
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert f"interrupted: stopping run {RUN} on h1, h2, whose agents had started" in text
+    assert f"not every host of run {RUN} is clean: fab stop --run {RUN}" in text
