@@ -3,6 +3,7 @@ project (the host side is deploy/host/setup.py; the wheel, deploy/edges/wheel.py
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,9 @@ class SetupResult:
     actions: tuple[str, ...]
     python: str
     torch: str | None
+    # The host's home and workdir as it reported them (untrusted: only for the `python:` warning); None: not said.
+    home: str | None = None
+    workdir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,8 @@ def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool)
         data = {"error": result.stderr.strip()[-300:] or f"exit status {result.rc}"}
     if "error" in data:
         why = said(data["error"]) if isinstance(data["error"], str) else shown(data["error"])
-        # The host's venv and pip errors carry their own advice; others get the usual question.
-        hint = ("" if " -m venv failed: " in why
+        # The host's venv and pip errors and a busy host's carry their own advice; others get the usual question.
+        hint = ("" if " -m venv failed: " in why or data.get("busy") is True
                 else "; check the project's requirements and that the host reaches its package index"
                 if why.startswith("pip could not install ")
                 else f"; is `{request.base}` a Python >= 3.10 with venv? (--base PYTHON)")
@@ -93,7 +97,25 @@ def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool)
     if not python:
         raise reader.bad("python", python, "the venv's interpreter")
     return SetupResult(host.name, reader.texts(data.get("actions", MISSING), "actions"), python,
-                       reader.text(data.get("torch", MISSING), "torch", optional=True, limit=VERSION_CLIP))
+                       reader.text(data.get("torch", MISSING), "torch", optional=True, limit=VERSION_CLIP),
+                       reader.text(data.get("home", MISSING), "home", optional=True, limit=PATH_CLIP),
+                       reader.text(data.get("workdir", MISSING), "workdir", optional=True, limit=PATH_CLIP))
+
+
+def same_interpreter(configured: str | None, reported: str, home: str | None, workdir: str | None) -> bool:
+    """Whether the inventory's `python:` runs the interpreter setup reported, as the host's shell runs it after
+    `cd WORKDIR` (deploy/run/shell.py): a leading `~/` is the home, a path with a `/` that is not absolute is in
+    the workdir, a bare name is looked up on PATH (never the same). Unknown home or workdir: the text as it is."""
+    if configured is None:
+        return False
+    tilde = configured == "~" or configured.startswith("~/")
+    if tilde and home:
+        path = posixpath.join(home, configured[2:])
+    elif not tilde and not configured.startswith("/") and "/" in configured and workdir:
+        path = posixpath.join(workdir, configured)
+    else:
+        path = configured
+    return posixpath.normpath(path) == posixpath.normpath(reported)
 
 
 def installed_identity(session: Session, python: str) -> Identity | None:
@@ -136,6 +158,6 @@ def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site
         done = "; ".join(result.actions) or "already set up, nothing to do"
         renderer.info(f"{host.name}: {done}; meshrun {request.identity}, python {result.python} "
                       f"(torch {result.torch or 'NOT importable'})")
-        if host.python != result.python:
+        if not same_interpreter(host.python, result.python, result.home, result.workdir):
             renderer.warn(f"{host.name}: the inventory's `python` is {host.python or 'unset'}; set "
                           f"`python: {result.python}` for it in {inv.path} to train with this environment")

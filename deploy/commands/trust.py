@@ -134,7 +134,12 @@ def _unique(offers: list[KeyOffer]) -> list[KeyOffer]:
 
 
 def _ask(question: str) -> bool:
-    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    """The user's yes; end of input (Ctrl-D, a closed stdin) is a no: the caller then says nothing was written."""
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        print("(no answer: taken as no)")  # also ends the prompt's line, which Ctrl-D leaves open
+        return False
 
 
 def main(request: TrustRequest, project: Project) -> int:

@@ -10,15 +10,24 @@ skipped when already done, so a second run changes nothing:
    what was installed); its dependencies come from the host's index or the reused packages;
 4. install the project's requirements (`--requirements FILE` or `--requirement LINE`...) when
    they changed since the last install.
-Prints one JSON object: the actions taken, the venv's python, and its torch version; or {"error"}.
+Prints one JSON object: the actions taken, the venv's python, its torch version, and the host's
+home and workdir (the controller resolves the inventory's `python:` with them); or {"error"}.
+
+One setup at a time per workdir: a Ctrl-C or a dropped SSH connection sends this script no signal
+(no pty), so its pip runs on, and a rerun's pip into the same venv could corrupt it. The rerun
+answers {"error", "busy": true} instead, naming the running one's pid; ending that pid (TERM,
+HUP) ends its pip too.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +36,8 @@ from pathlib import Path
 VENV = Path(".venv")
 STAMP = VENV / "meshrun-installed"
 PTH = "meshrun-reuse-site.pth"
+# In the workdir, not in .venv: a user who removes .venv to start again still meets a running setup's lock.
+LOCK = Path(".meshrun-setup.lock")
 # Each step has a time limit, within the controller's own for the whole setup (an hour): a pip
 # that hangs on a dead index must not keep running here after the controller gave up.
 PIP_TIMEOUT_S = 3000  # a first torch download
@@ -116,6 +127,52 @@ def install(args: argparse.Namespace, actions: list[str]) -> None:
     STAMP.write_text(json.dumps({**stamp, "requirements": wanted}) + "\n")
 
 
+def hold_lock(path: Path) -> list[str] | None:
+    """Take the exclusive flock on `path` for the rest of this process's life, our pid and host name
+    written in it; None once held, else the words its holder wrote (none yet: []). Like
+    procs.hold_lock, copied: this file runs as `python -c` on a host that may have no meshrun. The
+    descriptor is not passed to pip, so the lock ends with this process, however it ends."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise SetupFailed(f"cannot open the setup lock {os.path.abspath(path)}: {err.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        words = os.read(fd, 320).decode(errors="replace").split()
+        os.close(fd)
+        return words
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    return None
+
+
+def busy_error(holder: list[str]) -> str:
+    """Who holds the lock, and what to do. Another host's name: the workdir is shared (an NFS home)."""
+    pid = holder[0] if holder and holder[0].isdigit() and len(holder[0]) < 20 else ""
+    if not pid:
+        return "another fab setup is still running in this workdir; wait for it"
+    if len(holder) > 1 and holder[1] != socket.gethostname():
+        return (f"another fab setup is still running in this workdir, from {holder[1][:64]}, which shares it "
+                f"(pid {pid} there); wait for it, or end it there")
+    return f"another fab setup is still running on this host (pid {pid}); wait for it, or end it (kill {pid})"
+
+
+def end_on_signal(signum: int, _frame: object) -> None:
+    # SystemExit inside subprocess.run kills the running pip before it propagates: a setup ended
+    # with `kill PID` leaves no pip behind to race the next one.
+    raise SystemExit(128 + signum)
+
+
+def torch_version() -> str | None:
+    try:
+        torch = subprocess.run([str(venv_python()), "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None
+    return torch.stdout.strip() if torch.returncode == 0 else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="meshrun host setup")
     parser.add_argument("--wheel", required=True, help="the controller's meshrun wheel, pushed here")
@@ -126,19 +183,21 @@ def main() -> int:
     parser.add_argument("--force", action="store_true", help="install again even if the stamp says done")
     args = parser.parse_args()
     actions: list[str] = []
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, end_on_signal)
     try:
+        if (holder := hold_lock(LOCK)) is not None:
+            print(json.dumps({"error": busy_error(holder), "busy": True}))
+            return 1
         make_venv(args.reuse_site, actions)
         install(args, actions)
     except (SetupFailed, subprocess.SubprocessError, OSError) as err:
         print(json.dumps({"error": str(err), "actions": actions}))
         return 1
-    try:
-        torch = subprocess.run([str(venv_python()), "-c", "import torch; print(torch.__version__)"],
-                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-        version = torch.stdout.strip() if torch.returncode == 0 else None
-    except subprocess.TimeoutExpired:
-        version = None
-    print(json.dumps({"actions": actions, "python": os.path.abspath(venv_python()), "torch": version}))
+    # The host's own home and workdir, resolved as `cd WORKDIR` left them (os.getcwd is the physical
+    # path, as the python reported): the controller resolves the inventory's `~/` and relative `python:`.
+    print(json.dumps({"actions": actions, "python": os.path.abspath(venv_python()), "torch": torch_version(),
+                      "home": os.path.realpath(os.path.expanduser("~")), "workdir": os.getcwd()}))
     return 0
 
 
