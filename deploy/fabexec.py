@@ -4,11 +4,15 @@ Stock Fabric turns anything after `--` into an anonymous shell command to run on
 and refuses when there are none. meshrun's `fab train --script FILE -- ARGS` passes those
 arguments to the user's script instead, so they are taken out of Fabric's hands here and
 read back, unsplit and unjoined, by `deploy.cli.remainder()`.
+
+Fabric's own options before the task (`-H`, `-i`, `-S`, ...) configure the Connections and commands
+Fabric makes itself; meshrun makes its own from the inventory, so they are refused (`guard_parsing`).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from fabric.executor import Executor
@@ -16,6 +20,16 @@ from invoke.exceptions import Exit, ParseError
 
 # invoke's words for a flag given without its value: "Flag <Argument: lines (l)> needed value and was not given one!"
 _NEEDED_VALUE = re.compile(r"Flag <Argument: ([A-Za-z0-9_]+)[^>]*> needed value")
+_TASKS_MODULE = "meshrun.deploy.tasks"  # where meshrun's task bodies live (not imported: it imports this module)
+
+# Fabric's and invoke's options, before the task, that only act on what Fabric connects or runs itself.
+# They are listed in `--help`, so they get used; unrefused, each did nothing, and -H worse: Fabric ran
+# the task once per name it lists, each run on every host of the inventory (its `--hosts` unset).
+FABRIC_ONLY = {"hosts": "-H/--hosts", "identity": "-i/--identity", "ssh-config": "-S/--ssh-config",
+               "connect-timeout": "-t/--connect-timeout", "prompt-for-passphrase": "--prompt-for-passphrase",
+               "prompt-for-login-password": "--prompt-for-login-password", "dry": "-R/--dry",
+               "command-timeout": "-T/--command-timeout", "prompt-for-sudo-password": "--prompt-for-sudo-password",
+               "echo": "-e/--echo", "pty": "-p/--pty", "warn-only": "-w/--warn-only", "hide": "--hide"}
 
 
 class MeshrunExecutor(Executor):
@@ -27,10 +41,60 @@ class MeshrunExecutor(Executor):
             self.core.remainder = saved
 
 
-def bad_flags_exit_2(program: Any) -> None:
-    """A task flag invoke cannot parse (unknown, or given without its value) is bad input: one line and
-    exit status 2, as every other bad input (invoke prints it and exits 1)."""
-    parse_tasks = program.parse_tasks
+def fabric_option_problem(given: dict[str, object], program: str, task: str, takes_hosts: bool) -> str | None:
+    """The line refusing the first of FABRIC_ONLY's options in `given` (name → its value), with
+    what meshrun reads instead; None when none was given."""
+    name = next((name for name in FABRIC_ONLY if given.get(name)), None)
+    if name is None:
+        return None
+    value = shlex.quote(str(given[name])).replace("\n", "\\n")  # one line, whatever was typed
+    if name == "hosts":
+        fix = (f"put it after the task: {program} {task} --hosts {value}" if takes_hosts
+               else f"{program} {task} takes no --hosts")
+    elif name == "identity":
+        fix = ("name the SSH key as `identity:` in the inventory (or IdentityFile in $MESHRUN_SSH_CONFIG, "
+               "else ~/.ssh/config)")
+    elif name == "ssh-config":
+        fix = f"set MESHRUN_SSH_CONFIG={value} instead (default ~/.ssh/config)"
+    elif name == "connect-timeout":
+        fix = f"{program} check-network and {program} trust take --timeout SECONDS after the task"
+    elif name == "prompt-for-passphrase":
+        fix = "add the key to ssh-agent (ssh-add KEY): meshrun offers the agent's keys"
+    elif name == "prompt-for-login-password":
+        fix = "meshrun logs in with SSH keys only: `identity:` in the inventory, or ssh-agent"
+    elif name == "dry":
+        fix = f"it would not keep {program} {task} from acting; drop it"
+    else:
+        fix = "meshrun runs no commands through Fabric; drop it"
+    return f"{FABRIC_ONLY[name]} before the task is Fabric's own option, which meshrun does not use; {fix}"
+
+
+def refuse_fabric_options(program: Any) -> None:
+    """Exit 2 with `fabric_option_problem`'s line when one of meshrun's tasks is to run. A project's
+    own Fabric tasks, in the same fabfile, keep Fabric's options."""
+    ours = [ctx for ctx in program.tasks if _is_meshrun_task(program.collection, ctx.name)]
+    if not ours:
+        return
+    given = {name: program.args[name].value for name in FABRIC_ONLY if name in program.args}
+    shown_as = "meshrun" if program.binary == "meshrun" else "fab"  # `fab`'s binary is how it was called
+    problem = fabric_option_problem(given, shown_as, ours[0].name, "hosts" in ours[0].args)
+    if problem:
+        raise Exit(f"error: {problem}", code=2)
+
+
+def _is_meshrun_task(collection: Any, name: str) -> bool:
+    try:
+        body = getattr(collection[name], "body", None)
+    except (KeyError, ValueError):
+        return False
+    return getattr(body, "__module__", None) == _TASKS_MODULE
+
+
+def guard_parsing(program: Any) -> None:
+    """Bad input on the command line is one line and exit status 2, as every other bad input: a task
+    flag invoke cannot parse (unknown, or given without its value; invoke prints it and exits 1), and
+    Fabric's own options before a meshrun task (`refuse_fabric_options`)."""
+    parse_tasks, parse_cleanup = program.parse_tasks, program.parse_cleanup
 
     def parse_tasks_or_exit_2() -> None:
         try:
@@ -40,7 +104,12 @@ def bad_flags_exit_2(program: Any) -> None:
             text = f"--{needed.group(1).replace('_', '-')} needs a value" if needed else str(err).rstrip("!")
             raise Exit(f"error: {text}; see --help", code=2) from None
 
+    def parse_cleanup_then_refuse() -> None:
+        parse_cleanup()  # --help, --list and --version answer first; they run no task
+        refuse_fabric_options(program)  # before update_config, which would read -S's file and prompt
+
     program.parse_tasks = parse_tasks_or_exit_2
+    program.parse_cleanup = parse_cleanup_then_refuse
 
 
 def adopt_running_fab() -> None:
@@ -53,4 +122,4 @@ def adopt_running_fab() -> None:
     program = getattr(sys.modules.get("fabric.main"), "program", None)
     if program is not None and getattr(program, "executor_class", None) is Executor:
         program.executor_class = MeshrunExecutor
-        bad_flags_exit_2(program)
+        guard_parsing(program)

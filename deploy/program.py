@@ -11,11 +11,11 @@ from invoke import Collection
 
 from meshrun import __version__
 from meshrun.deploy import tasks
-from meshrun.deploy.fabexec import MeshrunExecutor, bad_flags_exit_2
+from meshrun.deploy.fabexec import MeshrunExecutor, guard_parsing
 
 program = Fab(name="meshrun", binary="meshrun", version=__version__,
               namespace=Collection.from_module(tasks), executor_class=MeshrunExecutor, config_class=Config)
-bad_flags_exit_2(program)
+guard_parsing(program)  # a flag invoke cannot parse, or Fabric's own before a task: exit 2
 
 
 def main() -> None:

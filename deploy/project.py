@@ -1,6 +1,7 @@
 """The project meshrun works on: the user's repository. Its files are what `sync` ships to the
-hosts, `--script` and `-c` paths are relative to it, and the controller records runs under its
-`runs/` (or `--runs-dir`). meshrun's own clone is just one project among others.
+hosts, `--script` and `-c` paths are relative to its root (not to the current directory), and the
+controller records runs under its `runs/` (or `--runs-dir`). meshrun's own clone is just one
+project among others.
 
 Found once per command: `--project DIR`, else the git root of the current directory.
 """
@@ -59,21 +60,57 @@ def git_root(here: Path) -> Path:
     return Path(done.stdout.strip()).resolve()
 
 
-def relative_to_project(path: str, project: Project, flag: str, packaged_ok: bool = False) -> str:
+def relative_to_project(path: str, project: Project, flag: str, packaged_ok: bool = False,
+                        cwd: Path | None = None) -> str:
     """`path` (a --script or --config value) as the path inside the project that the hosts will
     find: given relative to the project root, or absolute inside it. With `packaged_ok`, a bare
     name the project lacks passes through: the trainer then looks among its shipped configs
-    (and says which exist if it is none of them)."""
+    (and says which exist if it is none of them). A relative path that names another file of the
+    project from `cwd` (default: the current directory) is refused, naming that file: typed in
+    experiments/, `train.py` means experiments/train.py to the person, the root's to meshrun."""
     candidate = Path(path).expanduser()
+    here = None if candidate.is_absolute() else _from_here(candidate, project.root, cwd)
     if packaged_ok and candidate.name == path and flag_path_stat(flag, project.root / path) is None:
+        if here is not None:
+            raise InputError(_not_from_here(flag, path, project.root, here) +
+                             f" (or run from the project root for meshrun's shipped {path})")
         return path
     full = (candidate if candidate.is_absolute() else project.root / candidate).resolve()
-    try:
-        inside = full.relative_to(project.root)
-    except ValueError:
+    inside = _inside(full, project.root)
+    found = flag_path_stat(flag, full) if inside is not None else None
+    exists = found is not None and stat.S_ISREG(found.st_mode)
+    if here is not None and here != inside:
+        if not exists:
+            raise InputError(_not_from_here(flag, path, project.root, here))
+        raise InputError(f"{flag} {path}: ambiguous: paths are relative to the project root, so this is {full}, "
+                         f"not {here.as_posix()} in the current directory; pass {flag} {here.as_posix()} for that "
+                         "one, or the absolute path for the root's")
+    if inside is None:
         raise InputError(f"{flag} {path}: not inside the project {project.root}; only the project's files "
-                         "reach the hosts (move it in, or pass --project)") from None
-    found = flag_path_stat(flag, full)
-    if found is None or not stat.S_ISREG(found.st_mode):
+                         "reach the hosts (move it in, or pass --project)")
+    if not exists:
         raise InputError(f"{flag} {path}: no such file in the project {project.root}")
     return inside.as_posix()
+
+
+def _inside(full: Path, root: Path) -> Path | None:
+    try:
+        return full.relative_to(root)
+    except ValueError:
+        return None
+
+
+def _from_here(candidate: Path, root: Path, cwd: Path | None) -> Path | None:
+    """The project file (its path from the root) that relative `candidate` names from `cwd`, if it
+    names a regular file of the project from there; None otherwise."""
+    try:
+        full = (Path(cwd or os.getcwd()) / candidate).resolve()
+        inside = _inside(full, root)
+        return inside if inside is not None and stat.S_ISREG(full.stat().st_mode) else None
+    except OSError:  # the current directory is gone, or that name cannot be looked at: no other meaning
+        return None
+
+
+def _not_from_here(flag: str, path: str, root: Path, here: Path) -> str:
+    return (f"{flag} {path}: paths are relative to the project root {root}, not the current directory; "
+            f"did you mean {flag} {here.as_posix()}?")

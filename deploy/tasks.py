@@ -120,11 +120,13 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
 
 @task(help={**PROJECT_FLAGS, 
     "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP,
-    "config": "trainer config YAML in the project, or the name of a shipped one (default digits.yaml)",
-    "script": "run this torchrun-compatible script of the project instead of the trainer; its arguments go after --",
+    "config": "trainer config YAML, its path relative to the project root (not the current directory), or the name "
+              "of a shipped one (default digits.yaml)",
+    "script": "run this torchrun-compatible script of the project instead of the trainer (its path relative to the "
+              "project root, not the current directory); its arguments go after --",
     "nnodes": "elastic bounds MIN:MAX (default: the inventory's `elastic`, else fixed)",
-    "timeout": f"process-group timeout in whole seconds (default {DEFAULT_PG_TIMEOUT_S}): how long a lost peer may "
-               "stall a collective",
+    "timeout": f"the built-in trainer's process-group timeout in whole seconds (default {DEFAULT_PG_TIMEOUT_S}; a "
+               "resume: the run's): how long a lost peer may stall a collective",
     "detach": "start the run and return its id", "skip_checks": "skip the pre-flight checks",
     "no_sync": "do not sync the code first", "debug": DEBUG_HELP,
     "resume": "continue an earlier run (its id) from its newest checkpoint, on its hosts by default",
@@ -149,7 +151,7 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=""
     workload = Workload(script=script or None, config=config or None, args=remainder())
     idle = policy_from_flags(idle_warn, idle_stop, idle_below)
     request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None,
-                           flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S),
+                           flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S) if timeout else None,
                            detach, skip_checks, no_sync, resume or None, comm or None, firewall, tuple(notify or ()),
                            idle, bool(every_checkpoint))
     where = _project(project, runs_dir)

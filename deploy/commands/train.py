@@ -71,8 +71,10 @@ def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest
     """--script and --config as the paths the hosts will find: inside the project, checked here,
     before any host is touched."""
     work = request.workload
-    script = relative_to_project(work.script, project, "--script") if work.script else None
-    config = relative_to_project(work.config, project, "--config", packaged_ok=True) if work.config else None
+    # A resume's paths are the record's, from the root (a resume naming another is refused before).
+    cwd = project.root if request.resume else None
+    script = relative_to_project(work.script, project, "--script", cwd=cwd) if work.script else None
+    config = relative_to_project(work.config, project, "--config", packaged_ok=True, cwd=cwd) if work.config else None
     return dataclasses.replace(request, workload=dataclasses.replace(work, script=script, config=config))
 
 
