@@ -172,7 +172,7 @@ def test_a_python_that_did_not_run_says_how_to_make_one_when_the_inventory_names
         "inventory to an interpreter that exists there"))]
     assert host_findings(facts("h1", fingerprint=missing, python_unset=True), {}) == [Finding(Level.FAIL, "h1", (
         "the host's python did not run (`/usr/bin/python3.12`: No such file or directory); it has no `python:` in "
-        "the inventory: run `meshrun setup --hosts h1` (it makes ~/meshrun/.venv), then set "
+        "the inventory: run `fab setup --hosts h1` (it makes ~/meshrun/.venv), then set "
         "`python: ~/meshrun/.venv/bin/python`"))]
 
 

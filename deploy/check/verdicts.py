@@ -84,6 +84,7 @@ class HostFacts:
     cpus: int | None = None  # the CPUs the host's processes may use
     python_unset: bool = False  # a remote host with no `python:` in the inventory: it was given the controller's
     rsync_missing: bool = False  # a remote host whose PATH has no rsync (every sync and fetch needs it)
+    processes: int | None = None  # the processes the launch starts here (Host.nproc_per_node); None: not told
 
 
 @dataclass(frozen=True)
@@ -188,10 +189,10 @@ def _python_findings(host: HostFacts) -> list[Finding]:
     if fp is None or fp.python is None:
         reason = fp.error if fp is not None and fp.error else "no answer"
         if host.python_unset:
-            venv = f"{host.workdir}/.venv"
+            venv, python = venv_python(host.workdir)
             return [fail(host.name, f"the host's python did not run ({reason}); it has no `python:` in the inventory: "
-                                    f"run `meshrun setup --hosts {host.name}` (it makes {venv}), then set "
-                                    f"`python: {venv}/bin/python`")]
+                                    f"run `fab setup --hosts {host.name}` (it makes {venv}), then set "
+                                    f"`python: {python}`")]
         return [fail(host.name, f"the host's python did not run ({reason}); set `python:` in the inventory "
                                 "to an interpreter that exists there")]
     if fp.torch is None:
@@ -200,16 +201,66 @@ def _python_findings(host: HostFacts) -> list[Finding]:
     return []
 
 
+def venv_python(workdir: str) -> tuple[str, str]:
+    """(the venv `fab setup` makes, in words; the `python:` naming it). Commands run after `cd WORKDIR`
+    (deploy/run/shell.py): under a relative workdir, `meshrun/.venv/bin/python` is ~/meshrun/meshrun/…"""
+    if workdir.startswith(("/", "~")):
+        return f"{workdir.rstrip('/')}/.venv", f"{workdir.rstrip('/')}/.venv/bin/python"
+    return f".venv in the workdir {workdir}", ".venv/bin/python"
+
+
+def launch_gpus(host: HostFacts) -> tuple[int, ...] | None:
+    """The GPUs (nvidia-smi's indices) the launch gives this host's processes: `gpus:` as listed;
+    else one each, CUDA's first (train/dist.gpu_index), none when the processes outnumber them.
+    CUDA counts the fastest first (PCI bus order, nvidia-smi's, among equal cards): None when some
+    of mixed cards are used and which cannot be told from here."""
+    if host.selected_gpus is not None:
+        return host.selected_gpus
+    present = sorted(g.index for g in host.gpus)
+    count = len(present) if host.processes is None else host.processes
+    if count > len(present):
+        return ()
+    return None if count < len(present) and len({g.name for g in host.gpus}) > 1 else tuple(present[:count])
+
+
 def _gpu_findings(host: HostFacts) -> list[Finding]:
-    if host.selected_gpus is None:
+    present = sorted(g.index for g in host.gpus)
+    missing = [i for i in host.selected_gpus or () if i not in present]
+    if missing:
+        have = ", ".join(str(i) for i in present) or "none (CPU only)"
+        return [fail(host.name, f"GPU index(es) {', '.join(map(str, missing))} selected but not present "
+                                f"(GPUs: {have}); fix `gpus:` in the inventory or the `--hosts NAME:0,1` override")]
+    fp = host.fingerprint
+    if present and launch_gpus(host) != () and fp is not None and fp.torch is not None and fp.cuda is None:
+        # torch.cuda is unavailable to a CPU build: every rank trains on CPU, and nothing else says so.
+        pin = f"torch=={fp.torch.split('+')[0]}+cuXYZ"
+        return [warn(host.name, f"torch {fp.torch} is a build without CUDA: {host.name} trains on CPU and its GPUs "
+                                "stay idle; to use them, put `--extra-index-url "
+                                f"https://download.pytorch.org/whl/cuXYZ` and `{pin}` in requirements.txt, XYZ a CUDA "
+                                "its driver runs "
+                                "(https://pytorch.org/get-started/locally/), and run "
+                                f"`fab setup --hosts {host.name}`; or point `python:` in the inventory at an env with "
+                                "a CUDA build")]
+    return _process_findings(host, present)
+
+
+def _process_findings(host: HostFacts, present: list[int]) -> list[Finding]:
+    """Without `gpus:`, `nproc:` (else 1) processes take one GPU each: fewer leave GPUs idle, more
+    leave every one idle (one GPU per process or none: train/dist.gpu_index)."""
+    count, have = host.processes, len(present)
+    if host.selected_gpus is not None or count is None or not present or count == have:
         return []
-    present = {g.index for g in host.gpus}
-    missing = [i for i in host.selected_gpus if i not in present]
-    if not missing:
-        return []
-    have = ", ".join(str(i) for i in sorted(present)) or "none (CPU only)"
-    return [fail(host.name, f"GPU index(es) {', '.join(map(str, missing))} selected but not present (GPUs: {have}); "
-                            "fix `gpus:` in the inventory or the `--hosts NAME:0,1` override")]
+    every = f"`gpus: [{', '.join(map(str, present))}]`"
+    processes = f"{count} process{'' if count == 1 else 'es'}"
+    if count > have:
+        return [warn(host.name, f"{processes} but {have} GPU{'' if have == 1 else 's'} here and no `gpus:` in the "
+                                "inventory: one GPU per process or none, so it trains on CPU (on dist.backend=gloo "
+                                f"they share the GPUs); set `nproc: {have}`, or list {every} in its place")]
+    used = launch_gpus(host)
+    which = (f"{'one GPU' if count == 1 else f'{count} GPUs'} (the fastest, by CUDA's count)" if used is None else
+             f"GPU{'' if count == 1 else 's'} {', '.join(map(str, used))}")
+    return [warn(host.name, f"{have} GPUs here but {processes} (no `gpus:` in the inventory): the run trains on "
+                            f"{which} and leaves the others idle; set {every} to use them all")]
 
 
 def python_minor(version: str) -> str:

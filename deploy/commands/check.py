@@ -16,10 +16,11 @@ from meshrun.deploy.check.sites import place_links, site_findings
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.edges.wheel import controller_identity
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
-from meshrun.deploy.inventory.model import sites_of
+from meshrun.deploy.inventory.model import Host, sites_of
 from meshrun.deploy.project import Project
 
-from meshrun.deploy.check.verdicts import AllReduceResult, ProbeStatus, allreduce_budget, build_report, has_failures
+from meshrun.deploy.check.verdicts import (AllReduceResult, HostFacts, ProbeStatus, allreduce_budget, build_report,
+                                           has_failures)
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
 from meshrun.deploy.edges.exposure import probe_exposure
@@ -52,7 +53,7 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     sites = sites_of(hosts)
     sessions, unreachable = open_sessions(hosts, inventory, project.root, request.timeout)
     try:
-        facts = gather_facts(hosts, head, sessions, unreachable, sys.executable)
+        facts = with_processes(gather_facts(hosts, head, sessions, unreachable, sys.executable), hosts)
         rdzv, links = probe_pairs(hosts, head, inventory.rendezvous.port, sessions, facts,
                                   BANDWIDTH_S if request.bandwidth else 0.0, sys.executable)
         exposure = probe_exposure(hosts, head, inventory.rendezvous.port, sessions, sys.executable)
@@ -75,6 +76,13 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     else:
         print_check(renderer, report)
     return 1 if report.level is Level.FAIL else 0
+
+
+def with_processes(facts: tuple[HostFacts, ...], hosts: tuple[Host, ...]) -> tuple[HostFacts, ...]:
+    """Each host's facts with the processes the launch starts there: which GPUs they train on
+    (deploy/check/verdicts.launch_gpus)."""
+    processes = {h.name: h.nproc_per_node for h in hosts}
+    return tuple(replace(f, processes=processes.get(f.name)) for f in facts)
 
 
 def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer,
@@ -104,7 +112,7 @@ def _check_before_run(selection: Selection, sessions: Mapping[str, Session], ren
     """The checks themselves; raises on any FAIL, else returns the warnings it showed."""
     started = time.monotonic()
     hosts, head = selection.hosts, selection.head
-    facts = gather_facts(hosts, head, sessions, {}, sys.executable)
+    facts = with_processes(gather_facts(hosts, head, sessions, {}, sys.executable), hosts)
     rdzv, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable)
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
     report = with_findings(build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started,

@@ -10,8 +10,8 @@ from rich.text import Text
 
 from meshrun.deploy.check import wireguard
 from meshrun.deploy.check.findings import Finding, Level, worst
-from meshrun.deploy.check.verdicts import CheckReport, HostFacts, LinkResult, PortState, ProbeStatus
-from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.check.verdicts import CheckReport, HostFacts, LinkResult, PortState, ProbeStatus, launch_gpus
+from meshrun.deploy.render.console import Renderer, as_run
 from meshrun.deploy.render.neutral import PlainTable, plain
 
 LEVEL_STYLES = {Level.PASS: "green", Level.WARN: "yellow", Level.FAIL: "red bold"}
@@ -38,7 +38,7 @@ def host_table(h: HostFacts, level: Level) -> PlainTable:
     table.add_column("check", style="bold")
     table.add_column("found", overflow="fold")
     if not h.reachable:
-        table.add_row("ssh", plain(h.error or "unreachable", style="red"))
+        table.add_row("ssh", plain(as_run(h.error or "unreachable"), style="red"))
         return table
     fp = h.fingerprint
     ssh = "local host (no SSH)" if h.address == "local" else "reachable, host key verified"
@@ -55,11 +55,17 @@ def host_table(h: HostFacts, level: Level) -> PlainTable:
 
 
 def gpu_cell(h: HostFacts) -> str:
+    """Every GPU, a star on those the run will train on: none under a torch without CUDA."""
     if not h.gpus:
         return h.gpu_note or "CPU only"
-    chosen = set(h.selected_gpus) if h.selected_gpus is not None else {g.index for g in h.gpus}
-    return "\n".join(f"{'*' if g.index in chosen else ' '} {g.index}: {g.name}, {g.memory_used_mib}/"
-                     f"{g.memory_total_mib} MiB used" for g in h.gpus)
+    used = launch_gpus(h)
+    cpu_torch = h.fingerprint is not None and h.fingerprint.torch is not None and h.fingerprint.cuda is None
+    chosen = set() if used is None or cpu_torch else set(used)
+    lines = [f"{'*' if g.index in chosen else ' '} {g.index}: {g.name}, {g.memory_used_mib}/"
+             f"{g.memory_total_mib} MiB used" for g in h.gpus]
+    if used is None and not cpu_torch:
+        lines.append(f"  (no `gpus:`: the run takes the {h.processes} fastest, by CUDA's count)")
+    return "\n".join(lines)
 
 
 def overlay_cell(h: HostFacts) -> str:
@@ -123,7 +129,10 @@ def place_table(report: CheckReport) -> PlainTable:
 
 
 def finding_text(finding: Finding) -> Text:
-    return Text(f"{finding.level.value} ", style=LEVEL_STYLES[finding.level]) + plain(f"{finding.where}: {finding.message}")
+    """Its `fab TASK` hints as this command's user can run them, as every other line says them
+    (deploy/render/hints.py): `meshrun setup --inventory lab.yaml --hosts gpu2`, not `fab setup --hosts gpu2`."""
+    text = f"{finding.where}: {as_run(finding.message)}"
+    return Text(f"{finding.level.value} ", style=LEVEL_STYLES[finding.level]) + plain(text)
 
 
 def allreduce_line(report: CheckReport) -> str:
