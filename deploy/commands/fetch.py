@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from stat import S_ISDIR, S_ISREG
 from pathlib import Path
@@ -30,6 +30,7 @@ from meshrun.deploy.run.shell import local_workdir
 INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) for the assembly
 PLACED = ".placed"  # per host, what the last fetch placed under hosts/<host>/ (read_placed)
 PLACED_MAX = 64 << 20  # a record of every file of a host's run folder: a sha256 and a name each
+ASSEMBLY = f".{CHECKPOINTS}"  # the journal of the assembled checkpoints/ (not a host name, as in INCOMING)
 PLACE_S = 600  # after the transfer: hashing and placing what came, on this machine's disk
 
 
@@ -58,7 +59,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts)
         fetch_verified(argv, staging, report, bars.update)
         ours = read_placed(home, host.name)
-        place(staging.tree, report.landed, report, force, ours=ours)
+        place(staging.tree, report.landed, report, force, ours=ours, on_placed=journal_to(home, host.name))
         save_placed(home, host.name, placed_after(ours, report))
         remove_staging(staging)
         return report
@@ -79,14 +80,52 @@ def read_placed(home: Path, host: str) -> dict[str, str]:
     """What an earlier fetch placed under `hosts/<host>/` ({relative name: sha256}): a file still
     so is meshrun's, and the next fetch may replace it (a host's manifest, `best.pt`, a pruned
     log); one that differs is yours. Kept apart from the host's tree, which the host fills, so a
-    host cannot vouch for a file itself. Missing or unreadable: nothing vouched for."""
+    host cannot vouch for a file itself. Missing or unreadable: nothing vouched for. The journal
+    of a fetch cut off while placing (`journal_to`) counts too: its files are meshrun's as well."""
     try:
         data = json.loads(read_regular(home / PLACED / f"{host}.json", PLACED_MAX))
     except (OSError, FileRefused, ValueError):
-        return {}
+        data = {}
     if not isinstance(data, dict):
+        data = {}
+    record = {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str) and len(v) == 64}
+    return {**record, **read_journal(home, host)}
+
+
+def _journal(home: Path, key: str) -> Path:
+    return home / PLACED / f"{key}.jsonl"
+
+
+def journal_to(home: Path, key: str) -> Callable[[str, str], None]:
+    """One line, `[name, sha256]`, per file as place() puts it here. The record is saved once the
+    whole host is placed; a fetch cut off before (Ctrl-C, a closed terminal: the worker threads
+    die mid-place) would leave the files it moved in vouched for by nobody, and the next fetch
+    would call them yours. Not fsynced: it outlives the process, which is what is cut here."""
+    path = _journal(home, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(name: str, digest: str) -> None:
+        with open(path, "a", encoding="ascii") as handle:  # json.dumps escapes any other character
+            handle.write(json.dumps([name, digest]) + "\n")
+    return add
+
+
+def read_journal(home: Path, key: str) -> dict[str, str]:
+    """A journal's entries, the later line winning; a line cut mid-write, or not meshrun's form, is skipped."""
+    try:
+        data = read_regular(_journal(home, key), PLACED_MAX)
+    except (OSError, FileRefused):
         return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str) and len(v) == 64}
+    found: dict[str, str] = {}
+    for line in data.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry) \
+                and len(entry[1]) == 64:
+            found[entry[0]] = entry[1]
+    return found
 
 
 def placed_after(ours: Mapping[str, str], report: FetchReport) -> dict[str, str]:
@@ -99,8 +138,10 @@ def placed_after(ours: Mapping[str, str], report: FetchReport) -> dict[str, str]
 
 
 def save_placed(home: Path, host: str, placed: Mapping[str, str]) -> None:
+    """The record, atomically; then its journal goes (what it held, `placed` holds)."""
     (home / PLACED).mkdir(parents=True, exist_ok=True)
     atomic_write_json(home / PLACED / f"{host}.json", dict(placed))
+    _journal(home, host).unlink(missing_ok=True)
 
 
 def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -> None:
@@ -116,16 +157,19 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     best = max(holders, key=lambda r: r.newest_step)
     target = home / CHECKPOINTS
     ours = not any(r.landed == home for r in reports)  # else the folder is a local host's trainer's, manifest too
-    previous = read_host_manifest(target).digests() if ours else {}
+    # A journal left by an assembly cut off before its manifest: verified files meshrun placed.
+    previous = {**read_host_manifest(target).digests(), **read_journal(home, ASSEMBLY)} if ours else {}
     assembly = home / INCOMING / f".{CHECKPOINTS}"
     shutil.rmtree(assembly, ignore_errors=True)
     stage_verified(best.landed / CHECKPOINTS, best.verified, assembly)
     combined = FetchReport(best.host, target)
-    place(assembly, target, combined, force, prefix=f"{CHECKPOINTS}/", ours=replaceable(previous, best.newest_step))
+    place(assembly, target, combined, force, prefix=f"{CHECKPOINTS}/", ours=replaceable(previous, best.newest_step),
+          on_placed=journal_to(home, ASSEMBLY) if ours else None)
     shutil.rmtree(assembly)
     if ours:
         present = _hashes(target, set(previous) | {n for r in reports for n in r.verified})
         _write_manifest(target, vouched(present, [r.verified for r in reports], previous), combined)
+        _journal(home, ASSEMBLY).unlink(missing_ok=True)
     best.kept_home += [c for c in combined.conflicts if c not in best.kept_home]  # relative to runs/<id>/
     best.refused += combined.refused
 

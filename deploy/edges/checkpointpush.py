@@ -22,7 +22,25 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest
 from meshrun.deploy.run.plan import python_of
-from meshrun.deploy.run.resume import newest_listed_step, pushed_manifest
+from meshrun.deploy.run.resume import newest_listed_step, pushed_manifest, same_as_ours, to_hash
+
+# `python -c` on the host: `<sha256>  <name>` for each named regular file of the folder (argv[1]);
+# a name that is missing, a link or unreadable prints nothing. Standard library only.
+HASH_FILES = """import hashlib, os, stat, sys
+os.chdir(sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        continue
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            continue
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    print(digest.hexdigest() + "  " + name, flush=True)
+"""
 
 
 def hosts_manifests(sessions: Mapping[str, Session], names: list[str], run_id: str) -> dict[str, Manifest]:
@@ -38,12 +56,29 @@ def hosts_newest_step(sessions: Mapping[str, Session], names: list[str], run_id:
     return max(map(newest_listed_step, hosts_manifests(sessions, names, run_id).values()), default=-1)
 
 
+def host_hashes(session: Session, run_id: str, names: tuple[str, ...]) -> Manifest:
+    """The host's sha256 of the named checkpoints (names from the controller's own manifest), read
+    as a manifest: a line in any other form is no answer. Hashing what the push could bring takes
+    no longer than bringing it."""
+    if not names:
+        return parse_manifest(b"")
+    host = session.host
+    found = session.run([python_of(host, sys.executable), "-c", HASH_FILES, f"{run_dir(run_id)}/{CHECKPOINTS}",
+                         *names], timeout=FETCH_TIMEOUT_S)
+    if not found.ok:
+        raise MeshrunError(f"host '{host.name}': could not hash the checkpoints pushed for {run_id}: "
+                           f"{said(found.stderr.strip()[-300:])}; check the host, then resume again")
+    return parse_manifest(found.stdout.encode("utf-8", "surrogateescape"))
+
+
 def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_id: str, inventory: Inventory,
                      project: Project, renderer: Renderer) -> None:
     """Give the rendezvous host the fetched checkpoints of a resumed run, when no host holds one as
     new (every host keeps its own copies; the trainer broadcasts the newest from whoever has it).
-    The files go first, never replacing the host's; then the manifest, atomically: the controller's
-    verified lines for the files pushed, the host's own for those it kept (deploy/run/resume.py)."""
+    The files go first, never replacing the host's, the manifest never with them; then the host
+    hashes what the controller lists and it does not, and its manifest is written atomically: the
+    controller's verified lines for the files it holds with our bytes (pushed now or by a push cut
+    short), the host's own for those it kept (deploy/run/resume.py)."""
     local = project.run_home(run_id) / CHECKPOINTS
     head = selection.head
     manifest = local / CHECKPOINT_MANIFEST
@@ -51,16 +86,20 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
         return
     text = read_input(manifest, MANIFEST_MAX_BYTES, "checkpoint manifest", "fetch the run again: fab fetch-checkpoints")
     held = hosts_manifests(sessions, [h.name for h in selection.hosts], run_id)
-    ours, theirs = newest_listed_step(text), max(map(newest_listed_step, held.values()), default=-1)
-    if ours <= theirs:
-        renderer.info(f"resume: the hosts already hold step {theirs} (fetched: {ours}); nothing pushed")
+    fetched, holding = newest_listed_step(text), max(map(newest_listed_step, held.values()), default=-1)
+    if fetched <= holding:
+        renderer.info(f"resume: the hosts already hold step {holding} (fetched: {fetched}); nothing pushed")
         return
-    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", project.root, inventory.known_hosts)
-    pushed: set[str] = set()
-    run_rsync([argv[0], "--out-format=%n", *argv[1:]], host=head.name, what=f"pushing the checkpoints of {run_id}",
-              timeout=FETCH_TIMEOUT_S, hint=f"check `fab check-network --hosts {head.name}`",
-              on_line=lambda line: pushed.add(line.decode("utf-8", "replace")))  # the files the host lacked
-    lines = pushed_manifest(parse_manifest(text), held.get(head.name, parse_manifest(b"")), pushed)
+    # The manifest stays home: rsync sends it first (sorted), and a push cut after it would leave
+    # the host listing files it never got, so the next resume would push nothing.
+    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", project.root, inventory.known_hosts,
+                         leave_out=(CHECKPOINT_MANIFEST,))
+    run_rsync(argv, host=head.name, what=f"pushing the checkpoints of {run_id}", timeout=FETCH_TIMEOUT_S,
+              hint=f"check `fab check-network --hosts {head.name}`")
+    ours, theirs = parse_manifest(text), held.get(head.name, parse_manifest(b""))
+    asked = to_hash(ours, theirs)
+    same = same_as_ours(ours, host_hashes(sessions[head.name], run_id, asked), asked)
+    lines = pushed_manifest(ours, theirs, same)
     written = sessions[head.name].run([python_of(head, sys.executable), "-c", WRITE_FILE,
                                        f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}", lines], timeout=30)
     if not written.ok:

@@ -203,12 +203,13 @@ def verify_checkpoints(tree: Path, report: FetchReport) -> None:
 
 
 def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: str = "",
-          ours: Mapping[str, str] | None = None) -> None:
+          ours: Mapping[str, str] | None = None, on_placed: Callable[[str, str], None] | None = None) -> None:
     """Move the regular files under `source` into `target`, each atomically: new ones land,
     identical ones are dropped, a differing local file is kept (a conflict) unless `force` or it
     is still what meshrun put there: a byte prefix of the new copy (a log that grew: none of its
     bytes is lost), or the sha256 `ours` gives for its relative name. Folders deeper than
-    MAX_DEPTH are refused (a report line) and left in `source`."""
+    MAX_DEPTH are refused (a report line) and left in `source`. `on_placed(relative name, sha256)`
+    as each file is here as the host sent it, so a caller cut off midway still knows which are."""
     deep: list[Path] = []
     found = _regular_files(source, deep)
     report.refused += deep_lines(report.host, [prefix + shown(d.relative_to(source).as_posix(), limit=200)
@@ -237,6 +238,8 @@ def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: 
         report.placed[rel.as_posix()] = digest
         if name not in report.unchanged:
             _commit(src, dst)
+        if on_placed is not None:
+            on_placed(rel.as_posix(), digest)
 
 
 def _grew(old: Path, new: Path) -> bool:

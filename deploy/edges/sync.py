@@ -121,11 +121,14 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
     return SyncResult(host.name, False, count)
 
 
-def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None) -> list[str]:
+def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None,
+                  leave_out: tuple[str, ...] = ()) -> list[str]:
     """rsync a local directory to `dest` (relative to the host's workdir), never replacing files there;
-    regular files only (the folder may hold what hosts sent: links would point into this machine)."""
+    regular files only (the folder may hold what hosts sent: links would point into this machine),
+    less the files `leave_out` names at its top. No --inplace or --partial: a file cut mid-transfer
+    is rsync's temp file, never one under its final name."""
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--no-links", "--no-devices", "--no-specials",
-            "--mkpath", "--ignore-existing"]
+            "--mkpath", "--ignore-existing", *(f"--exclude=/{name}" for name in leave_out)]
     if host.is_local:
         return argv + [f"{local_dir}/", f"{local_workdir(host.workdir, root) / dest}/"]
     target = f"{remote_path(host.workdir)}/{dest}"

@@ -28,15 +28,31 @@ def resumed_hosts(before: tuple[str, ...], launched: tuple[str, ...], known: Col
     return ResumedHosts((*launched, *earlier), earlier, tuple(h for h in left_out if h not in known))
 
 
-def pushed_manifest(ours: Manifest, theirs: Manifest, pushed: Collection[str]) -> str:
+def to_hash(ours: Manifest, theirs: Manifest) -> tuple[str, ...]:
+    """The files whose sha256 the rendezvous host is asked for after the push: those the
+    controller's manifest lists and the host's does not, or lists with other bytes. Any of them
+    may be ours now: brought by this push, or by an earlier one cut before its manifest was
+    written (rsync --ignore-existing skips it from then on, so what rsync sent cannot tell)."""
+    listed = theirs.digests()
+    return tuple(e.name for e in ours.entries if listed.get(e.name) != e.sha256)
+
+
+def same_as_ours(ours: Manifest, answer: Manifest, asked: Collection[str]) -> frozenset[str]:
+    """Of the files asked for, those the host's answer (sha256 lines, parsed as a manifest: a host
+    is untrusted, a line in any other form is no answer) gives our bytes for."""
+    mine = ours.digests()
+    return frozenset(e.name for e in answer.entries if e.name in asked and mine.get(e.name) == e.sha256)
+
+
+def pushed_manifest(ours: Manifest, theirs: Manifest, same: Collection[str]) -> str:
     """The manifest the rendezvous host gets once the push is through. The push never replaces a
     file the host holds (rsync --ignore-existing), and `best.pt` is rewritten under one name at
-    every new best, so the host's may be older than ours: a file the push did not bring keeps the
-    host's own line, or none when the host listed none (a save cut short: its bytes are unknown),
-    and a file it brought (`pushed`, the names rsync sent) gets ours. Listing ours for a file the
-    host kept would fail its checksum at the next fetch."""
+    every new best, so the host's may be older than ours: a file the host holds with our bytes
+    (`same`, by the sha256 it answered) gets our line; any other keeps the host's own line, or
+    none when the host listed none (a save cut short: its bytes are unknown). Listing ours for a
+    file the host kept would fail its checksum at the next fetch."""
     lines = {e.name: e.sha256 for e in theirs.entries}
-    lines.update((e.name, e.sha256) for e in ours.entries if e.name in pushed)
+    lines.update((e.name, e.sha256) for e in ours.entries if e.name in same)
     return "".join(f"{digest}  {name}\n" for name, digest in lines.items())
 
 
