@@ -253,6 +253,50 @@ def test_a_host_claiming_a_newer_step_cannot_replace_a_verified_step_at_home(tmp
     assert (project.runs / RUN / "hosts/h3/checkpoints/ckpt-step000000500.pt").read_bytes() == b"tampered"
 
 
+@pytest.mark.parametrize("evil", [
+    {"ckpt-step000000300.pt": b"s300", "ckpt-step000000500.pt": b"s500EVIL"},  # a step's file, never replaced
+    {"ckpt-step000000300.pt": b"s300", "best.pt": b"best at 450EVIL"},  # best.pt, from an older host
+])
+def test_a_host_appending_to_verified_checkpoints_cannot_replace_them_at_home(tmp_path: Path, capsys,
+                                                                              evil: dict) -> None:
+    """A security review: the assembly's placement let any file through whose old bytes are a
+    prefix of the new ones (right for a log that grew), so a compromised h3 holding the honest
+    copies served them with bytes appended, and a matching manifest: step 500 (or best.pt, though
+    h3 lists no step as new as home's 500) at home became its own, listed. Home keeps its bytes
+    and their lines, and names h3's copy as not overwritten."""
+    project = _project(tmp_path, LIVE, ("h2", "h3"))
+    honest = _saves(tmp_path / "w2/runs" / RUN, {"ckpt-step000000400.pt": b"s400", "ckpt-step000000500.pt": b"s500",
+                                                 "best.pt": b"best at 450"})
+    _saves(tmp_path / "w3/runs" / RUN, evil)
+    _inventory(tmp_path, up="h2")
+    assert main(RUN, None, False, project) == 1
+    _inventory(tmp_path, up="h3")
+    capsys.readouterr()
+    assert main(RUN, None, False, project) == 1
+    home = project.runs / RUN / "checkpoints"
+    assert (home / "ckpt-step000000500.pt").read_bytes() == b"s500"
+    assert (home / "best.pt").read_bytes() == b"best at 450"
+    listed = _listed(home)
+    assert {name: listed[name] for name in honest} == honest
+    attacked = next(name for name in evil if name != "ckpt-step000000300.pt")
+    shown = capsys.readouterr().out.replace("\n", "")
+    assert f"not overwritten: {project.runs / RUN}/checkpoints/{attacked} differs from h3's copy" in shown
+
+
+def test_a_log_that_grew_still_replaces_its_older_copy_but_a_checkpoint_does_not(tmp_path: Path) -> None:
+    """place()'s `grow`: on by default (logs and metrics only grow), off for the assembly."""
+    for grow, expected in ((True, b"old and new"), (False, b"old")):
+        source, target = tmp_path / f"in-{grow}", tmp_path / f"out-{grow}"
+        source.mkdir()
+        target.mkdir()
+        (source / "f").write_bytes(b"old and new")
+        (target / "f").write_bytes(b"old")
+        report = FetchReport("h3", target)
+        place(source, target, report, False, grow=grow)
+        assert (target / "f").read_bytes() == expected
+        assert (report.updated, report.conflicts) == ((["f"], []) if grow else ([], ["f"]))
+
+
 @pytest.mark.parametrize("previous, newest_step, expected", [
     ({"ckpt-step000000500.pt": "a", "best.pt": "b"}, 700, {"best.pt": "b"}),  # newer: its best may be newer
     ({"ckpt-step000000500.pt": "a", "best.pt": "b"}, 500, {"best.pt": "b"}),  # as new

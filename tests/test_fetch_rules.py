@@ -171,3 +171,31 @@ def test_real_rsync_reaches_a_bracketed_ipv6_host_with_no_path_on_its_command_li
     words = (tmp_path / "words").read_text().splitlines()
     assert words[0] == address and words[1:3] == ["rsync", "--server"]
     assert "--daemon" not in words and not [w for w in words if "/srv" in w or "r1" in w]
+
+
+def test_a_manifest_is_parsed_in_one_pass_over_one_set_of_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A security review: the set of accepted names was rebuilt for every line, so a hostile host's
+    1 MiB manifest (5 900 good lines, then 524 000 empty ones) cost minutes of controller CPU at every
+    fetch, resume and run end. Now one set grows as lines are accepted: every line is checked
+    against the same set object (no timing asserted here; the complexity is the property), and a
+    name given twice is still refused."""
+    from meshrun.deploy.run import manifest
+
+    sets: set[int] = set()
+    real = manifest._refusal
+
+    def spy(line: bytes, seen: set[str]) -> str:
+        sets.add(id(seen))
+        return real(line, seen)
+
+    monkeypatch.setattr(manifest, "_refusal", spy)
+    digest = "ab" * 32
+    lines = [f"{digest}  ckpt-step{n:09d}.pt" for n in range(50)] + [f"{digest}  ckpt-step000000007.pt", ""] * 3
+    parsed = manifest.parse_manifest("\n".join(lines).encode())  # it ends with the last empty line's newline
+    assert len(sets) == 1
+    assert len(parsed.entries) == 50
+    assert [(r.number, r.why) for r in parsed.refused] == [(51, "lists a file a second time"),
+                                                            (52, "not a '<sha256>  <file name>' line"),
+                                                            (53, "lists a file a second time"),
+                                                            (54, "not a '<sha256>  <file name>' line"),
+                                                            (55, "lists a file a second time")]

@@ -164,7 +164,7 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     stage_verified(best.landed / CHECKPOINTS, best.verified, assembly)
     combined = FetchReport(best.host, target)
     place(assembly, target, combined, force, prefix=f"{CHECKPOINTS}/", ours=replaceable(previous, best.newest_step),
-          on_placed=journal_to(home, ASSEMBLY) if ours else None)
+          on_placed=journal_to(home, ASSEMBLY) if ours else None, grow=False)
     shutil.rmtree(assembly)
     if ours:
         present = _hashes(target, set(previous) | {n for r in reports for n in r.verified})

@@ -203,11 +203,13 @@ def verify_checkpoints(tree: Path, report: FetchReport) -> None:
 
 
 def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: str = "",
-          ours: Mapping[str, str] | None = None, on_placed: Callable[[str, str], None] | None = None) -> None:
+          ours: Mapping[str, str] | None = None, on_placed: Callable[[str, str], None] | None = None,
+          grow: bool = True) -> None:
     """Move the regular files under `source` into `target`, each atomically: new ones land,
     identical ones are dropped, a differing local file is kept (a conflict) unless `force` or it
     is still what meshrun put there: a byte prefix of the new copy (a log that grew: none of its
-    bytes is lost), or the sha256 `ours` gives for its relative name. Folders deeper than
+    bytes is lost; not with `grow` off, for checkpoints, which are written whole: a host could
+    append to a verified one), or the sha256 `ours` gives for its relative name. Folders deeper than
     MAX_DEPTH are refused (a report line) and left in `source`. `on_placed(relative name, sha256)`
     as each file is here as the host sent it, so a caller cut off midway still knows which are."""
     deep: list[Path] = []
@@ -230,7 +232,7 @@ def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: 
             report.new.append(name)
         elif (local := sha256_file(dst)) == digest:
             report.unchanged.append(name)
-        elif force or (ours or {}).get(rel.as_posix()) == local or _grew(dst, src):
+        elif force or (ours or {}).get(rel.as_posix()) == local or (grow and _grew(dst, src)):
             report.updated.append(name)
         else:
             report.conflicts.append(name)
