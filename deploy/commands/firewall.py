@@ -7,10 +7,12 @@ deploy/host/firewall.py, shipped as `python -c` so it works before `fab sync`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from dataclasses import dataclass
-from typing import Callable, Mapping
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
 
 from meshrun.deploy.edges.check_probes import open_sessions, probe_argv
 from meshrun.deploy.edges.fanout import on_each
@@ -102,21 +104,58 @@ def firewall(request: FirewallRequest, renderer: Renderer, project: Project) -> 
     return 0
 
 
+@dataclass
+class Bracket:
+    """One `fab train --firewall` of this process: the joiners `admit` let in, for its DOWN list. A
+    joiner reaches the run record only once it started, and a join cut short (the controller
+    interrupted during its sync, or the join failed) never does: its chain would stay up. `lock`
+    orders an `admit` under way before the DOWN; once `closed`, no `admit` raises a chain."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    admitted: set[str] = field(default_factory=set)
+    closed: bool = False
+
+
+_bracket: Bracket | None = None  # this process's attached --firewall run, while around_run runs and after
+
+
 def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Callable[[], int], project: Project) -> int:
     """`fab train --firewall`: the firewall up before the launch and down after it, whatever happens,
-    on the selected hosts and on any that joined the run meanwhile (its record, written by this
-    process, lists them). A detached run outlives this process, so it cannot be bracketed: refused."""
+    on the selected hosts, on any that joined the run meanwhile (its record, written by this process,
+    lists them) and on any host `admit` let in whose join never got that far. A detached run
+    outlives this process, so it cannot be bracketed: refused."""
+    global _bracket
     if detach:
         raise InputError("--firewall brackets an attached run; for a detached one: fab firewall up, then "
                          "fab train --detach, and fab firewall down when it has ended")
     renderer = Renderer()
+    bracket = _bracket = Bracket()
     try:  # `up` inside: hosts it reached before another failed must not keep the chain
         firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, project)
         return run()
     finally:
+        with bracket.lock:  # an `admit` under way ends its `up` first, and none starts after this
+            bracket.closed = True
+            admitted = sorted(bracket.admitted)
         joined = [n for r in all_records(project.runs) if r.controller_pid == os.getpid() for n in r.members]
-        everyone = ",".join(dict.fromkeys([*(hosts.split(",") if hosts else []), *joined])) or hosts
+        everyone = ",".join(dict.fromkeys([*(hosts.split(",") if hosts else []), *joined, *admitted])) or hosts
         firewall(FirewallRequest(Action.DOWN.value, inventory, everyone), renderer, project)
+
+
+@contextlib.contextmanager
+def _admitting(joiner: str) -> Iterator[None]:
+    """Held around a joiner's `up`: the joiner is on the bracket's DOWN list before its chain rises,
+    and a run whose DOWN has begun is joined by no one (its chain would stay up)."""
+    bracket = _bracket
+    if bracket is None:  # no --firewall run of this process: a detached `fab join`
+        yield
+        return
+    with bracket.lock:
+        if bracket.closed:
+            raise MeshrunError(f"host '{joiner}': the run is ending and its firewall is being taken down; "
+                               "nothing started")
+        bracket.admitted.add(joiner)
+        yield
 
 
 def admit(inventory: Inventory, members: tuple[str, ...], head: str, project: Project, renderer: Renderer) -> None:
@@ -129,9 +168,25 @@ def admit(inventory: Inventory, members: tuple[str, ...], head: str, project: Pr
     try:
         if members[-1] in unreachable:
             raise unreachable[members[-1]]
-        report(Action.UP, apply(Action.UP, selection, sessions), renderer)
+        with _admitting(members[-1]):
+            report(Action.UP, apply(Action.UP, selection, sessions), renderer)
     finally:
         close_all(sessions)
+
+
+def release(inventory: Inventory, name: str, project: Project, renderer: Renderer) -> None:
+    """A join that failed or was cut short after `admit`: the joiner's chain down again. It runs
+    nothing of the run; fenced until the run's end (or for good: a detached join has no end that takes
+    chains down), the host would refuse every TCP connection but SSH meanwhile. The members' chains
+    keep letting its address in until the run's end: that costs nothing."""
+    host = inventory.host(name)
+    selection = Selection((host,), Rendezvous(name, inventory.rendezvous.port))
+    with sessions_to((host,), inventory, project.root) as sessions:
+        report(Action.DOWN, apply(Action.DOWN, selection, sessions), renderer)
+    bracket = _bracket
+    if bracket is not None:  # down already: the run's end need not reach it (it may be gone by then)
+        with bracket.lock:
+            bracket.admitted.discard(name)
 
 
 def main(request: FirewallRequest, project: Project) -> int:

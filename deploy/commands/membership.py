@@ -23,7 +23,7 @@ from meshrun.fsutil import read_regular
 from meshrun.layout import RECORD_LOCK
 from meshrun.deploy.edges.host_queries import route_dev
 from meshrun.deploy.project import Project
-from meshrun.deploy.commands.firewall import admit
+from meshrun.deploy.commands.firewall import admit, release
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.agents import run_detached_agent
@@ -38,7 +38,7 @@ from meshrun.deploy.edges.records import RunRecord, controller_alive, load_recor
 from meshrun.deploy.inventory.selection import Selection, select_hosts
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.edges import sshtarget
-from meshrun.deploy.edges.transport import Session, connect
+from meshrun.deploy.edges.transport import CommandResult, Session, connect
 
 ANSWER_TIMEOUT_S = 180.0
 REQUEST_MAX = 64 << 10  # a request or an answer: one host name and a message
@@ -67,7 +67,8 @@ def options_of(record: RunRecord) -> LaunchOptions:
 
 def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: Project, renderer: Renderer,
                    detach: bool) -> tuple[HostLaunch, Session]:
-    """Connect to, sync and plan one joining host with the run's own rendezvous."""
+    """Connect to, sync and plan one joining host with the run's own rendezvous. Failed or cut short
+    once `admit` raised the joiner's chain, it takes that chain down again (`let_go`)."""
     options = options_of(record)
     if detach:
         options = dataclasses.replace(options, detach=True)
@@ -80,16 +81,42 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
     sshtarget.check_all((joiner,))  # a bad ssh_config value is one line before any host is contacted
     if record.firewall:  # the joiner last: it must answer
         admit(inventory, (*(h for h in record.members if h != name), name), head.name, project, renderer)
+    try:
+        return _connected(record, inventory, project, renderer, options, members, joiner, head)
+    except BaseException:
+        let_go(record, inventory, name, project, renderer)
+        raise
+
+
+def _connected(record: RunRecord, inventory: Inventory, project: Project, renderer: Renderer, options: LaunchOptions,
+               members: tuple[Host, ...], joiner: Host, head: Host) -> tuple[HostLaunch, Session]:
+    """The joiner connected, synced and planned; its session closed should any of it fail."""
     session = connect(joiner, inventory.known_hosts, project.root)
-    sync_code((joiner,), inventory, project, renderer)
-    # Only the joiner's own route is asked (toward the first rendezvous host's address, or another
-    # member's when it is that host): no session to that host, which may be gone after a succession.
-    peer = head if head.name != joiner.name else next((m for m in members if m.name != joiner.name), None)
-    device = route_dev(session, peer.address) if peer is not None and not joiner.is_local else ""
-    interfaces = {joiner.name: device} if device else {}
-    rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
-    plan = plan_launch(Selection(join_order(members, joiner), rdzv), options, interfaces, sys.executable)
-    return next(h for h in plan.hosts if h.host.name == joiner.name), session
+    try:
+        sync_code((joiner,), inventory, project, renderer)
+        # Only the joiner's own route is asked (toward the first rendezvous host's address, or another
+        # member's when it is that host): no session to that host, which may be gone after a succession.
+        peer = head if head.name != joiner.name else next((m for m in members if m.name != joiner.name), None)
+        device = route_dev(session, peer.address) if peer is not None and not joiner.is_local else ""
+        interfaces = {joiner.name: device} if device else {}
+        rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
+        plan = plan_launch(Selection(join_order(members, joiner), rdzv), options, interfaces, sys.executable)
+        return next(h for h in plan.hosts if h.host.name == joiner.name), session
+    except BaseException:
+        session.close()
+        raise
+
+
+def let_go(record: RunRecord, inventory: Inventory, name: str, project: Project, renderer: Renderer) -> None:
+    """A join of a --firewall run that failed, or was cut short, after `admit`: the joiner's chain
+    down again (firewall.release). Never raises: the join's own error is the one to show."""
+    if not record.firewall:
+        return
+    try:
+        release(inventory, name, project, renderer)
+    except MeshrunError as err:
+        renderer.warn(f"host '{name}': its firewall chain is still up ({err}); take it down with "
+                      f"fab firewall down --hosts {name}")
 
 
 def join_order(members: tuple[Host, ...], joiner: Host) -> tuple[Host, ...]:
@@ -213,18 +240,32 @@ class RequestPoller:
         os.replace(tmp, done)
 
     def _join(self, runner: JobRunner, name: str) -> str:
+        if run_ending(runner):  # before anything is raised on the joiner: nothing would take it down
+            raise MeshrunError(f"host '{name}': run {self.record.run_id} is ending; nothing started")
         refused = runner.claim(name)
         if refused is not None:
             raise MeshrunError(refused)
         try:
             launch, session = prepare_joiner(self.record, self.inventory, name, self.project, self.renderer,
                                              detach=False)
-            runner.add_host(launch, session)
+            self._start(runner, name, launch, session)
         finally:
             runner.unclaim(name)
         with self.record_lock:
             self.record = add_member(self.project, self.record, name)
         return f"started on {name}; the job re-rendezvouses to take it in"
+
+    def _start(self, runner: JobRunner, name: str, launch: HostLaunch, session: Session) -> None:
+        """The prepared joiner's agent, unless the controller began stopping every host meanwhile (an
+        agent started then would outlive "every host is clean"); a start that fails lets it go."""
+        try:
+            if run_ending(runner):
+                raise MeshrunError(f"host '{name}': run {self.record.run_id} is ending; nothing started")
+            runner.add_host(launch, session)
+        except BaseException:
+            session.close()
+            let_go(self.record, self.inventory, name, self.project, self.renderer)
+            raise
 
     def _leave(self, runner: JobRunner, name: str) -> str:
         running = [h.name for h in runner.hosts if not h.done.is_set()]
@@ -233,6 +274,13 @@ class RequestPoller:
         below_minimum(self.record, name, len(set(running)))
         runner.remove_host(name)
         return f"stopping {name}; the others go on while at least {self.record.elastic[0]} host(s) remain"
+
+
+def run_ending(runner: JobRunner) -> bool:
+    """The controller is stopping every host (a failure, Ctrl-C) or the job is over: JobRunner's
+    `stopping`. A stand-in runner without one never ends."""
+    stopping = getattr(runner, "stopping", None)
+    return stopping is not None and stopping.is_set()
 
 
 def below_minimum(record: RunRecord, name: str, running: int) -> None:
@@ -287,14 +335,33 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
     # Detached, no controller knows where the rendezvous went: the members' agents do.
     generation = max((st.generation or 0 for st in states if st.state == "running"), default=0)
     launch, session = prepare_joiner(record, inventory, name, project, renderer, detach=True)
-    launch = at_generation(launch, generation)
     try:
+        launch = at_generation(launch, generation)
+        # Listed before its agent starts: a Ctrl-C while the start waits for the agent's pidfile left
+        # it training, detached, where no `fab stop|status|leave` looked. Listed and never started, a
+        # host is one `stop` finds nothing on and `status` shows as not knowing the run; hosts are
+        # only ever added to the record (a concurrent join of it may be the one that runs there).
+        record = add_member(project, record, name)
         result = run_detached_agent(session, launch)
+    except BaseException:
+        let_go(record, inventory, name, project, renderer)
+        raise
     finally:
         session.close()
     if result.rc != 0:
+        if not said_busy(result):  # busy: another agent of the run holds the host, behind the run's chain
+            let_go(record, inventory, name, project, renderer)
         raise MeshrunError(f"host '{name}': detached start failed: {result.stderr.strip()[-300:]}")
-    return f"started detached on {name}", add_member(project, record, name)
+    return f"started detached on {name}", record
+
+
+def said_busy(result: CommandResult) -> bool:
+    """The detached start's answer says another agent of the run already holds the host (exit 75)."""
+    try:
+        answer = result.last_json()
+    except (ValueError, IndexError):
+        return False
+    return isinstance(answer, dict) and answer.get("busy") is True
 
 
 def refuse_running(record: RunRecord, name: str, states: list[HostState]) -> None:

@@ -4,7 +4,8 @@ rsync's quick check (size + mtime) skips unchanged files and its delta transfer 
 changed. The manifest (`.meshrun-manifest.sha256`, sha256sum format, at DEST on each host) then lets
 each host verify what it holds: a file whose bytes differ while size and mtime match (bit rot,
 a half-written copy) is caught, sent again with rsync's checksum comparison, and verified once
-more. Local hashes are cached by (size, mtime) so an unchanged dataset is not re-read.
+more. Local hashes are cached by (size, mtime) so an unchanged dataset is not re-read; a hash cut
+short (Ctrl-C) keeps what it made, saved as it goes and on the way out.
 
 SRC is the user's and is only ever read. The hash cache lives in the user's cache folder, keyed by
 SRC's real path; the manifest is written to a private temporary folder and handed to rsync as a
@@ -28,7 +29,7 @@ from stat import S_ISDIR
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import flag_path_stat
@@ -81,24 +82,71 @@ def hash_cache_file(source: Path) -> Path:
     return cache_file().parent / "datasets" / f"{key}.json"
 
 
+# While a long hash runs, its hashes so far are saved this often: a controller killed outright, or a
+# Ctrl-C that ends the program while the data sync hashes beside the code sync (a daemon thread,
+# deploy/edges/beside.py, never unwinds), then loses no more than this much hashing. And never
+# sooner than SAVE_SPACING times the last save's own time: a huge cache is not rewritten over and over.
+CACHE_SAVE_EVERY_S = 10.0
+SAVE_SPACING = 10
+
+
 def build_manifest(source: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under `source`, reusing cached hashes of unchanged files.
     Reads SRC only. A file that cannot be read, or whose name a manifest line cannot hold, is one
-    InputError naming it."""
-    real, cache_path = os.path.realpath(source), hash_cache_file(source)
-    cache = _load_cache(cache_path, real)
-    manifest, fresh = {}, {}
-    for rel, full in sorted(_data_files(source)):
-        try:
-            stat = os.stat(full)
-            key = f"{stat.st_size}:{stat.st_mtime_ns}"
-            cached = cache.get(rel, {}).get(key)
-            digest = cached if isinstance(cached, str) and SHA256_RE.fullmatch(cached) else _sha256(full)
-        except OSError as err:
-            raise _unreadable(full, err) from None
-        manifest[rel], fresh[rel] = digest, {key: digest}
-    _save_cache(cache_path, real, fresh)
+    InputError naming it. Cut short (Ctrl-C, an unreadable file), the hashes made so far are saved
+    with the cached ones, so the next build hashes only what is left."""
+    cache = _HashCache(hash_cache_file(source), os.path.realpath(source))
+    manifest = {}
+    try:
+        for rel, full in sorted(_data_files(source)):
+            try:
+                stat = os.stat(full)
+                manifest[rel] = cache.digest(rel, f"{stat.st_size}:{stat.st_mtime_ns}", lambda: _sha256(full))
+            except OSError as err:
+                raise _unreadable(full, err) from None
+    except BaseException:
+        cache.save_partial()
+        raise
+    cache.save_whole()
     return manifest
+
+
+class _HashCache:
+    """The cached hashes of one SRC (`old`) and this build's (`fresh`). A whole build saves `fresh`
+    alone (files gone from SRC drop out); a partial save keeps `old` too, for the files not reached."""
+
+    def __init__(self, path: Path, real: str) -> None:
+        self.path, self.real = path, real
+        self.old = _load_cache(path, real)
+        self.fresh: dict[str, dict] = {}
+        self.unsaved = 0  # hashes made since the last save
+        self.saved_at, self.save_cost = time.monotonic(), 0.0
+
+    def digest(self, rel: str, key: str, make: Callable[[], str]) -> str:
+        """The file's cached hash while its size and mtime are unchanged, else `make()`'s; every
+        CACHE_SAVE_EVERY_S of hashing, the work so far is saved."""
+        cached = self.old.get(rel, {}).get(key)
+        if isinstance(cached, str) and SHA256_RE.fullmatch(cached):
+            digest = cached
+        else:
+            digest, self.unsaved = make(), self.unsaved + 1
+        self.fresh[rel] = {key: digest}
+        if self.unsaved and time.monotonic() - self.saved_at >= max(CACHE_SAVE_EVERY_S, SAVE_SPACING * self.save_cost):
+            self.save_partial()
+        return digest
+
+    def save_partial(self) -> None:
+        if self.unsaved:  # nothing hashed since the last save: the file on disk already holds it all
+            self._save({**self.old, **self.fresh})
+
+    def save_whole(self) -> None:
+        self._save(self.fresh)
+
+    def _save(self, hashes: dict[str, dict]) -> None:
+        began = time.monotonic()
+        _save_cache(self.path, self.real, hashes)
+        self.saved_at = time.monotonic()
+        self.save_cost, self.unsaved = self.saved_at - began, 0
 
 
 def _data_files(source: Path) -> Iterator[tuple[str, str]]:
