@@ -343,7 +343,9 @@ def test_a_failed_detached_start_into_a_firewall_run_takes_the_chain_down(
     record.save(project.runs)
     monkeypatch.setattr(agents, "host_states", lambda record, root: [])
     detached_start(monkeypatch, lambda: CommandResult(1, answer + "\n", ""))
-    with pytest.raises(MeshrunError, match="host 'h3': detached start failed"):
+    with pytest.raises(MeshrunError) as info:
         join_or_leave(project, record, "join", ["h3"], Renderer())
+    # The agent's own words (its JSON on stdout): the message used its empty stderr.
+    assert str(info.value) == f"host 'h3': detached start failed: {json.loads(answer)['error']}"
     assert fw.log == downs
     assert load_record(project.runs, RUN).hosts == ("h1", "h2", "h3")  # only ever added: stop reaches it

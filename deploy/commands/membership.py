@@ -26,11 +26,11 @@ from meshrun.deploy.project import Project
 from meshrun.deploy.commands.firewall import admit, release
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.errors import InputError, MeshrunError
-from meshrun.deploy.edges.agents import run_detached_agent
+from meshrun.deploy.edges.agents import detached_answer, run_detached_agent
 from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
-from meshrun.deploy.run.answers import from_json
+from meshrun.deploy.run.answers import detached_record, from_json
 from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, at_generation, plan_launch
 from meshrun.deploy.render.console import Renderer
@@ -38,7 +38,7 @@ from meshrun.deploy.edges.records import RunRecord, controller_alive, load_recor
 from meshrun.deploy.inventory.selection import Selection, select_hosts
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.edges import sshtarget
-from meshrun.deploy.edges.transport import CommandResult, Session, connect
+from meshrun.deploy.edges.transport import Session, connect
 
 ANSWER_TIMEOUT_S = 180.0
 REQUEST_MAX = 64 << 10  # a request or an answer: one host name and a message
@@ -349,18 +349,16 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
     finally:
         session.close()
     if result.rc != 0:
-        if not said_busy(result):  # busy: another agent of the run holds the host, behind the run's chain
+        answer = detached_answer(result)
+        if not said_busy(answer):  # busy: another agent of the run holds the host, behind the run's chain
             let_go(record, inventory, name, project, renderer)
-        raise MeshrunError(f"host '{name}': detached start failed: {result.stderr.strip()[-300:]}")
+        detached_record(name, answer)  # the agent's own words (its JSON on stdout), as one line
+        raise MeshrunError(f"host '{name}': detached start failed: exit status {result.rc}")
     return f"started detached on {name}", record
 
 
-def said_busy(result: CommandResult) -> bool:
+def said_busy(answer: object) -> bool:
     """The detached start's answer says another agent of the run already holds the host (exit 75)."""
-    try:
-        answer = result.last_json()
-    except (ValueError, IndexError):
-        return False
     return isinstance(answer, dict) and answer.get("busy") is True
 
 

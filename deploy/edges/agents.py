@@ -121,3 +121,12 @@ def run_detached_agent(session: Session, launch: HostLaunch, timeout: float = 30
     """A detached start: the agent reads its env line (`block`, else the host's env block), starts its
     copy, prints the pidfile and exits."""
     return run_fed(session, launch.agent, block or env_block(launch.host), timeout)
+
+
+def detached_answer(result: CommandResult) -> object:
+    """What a detached start answered (its last JSON line: the pidfile, or {"error", "busy"?}), for
+    answers.detached_record; an agent that printed none is its stderr's tail as the error."""
+    try:
+        return result.last_json()
+    except (ValueError, IndexError):
+        return {"error": result.stderr.strip()[-300:] or f"exit status {result.rc}"}

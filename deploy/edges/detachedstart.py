@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from meshrun.deploy.edges.agents import run_detached_agent, stop_hosts
+from meshrun.deploy.edges.agents import detached_answer, run_detached_agent, stop_hosts
 from meshrun.deploy.edges.fanout import start_each
 from meshrun.deploy.edges.records import load_record
 from meshrun.deploy.edges.transport import Session
@@ -43,11 +43,7 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tupl
         block = notify.agent_block(dict(host.env), urls, head, names, every_checkpoint)
         result = run_detached_agent(sessions[host.name], launch, block=block)
         try:
-            record = result.last_json()
-        except (ValueError, IndexError):
-            record = {"error": result.stderr.strip()[-300:] or f"exit {result.rc}"}
-        try:
-            started[host.name] = detached_record(host.name, record)
+            started[host.name] = detached_record(host.name, detached_answer(result))
         except MeshrunError as err:
             failed[host.name] = err
 
