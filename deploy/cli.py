@@ -5,6 +5,11 @@ with its status (2 bad input, 1 failure; a bad input's line never passes 300 cha
 else is a bug: with MESHRUN_DEBUG=1 or `--debug` the traceback is shown, otherwise it goes to
 `~/.cache/meshrun/debug.log` (a per-user file: the error may come before meshrun knows the project,
 and must not land in the current folder).
+
+SIGTERM (`timeout`, systemd, `kill`) and SIGHUP (a closed terminal, a dropped SSH session, a killed
+tmux) are taken as a Ctrl-C: their default action ended the process where it stood, and no cleanup
+ran (a `--firewall` run's chain stayed up on every host). A command a signal ended exits 128 + its
+number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP: `deploy/errors.interrupted_status`).
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 from invoke.exceptions import Exit
 
-from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.errors import InputError, MeshrunError, interrupted_by, interrupted_status
+from meshrun.deploy.stopsignals import StopSignals
 from meshrun.deploy.inventory.shown import one_line
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -33,34 +40,59 @@ def debug_log() -> Path:
 def guarded(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: object, **kwargs: object) -> object:
-        from meshrun.deploy.render.console import Renderer, repeat_in_hints
+        from meshrun.deploy.render.console import repeat_in_hints
 
         _paramiko_to_debug_log()
         repeat_in_hints(kwargs)  # `fab setup --hosts gpu2` from a run with --inventory lab.yaml says so
+        signals = StopSignals()
         try:
-            return fn(*args, **kwargs)
-        except MeshrunError as err:
-            # Bad input gets one line of at most 300 characters, whatever formed the message; the inventory's
-            # own messages already fit (a long path loses its middle: deploy.inventory.shown.with_path).
-            Renderer().error(one_line(str(err)) if isinstance(err, InputError) else str(err))
-            raise Exit(code=err.exit_code) from None
+            result = _one_line_errors(fn, args, kwargs)
+        except KeyboardInterrupt as err:
+            _interrupted(signals.caught or getattr(err, "signum", signal.SIGINT))
         except Exit:
-            raise
-        except KeyboardInterrupt:
-            Renderer().error("interrupted")
-            raise Exit(code=130) from None
-        except Exception as err:  # noqa: BLE001 - the single top-level handler
-            if kwargs.get("debug") or os.environ.get("MESHRUN_DEBUG"):
+            if signals.caught is None:
                 raise
-            log_path = debug_log()
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "a", encoding="utf-8") as log:
-                traceback.print_exc(file=log)
-            Renderer().error(f"internal error: {err.__class__.__name__}: {err}; traceback in {log_path} "
-                             "(rerun with --debug to see it here)")
-            raise Exit(code=1) from None
+            _interrupted(signals.caught)
+        finally:
+            signals.restore()
+        # A SIGTERM or SIGHUP the command took as its Ctrl-C and ended by (`fab logs -f`, `status
+        # --watch`; an attached run's launcher stops the run): its exit status, whatever path it took.
+        if signals.caught is not None:
+            _interrupted(signals.caught)
+        return result
 
     return wrapper  # type: ignore[return-value]
+
+
+def _one_line_errors(fn: Callable[..., object], args: tuple, kwargs: dict) -> object:
+    from meshrun.deploy.render.console import Renderer
+
+    try:
+        return fn(*args, **kwargs)
+    except MeshrunError as err:
+        # Bad input gets one line of at most 300 characters, whatever formed the message; the inventory's
+        # own messages already fit (a long path loses its middle: deploy.inventory.shown.with_path).
+        Renderer().error(one_line(str(err)) if isinstance(err, InputError) else str(err))
+        raise Exit(code=err.exit_code) from None
+    except Exit:
+        raise
+    except Exception as err:  # noqa: BLE001 - the single top-level handler
+        if kwargs.get("debug") or os.environ.get("MESHRUN_DEBUG"):
+            raise
+        log_path = debug_log()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            traceback.print_exc(file=log)
+        Renderer().error(f"internal error: {err.__class__.__name__}: {err}; traceback in {log_path} "
+                         "(rerun with --debug to see it here)")
+        raise Exit(code=1) from None
+
+
+def _interrupted(signum: int) -> NoReturn:
+    from meshrun.deploy.render.console import Renderer
+
+    Renderer().error("interrupted" if signum == signal.SIGINT else f"interrupted by {interrupted_by(signum)}")
+    raise Exit(code=interrupted_status(signum)) from None
 
 
 def _paramiko_to_debug_log() -> None:

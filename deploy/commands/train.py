@@ -25,7 +25,7 @@ from meshrun.deploy.run import notify
 from meshrun.deploy.run.idle import IdlePolicy
 from meshrun.deploy.edges.idle import IdleWatcher
 from meshrun import events
-from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.errors import InputError, MeshrunError, interrupted_status
 from meshrun.deploy.edges.detachedstart import StartInterrupted, start_detached, stop_started
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project
@@ -358,6 +358,8 @@ def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, render
         renderer.info(f"comm: {c['hook']} all-reduce {c['measured_s'] * 1e3:.1f} ms per step, ring floor "
                       f"{c['floor_s'] * 1e3:.1f} ms at {c['bandwidth_mbit_s']} Mbit/s ({c['ratio']}x)")
     renderer.job_summary(summary, outcome, str(path))
+    if outcome.interrupted:  # as every other task a signal ends: 130 for a Ctrl-C (deploy/errors.py)
+        return interrupted_status(outcome.interrupted)
     return 0 if outcome.status is JobStatus.SUCCEEDED else 1
 
 

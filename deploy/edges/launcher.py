@@ -1,18 +1,20 @@
 """The edge that runs a launch plan: one agent per host, started in parallel, streamed live,
-kept alive by heartbeats, and stopped everywhere on failure or Ctrl-C with proof that no run
+kept alive by heartbeats, and stopped everywhere on failure or Ctrl-C (SIGTERM, SIGHUP) with proof that no run
 process is left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from meshrun.layout import AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_USAGE_PREFIX, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
-from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.stopsignals import interrupts_while
+from meshrun.deploy.errors import MeshrunError, interrupted_by
 from meshrun.deploy.edges.fanout import on_each, start_each
 from meshrun.deploy.edges.records import append_event
 from meshrun.deploy.run.answers import remaining_pids, said
@@ -30,6 +32,7 @@ PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) 
 TELL_TIMEOUT_S = 2.0  # a restart or peer-gone line a host has no room for this long: it does not read its stdin
 
 LineSink = Callable[[str, str], None]  # (host, line without newline)
+NOT_CUT_SHORT = "Ctrl-C again does not cut this short"
 
 
 RequestPoller = Callable[["JobRunner"], None]
@@ -63,15 +66,15 @@ class JobRunner:
         self.lock = threading.Lock()
         self.claims: set[str] = set()  # hosts being started (a join, a return) and not yet running: under lock
         self.stopping = threading.Event()
-        self.interrupted = False
+        self.interrupted: int | None = None  # the signal that stopped the run (SIGINT: any KeyboardInterrupt)
 
     def run(self) -> JobOutcome:
-        """Start, watch and conclude the job. A Ctrl-C at any moment of it makes the outcome
-        STOPPED, whichever the hosts noticed first: the terminal sends SIGINT to the agents of a
-        local run too, so their exit may reach us before our own KeyboardInterrupt does."""
+        """Start, watch and conclude the job. A Ctrl-C (SIGTERM, SIGHUP: deploy/cli.py) at any moment of
+        it makes the outcome STOPPED, whichever the hosts noticed first: the terminal signals the agents
+        of a local run too, so their exit may reach us before our own KeyboardInterrupt does."""
         started = time.time()
         status, verdict, remaining = JobStatus.SUCCEEDED, Verdict(True), {}
-        previous = self._catch_interrupts()
+        put_back = interrupts_while(self.stopping, self._on_interrupt)  # none raises once the stop began
         try:
             try:
                 start_each(self.hosts, self._start_first)  # all at once: a slow sshd holds back none of the others
@@ -81,29 +84,24 @@ class JobRunner:
                     status = JobStatus.FAILED
                     remaining = self.stop_all()
             except KeyboardInterrupt:
-                self.interrupted = True
+                self.interrupted = self.interrupted or signal.SIGINT
+                with contextlib.suppress(OSError):  # a terminal gone before its SIGHUP: the stop matters, not the line
+                    self.sink("meshrun", f"meshrun: stopping every host (TERM, {STOP_GRACE_S:g} s grace, KILL) and "
+                                         f"checking that each is clean; {NOT_CUT_SHORT}")
                 remaining = self.stop_all()
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            put_back()
         if self.interrupted:
-            status, verdict = JobStatus.STOPPED, Verdict(True, reason="interrupted (Ctrl-C)")
+            status, verdict = JobStatus.STOPPED, Verdict(True, reason=f"interrupted ({interrupted_by(self.interrupted)})")
         self.stopping.set()
         return JobOutcome(self.plan.run_id, status, started, time.time(), self._outcomes(remaining),
-                          verdict.failed_host, verdict.reason, tuple(self.events))
+                          verdict.failed_host, verdict.reason, tuple(self.events), self.interrupted)
 
-    def _catch_interrupts(self) -> Any:
-        """SIGINT sets `interrupted`; it raises KeyboardInterrupt only while the job is watched, so
-        that a Ctrl-C during the stop itself cannot leave hosts half-stopped."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_sigint(_signum: int, _frame: object) -> None:
-            self.interrupted = True
-            if not self.stopping.is_set():
-                raise KeyboardInterrupt
-
-        return signal.signal(signal.SIGINT, on_sigint)
+    def _on_interrupt(self, signum: int, raised: bool) -> None:
+        self.interrupted = self.interrupted or signum
+        if not raised:  # said beside: this thread may hold the console's lock where the signal found it
+            threading.Thread(target=self.sink, daemon=True,
+                             args=("meshrun", f"meshrun: still stopping every host; {NOT_CUT_SHORT}")).start()
 
     def generation(self) -> int:
         """The succession's current generation: the index of the current rendezvous host."""
@@ -341,7 +339,7 @@ class JobRunner:
                 return on_each([live.launch.host for live in newest.values()],
                                lambda h: self._stop_host(newest[h.name]), timeout=STOP_GRACE_S + 30)
             except KeyboardInterrupt:  # only where no SIGINT handler of ours is installed
-                self.interrupted = True
+                self.interrupted = self.interrupted or signal.SIGINT
                 continue  # a second Ctrl-C must not leave hosts half-stopped
 
     def _stop_beside(self, live: _Live) -> None:

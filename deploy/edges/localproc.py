@@ -5,8 +5,8 @@ that fills one pipe while nobody reads it waits for ever), and never left runnin
 Each runs in a process group of its own: at its deadline the whole group gets SIGTERM, then
 SIGKILL — rsync's ssh child too, which holds the stderr pipe and would outlive rsync. Groups
 still running when this controller exits (Ctrl-C included: KeyboardInterrupt ends the program)
-are killed on the way out. A controller killed outright (SIGKILL, a closed terminal, the OOM
-killer) runs no exit handler: on Linux each child is also started with PR_SET_PDEATHSIG, so the
+are killed on the way out. A controller killed outright (SIGKILL, the OOM killer; a closed
+terminal's SIGHUP is a Ctrl-C since deploy/stopsignals.py) runs no exit handler: on Linux each child is also started with PR_SET_PDEATHSIG, so the
 kernel sends it SIGTERM when the thread that started it goes (rsync then keeps its partial file
 for the next fetch, and its ssh sees its pipes close); without that, a fetch's rsync would go on
 writing into the staging tree under the next fetch.

@@ -37,6 +37,7 @@ class JobOutcome:
     failed_host: str | None = None
     reason: str | None = None
     events: tuple[MembershipEvent, ...] = ()
+    interrupted: int | None = None  # the signal (Ctrl-C's SIGINT, SIGTERM, SIGHUP) that stopped the run
 
     @property
     def duration_s(self) -> float:
