@@ -154,13 +154,7 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=""
                            flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S) if timeout else None,
                            detach, skip_checks, no_sync, resume or None, comm or None, firewall, tuple(notify or ()),
                            idle, bool(every_checkpoint))
-    where = _project(project, runs_dir)
-    if not firewall:
-        _exit(main(request, where))
-        return
-    from meshrun.deploy.commands.firewall import around_run
-
-    _exit(around_run(request.inventory, request.hosts, request.detach, lambda: main(request, where), where))
+    _exit(main(request, _project(project, runs_dir)))  # --firewall's bracket: deploy/commands/train.main
 
 
 @task(help={**PROJECT_FLAGS, "run": "run id (default: every recorded run that may still be running)", "json": "print JSON for scripts",

@@ -22,6 +22,7 @@ import pytest
 from meshrun.deploy.edges import detachedstart
 from meshrun.deploy.edges.fanout import HostResults
 from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Rendezvous
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.project import Project
@@ -79,3 +80,28 @@ def test_the_hosts_that_started_are_stopped_and_a_host_left_unclean_is_named(tmp
     text = out.out + out.err
     assert f"interrupted: stopping run {RUN} on h1, h2, whose agents had started" in text
     assert f"not every host of run {RUN} is clean: fab stop --run {RUN}" in text
+
+
+def test_a_host_that_does_not_answer_fails_alone_and_the_hint_says_to_stop_what_started() -> None:
+    """A review of this change: a host whose start raised (no answer in 30 s, a dropped link) was a
+    crash for start_each, which stopped handing out hosts and raised the bare error, without the
+    hint to stop the agents that had started."""
+    hosts = tuple(dataclasses.replace(host(), name=f"h{i}", address=f"10.147.17.{i}") for i in (1, 2, 3))
+    plan = plan_launch(Selection(hosts, Rendezvous("h1", 29400)), LaunchOptions(RUN, detach=True), {}, "/v/python")
+
+    def silent(_argv: object) -> str:
+        raise MeshrunError("host 'h2': no answer within 30 s")
+
+    asked: list[str] = []
+
+    def answering(name: str) -> FakeSession:
+        def stdout(_argv: object) -> str:
+            asked.append(name)
+            return json.dumps({"run_id": RUN, "agent_pid": 4242})
+        return FakeSession(stdout, the_host=next(h for h in hosts if h.name == name))
+
+    sessions = {"h1": answering("h1"), "h2": FakeSession(silent, the_host=hosts[1]), "h3": answering("h3")}
+    with pytest.raises(MeshrunError) as info:
+        detachedstart.start_detached(plan, sessions, ())
+    assert str(info.value) == f"host 'h2': no answer within 30 s; stop what did start with: fab stop --run {RUN}"
+    assert sorted(asked) == ["h1", "h3"]

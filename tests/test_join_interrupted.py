@@ -174,6 +174,29 @@ def test_a_join_that_fails_after_admit_takes_the_joiners_chain_down(project: Pro
     assert load_record(project.runs, RUN) == record
 
 
+def test_a_join_whose_admit_fails_on_a_member_takes_the_joiners_chain_down(project: Project,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review: `admit`'s `up` runs on every member and the joiner at once, so the joiner's chain may
+    be up when a member fails (or a Ctrl-C comes); `admit` was outside the join's let-go."""
+    fw = Firewall(monkeypatch)
+    real = firewall.apply
+
+    def apply(action, selection, sessions):  # type: ignore[no-untyped-def]
+        real(action, selection, sessions)  # the recorder: the joiner's chain is up with the others
+        if action is firewall.Action.UP:
+            raise MeshrunError("host 'h2': the firewall script failed: iptables: Resource temporarily unavailable")
+        return {}
+
+    monkeypatch.setattr(firewall, "apply", apply)
+    joiner = Joiner(monkeypatch)
+    poller, request = poller_and_request(project, attached(project))
+    runner = Runner()
+    poller._handle(runner, request)  # type: ignore[arg-type]
+    assert answer_of(request)["ok"] is False
+    assert fw.log == [("apply", "up", MEMBERS), ("apply", "down", ("h3",))]
+    assert (joiner.connected, runner.added) == ([], [])
+
+
 def test_a_controller_interrupted_during_the_joiners_sync_takes_its_chain_down(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while h3 syncs: the run's DOWN names h3, which no record lists yet; and the join thread,
@@ -348,4 +371,8 @@ def test_a_failed_detached_start_into_a_firewall_run_takes_the_chain_down(
     # The agent's own words (its JSON on stdout): the message used its empty stderr.
     assert str(info.value) == f"host 'h3': detached start failed: {json.loads(answer)['error']}"
     assert fw.log == downs
-    assert load_record(project.runs, RUN).hosts == ("h1", "h2", "h3")  # only ever added: stop reaches it
+    after = load_record(project.runs, RUN)
+    assert after.hosts == ("h1", "h2", "h3")  # only ever added: stop reaches it
+    # A review: a failed joiner stayed a member, so a bare `fab train --resume` launched on it; not
+    # when busy, since that host runs the run (another join's agent).
+    assert after.members == (("h1", "h2") if downs else ("h1", "h2", "h3"))

@@ -142,3 +142,19 @@ def test_a_resume_asks_only_the_hosts_it_launches_on_whether_the_run_still_runs(
                                          Renderer())
     assert "the run is still running (its agents still run on h3)" in str(info.value)
     assert asked == [("h1", "h2"), ("h1", "h2", "h3")]
+
+
+def test_a_resume_repeating_the_runs_script_as_typed_then_is_the_same_script(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A review: `--script ./train.py` (or the absolute path) was compared as typed with the record's
+    root-relative `train.py`, and refused as another script."""
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  h1: {address: 192.0.2.1}\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    project = Project(tmp_path, tmp_path / "runs")
+    RunRecord(RUN, str(tmp_path / "hosts.yaml"), ("h1",), time.time() - 3600, False, "192.0.2.1:29400",
+              workload={"script": "train.py", "config": None, "args": ["--epochs", "100"]},
+              controller_pid=None).save(project.runs)
+    (project.run_home(RUN) / "summary.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    for typed in ("./train.py", str(tmp_path / "train.py")):
+        request = train_cmd.TrainRequest(None, None, Workload(typed), resume=RUN)
+        assert train_cmd._with_resumed_defaults(request, project, Renderer()).workload == SCRIPT

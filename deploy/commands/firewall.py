@@ -39,6 +39,7 @@ class FirewallRequest:
     action: str
     inventory: str | None
     hosts: str | None
+    resume: bool = False  # a `fab train --resume`'s bracket: its hosts may leave out rendezvous.host (it died)
 
 
 def specs_for(selection: Selection, interfaces: Mapping[str, str],
@@ -99,6 +100,8 @@ def firewall(request: FirewallRequest, renderer: Renderer, project: Project) -> 
     action = parse_action(request.action)
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = select_hosts(inventory, request.hosts)
+    if request.resume:
+        selection = selection.resumable()[0]  # as the resume itself moves it (deploy/commands/train.py)
     with sessions_to(selection.hosts, inventory, project.root) as sessions:
         report(action, apply(action, selection, sessions), renderer)
     return 0
@@ -119,7 +122,8 @@ class Bracket:
 _bracket: Bracket | None = None  # this process's attached --firewall run, while around_run runs and after
 
 
-def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Callable[[], int], project: Project) -> int:
+def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Callable[[], int], project: Project,
+               resume: bool = False) -> int:
     """`fab train --firewall`: the firewall up before the launch and down after it, whatever happens,
     on the selected hosts, on any that joined the run meanwhile (its record, written by this process,
     lists them) and on any host `admit` let in whose join never got that far. A detached run
@@ -131,7 +135,7 @@ def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Call
     renderer = Renderer()
     bracket = _bracket = Bracket()
     try:  # `up` inside: hosts it reached before another failed must not keep the chain
-        firewall(FirewallRequest(Action.UP.value, inventory, hosts), renderer, project)
+        firewall(FirewallRequest(Action.UP.value, inventory, hosts, resume), renderer, project)
         return run()
     finally:
         with bracket.lock:  # an `admit` under way ends its `up` first, and none starts after this
@@ -139,7 +143,7 @@ def around_run(inventory: str | None, hosts: str | None, detach: bool, run: Call
             admitted = sorted(bracket.admitted)
         joined = [n for r in all_records(project.runs) if r.controller_pid == os.getpid() for n in r.members]
         everyone = ",".join(dict.fromkeys([*(hosts.split(",") if hosts else []), *joined, *admitted])) or hosts
-        firewall(FirewallRequest(Action.DOWN.value, inventory, everyone), renderer, project)
+        firewall(FirewallRequest(Action.DOWN.value, inventory, everyone, resume), renderer, project)
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from meshrun.fsutil import read_regular
 from meshrun.layout import RECORD_LOCK
@@ -79,9 +80,9 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
         raise InputError(f"run {record.run_id}: its rendezvous {shown(record.rdzv_endpoint)} is no member's address "
                          f"in {record.inventory}; was the inventory changed?")
     sshtarget.check_all((joiner,))  # a bad ssh_config value is one line before any host is contacted
-    if record.firewall:  # the joiner last: it must answer
-        admit(inventory, (*(h for h in record.members if h != name), name), head.name, project, renderer)
-    try:
+    try:  # `admit` inside: its `up` may reach the joiner before another member fails, or a Ctrl-C
+        if record.firewall:  # the joiner last: it must answer
+            admit(inventory, (*(h for h in record.members if h != name), name), head.name, project, renderer)
         return _connected(record, inventory, project, renderer, options, members, joiner, head)
     except BaseException:
         let_go(record, inventory, name, project, renderer)
@@ -115,7 +116,7 @@ def let_go(record: RunRecord, inventory: Inventory, name: str, project: Project,
     try:
         release(inventory, name, project, renderer)
     except MeshrunError as err:
-        renderer.warn(f"host '{name}': its firewall chain is still up ({err}); take it down with "
+        renderer.warn(f"host '{name}': its firewall chain may still be up ({err}); take it down with "
                       f"fab firewall down --hosts {name}")
 
 
@@ -134,13 +135,24 @@ def add_member(project: Project, record: RunRecord, name: str) -> RunRecord:
     disk is re-read and merged under a lock beside it: two `fab join`s, or two join threads of one
     controller, each saving the list it read earlier would drop the other's host, and `fab stop` would
     then never reach that host's agent."""
+    # A host of an earlier attempt (`fab train --resume` left it out) that joins is a member again.
+    return _changed(project, record, lambda current: dataclasses.replace(
+        current, hosts=merged_hosts(current.hosts, record.hosts, name)).with_member(name))
+
+
+def drop_member(project: Project, record: RunRecord, name: str) -> RunRecord:
+    """A detached join whose agent did not start: still listed, no longer a member, so the next bare
+    `fab train --resume` does not launch on a host that never ran the run (same lock as add_member)."""
+    return _changed(project, record, lambda current: current.without_member(name))
+
+
+def _changed(project: Project, record: RunRecord, change: Callable[[RunRecord], RunRecord]) -> RunRecord:
     home = project.runs / record.run_id
     home.mkdir(parents=True, exist_ok=True)
     with open(home / RECORD_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         current = load_record(project.runs, record.run_id)
-        # A host of an earlier attempt (`fab train --resume` left it out) that joins is a member again.
-        updated = dataclasses.replace(current, hosts=merged_hosts(current.hosts, record.hosts, name)).with_member(name)
+        updated = change(current)
         if updated == current:
             return current
         updated.save(project.runs)
@@ -352,6 +364,7 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
         answer = detached_answer(result)
         if not said_busy(answer):  # busy: another agent of the run holds the host, behind the run's chain
             let_go(record, inventory, name, project, renderer)
+            drop_member(project, record, name)
         detached_record(name, answer)  # the agent's own words (its JSON on stdout), as one line
         raise MeshrunError(f"host '{name}': detached start failed: exit status {result.rc}")
     return f"started detached on {name}", record

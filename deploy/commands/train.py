@@ -16,6 +16,7 @@ from meshrun.deploy.edges.checkpointpush import hosts_newest_step, push_checkpoi
 from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
+from meshrun.deploy.commands.firewall import around_run
 from meshrun.deploy.edges.sessions import SessionsLater, first_found, sessions_to, training_interfaces
 from meshrun.deploy.commands.sync import code_files, sync_code
 from meshrun.deploy.edges import provenance
@@ -110,7 +111,9 @@ def _with_resumed_defaults(request: TrainRequest, project: Project, renderer: Re
                                                 hosts).hosts)
     asked = dataclasses.replace(record, inventory=inventory, hosts=names, earlier=())
     refuse_running(project.runs, record, lambda: host_states(asked, project.root))
-    work = resumed_work(record.run_id, recorded_workload(record.workload), record.pg_timeout_s, request.workload,
+    # The flags as typed are the project's paths from here (`./train.py` is the record's `train.py`).
+    given = _with_project_paths(dataclasses.replace(request, resume=None), project).workload
+    work = resumed_work(record.run_id, recorded_workload(record.workload), record.pg_timeout_s, given,
                         given_timeout, request.comm is not None)
     refuse_trainer_flags(work.workload, given_timeout is not None)
     nnodes = request.nnodes or resumed_nnodes(record.elastic, len(names))
@@ -364,5 +367,14 @@ def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, render
 
 
 def main(request: TrainRequest, project: Project) -> int:
-    """`fab train`; returns the exit status."""
-    return train(request, Renderer(), project)
+    """`fab train`; returns the exit status. With --firewall, bracketed by the firewall on the hosts
+    it launches on: a bare resume's are its record's (the bracket went up on the default
+    inventory's every host), and may leave out the rendezvous host that died."""
+    if not request.firewall:
+        return train(request, Renderer(), project)
+    inventory, hosts = request.inventory, request.hosts
+    if request.resume:
+        record = load_record(project.runs, request.resume, "--resume")
+        inventory, hosts = inventory or record.inventory, hosts or ",".join(record.members)
+    return around_run(inventory, hosts, request.detach, lambda: train(request, Renderer(), project), project,
+                      resume=bool(request.resume))

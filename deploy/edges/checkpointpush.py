@@ -3,7 +3,9 @@ host of the resumed run holds one as new, and what each host's own manifest list
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Mapping
 
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, run_dir
@@ -29,8 +31,8 @@ from meshrun.deploy.run.resume import newest_listed_step, pushed_manifest, same_
 HASH_FILES = """import hashlib, os, stat, sys
 os.chdir(sys.argv[1])
 for name in sys.argv[2:]:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # O_NONBLOCK: a FIFO under that name must not block the open (it changes nothing for a file)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         continue
     with os.fdopen(fd, "rb") as f:
@@ -56,15 +58,21 @@ def hosts_newest_step(sessions: Mapping[str, Session], names: list[str], run_id:
     return max(map(newest_listed_step, hosts_manifests(sessions, names, run_id).values()), default=-1)
 
 
-def host_hashes(session: Session, run_id: str, names: tuple[str, ...]) -> Manifest:
-    """The host's sha256 of the named checkpoints (names from the controller's own manifest), read
-    as a manifest: a line in any other form is no answer. Hashing what the push could bring takes
-    no longer than bringing it."""
+HASH_FLOOR_S = 60  # the host's python starting, and small files
+HASH_BYTES_PER_S = 20e6  # a slow disk: the deadline grows with the bytes to hash, not a fixed hour
+
+
+def host_hashes(session: Session, run_id: str, names: tuple[str, ...], local: Path) -> Manifest:
+    """The host's sha256 of the named checkpoints (names from the controller's own manifest, whose
+    copies in `local` give the bytes to hash, and so the deadline: a host that stalls holds the
+    resume no longer than hashing them on a slow disk would), read as a manifest: a line in any
+    other form is no answer."""
     if not names:
         return parse_manifest(b"")
     host = session.host
+    size = sum(os.lstat(local / name).st_size for name in names if os.path.lexists(local / name))
     found = session.run([python_of(host, sys.executable), "-c", HASH_FILES, f"{run_dir(run_id)}/{CHECKPOINTS}",
-                         *names], timeout=FETCH_TIMEOUT_S)
+                         *names], timeout=HASH_FLOOR_S + size / HASH_BYTES_PER_S)
     if not found.ok:
         raise MeshrunError(f"host '{host.name}': could not hash the checkpoints pushed for {run_id}: "
                            f"{said(found.stderr.strip()[-300:])}; check the host, then resume again")
@@ -98,7 +106,7 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
               hint=f"check `fab check-network --hosts {head.name}`")
     ours, theirs = parse_manifest(text), held.get(head.name, parse_manifest(b""))
     asked = to_hash(ours, theirs)
-    same = same_as_ours(ours, host_hashes(sessions[head.name], run_id, asked), asked)
+    same = same_as_ours(ours, host_hashes(sessions[head.name], run_id, asked, local), asked)
     lines = pushed_manifest(ours, theirs, same)
     written = sessions[head.name].run([python_of(head, sys.executable), "-c", WRITE_FILE,
                                        f"{run_dir(run_id)}/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}", lines], timeout=30)

@@ -41,8 +41,8 @@ def start_detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tupl
     def start(launch: HostLaunch) -> None:
         host = launch.host
         block = notify.agent_block(dict(host.env), urls, head, names, every_checkpoint)
-        result = run_detached_agent(sessions[host.name], launch, block=block)
-        try:
+        try:  # a host that does not answer in time, or whose link drops, fails alone: the others go on
+            result = run_detached_agent(sessions[host.name], launch, block=block)
             started[host.name] = detached_record(host.name, detached_answer(result))
         except MeshrunError as err:
             failed[host.name] = err

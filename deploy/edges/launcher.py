@@ -114,6 +114,8 @@ class JobRunner:
         passed the maximum."""
         bounds = self.plan.elastic
         with self.lock:
+            if self.stopping.is_set():  # stop_all has run or runs: a start now would outlive "every host is clean"
+                return f"run {self.plan.run_id} is ending; host '{name}' not started"
             running = [h.name for h in self.hosts if not h.done.is_set()]
             if name in self.claims or name in running:
                 return f"host '{name}' is already in run {self.plan.run_id}, or being started"
@@ -130,11 +132,21 @@ class JobRunner:
         """A host joining the running job (`fab join`), at the current generation (claimed first)."""
         live = _Live(at_generation(launch, self.generation()), session, self.local_dir / "logs" / f"{launch.host.name}.log")
         with self.lock:
-            for old in self.hosts:  # its lost entry must not be brought back or stopped later: this one runs
-                if old.name == live.name and old.done.is_set():
-                    old.replaced = True
+            if self.stopping.is_set():
+                raise MeshrunError(f"host '{live.name}': run {self.plan.run_id} is ending; nothing started")
+            # Its lost entry must not be brought back or stopped later: this one runs.
+            replaced = [old for old in self.hosts if old.name == live.name and old.done.is_set() and not old.replaced]
+            for old in replaced:
+                old.replaced = True
             self.hosts.append(live)
-        self._start(live, Change.JOINED)
+        try:
+            self._start(live, Change.JOINED)
+        except BaseException:  # never started: an entry left would count as running, and the job never end
+            with self.lock:
+                self.hosts.remove(live)
+                for old in replaced:
+                    old.replaced = False
+            raise
 
     def remove_host(self, name: str) -> None:
         """A host leaving on purpose (`fab leave`): stop its part; the others go on if the bounds allow."""

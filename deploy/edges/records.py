@@ -65,6 +65,13 @@ class RunRecord:
         hosts = self.hosts if name in self.hosts else (*self.hosts, name)
         return replace(self, hosts=hosts, earlier=tuple(h for h in self.earlier if h != name))
 
+    def without_member(self, name: str) -> RunRecord:
+        """The record once `name`'s join failed: still listed (stop/status reach it), no member (a bare
+        `--resume` launches on members only)."""
+        if name not in self.hosts or name in self.earlier:
+            return self
+        return replace(self, earlier=(*self.earlier, name))
+
     def save(self, runs: Path) -> Path:
         path = runs / self.run_id / LAUNCH_RECORD
         path.parent.mkdir(parents=True, exist_ok=True)
