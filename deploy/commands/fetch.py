@@ -237,7 +237,9 @@ def main(run: str | None, dest: str | None, force: bool, project: Project) -> in
                                    "fetch runs into"))
     fetched = fetch_run(record, project.root, destination, force, renderer)
     reports = fetched.reports
-    renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports)
+    script = record.workload.get("script")
+    renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports,
+                           script if isinstance(script, str) else None)
     for line in [line for r in reports for line in skip_lines(r.host, r.skipped)]:
         renderer.warn(line)
     for line in [line for r in reports for line in r.refused]:

@@ -136,6 +136,12 @@ def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str
             f"fab train --resume {plan.run_id}")
 
 
+def script_resume_hint(run_id: str) -> str:
+    """After an elastic --script run fell below its minimum: meshrun keeps no checkpoint of a script's."""
+    return (f"resume with fab train --resume {run_id} once enough hosts answer: your script starts again on "
+            f"them and reloads what it saved under $MESHRUN_RUN_DIR there (docs/scripts.md)")
+
+
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """The trainer's result.json, from whichever host ran rank 0."""
     names = [h.host.name for h in plan.hosts]
@@ -307,7 +313,8 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
     lost = outcome.unreachable()
     answering = {name: session for name, session in sessions.items() if name not in lost}
     if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
-        renderer.info(last_checkpoint(answering, plan, outcome.failed_host))
+        renderer.info(last_checkpoint(answering, plan, outcome.failed_host) if not record.workload.get("script")
+                      else script_resume_hint(plan.run_id))
     saved_plan = comm_cmd.load_plan(project.runs, plan.run_id)
     measured = comm_cmd.read_comm_record(answering, plan) if saved_plan else None
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None

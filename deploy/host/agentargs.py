@@ -10,8 +10,8 @@ import json
 import os
 
 from meshrun.events import NOTIFY_KEY
-from meshrun.layout import (AGENT_MODULE, ENV_HOST, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S, STOP_GRACE_S,
-                            TORCHRUN_EXIT_MARK_ENV)
+from meshrun.layout import (AGENT_MODULE, ENV_HOST, ENV_RUN_DIR, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S, STOP_GRACE_S,
+                            TORCHRUN_EXIT_MARK_ENV, run_dir)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -89,5 +89,7 @@ def run_env(args: argparse.Namespace, exit_mark: str) -> tuple[dict[str, str], s
     env.update(kv.split("=", 1) for kv in args.env)
     spec = args.secret_env.pop(NOTIFY_KEY, None)
     env.update(args.secret_env)
-    env.update({ENV_RUN_ID: args.run_id, ENV_HOST: args.host, TORCHRUN_EXIT_MARK_ENV: exit_mark})
+    # The run directory for a script's outputs (fetch-checkpoints brings it home): the agent runs in the workdir.
+    env.update({ENV_RUN_ID: args.run_id, ENV_HOST: args.host, ENV_RUN_DIR: os.path.abspath(run_dir(args.run_id)),
+                TORCHRUN_EXIT_MARK_ENV: exit_mark})
     return env, spec

@@ -102,10 +102,12 @@ class Renderer:
             table.add_row(host.host, "lost" if host.rc is None else host.rc, host.log, left)
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary.metrics.items())) or "none"
         style = {"succeeded": "green", "failed": "red", "stopped": "yellow"}[summary.status]
+        # Epochs are the built-in trainer's count: a --script run reports none ("0 epoch(s)" read as nothing ran).
+        epochs = f"{summary.epochs_completed} epoch(s), " if summary.epochs_completed or summary.metrics else ""
         with self._lock:
             self.console.print(table)
             self.console.print(plain(
-                f"{summary.status}: {summary.epochs_completed} epoch(s), world size {summary.world_size}, "
+                f"{summary.status}: {epochs}world size {summary.world_size}, "
                 f"{summary.duration_s:.1f} s; metrics: {metrics}; summary: {summary_path}", style=style))
             if outcome.status is JobStatus.STOPPED:
                 clean = all(not h.remaining and not h.stop_error for h in outcome.hosts)
@@ -124,8 +126,9 @@ class Renderer:
         with self._lock:
             self.console.print(table)
 
-    def fetch_reports(self, run_id: str, home: str, reports: list) -> None:
-        """Where everything landed, what was refused, and how to resume from it."""
+    def fetch_reports(self, run_id: str, home: str, reports: list, script: str | None = None) -> None:
+        """Where everything landed, what was refused, and how to resume from it (a `--script` run's
+        own files: meshrun verifies and pushes back the built-in trainer's checkpoints only)."""
         table = PlainTable("host", "landed in", "new", "updated", "unchanged", "not overwritten",
                            "corrupt (not kept)", title=f"fetched run {run_id}")
         for r in reports:
@@ -139,6 +142,12 @@ class Renderer:
                 for where in [f"{r.landed}/{name}" for name in r.conflicts] + [f"{home}/{n}" for n in r.kept_home]:
                     self.console.print(plain(f"not overwritten: {where} differs from {r.host}'s copy; "
                                              "kept yours (--force replaces it)", style="yellow"))
+            if script:
+                self.console.print(plain(f"what {script} wrote under $MESHRUN_RUN_DIR, and the logs: "
+                                         f"{home}/hosts/<host>/ (as each host had it; docs/scripts.md)"))
+                self.console.print(plain(as_run(f"resume this run: fab train --resume {run_id} (same hosts; your "
+                                                "script reloads what it saved there)")))
+                return
             self.console.print(plain(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
                                      f"logs and metrics: {home}/hosts/<host>/"))
             self.console.print(plain(as_run(f"resume this run: fab train --resume {run_id} (same hosts; the newest "

@@ -61,6 +61,14 @@ def trainer_result(text: str) -> dict[str, Any] | None:
     return found
 
 
+def _last_world_size(plan: LaunchPlan, outcome: JobOutcome) -> int:
+    """Without the trainer's result (a --script run, or one that failed): the world size after the last
+    change of membership the controller saw (a lost host's `lost`), not the launch's; `finished`
+    events count the hosts still running, not the job's size."""
+    changes = [e.world_size for e in outcome.events if e.event is not Change.FINISHED]
+    return changes[-1] if changes else plan.world_size
+
+
 def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,
                   comm: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> RunSummary:
     """Combine what the controller saw with what the trainer reported (result.json), if any."""
@@ -69,7 +77,7 @@ def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, An
         run_id=plan.run_id,
         status=outcome.status.value,
         hosts=[h.host.name for h in plan.hosts],
-        world_size=int(result.get("world_size", plan.world_size)),
+        world_size=int(result.get("world_size", _last_world_size(plan, outcome))),
         restarts=int(result.get("restarts", 0)),
         epochs_completed=int(result.get("epochs_completed", 0)),
         metrics={k: float(v) for k, v in dict(result.get("metrics", {})).items()},
