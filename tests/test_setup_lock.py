@@ -72,13 +72,20 @@ class LocalSession:
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
+def held_lock(workdir: Path):  # type: ignore[no-untyped-def]
+    """The workdir's setup lock file, opened for writing (its folder in the user's cache made first)."""
+    path = host_setup.lock_file(workdir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "w")
+
+
 def busy(pid: int) -> str:
     return f"another fab setup is still running on this host (pid {pid}); wait for it, or end it (kill {pid})"
 
 
 def test_a_held_lock_is_that_hosts_one_line_and_no_pip_runs(tmp_path: Path) -> None:
     workdir = workdir_with_venv(tmp_path)
-    with open(workdir / host_setup.LOCK, "w") as held:
+    with held_lock(workdir) as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         held.write(f"{os.getpid()}\n")
         held.flush()
@@ -113,7 +120,7 @@ def running(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
 def test_a_workdir_shared_with_another_host_names_that_host(tmp_path: Path) -> None:
     """A home on NFS is every host's: the setup of another host into the same .venv holds the lock."""
     workdir = workdir_with_venv(tmp_path)
-    with open(workdir / host_setup.LOCK, "w") as held:
+    with held_lock(workdir) as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         held.write("4242 gpu2.lab\n")
         held.flush()
@@ -143,7 +150,7 @@ def test_the_lock_is_held_by_the_running_script_alone(running: tuple[Path, subpr
                                                       signum: int) -> None:
     """The lock file outlives the script, the lock does not: a setup that ended leaves no stale lock."""
     workdir, first = running
-    with open(workdir / host_setup.LOCK) as lock:
+    with open(host_setup.lock_file(workdir)) as lock:
         with pytest.raises(BlockingIOError):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert lock.read() == f"{first.pid} {socket.gethostname()}\n"

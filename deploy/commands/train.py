@@ -354,8 +354,8 @@ def _watched(plan: LaunchPlan, inventory: Inventory, sessions: Mapping[str, Sess
                             requests, membership, reconnect, watcher.feed).run()  # type: ignore[arg-type]
     finally:
         watcher.close()
-    if watcher.stop_reason is not None:
-        outcome = dataclasses.replace(outcome, reason=watcher.stop_reason)
+    if watcher.stop_reason is not None:  # stopped as a Ctrl-C would, by no signal: a stopped run's status, 1
+        outcome = dataclasses.replace(outcome, reason=watcher.stop_reason, interrupted=None)
     return outcome, watcher.warnings
 
 

@@ -36,8 +36,16 @@ from pathlib import Path
 VENV = Path(".venv")
 STAMP = VENV / "meshrun-installed"
 PTH = "meshrun-reuse-site.pth"
-# In the workdir, not in .venv: a user who removes .venv to start again still meets a running setup's lock.
-LOCK = Path(".meshrun-setup.lock")
+
+
+def lock_file(workdir: Path) -> Path:
+    """The lock of setups into `workdir`'s venv: in the user's cache, keyed by the workdir's real path.
+    Not in the workdir, which may be the user's own project (the local host's `workdir: .`: a stray
+    file in its `git status`), nor in .venv, which a user removes to start again."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    key = hashlib.sha256(os.path.realpath(workdir).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return cache / "meshrun" / "setup" / f"{key}.lock"
+
 # Each step has a time limit, within the controller's own for the whole setup (an hour): a pip
 # that hangs on a dead index must not keep running here after the controller gave up.
 PIP_TIMEOUT_S = 3000  # a first torch download
@@ -133,6 +141,7 @@ def hold_lock(path: Path) -> list[str] | None:
     procs.hold_lock, copied: this file runs as `python -c` on a host that may have no meshrun. The
     descriptor is not passed to pip, so the lock ends with this process, however it ends."""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as err:
         raise SetupFailed(f"cannot open the setup lock {os.path.abspath(path)}: {err.strerror}") from None
@@ -186,7 +195,7 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, end_on_signal)
     try:
-        if (holder := hold_lock(LOCK)) is not None:
+        if (holder := hold_lock(lock_file(Path.cwd()))) is not None:
             print(json.dumps({"error": busy_error(holder), "busy": True}))
             return 1
         make_venv(args.reuse_site, actions)
