@@ -16,12 +16,16 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 TMP_PREFIX = ".tmp-"
+# The names `_new_temp` gives: `.tmp-<target>.<pid>.<8 hex>`. A write killed outright (SIGKILL: its
+# `finally` never runs) leaves one behind; the trainer removes its own (train/staletemps.py).
+TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"(.+)\.([0-9]+)\.[0-9a-f]{8}", re.ASCII | re.DOTALL)
 
 
 class HashingWriter:

@@ -5,7 +5,9 @@ Utilisation is the mean GPU utilisation of the run's GPUs where the host reports
 time the busiest of the run's processes used per second between two answers (all asleep: 0; one
 busy on a core: 1). On a CPU host shared with other work, a starved worker's share drops too. A
 host is idle while its utilisation stays under the threshold; a spell ends at the first sample at
-or above it.
+or above it. A spell is timed on a monotonic clock (the controller's as a sample arrives, a detached
+agent's as it takes one), never a host's wall clock: a step of that (a VM's resume, chrony's
+makestep) would warn and stop at once, or hold a stop back.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ DEFAULT_WARN_MINUTES = 10.0
 
 @dataclass(frozen=True)
 class Usage:
-    time: float
+    time: float  # as the host sent it, its wall clock; a detached agent judges its own on its monotonic clock
     cpu_s: float
     procs: int
     gpu_util: tuple[int, ...] | None
@@ -58,14 +60,15 @@ def utilisation(before: Usage, now: Usage) -> float | None:
 
 @dataclass
 class IdleState:
-    """One host's idle spell: since when (None: busy), and what was already said about it."""
+    """One host's idle spell: since when on the judging clock (None: busy), and what was already said."""
     since: float | None = None
     warned: bool = False
     stopped: bool = False
 
 
 def step(state: IdleState, policy: IdlePolicy, time: float, util: float | None) -> list[str]:
-    """Feed one sample; returns the actions it triggers: 'warn' (once per spell), 'stop' (once)."""
+    """Feed one sample taken (or received) at `time`, a monotonic clock's seconds; returns the actions
+    it triggers: 'warn' (once per spell), 'stop' (once)."""
     if util is None:
         return []
     if util >= policy.threshold:

@@ -163,15 +163,17 @@ def test_the_watcher_judges_what_each_agent_sends_and_skips_the_rest() -> None:
     """deploy/edges/idle.py fed the way the launcher does (host, the JSON after the prefix): a line
     out of shape, or from a host not in the run, is skipped; a busy host is not warned about; an
     idle one is, once; a newer checkpoint step is passed on once."""
-    said, told, steps = [], [], []
+    said, told, steps, clock = [], [], [], [0.0]
     watcher = IdleWatcher(IdlePolicy(0.1, 20.0, None), (SimpleNamespace(name="h1"), SimpleNamespace(name="h2")),  # type: ignore[arg-type]
-                          said.append, lambda *a: told.append(a), lambda *a: steps.append(a))
+                          said.append, lambda *a: told.append(a), lambda *a: steps.append(a),
+                          clock=lambda: clock[0])  # the lines arrive as the hosts send them (tests/test_idle_clock.py)
 
     def line(t: float, cpu: float, checkpoint: int | None = None) -> str:
         return json.dumps({"time": t, "cpu_s": cpu, "procs": 1, "per_pid": {"7": cpu}, "gpu_util": None,
                            "checkpoint": checkpoint})
 
     for t in range(0, 50, 10):
+        clock[0] = t
         watcher.feed("h1", line(t, 0.01 * t, 3 if t >= 20 else None))  # 1 % of a core: idle
         watcher.feed("h2", line(t, 0.9 * t))  # busy
         watcher.feed("h3", line(t, 0.0))  # not a host of the run

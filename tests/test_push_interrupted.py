@@ -144,39 +144,40 @@ def _listed_and_intact(host_dir: Path) -> dict[str, str]:
 
 def test_a_push_cut_on_a_host_without_a_manifest_is_pushed_again(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Scenario A: the host has nothing of the run. Cut while step 200 crosses, the host holds
-    best.pt and step 100, no manifest (it used to hold the controller's, listing step 200), and no
-    step 200 under its name; the next resume pushes step 200 and lists all three."""
+    """Scenario A: the host has nothing of the run. Cut while step 200 (the newest) crosses, the
+    host holds best.pt, no manifest (it used to hold the controller's, listing step 200), and no
+    step 200 under its name; the next resume pushes step 200 and lists it and best.pt. Step 100
+    stays home: a resume pushes the newest step only (tests/test_push_newest.py)."""
     ours = {"best.pt": b"best at 200", "ckpt-step000000100.pt": b"step 100", "ckpt-step000000200.pt": os.urandom(BIG)}
     project, host_dir, inventory = _setup(tmp_path, ours, {}, ())
     with monkeypatch.context() as patched:
         patched.setattr(checkpointpush, "run_rsync", _cut_while_crossing("ckpt-step000000200.pt"))
         with pytest.raises(KeyboardInterrupt):
             _push(project, inventory, tmp_path)
-    assert sorted(p.name for p in host_dir.iterdir()) == ["best.pt", "ckpt-step000000100.pt"]
+    assert sorted(p.name for p in host_dir.iterdir()) == ["best.pt"]
     _push(project, inventory, tmp_path)
-    assert _listed_and_intact(host_dir) == {name: sha(data) for name, data in ours.items()}
+    assert _listed_and_intact(host_dir) == {name: sha(ours[name]) for name in ("best.pt", "ckpt-step000000200.pt")}
 
 
 def test_a_checkpoint_that_arrived_before_the_cut_is_listed_by_the_next_push(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Scenario B: the host lists step 100, and holds a best.pt of its own it never listed (its
-    save cut short). Step 200 arrives whole, the push is cut while step 300 crosses; the next push
-    sends only step 300 (--ignore-existing), yet step 200 is listed, by the hash the host gave. The
-    unlisted best.pt is not ours: kept, and not listed."""
+    """Scenario B: the host lists step 100 and holds no best.pt. best.pt arrives whole (rsync sends
+    it first, sorted), the push is cut while step 300 crosses; the next push sends only step 300
+    (--ignore-existing skips best.pt), yet best.pt is listed, by the hash the host gave. Step 200
+    stays home (a resume pushes the newest step only); the host keeps its own line for step 100.
+    A held file with other bytes gets no line: the pure tests above."""
     ours = {"best.pt": b"best at 300", "ckpt-step000000100.pt": b"step 100", "ckpt-step000000200.pt": b"step 200",
             "ckpt-step000000300.pt": os.urandom(BIG)}
-    held = {"best.pt": b"half a best", "ckpt-step000000100.pt": b"step 100"}
+    held = {"ckpt-step000000100.pt": b"step 100"}
     project, host_dir, inventory = _setup(tmp_path, ours, held, ("ckpt-step000000100.pt",))
     with monkeypatch.context() as patched:
         patched.setattr(checkpointpush, "run_rsync", _cut_while_crossing("ckpt-step000000300.pt"))
         with pytest.raises(KeyboardInterrupt):
             _push(project, inventory, tmp_path)
-    assert (host_dir / "ckpt-step000000200.pt").read_bytes() == b"step 200"
+    assert (host_dir / "best.pt").read_bytes() == b"best at 300"
     assert not (host_dir / "ckpt-step000000300.pt").exists()
     assert (host_dir / "MANIFEST.sha256").read_text() == f"{sha(b'step 100')}  ckpt-step000000100.pt\n"
     _push(project, inventory, tmp_path)
     assert _listed_and_intact(host_dir) == {name: sha(ours[name]) for name in
-                                            ("ckpt-step000000100.pt", "ckpt-step000000200.pt",
-                                             "ckpt-step000000300.pt")}
-    assert (host_dir / "best.pt").read_bytes() == b"half a best"
+                                            ("best.pt", "ckpt-step000000100.pt", "ckpt-step000000300.pt")}
+    assert not (host_dir / "ckpt-step000000200.pt").exists()

@@ -132,7 +132,7 @@ def test_a_crafted_metrics_line_is_skipped_and_said(tmp_path: Path, where: str, 
 
 def test_files_that_are_not_regular_or_too_big_are_said_and_not_waited_on(tmp_path: Path, monkeypatch) -> None:
     """A FIFO would block a plain read forever, a directory would raise: both are one note. Past
-    METRICS_FILE_MAX the rest of a file is left out, and said."""
+    METRICS_FILE_MAX only a file's start and end are read (tests/test_report_tail.py), and said."""
     from meshrun.deploy.run import report as report_module
 
     make_run(tmp_path)
@@ -141,12 +141,16 @@ def test_files_that_are_not_regular_or_too_big_are_said_and_not_waited_on(tmp_pa
     many = tmp_path / "gpu1" / "metrics.rank0.jsonl"
     many.write_text("".join(json.dumps(as_json(step(0, "gpu1", 1000.0 + i))) + "\n" for i in range(100)))
     line = len(many.read_bytes()) // 100
-    monkeypatch.setattr(report_module, "METRICS_FILE_MAX", 10 * line + line // 2)
+    bound = 10 * line + line // 2
+    monkeypatch.setattr(report_module, "METRICS_FILE_MAX", bound)
     report = load_report(tmp_path)
+    # The last 9 whole lines of the bound's end (its start holds no whole line): steps 91 to 99.
     assert [(r.host, r.rank, r.steps, r.samples_per_s) for r in report.ranks] == [
-        ("gpu1", 0, 10, 1004.5), ("gpu2", 1, 1, 800.0)]
+        ("gpu1", 0, 9, 1095.0), ("gpu2", 1, 1, 800.0)]
     assert report.skipped == (
-        f"{many}: only its first {10 * line + line // 2} bytes are read; the rest is not in the report",
+        f"{many}: {100 * line} bytes long: only its first {bound // 16} bytes and its last {bound - bound // 16} "
+        f"bytes are read (its step medians are of the last part); the {100 * line - bound} bytes between are not "
+        "in the report",
         f"{tmp_path}/gpu2/metrics.rank1.jsonl: 1 of 2 line(s) skipped, not a metrics record the report can use "
         "(line 2: not JSON)",
         f"{tmp_path}/gpu2/metrics.rank5.jsonl: not read: not a regular file",

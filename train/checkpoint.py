@@ -35,6 +35,7 @@ import torch
 from meshrun.train import dist
 from meshrun.train.config import CheckpointConfig
 from meshrun.train.safe_load import UnsafeCheckpoint, load_bytes, load_file
+from meshrun.train.staletemps import remove_stale_temps
 from meshrun.fsutil import atomic_write_bytes, sha256_file
 from meshrun.layout import (BEST_CHECKPOINT, CHECKPOINT_MANIFEST, checkpoint_name, checkpoint_step,  # noqa: F401
                            is_checkpoint_name)
@@ -96,6 +97,8 @@ class Checkpointer:
         self.cfg = cfg
         self.site = site or local_site()
         self.warn = warn
+        if self.site.writer:  # the directory's one writer: saves an earlier group's kill cut short
+            remove_stale_temps(directory)
         self.hashes = read_manifest(directory / MANIFEST)
         self._verified: dict[str, bool] = {}
         self._warned_divergence = False

@@ -1,5 +1,6 @@
-"""`fab train --resume`'s push: the fetched checkpoints of a run to its rendezvous host, when no
-host of the resumed run holds one as new, and what each host's own manifest lists."""
+"""`fab train --resume`'s push: the newest fetched checkpoint of a run (and best.pt) to its
+rendezvous host, when no host of the resumed run holds one as new, and what each host's own
+manifest lists."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from meshrun.deploy.edges.check_probes import WRITE_FILE
 from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sessions import reachable_results
-from meshrun.deploy.edges.sync import is_project_itself, push_dir_argv
+from meshrun.deploy.edges.sync import is_project_itself, push_named_argv
 from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inputfiles import read_input
@@ -24,7 +25,7 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest
 from meshrun.deploy.run.plan import python_of
-from meshrun.deploy.run.resume import newest_listed_step, pushed_manifest, same_as_ours, to_hash
+from meshrun.deploy.run.resume import newest_listed_step, pushed_manifest, same_as_ours, to_hash, to_push
 
 # `python -c` on the host: `<sha256>  <name>` for each named regular file of the folder (argv[1]);
 # a name that is missing, a link or unreadable prints nothing. Standard library only.
@@ -81,12 +82,13 @@ def host_hashes(session: Session, run_id: str, names: tuple[str, ...], local: Pa
 
 def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_id: str, inventory: Inventory,
                      project: Project, renderer: Renderer) -> None:
-    """Give the rendezvous host the fetched checkpoints of a resumed run, when no host holds one as
-    new (every host keeps its own copies; the trainer broadcasts the newest from whoever has it).
-    The files go first, never replacing the host's, the manifest never with them; then the host
-    hashes what the controller lists and it does not, and its manifest is written atomically: the
-    controller's verified lines for the files it holds with our bytes (pushed now or by a push cut
-    short), the host's own for those it kept (deploy/run/resume.py)."""
+    """Give the rendezvous host the newest fetched checkpoint of a resumed run and best.pt
+    (`to_push`: not every step the home folder gathered), when no host holds one as new (every
+    host keeps its own copies; the trainer broadcasts the newest from whoever has it). The files
+    go first, never replacing the host's, the manifest never with them; then the host hashes what
+    the push names and its manifest does not list, and its manifest is written atomically: the
+    controller's verified lines for the pushed files it holds with our bytes (pushed now or by a
+    push cut short), the host's own for those it kept (deploy/run/resume.py)."""
     local = project.run_home(run_id) / CHECKPOINTS
     head = selection.head
     manifest = local / CHECKPOINT_MANIFEST
@@ -98,13 +100,14 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
     if fetched <= holding:
         renderer.info(f"resume: the hosts already hold step {holding} (fetched: {fetched}); nothing pushed")
         return
-    # The manifest stays home: rsync sends it first (sorted), and a push cut after it would leave
-    # the host listing files it never got, so the next resume would push nothing.
-    argv = push_dir_argv(head, local, f"{run_dir(run_id)}/{CHECKPOINTS}", project.root, inventory.known_hosts,
-                         leave_out=(CHECKPOINT_MANIFEST,))
+    # Only the pushed files' lines count from here on: a step left home must not be hashed or listed.
+    ours, theirs = to_push(parse_manifest(text)), held.get(head.name, parse_manifest(b""))
+    # The manifest stays home (push_named_argv sends the names given, nothing else): a push cut
+    # after it would leave the host listing files it never got, so the next resume would push nothing.
+    argv = push_named_argv(head, local, tuple(e.name for e in ours.entries), f"{run_dir(run_id)}/{CHECKPOINTS}",
+                           project.root, inventory.known_hosts)
     run_rsync(argv, host=head.name, what=f"pushing the checkpoints of {run_id}", timeout=FETCH_TIMEOUT_S,
               hint=f"check `fab check-network --hosts {head.name}`")
-    ours, theirs = parse_manifest(text), held.get(head.name, parse_manifest(b""))
     asked = to_hash(ours, theirs)
     same = same_as_ours(ours, host_hashes(sessions[head.name], run_id, asked, local), asked)
     lines = pushed_manifest(ours, theirs, same)

@@ -127,8 +127,26 @@ def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_host
     regular files only (the folder may hold what hosts sent: links would point into this machine),
     less the files `leave_out` names at its top. No --inplace or --partial: a file cut mid-transfer
     is rsync's temp file, never one under its final name."""
+    return _push_argv(host, local_dir, dest, root, known_hosts, [f"--exclude=/{name}" for name in leave_out])
+
+
+def push_named_argv(host: Host, local_dir: Path, names: tuple[str, ...], dest: str, root: Path,
+                    known_hosts: Path | None) -> list[str]:
+    """`push_dir_argv`'s transfer of only the files `names` names at the folder's top (a resume's
+    newest checkpoint and best.pt, not every step a home folder gathered over weeks of fetches).
+    Each name is one anchored include, everything else excluded: a name with a wildcard, a
+    backslash or a `/` would match more than itself, so it is refused (the trainer's names have none)."""
+    odd = [name for name in names if not name or any(c in name for c in "*?[\\/")]
+    if odd:
+        raise ValueError(f"not a plain file name for an rsync include: {odd!r}")
+    return _push_argv(host, local_dir, dest, root, known_hosts,
+                      [*(f"--include=/{name}" for name in names), "--exclude=*"])
+
+
+def _push_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None,
+               filters: list[str]) -> list[str]:
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--no-links", "--no-devices", "--no-specials",
-            "--mkpath", "--ignore-existing", *(f"--exclude=/{name}" for name in leave_out)]
+            "--mkpath", "--ignore-existing", *filters]
     if host.is_local:
         return argv + [f"{local_dir}/", f"{local_workdir(host.workdir, root) / dest}/"]
     target = f"{remote_path(host.workdir)}/{dest}"

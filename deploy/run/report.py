@@ -10,8 +10,10 @@ The files come from hosts, so every line is shape-checked like any other host an
 (deploy/run/answers.py): a line that is not JSON, not an object, nested past the recursion limit,
 not UTF-8, longer than METRICS_LINE_MAX, or a record whose fields have the wrong type (`"epoch":
 "a"`, `"loss": {}`, NaN or 10**400 for a time, `true` for a number) is skipped and counted, and
-`RunReport.skipped` says, per file, how many lines and why the first one was; no file is read past
-METRICS_FILE_MAX bytes, and only regular files are read. Never an exception.
+`RunReport.skipped` says, per file, how many lines and why the first one was; only regular files
+are read, and at most METRICS_FILE_MAX bytes of each: of a longer one, its start (what a run writes
+as it begins: the comm probe, the first epochs) and its end (the recent steps, the last epochs), the
+middle left out and said. Never an exception.
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ import statistics
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 from meshrun.deploy.inventory.shown import clip, shown, shown_path
 from meshrun.deploy.run.answers import MISSING, from_json, is_int, is_real
 from meshrun.layout import RecordKind
 
-METRICS_FILE_MAX = 64 << 20  # bytes read of one metrics file (a long run's step records: a few MiB)
+# Bytes read of one metrics file. A step record is ~400 B: at 5 steps/s, one per 20 steps, a rank's
+# file grows ~8 MiB a day, so a run of weeks passes this; of such a file the last bytes are read
+# (step medians describe the run as it goes now, not its first days) and its first 1/HEAD_SHARE.
+METRICS_FILE_MAX = 64 << 20
+HEAD_SHARE = 16  # of METRICS_FILE_MAX, the part read from a long file's start: what a run writes as it begins
 METRICS_LINE_MAX = 1 << 20  # bytes of one line; a record is under 1 KiB, an epoch's per-rank lists a few
 HOST_LABEL_MAX = 64  # characters of a host name a step record gives
 T = TypeVar("T")
@@ -93,39 +99,45 @@ class MetricsFile:
     is counted with why, and said in `note`."""
 
     path: Path
+    steps: bool = False  # a rank's file, whose step records are medians: said in the note of a long one
     lines: int = 0
     skipped: int = 0
-    first: str = ""  # `line N: why` of the first skipped line
-    unread: str = ""  # why the file, or its end, was not read
+    first: str = ""  # `where: why` of the first skipped line
+    unread: str = ""  # why the file, or part of it, was not read
+    tail_from: int | None = None  # a file too long to read whole: the byte where its read end begins
 
-    def rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """(line number, object) of every line that is a JSON object."""
-        for number, raw in enumerate(self._raw_lines(), 1):
-            self.lines = number
+    def rows(self) -> Iterator[tuple[str, dict[str, Any], bool]]:
+        """(where, object, from the end) of every line that is a JSON object. `where` names the line
+        for a note: `line N`, or in the end of a file too long to read whole (its middle's lines are
+        not counted), the byte it begins at; `from the end` is False for every line of a whole file."""
+        for offset, raw in self._raw_lines():
+            self.lines += 1
+            tail = self.tail_from is not None and offset >= self.tail_from
+            where = f"the line at byte {offset}" if tail else f"line {self.lines}"
             if raw is None:
-                self.skip(number, f"longer than {_size(METRICS_LINE_MAX)}")
+                self.skip(where, f"longer than {_size(METRICS_LINE_MAX)}")
                 continue
             try:
                 value = from_json(raw.decode("utf-8"))
             except UnicodeDecodeError:
-                self.skip(number, "not UTF-8")
+                self.skip(where, "not UTF-8")
                 continue
             if isinstance(value, dict):
-                yield number, value
+                yield where, value, tail
             else:
-                self.skip(number, "not JSON" if value is MISSING else f"{shown(value)} is not a JSON object")
+                self.skip(where, "not JSON" if value is MISSING else f"{shown(value)} is not a JSON object")
 
-    def check(self, number: int, row: dict[str, Any], read: Callable[[dict[str, Any]], T]) -> T | None:
+    def check(self, where: str, row: dict[str, Any], read: Callable[[dict[str, Any]], T]) -> T | None:
         """`read(row)`, or None when the row has a wrong field (the line is counted as skipped)."""
         try:
             return read(row)
         except BadLine as why:
-            self.skip(number, str(why))
+            self.skip(where, str(why))
             return None
 
-    def skip(self, number: int, why: str) -> None:
+    def skip(self, where: str, why: str) -> None:
         self.skipped += 1
-        self.first = self.first or f"line {number}: {why}"
+        self.first = self.first or f"{where}: {why}"
 
     def note(self) -> tuple[str, ...]:
         where = shown_path(self.path)
@@ -136,9 +148,12 @@ class MetricsFile:
                             f"the report can use ({first}{self.first})")
         return tuple(notes)
 
-    def _raw_lines(self) -> Iterator[bytes | None]:
-        """Each line as bytes, None for one over METRICS_LINE_MAX; a regular file only, at most
-        METRICS_FILE_MAX bytes of it (a FIFO or a device is not waited on, nor read forever)."""
+    def _raw_lines(self) -> Iterator[tuple[int, bytes | None]]:
+        """(byte offset, line) of each line read, None for one over METRICS_LINE_MAX; a regular file
+        only (a FIFO or a device is not waited on, nor read forever). Up to METRICS_FILE_MAX bytes
+        it is read whole (to its size when opened: what is written since is for the next report);
+        past that, its first METRICS_FILE_MAX / HEAD_SHARE bytes and then its last bytes, from the
+        first line that begins in them: a week-long run is reported as it goes now."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as err:
@@ -149,22 +164,55 @@ class MetricsFile:
             self.unread = "not read: not a regular file"
             return
         with os.fdopen(fd, "rb") as handle:
-            budget = METRICS_FILE_MAX
-            while budget and (raw := handle.readline(min(METRICS_LINE_MAX + 1, budget))):
-                budget -= len(raw)
-                too_long = len(raw) > METRICS_LINE_MAX
-                while too_long and budget and raw and not raw.endswith(b"\n"):
-                    raw = handle.readline(min(1 << 20, budget))  # the rest of a line too long to use
-                    budget -= len(raw)
-                if not budget and not raw.endswith(b"\n"):
-                    break  # cut by the budget: not a whole line
-                yield None if too_long else raw
-            if handle.read(1):
-                self.unread = f"only its first {_size(METRICS_FILE_MAX)} are read; the rest is not in the report"
+            size = os.fstat(fd).st_size
+            if size <= METRICS_FILE_MAX:
+                yield from _lines(handle, 0, size)
+                return
+            head = METRICS_FILE_MAX // HEAD_SHARE
+            self.tail_from = _line_after(handle, size - (METRICS_FILE_MAX - head), size)  # known to rows() first
+            medians = " (its step medians are of the last part)" if self.steps else ""
+            self.unread = (f"{_size(size)} long: only its first {_size(head)} and its last "
+                           f"{_size(METRICS_FILE_MAX - head)} are read{medians}; the "
+                           f"{_size(size - METRICS_FILE_MAX)} between are not in the report")
+            handle.seek(0)
+            yield from _lines(handle, 0, head)
+            handle.seek(self.tail_from)
+            yield from _lines(handle, self.tail_from, size)
+
+
+def _lines(handle: BinaryIO, start: int, end: int) -> Iterator[tuple[int, bytes | None]]:
+    """(offset, line) of each line from byte `start` (where `handle` is) up to byte `end`, None for
+    one over METRICS_LINE_MAX; the line `end` cuts is not yielded (at the file's end: a torn write,
+    which is yielded, and skipped as not JSON)."""
+    offset = start
+    while offset < end and (raw := handle.readline(min(METRICS_LINE_MAX + 1, end - offset))):
+        begins, offset = offset, offset + len(raw)
+        too_long = len(raw) > METRICS_LINE_MAX
+        while too_long and offset < end and raw and not raw.endswith(b"\n"):
+            raw = handle.readline(min(1 << 20, end - offset))  # the rest of a line too long to use
+            offset += len(raw)
+        if offset >= end and not raw.endswith(b"\n") and handle.read(1):
+            return  # cut by the bound, not the file's end: not a whole line
+        yield begins, None if too_long else raw
+
+
+def _line_after(handle: BinaryIO, cut: int, end: int) -> int:
+    """Where the first line that begins at or after byte `cut` begins (at most `end`). The line the
+    cut falls in is read through (1 MiB at a time), never used."""
+    offset = cut - 1  # the byte before: a newline there means a line begins at the cut itself
+    handle.seek(offset)
+    while offset < end:
+        raw = handle.readline(min(1 << 20, end - offset))
+        offset += len(raw)
+        if not raw or raw.endswith(b"\n"):
+            break
+    return offset
 
 
 def _size(count: int) -> str:
-    return f"{count >> 20} MiB" if count >= 1 << 20 and not count % (1 << 20) else f"{count} bytes"
+    if count < 1 << 20:
+        return f"{count} bytes"
+    return f"{count >> 20} MiB" if not count % (1 << 20) else f"{count / (1 << 20):.1f} MiB"
 
 
 def _bad(key: str, value: object, expected: str) -> BadLine:
@@ -215,7 +263,7 @@ def load_report(root: Path) -> RunReport:
             files.append(MetricsFile(main))
             resumes += _read_main(files[-1], epochs)
         for path in sorted(directory.glob("metrics.rank*.jsonl")):
-            files.append(MetricsFile(path))
+            files.append(MetricsFile(path, steps=True))
             summary = _rank(host, files[-1])
             if summary is not None:
                 ranks.append(summary)
@@ -228,21 +276,21 @@ def _read_main(file: MetricsFile, epochs: dict[int, tuple[float, EpochPoint]]) -
     """Rank 0's `metrics.jsonl`: its epoch records into `epochs` (the one written last wins); the
     number of resume records."""
     resumes = 0
-    for number, row in file.rows():
-        kind = _kind(file, number, row)
-        point = file.check(number, row, _epoch) if kind == RecordKind.EPOCH.value else None
+    for where, row, _ in file.rows():
+        kind = _kind(file, where, row)
+        point = file.check(where, row, _epoch) if kind == RecordKind.EPOCH.value else None
         if point is not None and (point.epoch not in epochs or epochs[point.epoch][0] <= point.time):
             epochs[point.epoch] = (point.time, point)
         resumes += kind == RecordKind.RESUME.value
     return resumes
 
 
-def _kind(file: MetricsFile, number: int, row: dict[str, Any]) -> str | None:
+def _kind(file: MetricsFile, where: str, row: dict[str, Any]) -> str | None:
     """The record's kind; a line without one (or not text) is skipped. Other kinds are the trainer's
     to add: they are left alone, not counted."""
     kind = row.get("kind", MISSING)
     if not isinstance(kind, str):
-        file.skip(number, f"kind is {'missing' if kind is MISSING else shown(kind)}; expected text")
+        file.skip(where, f"kind is {'missing' if kind is MISSING else shown(kind)}; expected text")
         return None
     return kind
 
@@ -267,12 +315,14 @@ def _step(row: dict[str, Any]) -> RankThroughput:
 def _rank(host: str, file: MetricsFile) -> RankThroughput | None:
     steps: list[RankThroughput | None] = []
     comm: list[float | None] = []
-    for number, row in file.rows():
-        kind = _kind(file, number, row)
-        if kind == RecordKind.STEP.value:
-            steps.append(file.check(number, row, _step))
+    for where, row, from_end in file.rows():
+        kind = _kind(file, where, row)
+        # Of a file read at both ends, the steps of its start are left out: the medians describe
+        # the run as it goes now. Its comm probe is kept: a run that never restarted has only that one.
+        if kind == RecordKind.STEP.value and (from_end or file.tail_from is None):
+            steps.append(file.check(where, row, _step))
         elif kind == RecordKind.COMM.value:
-            comm.append(file.check(number, row, lambda r: _seconds(r, "comm_s")))
+            comm.append(file.check(where, row, lambda r: _seconds(r, "comm_s")))
     sound = [s for s in steps if s is not None]
     measured = [c for c in comm if c is not None]
     if not sound:

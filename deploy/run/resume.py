@@ -1,12 +1,13 @@
-"""What `fab train --resume` decides, pure: the hosts its run record lists, and the checkpoint
-manifest it gives the rendezvous host after pushing the fetched checkpoints there."""
+"""What `fab train --resume` decides, pure: the hosts its run record lists, which of the fetched
+checkpoints it pushes to the rendezvous host, and the checkpoint manifest it gives that host after
+the push."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from meshrun.layout import checkpoint_step
+from meshrun.layout import BEST_CHECKPOINT, checkpoint_name, checkpoint_step
 from meshrun.deploy.run.manifest import Manifest, parse_manifest
 
 
@@ -26,6 +27,20 @@ def resumed_hosts(before: tuple[str, ...], launched: tuple[str, ...], known: Col
     left_out = [h for h in before if h not in launched]
     earlier = tuple(h for h in left_out if h in known)
     return ResumedHosts((*launched, *earlier), earlier, tuple(h for h in left_out if h not in known))
+
+
+def to_push(ours: Manifest) -> Manifest:
+    """What a resume pushes of the controller's verified checkpoints (its manifest's lines for
+    them): the newest listed step and `best.pt`. The home folder keeps every step each fetch
+    verified (weeks of them: tens of GB), while the trainer loads the newest step any rank offers
+    (train/checkpoint.restore_agreed), and an older one only when that copy fails to load; these
+    bytes passed the fetch's sha256 against the trainer's own manifest, so an older step would
+    most likely fail the same way, the hosts' own older saves are still offered, and the first
+    save after the resume prunes to keep_last anyway. `best.pt` (the best model so far, which a
+    later fetch brings home from the host) goes so that a host holding none gets the run's."""
+    newest = newest_listed_step(ours)
+    wanted = {BEST_CHECKPOINT, *((checkpoint_name(newest),) if newest >= 0 else ())}
+    return Manifest(tuple(e for e in ours.entries if e.name in wanted), ())
 
 
 def to_hash(ours: Manifest, theirs: Manifest) -> tuple[str, ...]:
