@@ -16,8 +16,9 @@ from meshrun.layout import BEST_CHECKPOINT, CHECKPOINT_MANIFEST, CHECKPOINTS, HO
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, Staging, fetch_argv, \
-    fetch_verified, place, prepare_staging, read_host_manifest, remove_staging, skip_lines, stage_verified
+from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, fetch_argv, fetch_verified, \
+    place, prepare_staging, read_host_manifest, remove_staging, skip_lines, stage_verified
+from meshrun.deploy.edges.staging import Staging, fetch_basis
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import flag_path_stat
@@ -56,7 +57,8 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
             return report
         staging = Staging(home / INCOMING / host.name)
         prepare_staging(staging)
-        argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts)
+        # The staging tree is emptied after each fetch: the host's tree here is rsync's basis instead.
+        argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts, fetch_basis(report.landed))
         fetch_verified(argv, staging, report, bars.update)
         ours = read_placed(home, host.name)
         place(staging.tree, report.landed, report, force, ours=ours, on_placed=journal_to(home, host.name))

@@ -5,8 +5,10 @@ A host may be compromised, so what it serves is data and never a path to follow.
 regular files only (no links, devices or specials; no owner, group or mode bits from the host)
 into a staging tree, `.incoming/<host>/tree/`, where an interrupted transfer keeps its partial
 files (`--partial-dir`) and resumes, and a killed one leaves its temp file in `tmp/`, outside the
-tree. Checkpoints are verified against the host's `MANIFEST.sha256` under the rules of
-`deploy.run.manifest` (the trainer's own names only; other lines are reported, not acted on).
+tree. A host fetched before is fetched against what the last fetch placed from it
+(`staging.fetch_basis`): only what changed on the host crosses the link. Checkpoints are
+verified against the host's `MANIFEST.sha256` under the rules of `deploy.run.manifest` (the
+trainer's own names only; other lines are reported, not acted on).
 Each staged file is then fsynced and renamed into place (`os.replace`), so a file appears under
 its final name whole or not at all; a file that differs from one already here is never
 overwritten unless `force` or it is still what an earlier fetch brought (a log or metrics
@@ -14,10 +16,8 @@ file the host has since grown, a file of the host's own tree the last fetch plac
 `best.pt` the controller's own manifest lists with that sha256, from a host as new; a step's
 checkpoint is never replaced), and nothing is written through a link or outside the target.
 
-The staged tree is walked with a stack of our own, never by recursion (Python 3.11's `os.walk`
-and `shutil.rmtree` recurse once per level: a host serving a thousand nested folders would stop
-every fetch), and no deeper than MAX_DEPTH: a folder below that is reported, not placed, and
-removed from staging.
+The staged tree is walked without recursion (`staging.walk`) and no deeper than MAX_DEPTH: a
+folder below that is reported, not placed, and removed from staging.
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 from meshrun.fsutil import fsync_dir, sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.rsyncrun import RSYNC_VANISHED_EXIT, io_timeout_option, run_rsync
+from meshrun.deploy.edges.staging import MAX_DEPTH, PARTIAL_DIR, Staging, is_regular, remove_tree, walk
 from meshrun.deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest, refusal_lines, shown
 from meshrun.deploy.run.shell import local_workdir
 
-PARTIAL_DIR = ".rsync-partial"  # relative, so rsync also refuses to take one from the host
 SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')
 REPORTED_SKIPS = 20
 FETCH_TIMEOUT_S = 3600  # one host's whole transfer (checkpoints of a large model over a slow link)
+BASIS_OPTION = "--copy-dest="  # rsync reads unchanged files from the basis, changed ones as its differences
 FETCH_ATTEMPTS = 2  # transfers of a host whose checkpoints fail their checksum, before they are called damaged
-MAX_DEPTH = 64  # folders below a run directory; a trainer's tree is a few deep (hosts/<host>/torchrun/...)
 
 
 @dataclass
@@ -78,26 +78,17 @@ class FetchReport:
     placed: dict[str, str] = field(default_factory=dict)  # relative name -> sha256 of what is here now as the host sent it
 
 
-@dataclass(frozen=True)
-class Staging:
-    """`.incoming/<host>/`: rsync's tree and, apart from it, rsync's temp files."""
-
-    root: Path
-
-    @property
-    def tree(self) -> Path:
-        return self.root / "tree"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
-
-def fetch_argv(host: Host, run_id: str, staging: Staging, root: Path, known_hosts: Path | None) -> list[str]:
-    """rsync the host's run directory into the staging tree: regular files only, resumable."""
+def fetch_argv(host: Host, run_id: str, staging: Staging, root: Path, known_hosts: Path | None,
+               basis: Path | None = None) -> list[str]:
+    """rsync the host's run directory into the staging tree: regular files only, resumable. With
+    `basis` (`fetch_basis`: the host's tree as the last fetch left it, absolute), a file unchanged
+    there is copied from it here and a changed one (a log that grew) comes as its differences:
+    without it, the emptied staging tree would make every fetch send every byte again."""
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--recursive", "--times", "--no-links", "--no-devices",
             "--no-specials", "--chmod=D755,F644", f"--partial-dir={PARTIAL_DIR}", f"--temp-dir={staging.tmp}",
             "--info=progress2", "--no-inc-recursive"]
+    if basis is not None:  # times to the nanosecond: a file rewritten within a second at its size is not "unchanged"
+        argv += ["--modify-window=-1", f"{BASIS_OPTION}{basis}"]
     if host.is_local:
         source = f"{local_workdir(host.workdir, root) / run_dir(run_id)}/"
         return argv + [source, f"{staging.tree}/"]
@@ -123,7 +114,7 @@ def _clean_tree(tree: Path) -> None:
     deep: list[Path] = []
     for here, _dirs, files in walk(tree, deep):
         for name in files:
-            if not _is_regular(here / name):
+            if not is_regular(here / name):
                 (here / name).unlink()
     for folder in deep:
         remove_tree(folder)
@@ -133,13 +124,16 @@ def fetch_verified(argv: list[str], staging: Staging, report: FetchReport,
                    progress: Callable[[str, int], None]) -> None:
     """Transfer the host's run directory and verify its checkpoints. A live run may save while
     rsync reads (the manifest comes first, `best.pt` later, of the next save): a checkpoint that
-    fails its checksum is fetched once more, with the manifest, before it is called damaged."""
+    fails its checksum is fetched once more, with the manifest, before it is called damaged;
+    without the basis, so a copy called damaged is the host's own bytes, not a file here that
+    rsync's quick check took for the host's (the same size and time)."""
     for _ in range(FETCH_ATTEMPTS):
         report.skipped = transfer(argv, report.host, progress)
         report.corrupt, report.verified, report.refused = [], {}, []
         verify_checkpoints(staging.tree, report)
         if not report.corrupt:
             return
+        argv = [a for a in argv if not a.startswith(BASIS_OPTION)]
 
 
 def transfer(argv: list[str], host: str, progress: Callable[[str, int], None],
@@ -177,7 +171,7 @@ def read_host_manifest(directory: Path) -> Manifest:
     """The checkpoints directory's manifest, read as data: a regular file, at most
     MANIFEST_MAX_BYTES (+1 to see that it is larger), else no entries."""
     path = directory / CHECKPOINT_MANIFEST
-    if not _is_regular(path):
+    if not is_regular(path):
         return Manifest((), ())
     with open(path, "rb") as handle:
         return parse_manifest(handle.read(MANIFEST_MAX_BYTES + 1))
@@ -191,7 +185,7 @@ def verify_checkpoints(tree: Path, report: FetchReport) -> None:
     report.refused += refusal_lines(report.host, manifest, f"{CHECKPOINTS}/{CHECKPOINT_MANIFEST}")
     for name, digest in manifest.digests().items():
         path = directory / name  # a checkpoint name has no '/': it stays in the directory
-        if not _is_regular(path):
+        if not is_regular(path):
             continue
         if sha256_file(path) == digest:
             report.verified[name] = digest
@@ -224,7 +218,7 @@ def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: 
             report.refused.append(f"host '{report.host}': {name}: a folder on its way here is a link or a file; "
                                   "not placed")
             continue
-        if os.path.lexists(dst) and not _is_regular(dst):  # a folder or link of yours: never replaced
+        if os.path.lexists(dst) and not is_regular(dst):  # a folder or link of yours: never replaced
             report.conflicts.append(name)
             continue
         digest = sha256_file(src)
@@ -260,7 +254,7 @@ def stage_verified(source: Path, digests: dict[str, str], out: Path) -> None:
     `runs/<id>/checkpoints/` is assembled from (its manifest the controller writes afterwards)."""
     out.mkdir(parents=True, exist_ok=True)
     for name, digest in digests.items():
-        if _is_regular(source / name) and sha256_file(source / name) == digest:
+        if is_regular(source / name) and sha256_file(source / name) == digest:
             with open(source / name, "rb") as src, open(out / name, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
 
@@ -303,59 +297,6 @@ def deep_lines(host: str, names: list[str]) -> list[str]:
     return lines
 
 
-def walk(top: Path, deep: list[Path]) -> Iterator[tuple[Path, list[str], list[str]]]:
-    """`os.walk(top)` top-down, on a stack instead of recursion, and never into a link (a link,
-    to a folder or not, is among the files). A folder more than MAX_DEPTH below `top` is not
-    entered but added to `deep`; a name the caller takes out of the folder list is not entered."""
-    stack = [(top, 0)]
-    while stack:
-        here, depth = stack.pop()
-        try:
-            with os.scandir(here) as listing:
-                entries = [(e.name, _is_folder(e)) for e in listing]
-        except OSError:
-            continue  # as os.walk: a folder that cannot be listed is passed over
-        dirs = [name for name, folder in entries if folder]
-        yield here, dirs, [name for name, folder in entries if not folder]
-        for name in reversed(dirs):
-            if depth < MAX_DEPTH:
-                stack.append((here / name, depth + 1))
-            else:
-                deep.append(here / name)
-
-
-def remove_tree(top: Path) -> None:
-    """Delete `top` and everything under it, without recursion or long paths: a subfolder is first
-    renamed up into `top` (one rename, same filesystem), so no path here grows with the depth."""
-    if not stat.S_ISDIR(os.lstat(top).st_mode):
-        os.unlink(top)  # a link is removed, never followed
-        return
-    pending, moved = [top], 0
-    while pending:
-        here = pending.pop()
-        with os.scandir(here) as listing:
-            entries = [(e.name, _is_folder(e)) for e in listing]
-        for name, folder in entries:
-            if not folder:
-                os.unlink(here / name)
-            elif here == top:
-                pending.append(top / name)
-            else:
-                while os.path.lexists(top / f"{moved}.gone"):
-                    moved += 1
-                os.rename(here / name, top / f"{moved}.gone")
-                pending.append(top / f"{moved}.gone")
-        if here != top:
-            os.rmdir(here)
-    os.rmdir(top)
-
-
-def _is_folder(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=False)
-    except OSError:
-        return False
-
 
 def _regular_files(top: Path, deep: list[Path]) -> list[Path]:
     """Regular files under `top`, sorted; links are not followed, partial-dirs are skipped, and
@@ -363,15 +304,9 @@ def _regular_files(top: Path, deep: list[Path]) -> list[Path]:
     found = []
     for here, dirs, files in walk(top, deep):
         dirs[:] = [d for d in dirs if d != PARTIAL_DIR]
-        found += [p for p in (here / f for f in files) if _is_regular(p)]
+        found += [p for p in (here / f for f in files) if is_regular(p)]
     return sorted(found)
 
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def _plain_dirs_to(target: Path, dst: Path) -> bool:
