@@ -12,7 +12,6 @@ import re
 import shlex
 import stat
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from meshrun.deploy.edges import fetch as fetch_module
 from meshrun.deploy.edges.fetch import fetch_argv
 from meshrun.deploy.edges.staging import MAX_DEPTH, Staging, fetch_basis
 from meshrun.deploy.edges.sync import ssh_argv
-from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.project import Project
+from tests.localrun import local_h2_project
 from meshrun.deploy.run.manifest import manifest_text, parse_manifest
 
 RUN = "20260101-000000-abcd"
@@ -114,11 +113,7 @@ class Rsyncs:
 
 
 def _project(tmp_path: Path) -> Project:
-    (tmp_path / "inventory").mkdir()
-    (tmp_path / "inventory/hosts.yaml").write_text("hosts:\n  h2:\n    address: local\n    nproc: 1\n    workdir: w2\n")
-    project = Project(tmp_path, tmp_path / "runs")
-    RunRecord(RUN, str(tmp_path / "inventory/hosts.yaml"), ("h2",), time.time(), True, "h2:29500").save(project.runs)
-    return project
+    return local_h2_project(tmp_path, RUN)
 
 
 def _save(run: Path, steps: list[int]) -> dict[str, str]:

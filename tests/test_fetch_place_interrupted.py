@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from meshrun.deploy.commands.fetch import journal_to, main, read_journal, read_placed
 from meshrun.deploy.edges import fetch as fetch_edge
-from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.project import Project
+from tests.localrun import local_h2_project
 from meshrun.deploy.run.manifest import manifest_text, parse_manifest
 
 RUN = "20260101-000000-abcd"
@@ -29,11 +28,7 @@ def sha(data: bytes) -> str:
 
 
 def _project(tmp_path: Path) -> Project:
-    (tmp_path / "inventory").mkdir()
-    (tmp_path / "inventory/hosts.yaml").write_text("hosts:\n  h2:\n    address: local\n    nproc: 1\n    workdir: w2\n")
-    project = Project(tmp_path, tmp_path / "runs")
-    RunRecord(RUN, str(tmp_path / "inventory/hosts.yaml"), ("h2",), time.time(), True, "h2:29500").save(project.runs)
-    return project
+    return local_h2_project(tmp_path, RUN)
 
 
 def _trained_to(tmp_path: Path, step: int) -> dict[str, str]:
