@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from meshrun.layout import AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_USAGE_PREFIX, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
+from meshrun.layout import AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
 from meshrun.deploy.stopsignals import interrupts_while
 from meshrun.deploy.errors import MeshrunError, interrupted_by
 from meshrun.deploy.edges.fanout import on_each, start_each
@@ -24,6 +24,7 @@ from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, at_generation
 from meshrun.deploy.edges.agents import start_agent
+from meshrun.deploy.edges.hostlines import LineSink, read_host
 from meshrun.deploy.edges.livehost import LiveHost as _Live
 from meshrun.deploy.edges.transport import Session
 
@@ -31,7 +32,6 @@ PING_TIMEOUT_S = 3.0  # sshd granting a new SSH channel: a round trip, in time e
 PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
 TELL_TIMEOUT_S = 2.0  # a restart or peer-gone line a host has no room for this long: it does not read its stdin
 
-LineSink = Callable[[str, str], None]  # (host, line without newline)
 NOT_CUT_SHORT = "Ctrl-C again does not cut this short"
 
 
@@ -167,7 +167,7 @@ class JobRunner:
             self._start(live, Change.STARTED)
         except MeshrunError as err:
             line = f"[{live.name}] meshrun: {err}"
-            with open(live.log, "a", encoding="utf-8") as log:
+            with contextlib.suppress(OSError), open(live.log, "a", encoding="utf-8") as log:  # a full disk: the console has it
                 log.write(line + "\n")
             live.tail.append(line)
             self.sink(live.name, line)
@@ -185,26 +185,7 @@ class JobRunner:
             self.notify(event)
 
     def _read(self, live: _Live) -> None:
-        name = live.name
-        assert live.stream is not None
-        with open(live.log, "a", encoding="utf-8") as log:
-            while line := live.stream.readline():
-                text = line.decode("utf-8", errors="replace").rstrip("\r\n")
-                if text.startswith(AGENT_USAGE_PREFIX):  # for the idle rule, not the run's log
-                    if self.on_usage is not None:
-                        self.on_usage(name, text[len(AGENT_USAGE_PREFIX):])
-                    continue
-                if text.startswith(f"[{name}:"):
-                    live.worker_tail.append(text)
-                else:
-                    text = f"[{name}] {text}"
-                log.write(text + "\n")
-                log.flush()
-                live.tail.append(text)
-                self.sink(name, text)
-        rc = live.stream.wait(timeout=5)
-        live.rc, live.lost = rc, live.lost or rc is None
-        live.done.set()
+        read_host(live, self.sink, self.on_usage)  # sets live.done however the reading ends
 
     def _watch_links(self) -> None:
         """Heartbeats to every agent, and a liveness probe per host: a cut link sends no reset,

@@ -33,7 +33,7 @@ from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, A
 from meshrun.deploy.host.agentargs import detached_argv, parse, read_env_block, run_env
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
-from meshrun.deploy.host.outpipe import ControllerPipe
+from meshrun.deploy.host.outpipe import ControllerPipe, RunLog
 from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, hold_lock,
                                        is_agent, lock_holder, reap_adopted, signal_all, start_time, tagged_pids,
                                        terminate_run, with_offspring)
@@ -105,7 +105,7 @@ class Supervisor:
 
         self.notices = AgentNotices(spec if self.args.heartbeat_timeout == 0 else None, self.args.run_id,
                                     self.args.host, lambda line: self.emit(f"meshrun-agent: {line}\n".encode()))
-        self.log = open(self.dir / TRAIN_LOG, "ab")
+        self.log = RunLog(self.dir / TRAIN_LOG, lambda text: self.send(f"meshrun-agent: {text}\n".encode()))
         # Before any child exists: a signal between Popen and here would kill us and orphan it.
         become_subreaper()  # orphans below us (a script's child that dropped the run's tags) come to us
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -132,11 +132,14 @@ class Supervisor:
                                              f"{generations[index].head} (generation {index})")
             self.emit(f"meshrun-agent: rendezvous host '{generations[index - 1].head}' lost; the run goes on "
                       f"under a new rendezvous on '{generations[index].head}' (generation {index})\n".encode())
-        for watcher in (self.peers, self.idle, self.usage):
-            if watcher is not None:
-                watcher.stop()
-        atomic_write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited", "ended": time.time(),
-                                             "generation": index})
+        for watcher in filter(None, (self.peers, self.idle, self.usage)):
+            watcher.stop()
+        try:
+            atomic_write_json(self.dir / EXIT_RECORD, {"rc": rc, "reason": self.stop_reason or "exited",
+                                                       "ended": time.time(), "generation": index})
+        except OSError as err:  # a full disk: the end is still said, the exit status still the command's
+            self.send(f"meshrun-agent: cannot write {self.dir / EXIT_RECORD} ({err.strerror or err}); "
+                      "fab status will not know how the run ended\n".encode())
         self.notices.ended(rc, self.stop_reason, generations[index].head)
         self.journal("ended", f"exit status {rc} ({self.stop_reason or 'exited'})")
         if self.pipe is not None:
@@ -306,8 +309,7 @@ class Supervisor:
             self.emit(line)
 
     def emit(self, data: bytes) -> None:
-        self.log.write(data)
-        self.log.flush()
+        self.log.write(data)  # never raises (outpipe.RunLog): a full disk must not end the tee or the watch
         self.send(data)
 
     def send(self, data: bytes) -> None:
