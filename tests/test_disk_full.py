@@ -17,6 +17,7 @@ import resource
 import subprocess
 import sys
 import threading
+import io
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.render.neutral import NeutralConsole
 from meshrun.deploy.run.plan import LaunchOptions, plan_launch
-from meshrun.layout import AGENT_PIDFILE, EXIT_RECORD, TRAIN_LOG, host_dir
+from meshrun.layout import AGENT_PIDFILE, AGENT_USAGE_PREFIX, EXIT_RECORD, TRAIN_LOG, host_dir
 
 REPO = Path(__file__).resolve().parents[1]
 LINES = 3000  # of an agent's output; each ~70 bytes: past a pipe's 64 KiB
@@ -102,6 +103,27 @@ def test_a_console_whose_pipe_closed_does_not_end_the_reading(tmp_path: Path) ->
     assert (live.rc, live.lost, len(lines)) == (0, False, LINES + 1)
     assert lines[1] == ("[h1] meshrun: the console cannot be written (its pipe is closed); this host's lines go on to "
                         "this file only")
+
+
+def test_a_console_that_cannot_encode_a_hosts_line_and_a_failing_usage_line_end_nothing(tmp_path: Path) -> None:
+    """A review: a latin-1 console (the controller's locale) given a tqdm bar raised UnicodeEncodeError,
+    a ValueError, out of the reader, and the healthy host was counted lost; a usage line whose idle
+    warning could not be printed did the same. The real Renderer over a latin-1 stream, here."""
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")
+    renderer = Renderer(NeutralConsole(file=stream, force_terminal=False))
+
+    def usage(_host: str, _text: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    live = live_host(tmp_path, tmp_path / "h1.log", f"print('\u2588\u2588 50%'); print({AGENT_USAGE_PREFIX!r} + '{{}}'); "
+                                                    "print('next')")
+    reader = threading.Thread(target=read_host, args=(live, renderer.log_line, usage), daemon=True)
+    reader.start()
+    assert live.done.wait(60)
+    lines = (tmp_path / "h1.log").read_text().splitlines()
+    assert (live.rc, live.lost) == (0, False)
+    assert lines[0] == "[h1] \u2588\u2588 50%" and lines[-1] == "[h1] next"
+    assert lines[1].startswith("[h1] meshrun: the console cannot be written (UnicodeEncodeError: ")
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the bug's traceback, as wanted

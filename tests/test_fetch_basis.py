@@ -241,3 +241,22 @@ def test_the_basis_path_never_reaches_the_host(tmp_path: Path) -> None:
     assert b"meshrun/runs/r1/" in sent
     assert b"gpu2-basis" not in sent and b"copy-dest" not in sent and str(tmp_path).encode() not in sent
     assert b"modify-window" not in sent  # the receiver's alone: a host's older rsync never sees it
+
+
+def test_force_fetches_without_a_basis_and_replaces_a_changed_file_with_the_hosts_size_and_time(
+        tmp_path: Path, monkeypatch) -> None:
+    """A review: home's train.log damaged (or edited with `touch -r`) keeps the host's size and
+    time, so with the basis rsync took it for the host's, and even `--force` kept the bad bytes."""
+    rsyncs = Rsyncs()
+    rsyncs.install(monkeypatch)
+    project = _project(tmp_path)
+    run = tmp_path / "w2/runs" / RUN
+    _save(run, [300])
+    (run / "train.log").write_bytes(b"host line\n" * 100)
+    assert main(RUN, None, False, project) == 0
+    landed = project.runs / RUN / "hosts/h2/train.log"
+    landed.write_bytes(b"damaged!!\n" * 100)
+    os.utime(landed, ns=(os.stat(run / "train.log").st_atime_ns, os.stat(run / "train.log").st_mtime_ns))
+    assert main(RUN, None, True, project) == 0
+    assert not any(a.startswith("--copy-dest") for a in rsyncs.argvs[1])
+    assert landed.read_bytes() == b"host line\n" * 100

@@ -58,7 +58,9 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
         staging = Staging(home / INCOMING / host.name)
         prepare_staging(staging)
         # The staging tree is emptied after each fetch: the host's tree here is rsync's basis instead.
-        argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts, fetch_basis(report.landed))
+        # --force replaces what differs here, even with the host's size and time: no basis then.
+        basis = None if force else fetch_basis(report.landed)
+        argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts, basis)
         fetch_verified(argv, staging, report, bars.update)
         ours = read_placed(home, host.name)
         place(staging.tree, report.landed, report, force, ours=ours, on_placed=journal_to(home, host.name))

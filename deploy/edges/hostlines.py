@@ -87,12 +87,14 @@ class HostLines:
     def show(self, text: str) -> None:
         try:
             self.sink(self.live.name, text)
-        # rich answers a closed pipe with SystemExit (Console.on_broken_pipe, stdout then /dev/null): in
-        # this thread it would end the reading as surely as an OSError.
-        except (OSError, SystemExit) as err:
+        # rich answers a closed pipe with SystemExit (Console.on_broken_pipe, stdout then /dev/null), and a
+        # console whose encoding cannot hold a host's character (a latin-1 locale, a tqdm bar) with
+        # UnicodeEncodeError, a ValueError: in this thread either would end the reading, the host lost.
+        except (OSError, ValueError, SystemExit) as err:
             if not self.console_said:
                 self.console_said = True
-                why = (err.strerror or str(err)) if isinstance(err, OSError) else "its pipe is closed"
+                why = (err.strerror or str(err)) if isinstance(err, OSError) else \
+                    "its pipe is closed" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
                 self.log.write(f"[{self.live.name}] meshrun: the console cannot be written ({why}); this host's "
                                "lines go on to this file only")
 
@@ -107,7 +109,8 @@ def read_host(live: LiveHost, sink: LineSink, on_usage: LineSink | None) -> None
             text = line.decode("utf-8", errors="replace").rstrip("\r\n")
             if text.startswith(AGENT_USAGE_PREFIX):  # for the idle rule, not the run's log
                 if on_usage is not None:
-                    on_usage(name, text[len(AGENT_USAGE_PREFIX):])
+                    with contextlib.suppress(OSError, ValueError, SystemExit):  # its warning's console: as above
+                        on_usage(name, text[len(AGENT_USAGE_PREFIX):])
                 continue
             if text.startswith(f"[{name}:"):
                 live.worker_tail.append(text)
