@@ -14,6 +14,7 @@ import _thread
 import dataclasses
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -37,12 +38,18 @@ def test_a_ctrl_c_during_the_detached_start_names_the_hosts_whose_agents_started
     hosts = tuple(dataclasses.replace(host(), name=f"h{i}", address=f"10.147.17.{i}") for i in (1, 2, 3))
     plan = plan_launch(Selection(hosts, Rendezvous("h1", 29400)), LaunchOptions(RUN, detach=True), {}, "/v/python")
 
+    began = {name: threading.Event() for name in ("h1", "h2", "h3")}
+    interrupted = threading.Event()
+
     def answer(name: str, interrupt: bool = False) -> FakeSession:
         def stdout(_argv: object) -> str:
-            if interrupt:
-                time.sleep(0.1)  # every start has begun
+            began[name].set()
+            if interrupt:  # once every start has begun (events, not sleeps: it holds on a loaded machine)
+                assert all(event.wait(30) for event in began.values())
                 _thread.interrupt_main()
-            time.sleep(0.3)  # still in flight when the Ctrl-C arrives
+                interrupted.set()
+            assert interrupted.wait(30)  # still in flight when the Ctrl-C arrives
+            time.sleep(0.2)
             if name == "h3":
                 return json.dumps({"error": "agent did not start; see train.log"})
             return json.dumps({"run_id": RUN, "agent_pid": 4242})
