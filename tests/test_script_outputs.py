@@ -73,3 +73,15 @@ def test_an_elastic_script_runs_failure_says_how_it_resumes() -> None:
     assert script_resume_hint(RUN) == (
         f"resume with fab train --resume {RUN} once enough hosts answer: your script starts again on them and "
         "reloads what it saved under $MESHRUN_RUN_DIR there (docs/scripts.md)")
+
+
+def test_a_scripts_progress_bars_redraw_every_ten_seconds_unless_the_inventory_says_otherwise() -> None:
+    """A tqdm bar's every redraw (10 a second) was a line of train.log and of the controller's log per
+    rank; the trainer, which prints its own progress, gets no such variable."""
+    from meshrun.deploy.run.plan import Workload, host_env
+
+    script = LaunchOptions(RUN, Workload("train.py"))
+    assert ("TQDM_MININTERVAL", "10") in host_env(host(), script, None)
+    assert "TQDM_MININTERVAL" not in dict(host_env(host(), LaunchOptions(RUN), None))
+    mine = dataclasses.replace(host(), env=(("TQDM_MININTERVAL", "1"),))
+    assert dict(host_env(mine, script, None))["TQDM_MININTERVAL"] == "1"

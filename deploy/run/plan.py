@@ -164,6 +164,9 @@ def succession_order(selection: Selection) -> tuple[Host, ...]:
     return (selection.head, *(h for h in selection.hosts if h.name != selection.head.name))
 
 
+TQDM_INTERVAL_ENV, TQDM_INTERVAL_S = "TQDM_MININTERVAL", "10"  # seconds between a script's progress bar lines
+
+
 def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple[tuple[str, str], ...]:
     """Environment for torchrun on `host`; the inventory's `env` comes last and wins."""
     env: list[tuple[str, str]] = [
@@ -189,6 +192,10 @@ def host_env(host: Host, options: LaunchOptions, interface: str | None) -> tuple
         env.append((ENV_BATCH_SIZE, "auto"))
     if host.site is not None:
         env.append((ENV_SITE, host.site))  # the trainer's sites (comm.hook=hier, docs/sites.md)
+    if options.workload.script is not None:
+        # A tqdm bar redraws 10 times a second, and each redraw is a line of the teed logs (a carriage
+        # return ends one there): tqdm >= 4.66 reads its defaults from TQDM_* (docs/scripts.md).
+        env.append((TQDM_INTERVAL_ENV, TQDM_INTERVAL_S))
     overridden = {k for k, _ in host.env}
     return tuple((k, v) for k, v in env if k not in overridden) + host.env
 
