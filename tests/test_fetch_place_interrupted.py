@@ -62,21 +62,28 @@ def _cut_at_commit(monkeypatch: pytest.MonkeyPatch, into: Path, number: int) -> 
     monkeypatch.setattr(fetch_edge, "_commit", commit)
 
 
-def test_files_placed_before_a_cut_are_still_meshruns_at_the_next_fetch(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch,
-                                                                        capsys: pytest.CaptureFixture) -> None:
-    """Fetched at step 500; cut at step 700 after the host's manifest and best.pt were moved into
-    hosts/h2/checkpoints/ (they come first); fetched again at step 900: both are replaced, nothing
-    is "not overwritten", and the assembled best.pt is the host's newest."""
+def _fetched_then_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+                      at: int) -> tuple[Project, Path]:
+    """Fetched at step 500, then fetched at step 700 and cut at the `at`-th rename into `where`."""
     project = _project(tmp_path)
     home = project.runs / RUN
     _trained_to(tmp_path, 500)
     assert main(RUN, None, False, project) == 0
     _trained_to(tmp_path, 700)
     with monkeypatch.context() as patched:
-        _cut_at_commit(patched, home / "hosts/h2", 3)
+        _cut_at_commit(patched, home / where, at)
         with pytest.raises(KeyboardInterrupt):
             main(RUN, None, False, project)
+    return project, home
+
+
+def test_files_placed_before_a_cut_are_still_meshruns_at_the_next_fetch(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """Fetched at step 500; cut at step 700 after the host's manifest and best.pt were moved into
+    hosts/h2/checkpoints/ (they come first); fetched again at step 900: both are replaced, nothing
+    is "not overwritten", and the assembled best.pt is the host's newest."""
+    project, home = _fetched_then_cut(tmp_path, monkeypatch, "hosts/h2", 3)
     assert (home / "hosts/h2/checkpoints/best.pt").read_bytes() == b"best at 650"  # moved in before the cut
     newest = _trained_to(tmp_path, 900)
     capsys.readouterr()
@@ -96,15 +103,7 @@ def test_an_assembly_cut_before_its_manifest_leaves_best_pt_replaceable(tmp_path
     """Cut while `runs/<id>/checkpoints/` is assembled, after best.pt (first) replaced the one its
     manifest lists: the next fetch still takes that best.pt for meshrun's, replaces it with the
     host's newest and lists it."""
-    project = _project(tmp_path)
-    home = project.runs / RUN
-    _trained_to(tmp_path, 500)
-    assert main(RUN, None, False, project) == 0
-    _trained_to(tmp_path, 700)
-    with monkeypatch.context() as patched:
-        _cut_at_commit(patched, home / "checkpoints", 2)
-        with pytest.raises(KeyboardInterrupt):
-            main(RUN, None, False, project)
+    project, home = _fetched_then_cut(tmp_path, monkeypatch, "checkpoints", 2)
     assert (home / "checkpoints/best.pt").read_bytes() == b"best at 650"
     newest = _trained_to(tmp_path, 900)
     capsys.readouterr()

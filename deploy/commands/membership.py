@@ -32,8 +32,9 @@ from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
 from meshrun.deploy.run.answers import detached_record, from_json
+from meshrun.deploy.run.workload import recorded_workload
 from meshrun.deploy.run.hoststate import HostState
-from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, at_generation, plan_launch
+from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, at_generation, plan_launch
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, controller_alive, load_record
 from meshrun.deploy.inventory.selection import Selection, select_hosts
@@ -60,9 +61,7 @@ def options_of(record: RunRecord) -> LaunchOptions:
     if record.elastic is None:
         raise InputError(f"run {record.run_id} is not elastic, so hosts cannot join or leave it; "
                          "start it with --nnodes MIN:MAX (or `elastic:` in the inventory)")
-    work = record.workload
-    workload = Workload(work.get("script"), work.get("config"), tuple(work.get("args", ())))
-    return LaunchOptions(record.run_id, workload, record.pg_timeout_s, ElasticBounds(*record.elastic),
+    return LaunchOptions(record.run_id, recorded_workload(record.workload), record.pg_timeout_s, ElasticBounds(*record.elastic),
                          detach=False, rdzv_id=record.rdzv_id)
 
 
