@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from meshrun.deploy.check import wireguard, zerotier
-from meshrun.deploy.commands import setup, train
+from meshrun.deploy.commands import setup, trainend
 from meshrun.deploy.edges import agents, comm, detachedstart, provenance
 from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.edges.wheel import Identity
@@ -120,7 +120,7 @@ def test_a_sound_setup_answer_and_an_unplain_identity() -> None:
 def test_result_json_of_any_shape_still_gives_a_summary(answer: str, fields: tuple) -> None:
     the_plan = plan()
     outcome = JobOutcome("r1", JobStatus.SUCCEEDED, 0.0, 1.0, ())
-    summary = build_summary(the_plan, outcome, train.read_result({"h1": FakeSession(answer)}, the_plan))
+    summary = build_summary(the_plan, outcome, trainend.read_result({"h1": FakeSession(answer)}, the_plan))
     assert (summary.world_size, summary.restarts, summary.epochs_completed, summary.metrics,
             summary.best_test_acc) == fields
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrun.deploy.commands.train import script_resume_hint
+from meshrun.deploy.commands.trainend import script_resume_hint
 from meshrun.deploy.edges.fetch import FetchReport
 from meshrun.deploy.host.agentargs import run_env
 from meshrun.deploy.inventory.model import Rendezvous

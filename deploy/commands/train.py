@@ -10,14 +10,14 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from meshrun.layout import DEFAULT_PG_TIMEOUT_S, log_path, run_dir
+from meshrun.layout import DEFAULT_PG_TIMEOUT_S, log_path
 from meshrun.deploy.run.resume import resumed_hosts
-from meshrun.deploy.edges.checkpointpush import hosts_newest_step, push_checkpoints
+from meshrun.deploy.edges.checkpointpush import push_checkpoints
 from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
 from meshrun.deploy.commands.firewall import around_run
-from meshrun.deploy.edges.sessions import SessionsLater, first_found, sessions_to, training_interfaces
+from meshrun.deploy.edges.sessions import SessionsLater, sessions_to, training_interfaces
 from meshrun.deploy.commands.sync import code_files, sync_code
 from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
@@ -34,6 +34,7 @@ from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.agents import host_states
 from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
+from meshrun.deploy.commands.trainend import gathered
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
@@ -43,7 +44,7 @@ from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, re
 from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
 from meshrun.deploy.run.workload import recorded_workload, refuse_trainer_flags, resumed_nnodes, resumed_work
-from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
+from meshrun.deploy.run.summary import RunSummary, build_summary
 from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
 
@@ -122,31 +123,6 @@ def _with_resumed_defaults(request: TrainRequest, project: Project, renderer: Re
             renderer.info(line)
     return dataclasses.replace(request, inventory=inventory, hosts=hosts, workload=work.workload,
                                pg_timeout_s=work.pg_timeout_s, nnodes=nnodes)
-
-
-def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
-    """Where the newest checkpoint is, for the message after an elastic run fell below its minimum:
-    every host keeps its own verified copies, so any reachable host's manifest tells."""
-    names = [h.host.name for h in plan.hosts]
-    newest = hosts_newest_step(sessions, names, plan.run_id)
-    if newest < 0:
-        return (f"no reachable host lists a checkpoint; once {lost} is back: fab fetch-checkpoints --run "
-                f"{plan.run_id}, then fab train --resume {plan.run_id}")
-    return (f"last checkpoint: step {newest}, held by the hosts still reachable; resume with "
-            f"fab train --resume {plan.run_id}")
-
-
-def script_resume_hint(run_id: str) -> str:
-    """After an elastic --script run fell below its minimum: meshrun keeps no checkpoint of a script's."""
-    return (f"resume with fab train --resume {run_id} once enough hosts answer: your script starts again on "
-            f"them and reloads what it saved under $MESHRUN_RUN_DIR there (docs/scripts.md)")
-
-
-def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
-    """The trainer's result.json, from whichever host ran rank 0."""
-    names = [h.host.name for h in plan.hosts]
-    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/result.json"], 20,
-                       lambda result: trainer_result(result.stdout))
 
 
 def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
@@ -310,18 +286,18 @@ def _run_attached(plan: LaunchPlan, record: RunRecord, inventory: Inventory, ses
     """Run with this controller watching; returns the outcome and the summary to write."""
     poller = RequestPoller(record, inventory, project, renderer) if plan.elastic else None
     outcome, idle = _watched(plan, inventory, sessions, project, renderer, poller, sender, policy, every_checkpoint)
-    lost = outcome.unreachable()
-    answering = {name: session for name, session in sessions.items() if name not in lost}
-    if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
-        renderer.info(last_checkpoint(answering, plan, outcome.failed_host) if not record.workload.get("script")
-                      else script_resume_hint(plan.run_id))
-    saved_plan = comm_cmd.load_plan(project.runs, plan.run_id)
-    measured = comm_cmd.read_comm_record(answering, plan) if saved_plan else None
-    comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
-    names = [h.host.name for h in plan.hosts]
-    made = {**origin.result(), **provenance.at_end(answering, names, plan.run_id, saved_plan)}
-    summary = build_summary(plan, outcome, read_result(answering, plan), comm, made)
-    return outcome, dataclasses.replace(summary, idle=idle)
+    try:
+        return outcome, dataclasses.replace(gathered(plan, outcome, record, sessions, project, renderer, origin),
+                                            idle=idle)
+    except KeyboardInterrupt:
+        # The job has ended, and only the hosts' answers were being read (seconds over a far link): a
+        # Ctrl-C now must not lose what this controller saw, so summary.json is written from that alone.
+        bare = dataclasses.replace(build_summary(plan, outcome, None), idle=idle)
+        path = write_summary(project.run_home(outcome.run_id), bare)
+        renderer.warn(f"interrupted while reading the hosts' results: {path} holds what this controller saw "
+                      "(no trainer metrics); the hosts' files stay there: fab fetch-checkpoints --run "
+                      f"{outcome.run_id}")
+        raise
 
 
 def _watched(plan: LaunchPlan, inventory: Inventory, sessions: Mapping[str, Session], project: Project,
