@@ -278,7 +278,7 @@ def test_allreduce_runs_the_planned_torchrun_with_its_env_bounded_in_time() -> N
     launch = HostLaunch(host, True, (("GLOO_SOCKET_IFNAME", "eth0"), ("X", "a b;$c")),
                         ("/venv/bin/python", "-m", "torch.distributed.run", "--rdzv-conf", "is_host=1", "p.py"))
     assert bounded_argv(launch, 90, "/local/python") == [
-        "timeout", "-k", "5", "90", "env", "GLOO_SOCKET_IFNAME=eth0", "/venv/bin/python", "-c", EXEC_WITH_STDIN_ENV,
+        "/venv/bin/python", "-c", EXEC_WITH_STDIN_ENV, "timeout", "-k", "5", "90", "env", "GLOO_SOCKET_IFNAME=eth0",
         "/venv/bin/python", "-m", "torch.distributed.run", "--rdzv-conf", "is_host=1", "p.py"]
 
 

@@ -218,10 +218,11 @@ def rendezvous_facts(head: Host, port: int, listener: Listener) -> RendezvousFac
 
 def bounded_argv(launch: HostLaunch, limit_s: int, local_python: str) -> list[str]:
     """The planned torchrun with the planned environment, killed after `limit_s` whatever happens.
-    The inventory's `env` is not on it: `run_fed` sends it on stdin (`env_block`)."""
+    The inventory's `env` is not on it: `run_fed` sends it on stdin (`env_block`). The host's python
+    comes first, where the shell expands a `python: ~/…` (the helper expands it in torchrun's argv)."""
     secret = {k for k, _ in launch.host.env}
-    return ["timeout", "-k", "5", str(limit_s), "env", *(f"{k}={v}" for k, v in launch.env if k not in secret),
-            python_of(launch.host, local_python), "-c", EXEC_WITH_STDIN_ENV, *launch.torchrun]
+    return [python_of(launch.host, local_python), "-c", EXEC_WITH_STDIN_ENV, "timeout", "-k", "5", str(limit_s),
+            "env", *(f"{k}={v}" for k, v in launch.env if k not in secret), *launch.torchrun]
 
 
 def report_order(results: HostResults[CommandResult]) -> list[str]:

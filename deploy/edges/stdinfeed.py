@@ -13,9 +13,12 @@ from meshrun.deploy.edges.transport import CommandResult, Session, Stream
 from meshrun.deploy.errors import MeshrunError
 
 # Runs the rest of its argv with the JSON object on the first stdin line added to its
-# environment: for commands that cannot read the line themselves (the check's torchrun).
+# environment: for commands that cannot read the line themselves (the check's torchrun). A word
+# starting `~/` is under the host user's home, as the shell expands only the first word it is
+# sent (deploy/run/shell.py): the inventory's `python: ~/…` is also torchrun's program, further on.
 EXEC_WITH_STDIN_ENV = ("import json, os, sys; env = dict(os.environ); env.update(json.loads(sys.stdin.readline())); "
-                       "os.execvpe(sys.argv[1], sys.argv[1:], env)")
+                       "argv = [os.path.expanduser(a) if a.startswith('~/') else a for a in sys.argv[1:]]; "
+                       "os.execvpe(argv[0], argv, env)")
 
 
 def collect(stream: Stream, who: str, timeout: float) -> CommandResult:

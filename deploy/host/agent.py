@@ -35,8 +35,8 @@ from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe, RunLog
 from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, hold_lock,
-                                       is_agent, lock_holder, reap_adopted, signal_all, start_time, tagged_pids,
-                                       terminate_run, with_offspring)
+                                       is_agent, lock_holder, program_at_home, reap_adopted, signal_all, start_time,
+                                       tagged_pids, terminate_run, with_offspring)
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
     parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
@@ -152,7 +152,7 @@ class Supervisor:
         self.head = generation.head
         self.barrier.new_torchrun()
         try:
-            child = subprocess.Popen(generation.torchrun, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            child = subprocess.Popen(program_at_home(generation.torchrun), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=die_with_parent(os.getpid()))
         except OSError as err:

@@ -55,6 +55,13 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields is not None and len(fields) > 19 else None
 
 
+def program_at_home(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """`argv` with a leading `~/` in its program under this user's home: the inventory's `python:
+    ~/…` is torchrun's program too, after the agent's `--`, where no shell expanded it."""
+    program, *rest = argv
+    return [os.path.expanduser(program) if program.startswith("~/") else program, *rest]
+
+
 def die_with_parent(parent: int) -> Callable[[], None]:
     """A preexec_fn for torchrun: SIGTERM when the agent dies (even by SIGKILL), so torchrun stops
     its workers instead of running on with nobody to stop them. libc is loaded here, in the
