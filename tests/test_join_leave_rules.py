@@ -3,11 +3,12 @@ the succession order a joiner walks, the elastic minimum a leave may not cross, 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from meshrun.deploy.commands.membership import below_minimum, join_or_leave, join_order
+from meshrun.deploy.commands.membership import below_minimum, join_or_leave, join_order, prepare_joiner
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
@@ -60,3 +61,16 @@ def test_join_and_leave_take_host_names_only(tmp_path: Path, inventory: Path, na
     with pytest.raises(InputError) as info:
         join_or_leave(Project(tmp_path, tmp_path / "runs"), record(inventory), "join", [name], Renderer())
     assert str(info.value) == f"--hosts '{name}': join and leave take host names, one by one (hosts: h1, h2, h3, h4)"
+
+
+@pytest.mark.parametrize("endpoint", ["10.0.0.1:x", "10.0.0.1:", "10.0.0.1:99999", "10.0.0.1:０", "10.0.0.9:29400"])
+def test_a_rendezvous_endpoint_the_join_cannot_use_is_one_line_before_any_host(inventory: Path,
+                                                                               endpoint: str) -> None:
+    """launch.json is checked for printable text only; a join read its port with int() after the
+    joiner was connected and synced, and "10.0.0.1:x" ended as "internal error" (ValueError)."""
+    run = dataclasses.replace(record(inventory, ("h1", "h2")), rdzv_endpoint=endpoint)
+    loaded = load_inventory(inventory, inventory.parent)
+    with pytest.raises(InputError) as err:
+        prepare_joiner(run, loaded, "h3", Project(inventory.parent, inventory.parent / "runs"), Renderer(), False)
+    assert str(err.value) == (f"run 20261205-120000-abcd: its rendezvous '{endpoint}' is no member's address and port "
+                              f"in {inventory}; was the inventory changed?")

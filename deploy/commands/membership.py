@@ -74,32 +74,34 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
         options = dataclasses.replace(options, detach=True)
     members = tuple(inventory.host(h) for h in record.members)  # not an earlier attempt's hosts: not in the job
     joiner = select_hosts(inventory, name).hosts[0]
-    head = next((h for h in members if record.rdzv_endpoint.rpartition(":")[0] == h.address), None)
-    if head is None:
+    address, _, port = record.rdzv_endpoint.rpartition(":")
+    head = next((h for h in members if address == h.address), None)
+    if head is None or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise InputError(f"run {record.run_id}: its rendezvous {shown(record.rdzv_endpoint)} is no member's address "
-                         f"in {record.inventory}; was the inventory changed?")
+                         f"and port in {record.inventory}; was the inventory changed?")
     sshtarget.check_all((joiner,))  # a bad ssh_config value is one line before any host is contacted
     try:  # `admit` inside: its `up` may reach the joiner before another member fails, or a Ctrl-C
         if record.firewall:  # the joiner last: it must answer
             admit(inventory, (*(h for h in record.members if h != name), name), head.name, project, renderer)
-        return _connected(record, inventory, project, renderer, options, members, joiner, head)
+        rdzv = Rendezvous(head.name, int(port))
+        return _connected(record, inventory, project, renderer, options, members, joiner, rdzv)
     except BaseException:
         let_go(record, inventory, name, project, renderer)
         raise
 
 
 def _connected(record: RunRecord, inventory: Inventory, project: Project, renderer: Renderer, options: LaunchOptions,
-               members: tuple[Host, ...], joiner: Host, head: Host) -> tuple[HostLaunch, Session]:
+               members: tuple[Host, ...], joiner: Host, rdzv: Rendezvous) -> tuple[HostLaunch, Session]:
     """The joiner connected, synced and planned; its session closed should any of it fail."""
     session = connect(joiner, inventory.known_hosts, project.root)
     try:
         sync_code((joiner,), inventory, project, renderer)
         # Only the joiner's own route is asked (toward the first rendezvous host's address, or another
         # member's when it is that host): no session to that host, which may be gone after a succession.
+        head = inventory.host(rdzv.host)
         peer = head if head.name != joiner.name else next((m for m in members if m.name != joiner.name), None)
         device = route_dev(session, peer.address) if peer is not None and not joiner.is_local else ""
         interfaces = {joiner.name: device} if device else {}
-        rdzv = Rendezvous(head.name, int(record.rdzv_endpoint.rsplit(":", 1)[1]))
         plan = plan_launch(Selection(join_order(members, joiner), rdzv), options, interfaces, sys.executable)
         return next(h for h in plan.hosts if h.host.name == joiner.name), session
     except BaseException:
