@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,13 +53,10 @@ def testbed() -> Iterator[SimCluster]:
             yield cluster
         finally:
             report = cluster.down()
-            if report.leftovers:
-                warnings.warn(
-                    "test bed down() had to SIGKILL processes left in the hosts: "
-                    + "; ".join(f"{ns} pid {p.pid} {' '.join(p.argv)}"
-                                for ns, p in report.leftovers),
-                    stacklevel=1,
-                )
+            if report.leftovers:  # an orphan on a real host would hold its GPU: a failure, not a warning
+                pytest.fail("test bed down() had to SIGKILL processes left in the hosts: "
+                            + "; ".join(f"{ns} pid {p.pid} {' '.join(p.argv)}" for ns, p in report.leftovers),
+                            pytrace=False)
 
 
 @contextmanager

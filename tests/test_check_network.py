@@ -20,7 +20,7 @@ import torch
 
 from meshrun.deploy.check.sites import pair_stats
 from meshrun.deploy.edges.wheel import controller_identity
-from tests.conftest import hosts_up
+from tests.conftest import _testbed_unavailable, hosts_up
 from tests.fabrun import REPO, ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
@@ -55,7 +55,7 @@ def failing(report: dict[str, Any]) -> list[tuple[str, str]]:
 def iptables(testbed: SimCluster, i: int, rule: list[str]) -> Iterator[None]:
     """An INPUT rule in host i's network namespace, removed even on failure."""
     if shutil.which("iptables") is None:
-        pytest.skip("iptables not installed (apt-get install iptables; tests/run does)")
+        _testbed_unavailable("iptables not installed (apt-get install iptables; tests/run does)")
     netns = ["ip", "netns", "exec", testbed.host(i).netns, "iptables"]
     subprocess.run([*netns, "-I", "INPUT", *rule], check=True)
     try:

@@ -170,6 +170,26 @@ def firewall_chain(testbed, i: int) -> str:
     return testbed.exec(i, ["iptables", "-S", "MESHRUN"], check=False).stdout
 
 
+def failed_join_leaves_no_chain(testbed, run_id: str, joiner: str) -> None:
+    """A join whose code sync fails after `admit` raised the chains (a directory where the project
+    has README.md, which rsync cannot replace) takes the joiner's chain down again, on the real host,
+    and starts nothing there; the members' chains may keep the joiner's rule (the run's end clears them)."""
+    readme = testbed.paths.home(testbed.host(3)) / "meshrun" / "README.md"
+    aside = readme.with_name("README.md.aside")
+    if readme.is_file():
+        readme.rename(aside)
+    (readme / "blocker").mkdir(parents=True)
+    try:
+        failed = fab("join", "--run", run_id, "--hosts", "h3", timeout=200)
+    finally:
+        shutil.rmtree(readme)
+        if aside.exists():
+            aside.rename(readme)
+    assert failed.returncode == 1 and "h3" in failed.stderr, failed.stdout + failed.stderr
+    assert firewall_chain(testbed, 3) == "", "the failed joiner kept meshrun's chain"
+    assert not [p for p in run_processes(run_id) if on_host(p, "h3")]
+
+
 def test_c_a_joining_host_grows_the_world_and_leaving_on_purpose_shrinks_it(testbed, inventory: Path) -> None:
     """One run, both membership changes: h3 joins a run of h1 and h2 (behind `--firewall`: the
     members' chains let the joiner in before it starts, else they would reset its connections),
@@ -184,6 +204,7 @@ def test_c_a_joining_host_grows_the_world_and_leaving_on_purpose_shrinks_it(test
         run_id = run_id_of(run.wait_for(r"\[h1:0\] epoch 2 step", timeout=240))
         joiner = f"-s {testbed.host(3).address}/32"
         assert joiner not in firewall_chain(testbed, 1)
+        failed_join_leaves_no_chain(testbed, run_id, joiner)
         joined = fab("join", "--run", run_id, "--hosts", "h3", timeout=200)
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert "started on h3" in joined.stdout

@@ -25,6 +25,7 @@ from meshrun.deploy.project import Project
 from meshrun.deploy.run.plan import Workload
 
 RUN = "20260101-000000-f00d"
+RAN = 3  # the stand-in run's exit status: main passes it on, bracketed
 INVENTORY = ("hosts:\n  h1: {address: 10.0.0.1}\n  h2: {address: 10.0.0.2}\n  h3: {address: 10.0.0.3}\n"
              "  h4: {address: 10.0.0.4}\nrendezvous: {host: h1}\n")
 
@@ -43,7 +44,7 @@ def applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, 
 
     monkeypatch.setattr(firewall, "apply", apply)
     monkeypatch.setattr(firewall, "sessions_to", sessions_to)
-    monkeypatch.setattr(train_cmd, "train", lambda request, renderer, project: 0)  # the run itself: not here
+    monkeypatch.setattr(train_cmd, "train", lambda request, renderer, project: RAN)  # the run itself: not here
     return log
 
 
@@ -58,7 +59,7 @@ def _project(tmp_path: Path) -> Project:
 def test_a_resume_without_the_rendezvous_host_is_bracketed_on_its_own_hosts(tmp_path: Path, applied: list) -> None:
     project = _project(tmp_path)
     request = train_cmd.TrainRequest(None, "h2,h3", Workload(), resume=RUN, firewall=True)
-    assert train_cmd.main(request, project) == 0
+    assert train_cmd.main(request, project) == RAN
     assert applied == [("up", ("h2", "h3"), "h2"), ("down", ("h2", "h3"), "h2")]
 
 
@@ -66,7 +67,7 @@ def test_a_bare_resume_is_bracketed_on_the_records_members_from_its_inventory(tm
                                                                               applied: list) -> None:
     """The run's inventory is lab.yaml, not the default one (which does not exist here)."""
     project = _project(tmp_path)
-    assert train_cmd.main(train_cmd.TrainRequest(None, None, Workload(), resume=RUN, firewall=True), project) == 0
+    assert train_cmd.main(train_cmd.TrainRequest(None, None, Workload(), resume=RUN, firewall=True), project) == RAN
     assert applied == [("up", ("h1", "h2", "h3"), "h1"), ("down", ("h1", "h2", "h3"), "h1")]
 
 
