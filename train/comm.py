@@ -11,7 +11,11 @@ Contract:
   error feedback is per rank) and is stored in checkpoints under ``"comm"``.
 - A saved state is restored only for the same hook at the same world size; otherwise the hook
   starts fresh and ``attach`` logs why (per-rank error feedback means nothing on another set of
-  ranks, and the warm-up restarts).
+  ranks, and the warm-up restarts). A saved outer state (``diloco``, ``diloco-overlap``,
+  ``hier``) is never dropped: under another outer hook the interrupted round is completed as at
+  another world size (the three save the same shape); under a flat hook, or in a single process,
+  it is completed into the model (``diloco.fold``). Each case is one log line; a checkpoint of
+  an outer hook written without a process group has no outer state: its model is the model.
 - Local SGD's periodic averaging runs as a step post-hook of the optimizer;
   ``consensus()`` makes every rank hold the same parameters (local SGD, before evaluation and
   checkpoints); ``preserved()`` runs a timing probe past the warm-up (steady-state traffic)
@@ -19,8 +23,10 @@ Contract:
 - DiLoCo: ``stepped(samples)`` after every optimizer step ends a round every H steps;
   ``consensus()`` flushes (the partial round becomes an outer step); ``before_save()`` changes
   nothing, since its checkpoint state holds every rank's replica and inner optimizer plus the
-  shared outer state (``"diloco"``). At a new world size the interrupted round is completed
-  from the saved replicas instead of being dropped (``DiLoCo.restore_other_world``).
+  shared outer state (``"diloco"``); only hier on one site ends its round first (the anchor
+  follows the model: the checkpoint then resumes exactly on any sites). At a new world size the
+  interrupted round is completed from the saved replicas instead of being dropped
+  (``DiLoCo.restore_other_world``).
 - ``hier`` (docs/sites.md): the DDP model runs over this rank's site (``train.sites``), with DDP's
   own gradient all-reduce inside the site, and DiLoCo-overlap between sites over the sites'
   route; ``peers`` (the site's ranks) scale each loss to the site's exact mean. The checkpoint
@@ -43,10 +49,11 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (Post
                                                                             post_localSGD_hook)
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
+from torch.nn.parallel import DistributedDataParallel
 
 from meshrun.train import dist
 from meshrun.train.config import CommConfig, CommHook, WireDtype
-from meshrun.train.diloco import DiLoCo, DiLoCoSettings, Route, local_mean
+from meshrun.train.diloco import DiLoCo, DiLoCoSettings, Route, fold, local_mean
 from meshrun.train.loop import MicroStep
 from meshrun.train.sites import Sites
 
@@ -155,9 +162,12 @@ class Communicator:
 
     def before_save(self) -> None:
         """Local SGD saves the averaged model; DiLoCo saves every replica as it is, so a
-        checkpoint does not change its rounds (collective)."""
+        checkpoint does not change its rounds (collective). Hier on one site: the round's end
+        changes only the anchor, which then holds the model a resume on several sites needs."""
         if self.averager is not None and self.model is not None:
             self.consensus()
+        if self.diloco is not None and self.diloco.settings.single:
+            self.diloco.flush()
 
     def stepped(self, samples: int) -> None:
         """After each optimizer step, with this rank's real samples in it (DiLoCo's weight)."""
@@ -224,6 +234,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
     """Register ``cfg.hook`` on the DDP ``model`` and restore its saved state when it applies;
     ``hier`` needs ``sites`` (``train.sites.build``), over whose site group ``model`` runs."""
     if not dist.active() or cfg.hook is CommHook.NONE:
+        _fold_saved(_module(model), cfg.hook, saved, log)
         return Communicator(cfg.hook, world_size)
     if cfg.hook is CommHook.FP16:
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -265,7 +276,8 @@ def _attach_diloco(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Comm
     settings = DiLoCoSettings(cfg.diloco_inner_steps, cfg.diloco_outer_lr,
                               cfg.diloco_outer_momentum, cfg.diloco_nesterov,
                               overlap=cfg.hook in (CommHook.DILOCO_OVERLAP, CommHook.HIER),
-                              wire=WIRE_DTYPES[cfg.diloco_wire_dtype])
+                              wire=WIRE_DTYPES[cfg.diloco_wire_dtype],
+                              single=hier and sites is not None and sites.single)
     diloco = DiLoCo(model.module, settings, sites.route if hier and sites is not None else Route())
     return Communicator(cfg.hook, world_size, model, diloco=diloco, optimizer=optimizer,
                         sites=sites if hier else None)
@@ -276,25 +288,78 @@ def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
     if saved is None or saved.state is None:
         return
     before = saved.state.get("hook", CommHook.NONE.value)
-    if before != comm.hook.value:
+    shared = saved.state.get("diloco")  # an outer hook's, saved under a process group
+    if comm.diloco is not None and shared is not None:
+        _restore_outer(comm, comm.diloco, rank, saved, log)
+    elif shared is not None:  # a flat hook now: the outer model becomes the model
+        assert comm.model is not None  # attach made the hook with its DDP model
+        _fold_saved(_module(comm.model), comm.hook, saved, log)
+    elif before != comm.hook.value:
         log(f"comm: checkpoint was saved with comm.hook={before}, now {comm.hook.value}: "
             "the hook starts with a fresh state")
-    elif comm.diloco is not None and (saved.world_size != comm.world_size or _moved(comm, saved)):
-        comm.diloco.restore_other_world(saved.state["diloco"], saved.state["ranks"])
-        change = (f"world size changed ({saved.world_size} -> {comm.world_size})"
-                  if saved.world_size != comm.world_size else "the ranks' sites changed")
-        log(f"comm: {change}: {comm.hook.value} "
-            f"outer state restored; the interrupted round was completed from the "
-            f"{saved.world_size} saved replicas and a new round starts from the outer model")
+    elif comm.diloco is not None:  # the same outer hook, saved without a process group
+        log(f"comm: checkpoint was saved with comm.hook={before} in a single process (no outer "
+            "state): the outer model starts from the checkpoint's model")
     elif saved.world_size != comm.world_size:
         log(f"comm: world size changed ({saved.world_size} -> {comm.world_size}): "
             f"{comm.hook.value} hook state reset (per-rank error feedback and warm-up start over)")
     else:
-        if comm.diloco is not None:  # first: a replica saved at a round's start is the anchor
-            comm.diloco.load_shared(saved.state["diloco"])
         comm.load_rank_state(saved.state["ranks"][rank])
-        if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD, *OUTER_HOOKS):
+        if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD):
             log(f"comm: {comm.hook.value} hook state restored from the checkpoint")
+
+
+def _restore_outer(comm: Communicator, diloco: DiLoCo, rank: int, saved: SavedComm,
+                   log: Callable[[str], None]) -> None:
+    """An outer hook's saved state under an outer hook: each rank's own back when nothing moved,
+    else the interrupted round completed from every saved replica (``_why_completed``)."""
+    assert saved.state is not None
+    why = _why_completed(comm, saved)
+    if why is None:  # first: a replica saved at a round's start is the anchor
+        changed = diloco.load_shared(saved.state["diloco"])
+        comm.load_rank_state(saved.state["ranks"][rank])
+        log(f"comm: {comm.hook.value} hook state restored from the checkpoint")
+    else:
+        changed = diloco.restore_other_world(saved.state["diloco"], saved.state["ranks"])
+        log(f"comm: {why}: {comm.hook.value} outer state restored; the interrupted round was "
+            f"completed from the {saved.world_size} saved replicas and a new round starts from "
+            "the outer model")
+    if changed:
+        log(f"comm: outer optimizer {', '.join(changed)}: the config's settings replace the "
+            "checkpoint's")
+
+
+def _why_completed(comm: Communicator, saved: SavedComm) -> str | None:
+    """Why no rank can take its own replica back (None: each can)."""
+    assert saved.state is not None and comm.diloco is not None
+    before = saved.state.get("hook", CommHook.NONE.value)
+    if before != comm.hook.value:
+        return f"checkpoint was saved with comm.hook={before}, now {comm.hook.value}"
+    if saved.world_size != comm.world_size:
+        return f"world size changed ({saved.world_size} -> {comm.world_size})"
+    if _moved(comm, saved):
+        return "the ranks' sites changed"
+    if comm.diloco.settings.single:  # a round in flight has nowhere to land: no outer step here
+        return "one site, plain DDP"
+    return None
+
+
+def _fold_saved(module: nn.Module, now: CommHook, saved: SavedComm | None,
+                log: Callable[[str], None]) -> None:
+    """A saved outer state under a hook with no outer model: its rounds completed into
+    ``module`` (``diloco.fold``), not dropped with the samples the position counts as done."""
+    if saved is None or saved.state is None or saved.state.get("diloco") is None:
+        return
+    shared = saved.state["diloco"]
+    fold(module, shared, saved.state["ranks"])
+    where = f"comm.hook={now.value}" if dist.active() else "a single process"
+    log(f"comm: checkpoint was saved with comm.hook={saved.state.get('hook')}, now {where}: its "
+        f"interrupted round was completed from the {saved.world_size} saved replicas into the model")
+
+
+def _module(model: nn.Module) -> nn.Module:
+    """The module a DDP model wraps (the model itself without a process group)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def _moved(comm: Communicator, saved: SavedComm) -> bool:

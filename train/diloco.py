@@ -26,13 +26,22 @@ Contract:
   crosses as bfloat16 (cast, all-reduce, cast back: torch's ``bf16_compress_hook`` arithmetic), in
   half the bytes; the float buffers and the sample weight go beside it in fp32, so the weights
   stay exact. Hierarchical: only between sites (inside a site the sum stays fp32).
+- One site (``DiLoCoSettings.single``, ``comm.hook=hier`` on one site): DDP already keeps every
+  replica identical, so there is no outer step: at each round's end (and ``flush``) the anchor
+  follows the model and nothing else changes; training is plain DDP. The outer state stays in
+  checkpoints, so a resume on several sites starts its first round from exactly that model.
 - ``flush()`` makes replicas identical (before evaluation, at the end of training): it applies
   the pending round, then syncs the partial current round synchronously. Rounds restart there.
 - State for checkpoints is plain tensors, dicts and ints (``torch.load(weights_only=True)``):
   ``shared_state()`` (anchor, outer optimizer, inner-step counter, pending reduced buffer) is
   identical on every rank; each rank's own model, inner optimizer and sample count go
   separately (``train.comm``). ``restore_other_world`` completes an interrupted round from
-  every saved replica when the world size changed.
+  every saved replica when the world size changed (a running sum: one saved replica's
+  contribution at a time on the device, where the model, both optimizers and DDP's buckets
+  already are); ``fold`` does the same into a module whose new hook has no outer model.
+- The outer optimizer's settings are the config's: a resumed ``load_state_dict`` would bring back
+  the saved lr, momentum and Nesterov flag; ``load_shared`` puts the config's back and returns
+  what it changed (a momentum now 0 also drops the saved momentum buffer).
 """
 
 from __future__ import annotations
@@ -121,6 +130,7 @@ class DiLoCoSettings:
     nesterov: bool  # torch's Nesterov needs momentum > 0; ignored at momentum 0
     overlap: bool  # one-round-late outer update, all-reduce in the background
     wire: torch.dtype = torch.float32  # the pseudo-gradient's dtype on the outer all-reduce
+    single: bool = False  # one site (hier): plain DDP, the anchor follows the model, no outer step
 
 
 def local_mean(plan: Sequence[MicroStep]) -> list[MicroStep]:
@@ -174,6 +184,9 @@ class DiLoCo:
 
     def sync(self) -> None:
         """End the round (collective): see the module docstring for both variants."""
+        if self.settings.single:
+            self._follow()
+            return
         mine = weighted_sum(self.anchor, self.params, self.buffers, self.samples)
         if self.settings.overlap:
             flight = self._start(mine, async_op=True)
@@ -193,6 +206,9 @@ class DiLoCo:
     def flush(self) -> None:
         """Make every replica the outer model (collective): the pending round, then the
         partial current one."""
+        if self.settings.single:
+            self._follow()
+            return
         if self._pending is None and self.inner_step == 0:
             return
         mine = weighted_sum(self.anchor, self.params, self.buffers, self.samples)
@@ -235,6 +251,13 @@ class DiLoCo:
             at += b.numel()
 
     @torch.no_grad()
+    def _follow(self) -> None:
+        """One site: every replica is already the model (DDP); the outer model becomes it too."""
+        for a, p in zip(self.anchor, self.params):
+            a.copy_(p)
+        self.inner_step = self.samples = 0
+
+    @torch.no_grad()
     def _restart(self) -> None:
         for p, a in zip(self.params, self.anchor):
             p.copy_(a)
@@ -248,18 +271,36 @@ class DiLoCo:
                 "pending": None if pending is None else pending.clone()}
 
     @torch.no_grad()
-    def load_shared(self, state: dict[str, Any]) -> None:
+    def load_shared(self, state: dict[str, Any]) -> list[str]:
         """``state`` as loaded (checkpoints and gathered states come back on the CPU): the anchor
         is copied and the outer optimizer's state moved by ``load_state_dict``; the pending
-        buffer is moved here, or its outer step would mix devices on a GPU."""
+        buffer is moved here, or its outer step would mix devices on a GPU. Returns the outer
+        settings that the config changed from the checkpoint's (``_configured``)."""
         for a, saved in zip(self.anchor, state["anchor"]):
             a.copy_(saved)
         self.outer.load_state_dict(state["outer"])
+        changed = self._configured()
         self.inner_step = state["inner_step"]
         pending = state["pending"]
         if pending is not None:
             pending = pending.to(self.anchor[0].device)
         self._flight, self._pending, self._landed = None, pending, True
+        return changed
+
+    def _configured(self) -> list[str]:
+        """The config's lr, momentum and Nesterov over the ones ``load_state_dict`` restored (a
+        user who lowers the outer momentum of a diverging run gets it); ``["momentum 0.9 -> 0.0"]``."""
+        s = self.settings
+        want = {"lr": s.outer_lr, "momentum": s.outer_momentum,
+                "nesterov": s.nesterov and s.outer_momentum > 0}
+        changed = [f"{key} {self.outer.param_groups[0][key]} -> {value}" for key, value in want.items()
+                   if self.outer.param_groups[0][key] != value]
+        for group in self.outer.param_groups:
+            group.update(want)
+        if s.outer_momentum == 0:  # else a later resume with momentum would revive a stale buffer
+            for state in self.outer.state.values():
+                state.pop("momentum_buffer", None)
+        return changed
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's replica: its parameters and floating buffers, samples in the round. At a
@@ -281,16 +322,42 @@ class DiLoCo:
         return self.anchor if state["params"] is None else state["params"]
 
     @torch.no_grad()
-    def restore_other_world(self, shared: dict[str, Any], ranks: Sequence[dict[str, Any]]) -> None:
+    def restore_other_world(self, shared: dict[str, Any], ranks: Sequence[dict[str, Any]]) -> list[str]:
         """At a new world size the saved replicas have no rank to go back to: finish their
         round here exactly as their all-reduce would have (same arithmetic on every new rank,
-        so the replicas start identical), then start a fresh round from the outer model."""
-        self.load_shared(shared)
-        parts = [weighted_sum(self.anchor, self._replica(r), r["buffers"], r["samples"]) for r in ranks]
+        so the replicas start identical), then start a fresh round from the outer model.
+        Returns ``load_shared``'s changed settings."""
+        changed = self.load_shared(shared)
+        # Summed before the pending round moves the anchor: the replicas' deltas are from it.
+        partial = self._saved_sum(ranks) if self.inner_step > 0 else None
         self._apply_pending()
-        if self.inner_step > 0:
-            self._apply(torch.stack(parts).sum(0))
+        if partial is not None:
+            self._apply(partial)
         self._restart()
+        return changed
+
+    def _saved_sum(self, ranks: Sequence[dict[str, Any]]) -> torch.Tensor:
+        """What the round's all-reduce would have summed, one saved replica at a time: a stack
+        of them held 2 x (saved ranks) x the model on the GPU (8 ranks of a 1.4 GB model: 22 GB)."""
+        total: torch.Tensor | None = None
+        for r in ranks:
+            total = _accumulate(total, weighted_sum(self.anchor, self._replica(r), r["buffers"], r["samples"]))
+        assert total is not None
+        return total
 
 
-__all__ = ["InFlight", "Route", "DiLoCoSettings", "DiLoCo", "local_mean", "weighted_sum"]
+def _accumulate(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    """``total + part``, in place; a function, so no loop variable keeps the last part alive."""
+    return part if total is None else total.add_(part)
+
+
+def fold(module: nn.Module, shared: dict[str, Any], ranks: Sequence[dict[str, Any]]) -> None:
+    """A saved outer state completed into ``module`` for a hook with no outer model (a flat hook,
+    or one process): the pending and partial rounds applied by the saved outer optimizer, as the
+    run that saved them would have, and the outer model copied into ``module``'s parameters."""
+    group = shared["outer"]["param_groups"][0]
+    settings = DiLoCoSettings(1, group["lr"], group["momentum"], group["nesterov"], overlap=False)
+    DiLoCo(module, settings).restore_other_world(shared, ranks)
+
+
+__all__ = ["InFlight", "Route", "DiLoCoSettings", "DiLoCo", "fold", "local_mean", "weighted_sum"]

@@ -14,6 +14,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,9 +112,7 @@ class Trainer:
         self.comm = comm.attach(model, optimizer, cfg.comm, env.rank, env.world_size,
                                 self._comm_saved, console.line, places)
         if places is not None:
-            console.line(f"comm: hier: {places.describe()}; DDP inside each site, diloco-overlap between "
-                         f"sites every {cfg.comm.diloco_inner_steps} steps (pseudo-gradient in "
-                         f"{cfg.comm.diloco_wire_dtype.value})")
+            console.line(places.announce(cfg.comm.diloco_inner_steps, cfg.comm.diloco_wire_dtype.value))
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
         self._build_loaders()
         self.run_samples = [0] * env.world_size  # per rank, over this process's epochs
@@ -126,7 +125,8 @@ class Trainer:
         if not dist.active():
             return self.module, None
         cfg, device = self.cfg, self.device
-        places = sites.build(self.env) if cfg.comm.hook is CommHook.HIER else None
+        timeout = datetime.timedelta(seconds=cfg.dist.timeout)  # as the default group's (dist.init)
+        places = sites.build(self.env, timeout) if cfg.comm.hook is CommHook.HIER else None
         group = places.group if places is not None else None
         self.module = convert_sync_bn(self.module, cfg.sync_bn, group)
         # DiLoCo replicas keep their own buffers between syncs (no broadcast per forward;
