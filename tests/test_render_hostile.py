@@ -25,6 +25,7 @@ from xml.sax.saxutils import escape as xml_escape
 import pytest
 from rich.console import Console
 
+from meshrun.deploy.inventory.shown import shown as shown_text
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.check.answers import facts_of
 from meshrun.deploy.check.findings import Finding, Level
@@ -114,8 +115,9 @@ def job(payload: str) -> tuple[RunSummary, JobOutcome]:
 def report_of(tmp_path: Path, payload: str):
     step = {"kind": "step", "rank": 0, "host": payload, "samples_per_s": 1000.0, "step_s": 0.02, "data_s": 0.001,
             "fwd_bwd_s": 0.01, "optim_s": 0.001, "peak_mem_bytes": 2**20}
-    (tmp_path / "h1").mkdir()
-    (tmp_path / "h1" / "metrics.rank0.jsonl").write_text(json.dumps(step) + "\n")
+    # A shared run dir (`python -m meshrun.train` beside the controller): the records name their host.
+    # Fetched under hosts/<name>/, the folder's name is shown (tests/test_hostile_replies.py).
+    (tmp_path / "metrics.rank0.jsonl").write_text(json.dumps(step) + "\n")
     return load_report(tmp_path)
 
 
@@ -256,16 +258,19 @@ def test_meshrun_report_on_a_run_whose_host_crafted_its_metrics(tmp_path: Path) 
              "(the first, line 2: [1] is not a JSON object)",
              f"{hosts}/h1/metrics.rank0.jsonl: 4 of 5 line(s) skipped, not a metrics record the report can use "
              "(the first, line 2: step_s is True; expected a number >= 0)",
+             f"{hosts}/h1/metrics.rank0.jsonl: its records name host {shown_text(HOST_SAID)}; shown under the host it "
+             "was fetched from",
              f"{hosts}/h2/metrics.rank1.jsonl: not read: not a regular file"]
     assert (shown.returncode, shown.stderr) == (0, "".join(f"warning: {note}\n" for note in notes))
-    assert f"│ {HOST_SEEN} │    0 │      1000 │    20.0 │     1.0 │       10.0 │      1.0 │       - │        1 │" \
-        in shown.stdout.splitlines()
+    # The row is the folder's host: a rank's claimed `host` cannot take another host's row (shown in a note).
+    assert "│ h1   │    0 │      1000 │    20.0 │     1.0 │       10.0 │      1.0 │       - │        1 │" \
+        in shown.stdout.splitlines(), shown.stdout
     assert (f"total 1000 samples/s; 1 epoch(s); final test acc 0.9000, best 0.9000; resumes 0; "
             f"plot: {run}/report.png") in shown.stdout.splitlines()
     assert (data.returncode, data.stderr) == (0, shown.stderr)
     report = json.loads(data.stdout)
     assert report["skipped"] == notes
-    assert [(r["host"], r["rank"], r["steps"]) for r in report["ranks"]] == [(HOST_SAID, 0, 1)]
+    assert [(r["host"], r["rank"], r["steps"]) for r in report["ranks"]] == [("h1", 0, 1)]
     assert [e["epoch"] for e in report["epochs"]] == [1]
 
 

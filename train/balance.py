@@ -80,6 +80,15 @@ class _Request:
     auto: bool
 
 
+def host_label(host: object) -> str:
+    """A rank's host as it says it (its MESHRUN_HOST), as rank 0 prints and records it: printable
+    ASCII, clipped (dist's label for peer text). An inventory name passes unchanged; a newline or an
+    ESC from a hostile rank could otherwise forge whole lines in rank 0's log and metrics."""
+    if not isinstance(host, str):
+        return "?"
+    return dist._label(host) or ("?" if host else "")  # "": the local host, which says no name
+
+
 def allocate(total: int, speeds: Sequence[float], caps: Sequence[int]) -> list[int]:
     """``total`` samples over ranks in proportion to ``speeds``: each gets at least 1 and at most
     its cap (0: none); a capped rank's excess goes to the others in the same proportions."""
@@ -130,7 +139,7 @@ def resolve_batch_sizes(env: DistEnv, data: DataConfig, auto: AutoBatchConfig,
     sources = tuple(BatchSource.AUTO if r.auto else BatchSource.INVENTORY if r.fixed
                     else BatchSource.CONFIG for r in requests)
     sizes = [r.fixed or data.batch_size for r in requests]
-    hosts = tuple(r.host for r in requests)
+    hosts = tuple(host_label(r.host) for r in requests)
     if not any(r.auto for r in requests):
         return BatchPlan(tuple(sizes), hosts, sources, (None,) * len(requests))
     total = data.global_batch_size or len(requests) * data.batch_size

@@ -44,6 +44,7 @@ MANIFEST = CHECKPOINT_MANIFEST  # names shared with the controller's fetch (comm
 BEST = BEST_CHECKPOINT
 PROBE_PREFIX = ".writer-probe-"
 LABEL_MAX, NAMES_MAX = 4096, 1 << 20  # bytes a rank may send of a file's label, of a state's top-level names
+LABEL_SHOWN = 512  # characters of another rank's label in a warning: a host and a path
 REQUIRED = ("format", "model", "optimizer", "position", "rng", "world_size")  # see train.state
 _MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (\S+)")
 
@@ -288,6 +289,13 @@ def _differing_keys(state: dict[str, Any] | None, site: Site) -> list[str]:
     return differ
 
 
+def peer_text(text: str, limit: int = LABEL_SHOWN) -> str:
+    """Text another rank sent, as rank 0 prints it: non-printing characters (newline, ESC, bidi
+    controls) escaped, so it stays on its line and cannot pass for a line of its own; clipped."""
+    shown = text if text.isprintable() else repr(text)[1:-1]
+    return shown if len(shown) <= limit else shown[:limit] + "..."
+
+
 def _steps(names: frozenset[str] | set[str]) -> list[int | str]:
     """For messages: the steps of checkpoint names, ascending, then `best.pt` if present."""
     steps: list[int | str] = sorted(s for n in names if (s := checkpoint_step(n)) is not None)
@@ -342,8 +350,12 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
         failures[src] = failures.get(src, 0) + 1
         if rank == 0:
             failed = [r for r, ok in enumerate(loaded) if not ok]
-            ckpt.warn(f"checkpoint {label} does not load safely on ranks {failed} "
-                      f"({reason or 'see their logs'}); skipped, trying the next newest")
+            # The label is its holder's word, and the reason is read from its bytes: both on one line (a
+            # newline could forge a warning line, an ESC the terminal), and the holder named by the rank
+            # rank 0 knows sent them (a liar could name an honest host as the holder).
+            holder = "" if src == rank else f"; rank {src} holds it and names it so"
+            ckpt.warn(f"checkpoint {peer_text(label)} does not load safely on ranks {failed} "
+                      f"({peer_text(reason) or 'see their logs'}){holder}; skipped, trying the next newest")
         if rank == src or ckpt.hashes.get(name) == hashlib.sha256(payload).hexdigest():
             rejected.add(newest)
 
@@ -375,4 +387,4 @@ def _try_load(payload: bytes) -> tuple[dict[str, Any] | None, str]:
 
 
 __all__ = ["MANIFEST", "BEST", "Site", "Checkpointer", "checkpoint_name", "local_site",
-           "open_site", "read_manifest", "restore_agreed", "load_file", "warn_stderr"]
+           "open_site", "peer_text", "read_manifest", "restore_agreed", "load_file", "warn_stderr"]

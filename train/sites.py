@@ -61,7 +61,7 @@ class Sites:
         """``2 sites: office ranks [0, 1], home ranks [2]``."""
         sites = layout(self.keys)
         return f"{len(sites)} site{'s' if len(sites) != 1 else ''}: " + ", ".join(
-            f"{self.keys[ranks[0]]} ranks {list(ranks)}" for ranks in sites)
+            f"{dist._label(self.keys[ranks[0]])} ranks {list(ranks)}" for ranks in sites)  # another rank's words
 
     def announce(self, inner_steps: int, wire: str) -> str:
         """The trainer's line about the layout and what hier does with it; the ``;`` ends the

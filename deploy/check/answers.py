@@ -18,6 +18,16 @@ VERSION_CLIP = 80  # a version string, e.g. torch's "2.4.1+cu121"; python's is s
 TOOL_CLIP = 1000  # a tool's path on the host: it is run there as argv[0]
 
 
+def host_path(reader: Answer, value: object, field: str, limit: int, optional: bool = False) -> str | None:
+    """A path the host names, which the controller runs there as argv[0]: printable text only. A lone
+    surrogate (JSON's valid `"\\ud800"`) cannot be sent as SSH's UTF-8, a NUL or newline cuts the
+    command: each is the host's bad answer, said as such, never a crash of the command using it."""
+    path = reader.text(value, field, optional=optional, limit=limit)
+    if path is not None and not path.isprintable():
+        raise reader.bad(field, path, "a path of printable characters" + (" or null" if optional else ""))
+    return path
+
+
 def meshrun_of(answer: object) -> str | None:
     """The host's meshrun as `version (build digest)`, or None without one. The host writes this:
     anything that is not a plain version and digest is shown as unreadable, never echoed."""
@@ -41,7 +51,7 @@ def facts_of(host: str, facts: dict) -> tuple[Fingerprint, int | None, dict[str,
         raise reader.bad("disk_free", disk_free, "a number of bytes or null")
     tools = facts.get("tools") or {}
     reader.mapping(tools, "tools")
-    paths = {str(k): reader.text(v, f"tools.{k}", optional=True, limit=TOOL_CLIP) for k, v in tools.items()}
+    paths = {str(k): host_path(reader, v, f"tools.{k}", TOOL_CLIP, optional=True) for k, v in tools.items()}
     return (Fingerprint(versions["python"], versions["torch"], versions["cuda"], versions["nccl"], error,
                         meshrun_of(facts.get("meshrun"))),
             disk_free, {k: v for k, v in paths.items() if v})

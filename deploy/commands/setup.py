@@ -7,7 +7,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE
+from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE, host_path
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.fanout import on_each
@@ -93,7 +93,7 @@ def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool)
                 else f"; is `{request.base}` a Python >= 3.10 with venv? (--base PYTHON)")
         raise MeshrunError(f"host '{host.name}': setup failed: {why}{hint}")
     reader = Answer(host.name, "the setup script")
-    python = reader.text(data.get("python", MISSING), "python", limit=PATH_CLIP)
+    python = host_path(reader, data.get("python", MISSING), "python", PATH_CLIP)  # run there next: printable
     if not python:
         raise reader.bad("python", python, "the venv's interpreter")
     return SetupResult(host.name, reader.texts(data.get("actions", MISSING), "actions"), python,

@@ -13,8 +13,10 @@ from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.render.neutral import one_line
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchPlan
 from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
@@ -58,5 +60,17 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     measured = comm_cmd.read_comm_record(answering, plan) if saved_plan else None
     comm = comm_cmd.beside_floor(saved_plan, measured and measured["comm_s"]) if saved_plan else None
     names = [h.host.name for h in plan.hosts]
-    made = {**origin.result(), **provenance.at_end(answering, names, plan.run_id, saved_plan)}
+    made = launched(origin, renderer)
+    if made is not None:
+        made = {**made, **provenance.at_end(answering, names, plan.run_id, saved_plan)}
     return build_summary(plan, outcome, read_result(answering, plan), comm, made)
+
+
+def launched(origin: Beside[dict], renderer: Renderer) -> dict | None:
+    """The provenance read while the agents started, or None (said) when that reading failed: the run
+    has ended, and its summary.json must be written whatever a host answered then."""
+    try:
+        return origin.result()
+    except MeshrunError as err:
+        renderer.warn(f"the run's provenance is not in its summary: {one_line(str(err))}")
+        return None

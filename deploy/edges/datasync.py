@@ -35,6 +35,7 @@ from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.inventory.shown import with_path
+from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.shell import local_workdir
 from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
@@ -339,7 +340,9 @@ def verify(session: Session, python: str, dest: str, manifest: dict[str, str], t
     except (ValueError, IndexError):
         answer = None
     if not isinstance(answer, list):
-        raise MeshrunError(f"host '{session.host.name}': could not verify {dest}: {result.stderr.strip()[-200:]}")
+        # said(): the host's words, one line (a newline there could print lines that look like other hosts')
+        why = result.stderr.strip()[-200:] or f"exit status {result.rc}"
+        raise MeshrunError(f"host '{session.host.name}': could not verify {dest}: {said(why)}")
     return listed_only(answer, manifest)
 
 

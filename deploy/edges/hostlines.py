@@ -16,6 +16,14 @@ from meshrun.layout import AGENT_USAGE_PREFIX
 from meshrun.deploy.edges.livehost import LiveHost
 
 LineSink = Callable[[str, str], None]  # (host, line without newline)
+# Bytes of a host's log kept on the controller. Lines are cut at 64 KiB (capped.py), the total is cut
+# here: a host that streams without end (a compromised one) must not fill the controller's disk, where
+# summary.json, the journals and the next commands need room. Days of a chatty trainer fit many times.
+LOG_MAX_BYTES = 4 << 30
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:g} GiB" if count >= 2**30 else f"{count / 2**20:g} MiB"
 
 
 class HostLog:
@@ -23,20 +31,33 @@ class HostLog:
     buffered to fail again, and the next lines are tried as they come, so the log goes on once the
     disk has room again, with a line saying how many are missing."""
 
-    def __init__(self, path: Path, host: str) -> None:
-        self.path, self.host = path, host
+    def __init__(self, path: Path, host: str, budget: int = LOG_MAX_BYTES) -> None:
+        self.path, self.host, self.budget = path, host, budget
         self.fd: int | None = None
+        self.size = 0  # of the file: what earlier readers of this host (a rejoin's) wrote counts too
         self.missed = 0  # lines not written since the last one that was
         self.cut = False  # the disk filled in the middle of a line: the file does not end with a newline
 
+    @property
+    def full(self) -> bool:
+        """Past its budget: the line that passed it was followed by the one saying so, and no more."""
+        return self.size >= self.budget
+
     def write(self, text: str) -> OSError | None:
-        """Appends `text` as a line: None, or why it is not in the log."""
+        """Appends `text` as a line: None, or why it is not in the log (a full budget is no error:
+        the line still reaches the console and the tail, and stays in the host's own train.log)."""
         try:
+            self.open()
+            if self.full:
+                return None
             if self.missed:
                 self._append(f"[{self.host}] meshrun: {self.missed} line(s) of this host are missing here: this file "
                              "could not be written")
                 self.missed = 0
             self._append(text)
+            if self.full:
+                self._append(f"[{self.host}] meshrun: this file reached {_size(self.budget)}; further lines of this "
+                             "host are not kept here (they stay in its own train.log: fab logs)")
         except OSError as err:
             self.missed += 1
             return err
@@ -47,13 +68,15 @@ class HostLog:
         written tries again and says why it cannot."""
         if self.fd is None:
             self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            self.size = os.fstat(self.fd).st_size
 
     def _append(self, text: str) -> None:
-        self.open()
         assert self.fd is not None
         data = (b"\n" if self.cut else b"") + text.encode("utf-8", errors="replace") + b"\n"
         while data:  # a write the disk filled part of says how much it took; the next one raises
-            data = data[os.write(self.fd, data):]
+            written = os.write(self.fd, data)
+            self.size += written
+            data = data[written:]
             self.cut = bool(data)
 
     def close(self) -> None:
@@ -68,7 +91,7 @@ class HostLines:
 
     def __init__(self, live: LiveHost, sink: LineSink) -> None:
         self.live, self.sink = live, sink
-        self.log = HostLog(live.log, live.name)
+        self.log = HostLog(live.log, live.name, LOG_MAX_BYTES)
         with contextlib.suppress(OSError):
             self.log.open()
         self.log_said = self.console_said = False

@@ -87,7 +87,9 @@ def host_versions(hosts: tuple[Host, ...], sessions: Mapping[str, Session], loca
 
 
 def _gpus(session: Session, nvidia_smi: object) -> tuple[Gpu, ...]:
-    if not (isinstance(nvidia_smi, str) and nvidia_smi.startswith("/")):
+    """The GPUs the host's nvidia-smi lists; none when the path it names is no absolute, printable path
+    (a lone surrogate or a newline could not be sent as the command: deploy/check/answers.host_path)."""
+    if not (isinstance(nvidia_smi, str) and nvidia_smi.startswith("/") and nvidia_smi.isprintable()):
         return ()
     result = session.run([nvidia_smi, *host_queries.NVIDIA_SMI_QUERY], timeout=GPU_QUERY_TIMEOUT_S)
     return tuple(Gpu(*g) for g in host_queries.parse_gpus(result.stdout)) if result.ok else ()

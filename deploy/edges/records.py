@@ -24,7 +24,7 @@ from typing import Any, Callable
 from meshrun.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir
 from meshrun.layout import (COMM_PLAN, DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD,
                             PROVENANCE, SUMMARY)
-from meshrun.deploy.errors import InputError
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.fields import NAME_RE
 from meshrun.deploy.inventory.shown import shown, with_path
@@ -257,10 +257,16 @@ def retire_attempt(run_path: Path) -> tuple[str, ...]:
 
 
 def write_summary(run_path: Path, summary: RunSummary) -> Path:
-    """`runs/<run_id>/summary.json`, atomically: scripts polling for it never read half of it."""
-    run_path.mkdir(parents=True, exist_ok=True)
+    """`runs/<run_id>/summary.json`, atomically: scripts polling for it never read half of it. A disk
+    that refuses it (full: a host's flood of lines can do that) is one line naming the file."""
     path = run_path / SUMMARY
-    atomic_write_bytes(path, (summary.to_json() + "\n").encode())
+    try:
+        run_path.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, (summary.to_json() + "\n").encode())
+    except OSError as err:
+        raise MeshrunError(with_path("cannot write ", path, f" ({err.strerror or err}): free space there; run "
+                                     f"{summary.run_id} ended {summary.status}, and its hosts keep their files "
+                                     f"(fab fetch-checkpoints --run {summary.run_id})")) from None
     return path
 
 

@@ -189,6 +189,12 @@ def _unreachable(who: str, target: str, err: Exception, jump: str | None) -> Mes
                         "open? (fab check-network)")
 
 
+def unsendable(host: str, argv: Sequence[str], err: ValueError) -> MeshrunError:
+    """A command SSH's strict UTF-8 cannot carry, never an internal error (the net under check/answers.host_path)."""
+    return MeshrunError(f"host '{host}': cannot send `{repr(str(argv[0])[:60])[1:-1]}` ({type(err).__name__}): a path "
+                        f"it reported is not text a command can carry; fab check-network --hosts {host}")
+
+
 class SshSession:
     """An SSH connection with enforced host keys (see deploy.edges.hostkeys) on every hop: each
     ProxyJump host is opened, checked, and carries the next hop's connection. A jump host's
@@ -303,6 +309,7 @@ class SshSession:
     def _command(self, argv: Sequence[str], command: str, deadline: float,
                  combine_stderr: bool = False) -> paramiko.Channel:
         try:
+            command.encode("utf-8")  # as paramiko will, before a channel is opened: a refused one leaks none
             if not self.conn.is_connected:  # dropped: connect again, as Fabric's own run did
                 self.open()
             transport = self.conn.client.get_transport()
@@ -314,6 +321,8 @@ class SshSession:
                                f"or its sshd stuck? (fab check-network --hosts {self.host.name})") from None
         except SshErrors as err:
             raise self._lost(err) from None
+        except ValueError as err:  # UnicodeEncodeError: that check's, or paramiko's own
+            raise unsendable(self.host.name, argv, err) from None
 
     def _lost(self, err: BaseException) -> MeshrunError:
         return MeshrunError(f"host '{self.host.name}': SSH connection lost ({err.__class__.__name__}: {err}); "

@@ -11,6 +11,7 @@ events are shown under its own name, whatever they say, and their text is escape
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from meshrun.deploy.run.answers import from_json, is_int, is_real, said
 
@@ -73,16 +74,21 @@ def parse_gpus(value: object) -> tuple[Gpu, ...]:
 
 def agent_event(host: str, raw: object) -> Event | None:
     """One line of a host agent's events file: {time, event, text}, shown under `host`."""
-    if not isinstance(raw, dict) or _time(raw.get("time")) is None or raw.get("event") not in AGENT_EVENTS:
+    if not isinstance(raw, dict) or _time(raw.get("time")) is None or not _named(raw.get("event"), AGENT_EVENTS):
         return None
     text = raw.get("text")
     detail = f": {said(text, TEXT_CLIP)}" if isinstance(text, str) and text else ""
     return Event(_time(raw["time"]), host, f"{host} {AGENT_EVENTS[raw['event']]}{detail}")  # type: ignore[arg-type]
 
 
+def _named(event: object, known: Mapping[str, str]) -> bool:
+    """`event` is text naming one of `known`: a list or an object is no key (`in` would raise TypeError)."""
+    return isinstance(event, str) and event in known
+
+
 def controller_event(raw: object) -> Event | None:
     """One line of the attached controller's events file: {time, event, host, world_size, detail}."""
-    if not isinstance(raw, dict) or _time(raw.get("time")) is None or raw.get("event") not in CONTROLLER_EVENTS:
+    if not isinstance(raw, dict) or _time(raw.get("time")) is None or not _named(raw.get("event"), CONTROLLER_EVENTS):
         return None
     host, size, detail = raw.get("host"), raw.get("world_size"), raw.get("detail")
     if not isinstance(host, str) or not host:

@@ -105,6 +105,7 @@ class MetricsFile:
     first: str = ""  # `where: why` of the first skipped line
     unread: str = ""  # why the file, or part of it, was not read
     tail_from: int | None = None  # a file too long to read whole: the byte where its read end begins
+    claim: str = ""  # the host its records name, where that is not the folder it was fetched from
 
     def rows(self) -> Iterator[tuple[str, dict[str, Any], bool]]:
         """(where, object, from the end) of every line that is a JSON object. `where` names the line
@@ -142,6 +143,9 @@ class MetricsFile:
     def note(self) -> tuple[str, ...]:
         where = shown_path(self.path)
         notes = [f"{where}: {self.unread}"] if self.unread else []
+        if self.claim:
+            notes.append(f"{where}: its records name host {shown(self.claim)}; shown under the host it was "
+                         "fetched from")
         if self.skipped:
             first = "the first, " if self.skipped > 1 else ""
             notes.insert(0, f"{where}: {self.skipped} of {self.lines} line(s) skipped, not a metrics record "
@@ -235,11 +239,17 @@ def _number(row: dict[str, Any], key: str, low: float = -math.inf, high: float =
     return float(value)
 
 
+LOSS_MAX = 1e30  # of a finite loss: 1e308 and -1e308 on one axis overflow its range (matplotlib raises)
+
+
 def _loss(row: dict[str, Any], key: str) -> float:
-    """A loss: any number, NaN included (the trainer writes NaN for a test set it could not use)."""
+    """A loss: NaN (the trainer writes it for a test set it could not use), ±inf (a diverged run) or
+    a number within ±LOSS_MAX; a larger finite one is no loss a trainer wrote, and its line is skipped."""
     value = row.get(key, MISSING)
-    if isinstance(value, float):
+    if isinstance(value, float) and not math.isfinite(value):
         return value
+    if is_real(value) and abs(value) > LOSS_MAX:  # type: ignore[arg-type]
+        raise _bad(key, value, f"a number within ±{LOSS_MAX:g}, NaN or ±inf")
     return _number(row, key)
 
 
@@ -264,7 +274,7 @@ def load_report(root: Path) -> RunReport:
             resumes += _read_main(files[-1], epochs)
         for path in sorted(directory.glob("metrics.rank*.jsonl")):
             files.append(MetricsFile(path, steps=True))
-            summary = _rank(host, files[-1])
+            summary = _rank(host, files[-1], fetched=directory != root)
             if summary is not None:
                 ranks.append(summary)
     ordered = tuple(p for _, (_, p) in sorted(epochs.items()))
@@ -312,7 +322,9 @@ def _step(row: dict[str, Any]) -> RankThroughput:
                           _seconds(row, "fwd_bwd_s"), _seconds(row, "optim_s"), _whole(row, "peak_mem_bytes"), None)
 
 
-def _rank(host: str, file: MetricsFile) -> RankThroughput | None:
+def _rank(host: str, file: MetricsFile, fetched: bool = False) -> RankThroughput | None:
+    """One rank's file. `fetched`: from `hosts/<host>/`, named by the controller's inventory: the row
+    is that host's, whatever its records claim (a host names itself, never another host's row)."""
     steps: list[RankThroughput | None] = []
     comm: list[float | None] = []
     for where, row, from_end in file.rows():
@@ -331,7 +343,10 @@ def _rank(host: str, file: MetricsFile) -> RankThroughput | None:
     def med(key: str) -> float:
         return statistics.median(getattr(s, key) for s in sound)
 
-    return RankThroughput(host=sound[-1].host or host, rank=sound[-1].rank, steps=len(sound),
+    claimed = sound[-1].host
+    if fetched and claimed and claimed != host:
+        file.claim = claimed
+    return RankThroughput(host=host if fetched else claimed or host, rank=sound[-1].rank, steps=len(sound),
                           samples_per_s=med("samples_per_s"), step_s=med("step_s"), data_s=med("data_s"),
                           fwd_bwd_s=med("fwd_bwd_s"), optim_s=med("optim_s"),
                           peak_mem_bytes=max(s.peak_mem_bytes for s in sound),
