@@ -31,6 +31,7 @@ SUMMARY = "summary.json"  # controller: the outcome, a user contract
 COMM_PLAN = "commplan.json"  # controller: `--comm` floors and choice
 PROVENANCE = "provenance.json"  # controller: a detached run's provenance at launch (fab report adds the fetched end)
 METRICS = "metrics.jsonl"  # trainer, rank 0
+RANK_METRICS_GLOB = "metrics.rank*.jsonl"  # trainer, every rank: its step records (rank_metrics)
 PROGRESS = "progress.json"  # trainer, rank 0: epoch and step, for `fab status`
 RESULT = "result.json"  # trainer, rank 0: final metrics
 CHECKPOINTS = "checkpoints"  # trainer: ckpt-step<9 digits>.pt, best.pt, MANIFEST.sha256
@@ -57,6 +58,8 @@ TORCHRUN_LOGS = "torchrun"
 EXIT_BARRIER_MARK = "exit-barrier"  # created by torchrun when its workers succeeded (TORCHRUN_EXIT_MARK_ENV)
 
 AGENT_MODULE = "meshrun.deploy.host.agent"
+TRAINER_MODULE = "meshrun.train"  # the built-in trainer: launched by the plan, asked by --check and --describe
+NOTIFY_CLOSE_S = 10.0  # what a run's last notification may add to its end, at most (controller or detached agent)
 SCRIPT_RUNNER_MODULE = "meshrun.deploy.host.runscript"  # runs a user's --script, then leaves with os._exit
 # torchrun as meshrun starts it: the rendezvous state read as data (deploy/host/torchrun.py, which keeps its own
 # copies of the three names below: the check ships it to hosts without meshrun; tests/test_rdzv_state.py holds them equal).
@@ -117,6 +120,11 @@ def host_dir(run_id: str, host: str) -> str:
 def log_path(run_id: str, host: str) -> str:
     """The agent's tee of torchrun's output on `host`, relative to its workdir."""
     return f"{host_dir(run_id, host)}/{TRAIN_LOG}"
+
+
+def rank_metrics(rank: int) -> str:
+    """Each rank's own step records in its run dir (RANK_METRICS_GLOB finds them all)."""
+    return f"metrics.rank{rank}.jsonl"
 
 
 class RecordKind(str, enum.Enum):

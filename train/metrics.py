@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from meshrun.fsutil import atomic_write_json
-from meshrun.layout import RecordKind
+from meshrun.layout import METRICS, PROGRESS, RESULT, RecordKind, rank_metrics
 from meshrun.train.wandblog import Tracker
 
 FLUSH_EVERY = 200
@@ -172,8 +172,8 @@ class MetricsSink:
         self.run_dir, self.is_main = run_dir, is_main
         self.progress_seconds = progress_seconds
         self._last_progress = 0.0
-        self._main: IO[str] | None = open(run_dir / "metrics.jsonl", "a") if is_main else None
-        self._rank = open(run_dir / f"metrics.rank{rank}.jsonl", "a")
+        self._main: IO[str] | None = open(run_dir / METRICS, "a") if is_main else None
+        self._rank = open(run_dir / rank_metrics(rank), "a")
         self._pending: list[str] = []
         self._tb = _tensorboard(run_dir) if is_main and tensorboard else None
         self._tracker: Tracker | None = None  # rank 0, log.wandb: gets what TensorBoard gets
@@ -211,13 +211,13 @@ class MetricsSink:
         if not self.is_main:
             return
         if force or record.time - self._last_progress >= self.progress_seconds:
-            atomic_write_json(self.run_dir / "progress.json", as_json(record))
+            atomic_write_json(self.run_dir / PROGRESS, as_json(record))
             self._last_progress = record.time
 
     def result(self, record: ResultRecord) -> None:
         self._succeeded = True
         if self.is_main:
-            atomic_write_json(self.run_dir / "result.json", as_json(record))
+            atomic_write_json(self.run_dir / RESULT, as_json(record))
 
     def track(self, tracker: Tracker | None) -> None:
         """Send the scalars to an experiment tracker too (``train.wandblog``), and close it last."""

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, default_collate
 
-from meshrun.layout import launch_rdzv_id
+from meshrun.layout import CHECKPOINTS, launch_rdzv_id
 from meshrun.train import balance, dist, perf, state
 from meshrun.train import comm, sites, wandblog
 from meshrun.train.checkpoint import Checkpointer, open_site, restore_agreed
@@ -94,7 +94,7 @@ class Trainer:
         dtype = amp_dtype(cfg.amp, device)
         scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
         torch.manual_seed(cfg.seed + 1 + env.rank)  # per-rank stream: dropout, augmentation
-        ckpt_dir = run_dir / "checkpoints"
+        ckpt_dir = run_dir / CHECKPOINTS
         self.ckpt = Checkpointer(ckpt_dir, cfg.checkpoint,
                                  open_site(ckpt_dir, env.rank, env.host, device))
         self.sink = MetricsSink(run_dir, env.rank, env.is_main, cfg.log.progress_seconds,

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from meshrun.layout import DEFAULT_PG_TIMEOUT_S, log_path
+from meshrun.layout import DEFAULT_PG_TIMEOUT_S, NOTIFY_CLOSE_S, log_path
 from meshrun.deploy.run.resume import resumed_hosts
 from meshrun.deploy.edges.checkpointpush import push_checkpoints
 from meshrun.deploy.edges import comm as comm_cmd
@@ -48,7 +48,6 @@ from meshrun.deploy.run.summary import RunSummary, build_summary
 from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
 
-NOTIFY_CLOSE_S = 10.0  # what the last event may add to the end of a run, at most
 
 
 @dataclass(frozen=True)

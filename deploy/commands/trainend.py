@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from meshrun.layout import run_dir
+from meshrun.layout import RESULT, run_dir
 from meshrun.deploy.edges.checkpointpush import hosts_newest_step
 from meshrun.deploy.edges import comm as comm_cmd
 from meshrun.deploy.edges.sessions import first_found
@@ -43,7 +43,7 @@ def script_resume_hint(run_id: str) -> str:
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """The trainer's result.json, from whichever host ran rank 0."""
     names = [h.host.name for h in plan.hosts]
-    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/result.json"], 20,
+    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/{RESULT}"], 20,
                        lambda result: trainer_result(result.stdout))
 
 

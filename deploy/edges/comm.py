@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshrun.fsutil import atomic_write_bytes
-from meshrun.layout import COMM_PLAN, run_dir
+from meshrun.layout import COMM_PLAN, TRAINER_MODULE, rank_metrics, run_dir
 from meshrun.deploy.check.sites import undeclared_places
 from meshrun.deploy.run import commplan
 from meshrun.deploy.run.commplan import GRAD_BYTES, CommPlan, Hook, HookSettings
@@ -57,7 +57,7 @@ def parse_comm(value: str, workload: Workload) -> str:
 def describe(workload: Workload, root: Path) -> Gradients:
     """Gradient shapes, hook settings and sync_bn of the configured model: `python -m meshrun.train
     --describe` here on the controller (no training, no process group)."""
-    argv = [sys.executable, "-m", "meshrun.train", "--describe"]
+    argv = [sys.executable, "-m", TRAINER_MODULE, "--describe"]
     argv += ["--config", workload.config] if workload.config else []
     done = subprocess.run([*argv, *workload.args], cwd=root, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -208,7 +208,7 @@ def applied_hook(workload: Workload) -> str:
 def read_comm_record(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """Rank 0's `comm` record (the trainer's all-reduce probe), from whichever host ran rank 0."""
     names = [h.host.name for h in plan.hosts]
-    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/metrics.rank0.jsonl"], 20,
+    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/{rank_metrics(0)}"], 20,
                        lambda result: last_comm_record(result.stdout))
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from meshrun.layout import TRAINER_MODULE
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.shown import one_line
 from meshrun.deploy.run.plan import Workload, trainer_args
@@ -28,7 +29,7 @@ def check_trainer_args(workload: Workload, pg_timeout_s: int, root: Path) -> Non
     """InputError naming what the trainer refused; nothing for a `--script` workload."""
     if workload.script is not None:
         return
-    argv = [sys.executable, "-m", "meshrun.train", "--check", *trainer_args(workload, pg_timeout_s)]
+    argv = [sys.executable, "-m", TRAINER_MODULE, "--check", *trainer_args(workload, pg_timeout_s)]
     try:
         done = subprocess.run(argv, cwd=root, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               errors="replace", timeout=CHECK_TIMEOUT_S)

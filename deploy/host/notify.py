@@ -19,13 +19,13 @@ import time
 from typing import Callable
 
 from meshrun import events
+from meshrun.layout import NOTIFY_CLOSE_S
 
 POST_TIMEOUT_S = 5.0
 TRIES = 3
 RETRY_PAUSE_S = 1.0  # then twice that
 QUEUE_BOUND = 64
 USER_AGENT = "meshrun-notify"
-CLOSE_WAIT_S = 10.0  # what the last event may add to the end of a run, at most
 SPEC_KEY = events.NOTIFY_KEY
 MAX_URLS, MAX_HOSTS = 8, 1024
 
@@ -169,7 +169,7 @@ class AgentNotices:
         self._send(head, events.ended(self.run_id, now, status, now - self.started_at, reason,
                                       None if rc == 0 or stop_reason else self.host))
         if self.sender is not None:
-            self.sender.close(CLOSE_WAIT_S)
+            self.sender.close(NOTIFY_CLOSE_S)
 
 
 def _spec(text: str | None) -> tuple[tuple[str, ...], str, list[str], bool] | None:

@@ -17,7 +17,7 @@ from typing import Mapping
 
 from meshrun.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, ENV_HOST, ENV_RUN_ID, ENV_SITE,
                            HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_LOGS, TORCHRUN_MODULE,
-                           TORCHRUN_RDZV_HOST_FLAG, generation_rdzv_id, host_dir)
+                           TORCHRUN_RDZV_HOST_FLAG, TRAINER_MODULE, generation_rdzv_id, host_dir)
 from meshrun.deploy.errors import InputError
 from meshrun.idlerule import IdlePolicy, policy_json
 from meshrun.deploy.inventory.model import ElasticBounds, Host
@@ -232,7 +232,7 @@ def _workload_argv(options: LaunchOptions) -> list[str]:
         # The runner ends a finished script with os._exit: torch 2.14.1's gloo teardown abort
         # would otherwise fail a run that did all its work (docs/scripts.md).
         return [*work.runner, work.script, *work.args]
-    return ["-m", "meshrun.train", *trainer_args(work, options.pg_timeout_s)]  # its run dir comes from MESHRUN_RUN_ID
+    return ["-m", TRAINER_MODULE, *trainer_args(work, options.pg_timeout_s)]  # its run dir comes from MESHRUN_RUN_ID
 
 
 def trainer_args(work: Workload, pg_timeout_s: int) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 from meshrun.deploy.inventory.shown import clip, shown, shown_path
 from meshrun.deploy.run.answers import MISSING, from_json, is_int, is_real
-from meshrun.layout import RecordKind
+from meshrun.layout import METRICS, RANK_METRICS_GLOB, RecordKind
 
 # Bytes read of one metrics file. A step record is ~400 B: at 5 steps/s, one per 20 steps, a rank's
 # file grows ~8 MiB a day, so a run of weeks passes this; of such a file the last bytes are read
@@ -268,11 +268,11 @@ def load_report(root: Path) -> RunReport:
     epochs: dict[int, tuple[float, EpochPoint]] = {}
     ranks, resumes, files = [], 0, []
     for host, directory in run_dirs(root):
-        main = directory / "metrics.jsonl"
+        main = directory / METRICS
         if main.exists() or main.is_symlink():
             files.append(MetricsFile(main))
             resumes += _read_main(files[-1], epochs)
-        for path in sorted(directory.glob("metrics.rank*.jsonl")):
+        for path in sorted(directory.glob(RANK_METRICS_GLOB)):
             files.append(MetricsFile(path, steps=True))
             summary = _rank(host, files[-1], fetched=directory != root)
             if summary is not None:
