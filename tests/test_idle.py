@@ -35,15 +35,23 @@ def test_utilisation_from_two_answers() -> None:
     assert idle.utilisation(before, Usage(20, 6.0, 0, None, ())) is None  # nothing running
 
 
+def actions_over(series: list[tuple[float, float | None]], policy: IdlePolicy) -> list[tuple[float, str]]:
+    """What a series of (time, utilisation) samples of one host triggers, in order (the rule's step)."""
+    state, found = idle.IdleState(), []
+    for at, util in series:
+        found += [(at, action) for action in idle.step(state, policy, at, util)]
+    return found
+
+
 def test_the_rule_warns_once_per_spell_and_stops_once() -> None:
     policy = IdlePolicy(threshold=0.1, warn_s=30, stop_s=60)
     series = [(0, 0.9), (10, 0.05), (20, 0.0), (40, 0.02), (45, 0.5), (50, 0.0), (79, 0.0), (80, 0.0),
               (100, None), (110, 0.01), (130, 0.0)]
-    assert idle.actions_over(series, policy) == [(40, "warn"), (80, "warn"), (110, "stop")]
-    assert idle.actions_over(series, IdlePolicy(0.1, 30, None)) == [(40, "warn"), (80, "warn")]
-    assert idle.actions_over([(0, 0.0), (5, 0.0)], IdlePolicy(0.1, 30, 5)) == [(5, "stop")]
-    assert idle.actions_over([(0, 0.0), (30, 0.0)], IdlePolicy(0.1, 30, 30)) == [(30, "warn"), (30, "stop")]
-    assert idle.actions_over([(t, 0.1) for t in range(0, 100, 10)], policy) == []  # at the threshold: busy
+    assert actions_over(series, policy) == [(40, "warn"), (80, "warn"), (110, "stop")]
+    assert actions_over(series, IdlePolicy(0.1, 30, None)) == [(40, "warn"), (80, "warn")]
+    assert actions_over([(0, 0.0), (5, 0.0)], IdlePolicy(0.1, 30, 5)) == [(5, "stop")]
+    assert actions_over([(0, 0.0), (30, 0.0)], IdlePolicy(0.1, 30, 30)) == [(30, "warn"), (30, "stop")]
+    assert actions_over([(t, 0.1) for t in range(0, 100, 10)], policy) == []  # at the threshold: busy
 
 
 def test_flags_and_sampling() -> None:

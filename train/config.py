@@ -242,11 +242,6 @@ def to_dict(cfg: Any) -> Any:
     return cfg
 
 
-def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
-    """Inverse of ``to_dict`` (used to read the config stored in a checkpoint)."""
-    return _build(TrainConfig, dict(raw), "", "checkpoint")
-
-
 def _shipped() -> str:
     return ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.yaml")))
 

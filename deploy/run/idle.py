@@ -59,14 +59,6 @@ def read_usage(host: str, text: str) -> Usage:
                  tuple(sorted((int(k), float(v)) for k, v in per_pid.items())), step)
 
 
-def actions_over(series: list[tuple[float, float | None]], policy: IdlePolicy) -> list[tuple[float, str]]:
-    """What a series of (time, utilisation) samples of one host triggers, in order."""
-    state, found = IdleState(), []
-    for time, util in series:
-        found += [(time, action) for action in step(state, policy, time, util)]
-    return found
-
-
 def parse_percent(text: str, flag: str) -> float | None:
     """`--idle-below 25`: a whole or decimal percentage in (0, 100], as a fraction (None when not given)."""
     value = _plain_decimal(text, flag, "a percentage, e.g. 25 or 2.5")
