@@ -73,8 +73,8 @@ def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = N
 
 
 def main(run: str | None, as_json: bool, project: Project) -> None:
-    runs = project.runs
     """`fab report [--run ID] [--json]`."""
+    runs = project.runs
     record = resolve_run(runs, run, warn=Renderer().warn)
     run_id = record.run_id
     result, png = build_report(runs, run_id, record.workload.get("script"))
