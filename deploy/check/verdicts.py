@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Collection, Iterable, Mapping
 
-from meshrun.deploy.check import wireguard
-
-from meshrun.deploy.check import zerotier
+from meshrun.deploy.check import loginshell, wireguard, zerotier
 from meshrun.deploy.check.findings import Finding, Level, fail, warn, worst
 from meshrun.deploy.check.linkplan import link_plan
 from meshrun.deploy.check.sites import PlaceLinks
@@ -85,6 +83,8 @@ class HostFacts:
     python_unset: bool = False  # a remote host with no `python:` in the inventory: it was given the controller's
     rsync_missing: bool = False  # a remote host whose PATH has no rsync (every sync and fetch needs it)
     processes: int | None = None  # the processes the launch starts here (Host.nproc_per_node); None: not told
+    login_noise: str | None = None  # what the login scripts print on stdout before every answer (loginshell.py)
+    login: str | None = None  # user@host as SSH logs in: whose login shell runs every command; None: a local host
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,8 @@ def host_findings(host: HostFacts, cluster_nodes: Mapping[str, str]) -> list[Fin
     """Per-host verdicts. `cluster_nodes`: ZeroTier node id → host name for the selected hosts."""
     if not host.reachable:
         return [fail(host.name, host.error or "unreachable over SSH")]
+    if shell := loginshell.shell_findings(host.name, host.login, host.login_noise, host.fingerprint and host.fingerprint.error):
+        return shell  # it garbles or refuses every command there: the one cause, said alone
     found = _python_findings(host) + _gpu_findings(host)
     if host.interface_error is not None:
         found.append(fail(host.name, host.interface_error))

@@ -1,6 +1,9 @@
 """WireGuard state, pure: `wg show all latest-handshakes` → records → findings.
 
 Each output line is `interface<TAB>peer public key<TAB>unix time of the last handshake` (0: never).
+The times are the host's, so a handshake's age is taken with the host's own clock, which `ARGV`
+prints after them (`date +%s`): the controller's clock, an hour off the host's, made a handshake
+5 s old look an hour old.
 WireGuard only handshakes when there is traffic, and a session is renewed every 2 minutes, so an
 old or missing handshake is reported but is not a failure by itself: the pair probes decide.
 Reading it needs CAP_NET_ADMIN (root); an unreadable state is a warning that says so.
@@ -13,7 +16,9 @@ from dataclasses import dataclass
 
 from meshrun.deploy.check.findings import Finding, warn
 
-ARGV = ("wg", "show", "all", "latest-handshakes")
+WG_ARGV = ("wg", "show", "all", "latest-handshakes")
+# `wg`'s exit status kept (127: not installed), the host's time on the last line whatever it printed.
+ARGV = ("sh", "-c", '"$@"; rc=$?; date +%s; exit $rc', "sh", *WG_ARGV)
 FRESH_S = 180  # REJECT_AFTER_TIME: older sessions are gone and need a new handshake
 
 
@@ -49,6 +54,15 @@ def state_from(rc: int, stdout: str, stderr: str, now: int) -> WireGuardState:
         hint = "; reading WireGuard state needs root (CAP_NET_ADMIN): log in as root or allow `wg show` via sudo"
         return WireGuardState(error=reason + (hint if "ermission" in reason or "not permitted" in reason else ""))
     return WireGuardState(parse_handshakes(stdout, now))
+
+
+def host_state(rc: int, stdout: str, stderr: str) -> WireGuardState:
+    """The state from `ARGV`'s answer: the handshakes, aged by the host's clock (its last line)."""
+    lines = stdout.rstrip("\n").split("\n")
+    clock = lines[-1].strip()
+    if rc == 0 and not re.fullmatch(r"[0-9]{1,19}", clock):
+        return WireGuardState(error=f"the host's clock (`date +%s`) gave no time: {clock[:40]!r}")
+    return state_from(rc, "\n".join(lines[:-1]), stderr, int(clock) if rc == 0 else 0)
 
 
 def findings(host: str, state: WireGuardState) -> list[Finding]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from meshrun.deploy.edges.agents import host_states
+from meshrun.deploy.edges.agents import run_states
 from meshrun.deploy.project import Project
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.edges.records import all_records, live_records, load_record, no_runs
@@ -24,7 +24,7 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
         return _watch(resolve_run(project.runs, run, live_only=True), project, frames, as_json)
     renderer = Renderer()
     records = [load_record(project.runs, run)] if run else live_records(project.runs, renderer.warn)
-    states = [state for record in records for state in host_states(record, project.root)]
+    states = run_states(records, project.root)
     if as_json:
         renderer.json([asdict(s) for s in states])
     elif not records:

@@ -3,7 +3,9 @@ run (`status`), and stopping it (`stop`). An unreachable host is a state, not an
 
 from __future__ import annotations
 
+import functools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -18,7 +20,7 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.run.answers import remaining_pids, said
-from meshrun.deploy.run.hoststate import HostState, parse_status
+from meshrun.deploy.run.hoststate import HostState, parse_status, parse_statuses
 from meshrun.deploy.run.plan import HostLaunch, agent_verb_argv, env_block
 from meshrun.deploy.edges.stdinfeed import run_fed
 
@@ -69,18 +71,82 @@ def on_each_connected(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
 
 def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
     """Every host's view of the run; an unreachable host is a state, not an error."""
-    hosts, inventory, missing = run_hosts(record, root)
+    return run_states([record], root, timeout)
 
-    def ask(host: Host, session: Session) -> HostState:
-        result = session.run(agent_verb_argv(host, "status", record.run_id, sys.executable), timeout=timeout)
-        if not result.ok:
-            return HostState(record.run_id, host.name, "unknown", detail=result.stderr.strip()[-200:] or None)
-        return parse_status(record.run_id, host.name, result.stdout)
 
-    results = with_missing(on_each_connected(hosts, inventory, root, ask, timeout=timeout + 20,
-                                             connect_timeout=timeout), missing, record.hosts)
-    return [r if isinstance(r, HostState) else HostState(record.run_id, name, "unreachable", detail=str(r))
-            for name, r in results.items()]
+@dataclass(frozen=True)
+class Endpoint:
+    """A host as one inventory describes it: runs recorded with the same inventory share it, so it
+    is connected to and asked once for all of them."""
+
+    host: Host
+    known_hosts: Path | None
+
+
+def run_states(records: list[RunRecord], root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
+    """Every host's view of every run in `records`, in record then host order. Each distinct host is
+    connected to once and asked once, about all its runs (the agent's `status` with no run id), all
+    hosts at once: a dead host costs one connect timeout, not one per recorded run that names it."""
+    looked = [(record, *run_hosts(record, root)) for record in records]
+    asked: dict[Endpoint, list[str]] = {}
+    for record, hosts, inventory, _ in looked:
+        for host in hosts:
+            asked.setdefault(Endpoint(host, inventory.known_hosts), []).append(record.run_id)
+    answers = _ask_status({e: tuple(ids) for e, ids in asked.items()}, root, timeout)
+    states: list[HostState] = []
+    for record, hosts, inventory, missing in looked:
+        mine = HostResults({h.name: answers[Endpoint(h, inventory.known_hosts)][record.run_id] for h in hosts})
+        states += [r if isinstance(r, HostState) else HostState(record.run_id, name, "unreachable", detail=str(r))
+                   for name, r in with_missing(mine, missing, record.hosts).items()]
+    return states
+
+
+def _ask_status(asked: dict[Endpoint, tuple[str, ...]], root: Path,
+                timeout: float) -> dict[Endpoint, dict[str, HostState | MeshrunError]]:
+    """{endpoint: {run id: its state there, or why the host could not be asked}}. A host asked about
+    one run is asked about it alone (as ever); about more, once for all its runs. One fan-out, unless
+    inventories give one name to different hosts: the fan-out keys its results by name."""
+    found: dict[Endpoint, dict[str, HostState | MeshrunError]] = {}
+    for wave in _distinct_names(list(asked)):
+        by_name = {e.host.name: e for e in wave}
+        results = on_each([e.host for e in wave], functools.partial(_ask_one, by_name, asked, root, timeout),
+                          timeout=timeout + 20)
+        for name, result in results.items():
+            endpoint = by_name[name]
+            found[endpoint] = (dict.fromkeys(asked[endpoint], result) if isinstance(result, MeshrunError)
+                               else result)
+    return found
+
+
+def _ask_one(by_name: dict[str, Endpoint], asked: dict[Endpoint, tuple[str, ...]], root: Path, timeout: float,
+             host: Host) -> dict[str, HostState]:
+    """One host's states of the runs asked about there, over a session of its own (see on_each_connected)."""
+    endpoint = by_name[host.name]
+    run_ids = asked[endpoint]
+    session = connect(host, endpoint.known_hosts, root, timeout)
+    try:
+        only = run_ids[0] if len(run_ids) == 1 else None
+        result = session.run(agent_verb_argv(host, "status", only, sys.executable), timeout=timeout)
+    finally:
+        close_all({host.name: session})  # bounded: a cut link's close must not hold the fan-out
+    if not result.ok:
+        detail = result.stderr.strip()[-200:] or None
+        return {run_id: HostState(run_id, host.name, "unknown", detail=detail) for run_id in run_ids}
+    if only is not None:
+        return {only: parse_status(only, host.name, result.stdout)}
+    return parse_statuses(run_ids, host.name, result.stdout)
+
+
+def _distinct_names(endpoints: list[Endpoint]) -> list[list[Endpoint]]:
+    """`endpoints` in waves in which no host name comes twice, in order: one wave unless two
+    inventories give one name to different hosts."""
+    waves: list[list[Endpoint]] = []
+    for endpoint in endpoints:
+        wave = next((w for w in waves if all(e.host.name != endpoint.host.name for e in w)), None)
+        if wave is None:
+            waves.append(wave := [])
+        wave.append(endpoint)
+    return waves
 
 
 def stop_run(record: RunRecord, root: Path) -> HostResults[tuple[int, ...]]:

@@ -29,6 +29,7 @@ from meshrun.deploy.inventory.model import Host, Inventory, Network, sites_of
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.check.verdicts import (AllReduceBudget, AllReduceResult, Fingerprint, Gpu, HostFacts, LinkResult,
                              PortState, ProbeStatus, RendezvousFacts, errored_links, link_targets)
+from meshrun.deploy.check.loginshell import login_noise, non_posix_line
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, Workload, env_block, plan_launch, python_of
 from meshrun.deploy.edges.host_queries import peer_address_for
 from meshrun.deploy.edges.stdinfeed import EXEC_WITH_STDIN_ENV, first_line, run_fed
@@ -71,7 +72,8 @@ def open_sessions(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
 def host_facts(session: Session, host: Host, peer: str | None, local_python: str) -> HostFacts:
     """Everything the check learns about one host, in a few commands."""
     start = time.monotonic()
-    session.run(["true"], timeout=FACTS_TIMEOUT_S, create_workdir=True)
+    # `true` prints nothing: what it "printed" came from the login shell's scripts, before every answer.
+    quiet = session.run(["true"], timeout=FACTS_TIMEOUT_S, create_workdir=True)
     ssh_ms = round((time.monotonic() - start) * 1000, 1)
     fingerprint, disk_free, tools, (machine, cpus) = _fingerprint(session, python_of(host, local_python))
     gpus, gpu_note = _gpus(session, tools.get("nvidia-smi"))
@@ -83,7 +85,8 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
                      workdir=host.workdir, disk_free_gib=None if disk_free is None else round(disk_free / 2**30, 1),
                      interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg,
                      machine=machine, cpus=cpus, python_unset=host.python is None and not host.is_local,
-                     rsync_missing=not host.is_local and "rsync" in tools and tools["rsync"] is None)
+                     rsync_missing=not host.is_local and "rsync" in tools and tools["rsync"] is None,
+                     login_noise=login_noise(quiet.stdout), login=_login(session))
 
 
 def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str],
@@ -91,9 +94,22 @@ def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None
     result = session.run(probe_argv(python, "facts"), timeout=FACTS_TIMEOUT_S)
     facts = probes.parse_json_object(result.stdout) if result.ok else None
     if facts is None:
-        reason = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
+        # A login shell that is not POSIX says so on some line, not always the last (fish ends on a caret).
+        last = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
+        reason = non_posix_line(result.stderr) or last
         return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}, (None, None)
     return (*facts_of(session.host.name, facts), machine_of(session.host.name, facts))
+
+
+def _login(session: Session) -> str | None:
+    """user@host as SSH logs in there (the login shell is that user's); None for a local host."""
+    if session.host.is_local:
+        return None
+    try:
+        target = sshtarget.resolve(session.host).target
+    except MeshrunError:
+        return None
+    return f"{target.user}@{target.hostname}"
 
 
 def _gpus(session: Session, nvidia_smi: str | None) -> tuple[tuple[Gpu, ...], str | None]:
@@ -130,7 +146,7 @@ def _zerotier(session: Session, cli: str | None) -> zerotier.ZeroTierState:
 
 def _wireguard(session: Session) -> wireguard.WireGuardState:
     result = session.run(list(wireguard.ARGV), timeout=20)
-    return wireguard.state_from(result.rc, result.stdout, result.stderr, int(time.time()))
+    return wireguard.host_state(result.rc, result.stdout, result.stderr)  # aged by the host's clock, not ours
 
 
 @dataclass
@@ -225,6 +241,15 @@ def bounded_argv(launch: HostLaunch, limit_s: int, local_python: str) -> list[st
             "env", *(f"{k}={v}" for k, v in launch.env if k not in secret), *launch.torchrun]
 
 
+def write_files(session: Session, python: str, files: tuple[tuple[str, str], ...]) -> None:
+    """Each (path, text) written on the host (WRITE_FILE); the first that fails raises, with its error."""
+    for path, text in files:
+        result = session.run([python, "-c", WRITE_FILE, path, text], create_workdir=True, timeout=30)
+        if not result.ok:
+            why = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
+            raise MeshrunError(f"host '{session.host.name}': {said(why, 200)}")
+
+
 def report_order(results: HostResults[CommandResult]) -> list[str]:
     """The hosts in the order the all-reduce's first failure is looked for: host order, but those
     that refused the rendezvous state first. A refusal names the cause; a member that had read the
@@ -243,8 +268,13 @@ def run_allreduce(selection: Selection, sessions: Mapping[str, Session], interfa
     launcher = f"{run_dir(run_id)}/meshrun_torchrun.py"
     files = ((script, (PROBE_DIR / "allreduce.py").read_text()), (runner, (PROBE_DIR / "runscript.py").read_text()),
              (launcher, (PROBE_DIR / "torchrun.py").read_text()))
-    on_each(hosts, lambda h: [sessions[h.name].run([python_of(h, local_python), "-c", WRITE_FILE, path, text],
-                                                   create_workdir=True, timeout=30) for path, text in files], timeout=60)
+    written = on_each(hosts, lambda h: write_files(sessions[h.name], python_of(h, local_python), files), timeout=60)
+    for host in hosts:  # a probe that cannot be written fails here, naming why, not as torchrun's "can't open file"
+        if isinstance(error := written.get(host.name), MeshrunError):
+            why = str(error).removeprefix(f"host '{host.name}': ")
+            where = f"{host.workdir.rstrip('/')}/{run_dir(run_id)}"
+            return AllReduceResult(ProbeStatus.FAILED, f"host '{host.name}': cannot write the probe's files in "
+                                                      f"{where}: {why}")
     options = LaunchOptions(run_id, Workload(script=script, args=(str(budget.pg_timeout_s),), runner=(runner,)),
                             launcher=(launcher,))
     plan = plan_launch(selection, options, interfaces, local_python)
@@ -292,7 +322,8 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
     found open (so no handshake's RTT includes a queue behind another host's transfer, and every
     host starts its transfers at the same moment: linkplan.py's one receiver per host at each step).
     A host whose transfers fail as a whole keeps its links, bandwidth not measured."""
-    ok = {f.name for f in facts if f.reachable and f.fingerprint is not None and f.fingerprint.python}
+    ok = {f.name for f in facts if f.reachable and f.fingerprint is not None and f.fingerprint.python
+          and f.login_noise is None}  # login scripts that print garble every probe's answer: their FAIL says why
     able = tuple(h for h in hosts if h.name in ok and not h.is_local)
     if not able:
         return None, ()

@@ -6,6 +6,7 @@ after CANARY_LIFETIME_S."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
@@ -40,13 +41,18 @@ def _state(target: ExposureTarget) -> str:
 
 def _is_own(address: str) -> bool:
     """Whether `address` is one of this machine's: then the controller is a member host, and its
-    connects would be let in by any firewall that lets the members in."""
+    connects would be let in by any firewall that lets the members in. Only a literal IP address
+    counts: a host name would be resolved by the bind, on this thread, with no bound on the lookup."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
     try:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.bind((address, 0))
         return True
-    except (OSError, ValueError):  # not ours, or a name rather than an address
+    except (OSError, ValueError):  # not ours
         return False
 
 

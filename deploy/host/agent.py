@@ -30,13 +30,15 @@ from pathlib import Path
 from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, EVENTS,
                            EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT, TRAIN_LOG,
                            host_dir, run_dir)
-from meshrun.deploy.host.agentargs import detached_argv, parse, read_env_block, run_env
+from meshrun.deploy.host.agentargs import parse, read_env_block, run_env
+from meshrun.deploy.host.agentstart import (CANNOT_WRITE_EXIT, busy_line, cannot_write_line, quiet_stderr,
+                                            read_json, start_detached)
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe, RunLog
 from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, hold_lock,
-                                       is_agent, lock_holder, program_at_home, reap_adopted, signal_all, start_time,
-                                       tagged_pids, terminate_run, with_offspring)
+                                       is_agent, program_at_home, reap_adopted, signal_all, start_time,
+                                       tagged_pids, tagged_runs, terminate_run, with_offspring)
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
     parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
@@ -44,19 +46,6 @@ from meshrun.fsutil import atomic_write_json
 from meshrun.idlerule import parse_policy
 
 CHECKPOINT_LOOK_S = 2.0  # a detached run with receivers: how often the agent reads its checkpoint manifest
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def busy_line(run_id: str, host: str, holder: int) -> str:
-    """Why an agent started nothing: its run already has one on this host."""
-    return (f"meshrun-agent: run {run_id} already has an agent on host '{host}' (pid {holder or 'unknown'}, holding "
-            f"{host_dir(run_id, host)}/{AGENT_LOCK}); this one started nothing: see it with fab status --run {run_id}")
 
 
 def forget_last_attempt(directory: Path, run_id: str) -> None:
@@ -91,21 +80,31 @@ class Supervisor:
         if (holder := hold_lock(self.dir / AGENT_LOCK)) is None:
             return False
         self.send(busy_line(self.args.run_id, self.args.host, holder).encode() + b"\n")
-        if self.pipe is not None:  # quiet (a detached copy): its parent says it (cmd_run)
+        if self.pipe is not None:  # quiet (a detached copy): its parent says it (agentstart.start_detached)
             self.pipe.drain()
         return True
 
+    def claim(self) -> int | None:
+        """The run's directory, this host's lock and train.log: None once held, else the exit status of
+        an agent that starts nothing (busy; or its files cannot be written, said in one line, never a traceback)."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if self.busy():
+                return AGENT_BUSY_EXIT
+            forget_last_attempt(self.dir, self.args.run_id)
+            self.log = RunLog(self.dir / TRAIN_LOG, lambda text: self.send(f"meshrun-agent: {text}\n".encode()))
+        except OSError as err:  # a full disk, a read-only workdir
+            return self.cannot_write(self.dir, err)
+        return None
+
     def run(self) -> int:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if self.busy():
-            return AGENT_BUSY_EXIT
-        forget_last_attempt(self.dir, self.args.run_id)
+        if (refused := self.claim()) is not None:
+            return refused
         env, spec = run_env(self.args, str(self.barrier.mark))
         from meshrun.deploy.host.notify import AgentNotices  # urllib: only a run sends, status and stop never do
 
         self.notices = AgentNotices(spec if self.args.heartbeat_timeout == 0 else None, self.args.run_id,
                                     self.args.host, lambda line: self.emit(f"meshrun-agent: {line}\n".encode()))
-        self.log = RunLog(self.dir / TRAIN_LOG, lambda text: self.send(f"meshrun-agent: {text}\n".encode()))
         # Before any child exists: a signal between Popen and here would kill us and orphan it.
         become_subreaper()  # orphans below us (a script's child that dropped the run's tags) come to us
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -161,11 +160,18 @@ class Supervisor:
             return 127
         self.torchrun_pid = child.pid
         self.torchrun_start = start_time(child.pid)
-        atomic_write_json(self.dir / AGENT_PIDFILE, {
-            "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
-            "pgid_start": self.torchrun_start,
-            "started": time.time(), "command": list(generation.torchrun), "generation": index,
-            "detached": self.args.heartbeat_timeout == 0})
+        try:
+            atomic_write_json(self.dir / AGENT_PIDFILE, {
+                "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
+                "pgid_start": self.torchrun_start, "started": time.time(), "command": list(generation.torchrun),
+                "generation": index, "detached": self.args.heartbeat_timeout == 0})
+        except OSError as err:  # without it no stop or status finds the run: not one left running blind
+            self.stop_reason = "its pidfile could not be written"
+            self.end_all(child, 0.0)
+            child.wait()
+            return self.cannot_write(self.dir / AGENT_PIDFILE, err)
+        if self.args.quiet:
+            quiet_stderr()  # started: the detached parent has stopped reading it
         tee = threading.Thread(target=self.tee, args=(child,), daemon=True)
         tee.start()
         watcher = HeadWatcher(generation.endpoint) if generation.endpoint and generation.head != self.args.host else None
@@ -263,6 +269,21 @@ class Supervisor:
         child.wait()
         return 0
 
+    def cannot_write(self, path: Path, err: OSError) -> int:
+        """Say, in one line, that the run's files cannot be written: to the controller, or on stderr
+        where a detached start's parent reads it (agentstart.start_detached)."""
+        line = cannot_write_line(path, self.args.host, err, os.getcwd())
+        if self.pipe is None:
+            try:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+            except OSError:
+                pass  # a parent that stopped waiting (past its start window) closed the pipe: nobody to tell
+        else:
+            self.pipe.put(line.encode() + b"\n")
+            self.pipe.drain()
+        return CANNOT_WRITE_EXIT
+
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
@@ -320,33 +341,8 @@ class Supervisor:
 
 def cmd_run(args: argparse.Namespace) -> int:
     args.secret_env = read_env_block(sys.stdin.buffer) if args.env_stdin else {}
-    if not args.detach:
-        return Supervisor(args).run()
     # Detached: re-run ourselves in a new session with no controller, wait for the pidfile.
-    pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
-    # The secrets pass on as they came: through a pipe, never argv or a file.
-    child = subprocess.Popen(detached_argv(args, sys.executable), stdin=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    assert child.stdin is not None
-    child.stdin.write(json.dumps(args.secret_env).encode() + b"\n")
-    child.stdin.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        ended = child.poll() is not None  # before the read: a copy that wrote its pidfile and ended is seen
-        record = read_json(pidfile)
-        # Our copy's own pidfile: one left by an earlier agent of the run (or a live one) says nothing of it.
-        if record and record.get("run_id") == args.run_id and record.get("agent_pid") == child.pid:
-            print(json.dumps(record, sort_keys=True))
-            return 0
-        if ended:
-            break
-        time.sleep(0.1)
-    if child.returncode == AGENT_BUSY_EXIT:  # the controller then hints status, not stop (deploy/run/answers.py)
-        answer = {"error": busy_line(args.run_id, args.host, lock_holder(pidfile.parent / AGENT_LOCK)), "busy": True}
-    else:
-        answer = {"error": f"agent did not start; see {pidfile.parent / TRAIN_LOG}"}
-    print(json.dumps(answer))
-    return 1
+    return Supervisor(args).run() if not args.detach else start_detached(args)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -366,17 +362,18 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     run_ids = [args.run_id] if args.run_id else sorted(p.name for p in Path(RUNS_DIR).glob("*"))
-    reports = [report for run_id in run_ids if (report := run_status(run_id, args.host)) is not None]
+    tagged = tagged_runs(args.host) if not args.run_id else None  # all runs: one pass over /proc, not one each
+    reports = [report for run_id in run_ids if (report := run_status(run_id, args.host, tagged)) is not None]
     print(json.dumps(reports, sort_keys=True))
     return 0
 
 
-def run_status(run_id: str, host: str) -> dict | None:
+def run_status(run_id: str, host: str, tagged: dict[str, list[int]] | None = None) -> dict | None:
     record = read_json(Path(host_dir(run_id, host)) / AGENT_PIDFILE)
     if record is None:
         return None
     ended = read_json(Path(host_dir(run_id, host)) / EXIT_RECORD)
-    running = bool(tagged_pids(record["run_id"], host))
+    running = bool(tagged.get(record["run_id"]) if tagged is not None else tagged_pids(record["run_id"], host))
     state = "running" if running else ("exited" if ended else "lost")
     if ended and ended.get("reason") != "exited":
         state = "stopped" if not running else state

@@ -174,6 +174,25 @@ def tagged_pids(run_id: str, host: str) -> list[int]:
     return found
 
 
+def tagged_runs(host: str) -> dict[str, list[int]]:
+    """{run id: its processes} for every run tagged with this host's name, from one pass over /proc:
+    `status` of all runs asks about each, and a pass per run would grow with the runs kept there."""
+    prefix, want = f"{ENV_RUN_ID}=".encode(), f"{ENV_HOST}={host}".encode()
+    found: dict[str, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        run_id = next((v[len(prefix):] for v in env if v.startswith(prefix)), None)
+        if run_id is not None and want in env and alive(int(entry)):
+            found.setdefault(run_id.decode(errors="replace"), []).append(int(entry))
+    return found
+
+
 def signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
     if pgid is not None:
         try:
@@ -237,15 +256,20 @@ def hold_lock(path: Path) -> int | None:
     """Take the exclusive flock on `path` for the rest of this process's life and write our pid in it;
     None once held, else the pid of the process that holds it (0: not yet written). The descriptor
     is never closed and never inherited (O_CLOEXEC): torchrun and the workers do not hold the lock,
-    so it is freed the moment this process ends, however it ends, and never outlives it."""
+    so it is freed the moment this process ends, however it ends, and never outlives it. Raises
+    OSError when the file cannot be made or written (a full disk, a read-only workdir)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return lock_holder(path)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+        os.close(fd)  # a full disk: the lock is let go with it, and the caller says why it starts nothing
+        raise
     return None
 
 

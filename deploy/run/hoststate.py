@@ -44,8 +44,25 @@ def _text(value: object) -> str | None:
 
 def parse_status(run_id: str, host: str, stdout: str) -> HostState:
     """The report for `run_id` in the agent's answer (a JSON list of reports)."""
-    unknown = lambda why: HostState(run_id, host, "unknown", detail=why)  # noqa: E731
+    return _from_reports(run_id, host, from_json(stdout or "[]"), stdout)
+
+
+def parse_statuses(run_ids: tuple[str, ...], host: str, stdout: str) -> dict[str, HostState]:
+    """{run id: its state} from the answer of an agent asked with no run id (a report for every run
+    it knows there), each read as if the agent had been asked about that run alone: the answer is
+    parsed once, however many runs are looked for in it (`fab status` asks each host once)."""
     reports = from_json(stdout or "[]")
+
+    def alone(run_id: str) -> object:
+        if not isinstance(reports, list):
+            return reports
+        return [r for r in reports if isinstance(r, dict) and r.get("run_id") == run_id]
+
+    return {run_id: _from_reports(run_id, host, alone(run_id), stdout) for run_id in run_ids}
+
+
+def _from_reports(run_id: str, host: str, reports: object, stdout: str) -> HostState:
+    unknown = lambda why: HostState(run_id, host, "unknown", detail=why)  # noqa: E731
     if reports is MISSING:
         return unknown(f"the agent's answer is not JSON: {stdout.strip()[:60]!r}")
     if not isinstance(reports, list):
