@@ -29,6 +29,7 @@ import fabric
 import paramiko
 
 from meshrun.deploy.edges import sshtarget
+from meshrun.deploy.edges.dial import SaidNothing, dial, said_nothing
 
 # Tries of a handshake refused before its banner, paramiko's and rsync's ssh alike; the pause before
 # try k+1 is a random 0.5-1.5 s times 2**(k-1), so the refused ones do not come back together. In a
@@ -55,9 +56,29 @@ def refused_early(err: BaseException) -> bool:
 class HopConnection(fabric.Connection):
     """Fabric's Connection, except that reaching a host through a ProxyJump hop gives up after
     `_channel_timeout`: Fabric asks the hop for the direct-tcpip channel with paramiko's default
-    of an hour, and a hop that never answers would hold the connect that long."""
+    of an hour, and a hop that never answers would hold the connect that long. A hop reached
+    directly is dialled by deploy/edges/dial.py (its name resolved within the connect timeout)."""
 
     _channel_timeout: float = sshtarget.CONNECT_TIMEOUT_S
+
+    def open(self) -> object:
+        """Fabric's open over a socket dialled here when no hop comes before this one; a server
+        that accepted and never spoke raises SaidNothing (paramiko's own error blamed the session)."""
+        if self.is_connected:
+            return None
+        sock = None if self.gateway else dial(self.host, int(self.port), self.connect_timeout)
+        if sock is not None:
+            self.connect_kwargs["sock"] = sock
+        try:
+            return super().open()
+        except paramiko.SSHException as err:
+            if said_nothing(self.client.get_transport(), err):
+                raise SaidNothing(self.connect_timeout) from err
+            raise
+        finally:
+            self.connect_kwargs.pop("sock", None)
+            if sock is not None and self.client.get_transport() is None:
+                sock.close()  # paramiko failed before taking it: nothing else will close it
 
     def open_gateway(self) -> paramiko.Channel:
         self.gateway.open()  # a JumpConnection: opened already, or once by whoever holds its lock

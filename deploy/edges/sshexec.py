@@ -7,19 +7,26 @@ Here the channel is opened with a timeout, the exec request is made from a threa
 waits for at most EXEC_ANSWER_S (never past its deadline), and the output is read until the
 deadline; a channel given up on is closed from a thread of its own (closing can block on a
 dead link). What is read is bounded (deploy/edges/capped.py).
+
+A link that dies without a reset (a VPN flap, a host powered off) shows as nothing at all: a command
+would wait out its deadline, an hour for `fab setup`. So a command that stays quiet has its host
+pinged (`Liveness`), and a host that stops answering ends it within tens of seconds (`Lost`).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Callable, Sequence
 
 import paramiko
 
 from meshrun.deploy.edges.capped import Capped, read_line
 from meshrun.deploy.edges.sshtarget import CONNECT_TIMEOUT_S
+from meshrun.deploy.errors import MeshrunError
 
 SEND_TIMEOUT_S = 10.0  # a host's SSH window with no room this long: the host does not read its stdin
 SEND_POLL_S = 0.01
@@ -28,6 +35,15 @@ SEND_POLL_S = 0.01
 # that has not within this bound is stuck, whatever the command's own time limit.
 EXEC_ANSWER_S = CONNECT_TIMEOUT_S
 RECV_BYTES = 32768
+# A command quiet this long (no output) has its host pinged: only then, so the many short commands
+# cost no extra round trip, and one that prints as it goes (pip) none at all.
+QUIET_BEFORE_PING_S = 12.0
+PING_TIMEOUT_S = 3.0  # sshd granting a new channel: a round trip (as the launcher's, launcher.py)
+# Misses in a row before the host counts as gone: one more than the launcher's, as a long command
+# (a torch install) may load the host; a cut link is then noticed within about 12 + 3 * 3 = 21 s.
+PINGS_BEFORE_LOST = 3
+WAIT_STEP_S = 1.0  # how often a waiting `collect` looks at the clock and the host's liveness
+WORD_MAX = 64  # characters of one word of a command shown in a message
 SshErrors = (OSError, EOFError, paramiko.SSHException)
 
 
@@ -100,14 +116,53 @@ def _close_quietly(channel: paramiko.Channel) -> None:
         pass
 
 
-def collect(channel: paramiko.Channel, deadline: float) -> Output | None:
+class Lost(Exception):
+    """The host stopped answering SSH while a command ran: PINGS_BEFORE_LOST pings in a row unanswered."""
+
+
+@dataclass
+class Liveness:
+    """Whether the host still answers while a command says nothing: `alive(timeout)` (the session's
+    ping: a channel granted and closed unused, no shell forked) once the command has been quiet for
+    QUIET_BEFORE_PING_S, then again each time it is quiet that long since the last answer. A short
+    command, or one that prints as it goes, is never pinged."""
+
+    alive: Callable[[float], bool] | None
+    heard: float = field(default_factory=time.monotonic)  # the last byte of output or answered ping
+    missed: int = 0
+
+    def heard_now(self) -> None:
+        self.heard = time.monotonic()
+
+    def check(self, deadline: float) -> None:
+        """Ping if the command has been quiet long enough; raise Lost after PINGS_BEFORE_LOST misses."""
+        wait = min(PING_TIMEOUT_S, left(deadline))
+        if self.alive is None or time.monotonic() - self.heard < QUIET_BEFORE_PING_S or wait <= 0:
+            return
+        if self.alive(wait):
+            self.missed = 0
+            self.heard_now()
+            return
+        self.missed += 1
+        if self.missed >= PINGS_BEFORE_LOST:
+            raise Lost()
+
+
+def collect(channel: paramiko.Channel, deadline: float,
+            alive: Callable[[float], bool] | None = None) -> Output | None:
     """The command's stdout, stderr (each capped) and exit status, read at the same time; None
-    when the deadline came first (the channel is then dropped)."""
+    when the deadline came first. With `alive` (the session's ping) a host that stops answering
+    raises Lost within about QUIET_BEFORE_PING_S + PINGS_BEFORE_LOST * PING_TIMEOUT_S of its last
+    word, not at the deadline (an hour for `fab setup`). The channel is dropped either way."""
     out, err = Capped(), Capped()
-    readers = [_reader(channel.recv, out), _reader(channel.recv_stderr, err)]
-    for reader in readers:
-        reader.join(left(deadline))
-    if any(r.is_alive() for r in readers) or not channel.status_event.wait(left(deadline)):
+    liveness = Liveness(alive)
+    readers = [_reader(channel.recv, out, liveness), _reader(channel.recv_stderr, err, liveness)]
+    try:
+        finished = _finished(readers, channel, deadline, liveness)
+    except Lost:
+        drop(channel)
+        raise
+    if not finished:
         drop(channel)
         return None
     rc = channel.recv_exit_status()
@@ -115,11 +170,28 @@ def collect(channel: paramiko.Channel, deadline: float) -> Output | None:
     return Output(rc, out.text(), err.text())
 
 
-def _reader(recv: Callable[[int], bytes], sink: Capped) -> threading.Thread:
+def _finished(readers: list[threading.Thread], channel: paramiko.Channel, deadline: float,
+              liveness: Liveness) -> bool:
+    """Both readers at EOF and the exit status in, before `deadline`; the host's liveness checked
+    between waits of at most WAIT_STEP_S."""
+    while True:
+        busy = next((r for r in readers if r.is_alive()), None)
+        step = min(WAIT_STEP_S, left(deadline))
+        if busy is not None:
+            busy.join(step)
+        elif channel.status_event.wait(step):
+            return True
+        if left(deadline) <= 0:
+            return not any(r.is_alive() for r in readers) and channel.status_event.is_set()
+        liveness.check(deadline)
+
+
+def _reader(recv: Callable[[int], bytes], sink: Capped, liveness: Liveness) -> threading.Thread:
     def read() -> None:
         try:
             while data := recv(RECV_BYTES):
                 sink.feed(data)
+                liveness.heard_now()
         except SshErrors:
             pass
 
@@ -187,3 +259,65 @@ class SshStream:
 
     def abandon(self) -> None:
         drop(self.channel)
+
+
+def asked(argv: Sequence[str]) -> str:
+    """What a command was asked to do, in a few words for a message: the program's name (not its
+    path: argv[0] is often an interpreter's) and what tells this command from others: a `-m` module
+    and its verb, a `-c` script by its title (the first phrase of its docstring) or its size, else
+    the first argument. Each word is clipped and made printable."""
+    program, rest = PurePosixPath(argv[0]).name or argv[0], list(argv[1:])
+    words = [program]
+    flags = 0
+    while flags < len(rest) and rest[flags] in ("-I", "-S", "-u", "-B", "-E", "-s"):
+        flags += 1
+    if rest[flags:flags + 1] == ["-m"] and len(rest) > flags + 1:
+        words += [*rest[:flags], "-m", rest[flags + 1], *_verb(rest[flags + 2:])]
+    elif rest[flags:flags + 1] == ["-c"] and len(rest) > flags + 1:
+        words += [*rest[:flags], "-c", f"<{_title(rest[flags + 1])}>", *rest[flags + 2:flags + 3]]
+    else:
+        words += rest[:1]
+    return "`" + " ".join(_word(w) for w in words) + "`"
+
+
+def _verb(rest: list[str]) -> list[str]:
+    return rest[:1] if rest and not rest[0].startswith("-") else []
+
+
+def _title(script: str) -> str:
+    """The first phrase of the script's docstring or comment (`Host-side fact probe for fab check-network`
+    of deploy/host/facts.py), else its size in lines."""
+    lines = [line.strip() for line in script.splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if first.startswith(('"""', "'''", "#")):
+        text = first.lstrip("#").strip().strip("\"'").strip()
+        title = re.split(r"[;:,]\s|\.(?:\s|$)", text, maxsplit=1)[0].replace("`", "").strip()
+        if title:
+            return title
+    return f"a {len(lines)}-line script"
+
+
+def _word(text: str) -> str:
+    shown = text if text.isprintable() else repr(text)[1:-1]
+    return shown if len(shown) <= WORD_MAX else shown[:WORD_MAX - 1] + "…"
+
+
+class NotFinished(MeshrunError):
+    """A command past its deadline on a host whose sshd still answers: `fab status` can tell it from
+    an unreachable host by its type."""
+
+
+class StoppedAnswering(MeshrunError):
+    """The host stopped answering SSH while a command ran: its link is cut or it is frozen."""
+
+
+def not_finished(host: str, argv: Sequence[str], seconds: float) -> NotFinished:
+    """The command ran past its deadline and the host's sshd still answers: the command itself hangs."""
+    return NotFinished(f"host '{host}': {asked(argv)} did not finish within {seconds:.0f} s though SSH answers: the "
+                        f"host may be overloaded or its disk (NFS?) hung; fab check-network --hosts {host}")
+
+
+def stopped_answering(host: str, argv: Sequence[str], seconds: float) -> StoppedAnswering:
+    """The host stopped answering SSH `seconds` into the command: its link is cut or it is frozen."""
+    return StoppedAnswering(f"host '{host}': stopped answering SSH {seconds:.0f} s into {asked(argv)} (link cut or "
+                        f"host frozen); fab check-network --hosts {host}")

@@ -37,7 +37,9 @@ DEFAULT_USER = "root"
 DEFAULT_PORT = 22
 MAX_HOPS = 8  # a longer ProxyJump chain is a mistake, not a network
 KEY_MAX = 1 << 20  # a private key file: a few kB
-CONNECT_TIMEOUT_S = 10.0  # what a dead host costs: paramiko's and rsync's ssh alike
+# What a dead host costs: rsync's ssh's ConnectTimeout, and each step of meshrun's own connect (the name's
+# lookup and the TCP connect, deploy/edges/dial.py, then the SSH greeting), so a slow resolver costs it too.
+CONNECT_TIMEOUT_S = 10.0
 DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa")
 # A name no Host pattern but `*` (or a negation) can match: what ssh_config says about every host.
 _NOBODY = "meshrun-no-such-host.invalid"

@@ -3,40 +3,38 @@
 Both kinds take an argv. For SSH it is quoted into one string by `deploy.run.shell`; locally it
 goes to subprocess as is. Connection failures become one-line MeshrunErrors naming the host.
 Every command has a deadline from the moment it is asked for, the SSH request that starts it
-included (deploy/edges/sshexec.py), and what it prints is capped (deploy/edges/capped.py).
+included, and a host that stops answering SSH while it runs is given up on within tens of seconds
+(deploy/edges/sshexec.py); what it prints is capped (deploy/edges/capped.py). Each hop is opened,
+and its failures said, by deploy/edges/sshopen.py, over a socket deploy/edges/dial.py connects.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-import fabric
 import paramiko
-from paramiko.ssh_exception import NoValidConnectionsError
 
 from meshrun.deploy.edges import hostkeys, jumps, sshtarget
 from meshrun.deploy.edges.capped import Capped, read_line
 from meshrun.deploy.edges.jumps import HopConnection, JumpConnection
 from meshrun.deploy.edges.localproc import run_bounded
-from meshrun.deploy.edges.sshexec import SshErrors, SshStream, Unanswered, collect, drop, open_command
+from meshrun.deploy.edges.sshexec import (PING_TIMEOUT_S, Lost, SshErrors, SshStream, Unanswered, asked, collect, drop,
+                                          not_finished, open_command, stopped_answering)
+from meshrun.deploy.edges.sshopen import Opening, connection, offered_key, open_hop, reach, unsendable
+# Still importable from here (tests do): they moved to sshopen.py with the rest of a hop's opening.
+from meshrun.deploy.edges.sshopen import TRANSPORT_POLL_S, login_refused  # noqa: F401
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.shell import local_workdir, remote_command
 
 DEFAULT_CONNECT_TIMEOUT_S = sshtarget.CONNECT_TIMEOUT_S
-# How often an open session's paramiko thread wakes when nothing arrives (paramiko: 0.1 s). Data
-# wakes it at once and a close does not wait for it; a wake only looks for a close or a due rekey.
-# At 0.1 s, 16 idle sessions cost the controller 6.5-8.5 ms of CPU a second, at 1 s 1.4-1.6 (stop 35):
-# a thousand would take half a core at 0.1 s. (An attached run's sessions are seldom idle: its
-# heartbeats and link probes every 2 s wake them; there the controller's CPU hardly changes.)
-TRANSPORT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,8 @@ class LocalSession:
         except OSError as error:
             return CommandResult(127, "", f"{argv[0]}: {error.strerror}")
         if rc is None:
-            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s")
+            raise MeshrunError(f"host '{self.host.name}': {asked(argv)} did not finish within {timeout:.0f} s: this "
+                               "machine may be overloaded or its disk (NFS?) hung")
         return CommandResult(rc, out.text(), err.text())
 
     def start(self, argv: Sequence[str]) -> LocalStream:
@@ -154,47 +153,6 @@ class LocalSession:
         pass
 
 
-def _connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hosts: Path | None,
-                timeout: float, kind: type[HopConnection] = HopConnection) -> HopConnection:
-    """A Fabric connection to one hop with meshrun's host-key policy. An empty SSHConfig keeps
-    Fabric from reading ssh_config itself (sshtarget did) and building its own ProxyJump client,
-    which would accept any key; `gateway=False` means: no gateway at all."""
-    kwargs: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout}
-    if hop.identities:
-        kwargs["key_filename"] = list(hop.identities)
-    conn = kind(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
-                connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
-                config=fabric.Config(ssh_config=paramiko.SSHConfig()))
-    conn._channel_timeout = timeout
-    hostkeys.load_known_hosts(conn.client, known_hosts)
-    return conn
-
-
-def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, config: Path,
-                  err: Exception) -> MeshrunError:
-    """One line: the user (said to be the default where nothing named it) and where the key came from."""
-    where = "`user:` in the inventory" if jump is None else f"User for Host {hop.label} in {config}"
-    user = f"user {hop.user} (the default; set {where})" if hop.user_defaulted else "the user"
-    key = hop.identity_from or "ssh-agent or ~/.ssh/id_*: none is set in the inventory or ssh_config"
-    return MeshrunError(f"{who}: SSH login to {target} refused ({err}); check {user} and the key ({key}), "
-                        "and that the key is in the host's authorized_keys")
-
-
-def _unreachable(who: str, target: str, err: Exception, jump: str | None) -> MeshrunError:
-    if jump is not None and jumps.refused_early(err):  # tried jumps.REFUSED_TRIES times
-        return MeshrunError(f"{who}: {target} closed the SSH connection before its banner, {jumps.REFUSED_TRIES} "
-                            "tries; its sshd refuses new connections while too many are logging in (MaxStartups), "
-                            "or it is no sshd: try again, or raise MaxStartups in its sshd_config")
-    return MeshrunError(f"{who}: cannot connect to {target} ({err}); is sshd running and the port "
-                        "open? (fab check-network)")
-
-
-def unsendable(host: str, argv: Sequence[str], err: ValueError) -> MeshrunError:
-    """A command SSH's strict UTF-8 cannot carry, never an internal error (the net under check/answers.host_path)."""
-    return MeshrunError(f"host '{host}': cannot send `{repr(str(argv[0])[:60])[1:-1]}` ({type(err).__name__}): a path "
-                        f"it reported is not text a command can carry; fab check-network --hosts {host}")
-
-
 class SshSession:
     """An SSH connection with enforced host keys (see deploy.edges.hostkeys) on every hop: each
     ProxyJump host is opened, checked, and carries the next hop's connection. A jump host's
@@ -206,7 +164,7 @@ class SshSession:
         self.known_hosts = known_hosts
         self.timeout = connect_timeout
         self.target = sshtarget.resolve(host)
-        self.conn = _connection(self.target.target, None, known_hosts, connect_timeout)
+        self.conn = connection(self.target.target, None, known_hosts, connect_timeout)
         self.chain: list[HopConnection] = [self.conn]
         self._held: list[tuple[Path | None, tuple[sshtarget.Hop, ...]]] = []  # keys of the jumps taken
         self._hold()
@@ -219,7 +177,7 @@ class SshSession:
         for count, hop in enumerate(self.target.jumps, 1):
             key = (self.known_hosts, self.target.jumps[:count])
             gateway = chain[-1] if chain else None
-            chain.append(jumps.take(key, functools.partial(_connection, hop, gateway, self.known_hosts, self.timeout,
+            chain.append(jumps.take(key, functools.partial(connection, hop, gateway, self.known_hosts, self.timeout,
                                                            JumpConnection)))
             self._held.append(key)
         self.conn.gateway = chain[-1]
@@ -255,49 +213,38 @@ class SshSession:
         self._release()
 
     def _open(self, conn: HopConnection, hop: sshtarget.Hop, jump: str | None) -> None:
-        who, target = hostkeys.whose(self.host.name, jump), f"{hop.user}@{hop.hostname}:{hop.port}"
-        try:
-            if isinstance(conn, JumpConnection):
-                conn.open_within(self.timeout)  # shared: once for all its sessions, a refused try retried
-            else:
-                conn.open()
-        except hostkeys.UnknownHostKey as err:
-            raise hostkeys.unknown_key_error(self.host.name, err, self.known_hosts, jump) from None
-        except paramiko.BadHostKeyException as err:
-            # paramiko names the host without its port; known_hosts (and `fab trust`) use `[addr]:port`.
-            named = paramiko.BadHostKeyException(hostkeys.known_hosts_name(hop.hostname, hop.port), err.key,
-                                                 err.expected_key)
-            raise hostkeys.changed_key_error(self.host.name, named, self.known_hosts, jump) from None
-        except paramiko.AuthenticationException as err:
-            raise login_refused(who, target, hop, jump, self.target.config, err) from None
-        except (socket.timeout, TimeoutError):
-            raise MeshrunError(f"{who}: no SSH answer from {target} within {self.timeout:.0f} s; is the host "
-                               "up and its address right? (fab check-network)") from None
-        except paramiko.SSHException as err:
-            if "No authentication methods available" in str(err):
-                raise MeshrunError(f"{who}: no SSH key to offer {target}; set `identity: ~/.ssh/<key>` in the "
-                                   f"inventory or IdentityFile for Host {hop.label} in {self.target.config}") from None
-            raise _unreachable(who, target, err, jump) from None
-        except (NoValidConnectionsError, OSError, EOFError) as err:
-            raise _unreachable(who, target, err, jump) from None
-        transport = conn.client.get_transport()
-        if transport is not None:  # its socket, or the channel through the hop before it
-            transport.sock.settimeout(TRANSPORT_POLL_S)
+        open_hop(conn, hop, jump, Opening(self.host.name, self.known_hosts, self.target.config, self.timeout))
 
     def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
         """`argv` run on the host, all of it within `timeout` s from now: the request to start it
-        answered (at most EXEC_ANSWER_S), its output read (capped) and its exit status."""
-        deadline = time.monotonic() + timeout
+        answered (at most EXEC_ANSWER_S), its output read (capped) and its exit status. A host that
+        stops answering SSH meanwhile is given up on within tens of seconds (sshexec.Liveness), and
+        one past the deadline is pinged once (PING_TIMEOUT_S more) to say which of the two it is."""
+        begun = time.monotonic()
         channel = self._command(argv, remote_command(self.host.workdir, argv, create_workdir=create_workdir),
-                                deadline)
+                                begun + timeout)
         try:
             channel.shutdown_write()  # nothing is fed to it: a command that reads stdin sees EOF
         except SshErrors as err:
             raise self._lost(err) from None
-        output = collect(channel, deadline)
+        try:
+            output = collect(channel, begun + timeout, alive=self.ping)
+        except Lost:
+            self._forget()
+            raise stopped_answering(self.host.name, argv, time.monotonic() - begun) from None
         if output is None:
-            raise MeshrunError(f"host '{self.host.name}': `{argv[0]}` took more than {timeout:.0f} s")
+            if not self.ping(PING_TIMEOUT_S):
+                self._forget()
+                raise stopped_answering(self.host.name, argv, timeout)
+            raise not_finished(self.host.name, argv, timeout)
         return CommandResult(output.rc, output.stdout, output.stderr)
+
+    def _forget(self) -> None:
+        """Close a connection the host stopped answering on, from a thread (the close may block on the
+        cut link): the next command connects again rather than wait on a channel nobody will grant."""
+        transport = self.conn.client.get_transport()
+        if transport is not None:
+            threading.Thread(target=transport.close, daemon=True, name="ssh-forget").start()
 
     def start(self, argv: Sequence[str]) -> SshStream:
         """`argv` started on the host (stderr merged into stdout); the start is answered within
@@ -364,37 +311,9 @@ def scan_host_key(host: Host, known_hosts: Path | None, hop: int | None = None,
     index = len(session.chain) - 1 if hop is None else hop
     dest = session.target.hops[index]
     who = hostkeys.whose(host.name, dest.label if index < len(session.target.jumps) else None)
-    where = f"{dest.hostname}:{dest.port}"
     try:
         session.open_hops(index)
-        sock = _reach(session, index, dest, who, timeout)
-        transport = paramiko.Transport(sock)
-        try:
-            options = transport.get_security_options()
-            wanted = [k for k in preferred if k in options.key_types]
-            options.key_types = [*wanted, *(k for k in options.key_types if k not in wanted)]
-            transport.start_client(timeout=timeout)
-            return transport.get_remote_server_key()
-        except (paramiko.SSHException, OSError, EOFError) as err:
-            raise MeshrunError(f"{who}: SSH handshake with {where} failed ({err})") from None
-        finally:
-            transport.close()
+        sock = reach(session.chain[index - 1] if index else None, dest, who, timeout)
+        return offered_key(sock, who, f"{dest.hostname}:{dest.port}", timeout, preferred)
     finally:
         session.close()
-
-
-def _reach(session: SshSession, index: int, dest: sshtarget.Hop, who: str, timeout: float) -> socket.socket | paramiko.Channel:
-    """A byte stream to `dest`: a TCP socket, or a direct-tcpip channel through the hop before it."""
-    target = f"{dest.hostname}:{dest.port}"
-    try:
-        if index == 0:
-            return socket.create_connection((dest.hostname, dest.port), timeout=timeout)
-        transport = session.chain[index - 1].client.get_transport()
-        assert transport is not None
-        return transport.open_channel("direct-tcpip", (dest.hostname, dest.port), ("", 0), timeout=timeout)
-    except (socket.timeout, TimeoutError):
-        raise MeshrunError(f"{who}: no answer from {target} within {timeout:.0f} s; is the host up "
-                           "and its address right?") from None
-    except (OSError, paramiko.SSHException) as err:
-        raise MeshrunError(f"{who}: cannot connect to {target} ({getattr(err, 'strerror', None) or err}); is sshd "
-                           "running and the port open?") from None

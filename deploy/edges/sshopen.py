@@ -1,0 +1,173 @@
+"""Opening one SSH hop, and every way it fails said in one line that names the host and what to do.
+
+The connection itself (Fabric's, with meshrun's host-key policy and an empty ssh_config), how a
+failed open becomes a MeshrunError (deploy/edges/transport.py's SshSession opens each hop through
+`open_hop`), and the pieces of `fab trust`'s key scan: the byte stream to a hop and the handshake
+that fetches its key without logging in. Name resolution and the TCP connect are deploy/edges/
+dial.py's: bounded, and a server that accepts and never speaks is told from one that is not there.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import fabric
+import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
+
+from meshrun.deploy.edges import hostkeys, jumps, sshtarget
+from meshrun.deploy.edges.dial import SaidNothing, Unresolved, dial, heard_nothing, said_nothing
+from meshrun.deploy.edges.jumps import HopConnection, JumpConnection
+from meshrun.deploy.errors import MeshrunError
+
+# How often an open session's paramiko thread wakes when nothing arrives (paramiko: 0.1 s). Data
+# wakes it at once and a close does not wait for it; a wake only looks for a close or a due rekey.
+# At 0.1 s, 16 idle sessions cost the controller 6.5-8.5 ms of CPU a second, at 1 s 1.4-1.6 (stop 35):
+# a thousand would take half a core at 0.1 s. (An attached run's sessions are seldom idle: its
+# heartbeats and link probes every 2 s wake them; there the controller's CPU hardly changes.)
+TRANSPORT_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Opening:
+    """Whose hop is opened, for the messages: the inventory host, its pins and its ssh_config."""
+
+    host: str
+    known_hosts: Path | None
+    config: Path
+    timeout: float
+
+
+def connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_hosts: Path | None,
+               timeout: float, kind: type[HopConnection] = HopConnection) -> HopConnection:
+    """A Fabric connection to one hop with meshrun's host-key policy. An empty SSHConfig keeps
+    Fabric from reading ssh_config itself (sshtarget did) and building its own ProxyJump client,
+    which would accept any key; `gateway=False` means: no gateway at all."""
+    kwargs: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout}
+    if hop.identities:
+        kwargs["key_filename"] = list(hop.identities)
+    conn = kind(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
+                connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
+                config=fabric.Config(ssh_config=paramiko.SSHConfig()))
+    conn._channel_timeout = timeout
+    hostkeys.load_known_hosts(conn.client, known_hosts)
+    return conn
+
+
+def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, config: Path,
+                  err: Exception) -> MeshrunError:
+    """One line: the user (said to be the default where nothing named it) and where the key came from."""
+    where = "`user:` in the inventory" if jump is None else f"User for Host {hop.label} in {config}"
+    user = f"user {hop.user} (the default; set {where})" if hop.user_defaulted else "the user"
+    key = hop.identity_from or "ssh-agent or ~/.ssh/id_*: none is set in the inventory or ssh_config"
+    return MeshrunError(f"{who}: SSH login to {target} refused ({err}); check {user} and the key ({key}), "
+                        "and that the key is in the host's authorized_keys")
+
+
+def unreachable(who: str, target: str, err: Exception, jump: str | None) -> MeshrunError:
+    if jump is not None and jumps.refused_early(err):  # tried jumps.REFUSED_TRIES times
+        return MeshrunError(f"{who}: {target} closed the SSH connection before its banner, {jumps.REFUSED_TRIES} "
+                            "tries; its sshd refuses new connections while too many are logging in (MaxStartups), "
+                            "or it is no sshd: try again, or raise MaxStartups in its sshd_config")
+    return MeshrunError(f"{who}: cannot connect to {target} ({err}); is sshd running and the port "
+                        "open? (fab check-network)")
+
+
+def unresolved(who: str, err: Unresolved, hop: sshtarget.Hop, jump: str | None, config: Path) -> MeshrunError:
+    where = "in the inventory" if jump is None else f"as HostName for Host {hop.label} in {config}"
+    return MeshrunError(f"{who}: {err}; check DNS or write an IP address {where}")
+
+
+def silent(who: str, where: str, seconds: float) -> MeshrunError:
+    """A server that accepted the TCP connection and sent nothing: a frozen host, a wedged sshd."""
+    return MeshrunError(f"{who}: {where} accepted the connection but its sshd said nothing within {seconds:.0f} s; "
+                        "is the host overloaded or frozen?")
+
+
+def unsendable(host: str, argv: Sequence[str], err: ValueError) -> MeshrunError:
+    """A command SSH's strict UTF-8 cannot carry, never an internal error (the net under check/answers.host_path)."""
+    return MeshrunError(f"host '{host}': cannot send `{repr(str(argv[0])[:60])[1:-1]}` ({type(err).__name__}): a path "
+                        f"it reported is not text a command can carry; fab check-network --hosts {host}")
+
+
+def open_hop(conn: HopConnection, hop: sshtarget.Hop, jump: str | None, opening: Opening) -> None:
+    """Open `conn` (a jump host's, shared: once for all its sessions) or raise a one-line MeshrunError."""
+    who, target = hostkeys.whose(opening.host, jump), f"{hop.user}@{hop.hostname}:{hop.port}"
+    try:
+        if isinstance(conn, JumpConnection):
+            conn.open_within(opening.timeout)  # shared: once for all its sessions, a refused try retried
+        else:
+            conn.open()
+    except Unresolved as err:
+        raise unresolved(who, err, hop, jump, opening.config) from None
+    except SaidNothing as err:
+        raise silent(who, f"{hop.hostname}:{hop.port}", err.seconds) from None
+    except hostkeys.UnknownHostKey as err:
+        raise hostkeys.unknown_key_error(opening.host, err, opening.known_hosts, jump) from None
+    except paramiko.BadHostKeyException as err:
+        # paramiko names the host without its port; known_hosts (and `fab trust`) use `[addr]:port`.
+        named = paramiko.BadHostKeyException(hostkeys.known_hosts_name(hop.hostname, hop.port), err.key,
+                                             err.expected_key)
+        raise hostkeys.changed_key_error(opening.host, named, opening.known_hosts, jump) from None
+    except paramiko.AuthenticationException as err:
+        raise login_refused(who, target, hop, jump, opening.config, err) from None
+    except (socket.timeout, TimeoutError):
+        raise MeshrunError(f"{who}: no SSH answer from {target} within {opening.timeout:.0f} s; is the host "
+                           "up and its address right? (fab check-network)") from None
+    except paramiko.SSHException as err:
+        if "No authentication methods available" in str(err):
+            raise MeshrunError(f"{who}: no SSH key to offer {target}; set `identity: ~/.ssh/<key>` in the "
+                               f"inventory or IdentityFile for Host {hop.label} in {opening.config}") from None
+        raise unreachable(who, target, err, jump) from None
+    except (NoValidConnectionsError, OSError, EOFError) as err:
+        raise unreachable(who, target, err, jump) from None
+    transport = conn.client.get_transport()
+    if transport is not None:  # its socket, or the channel through the hop before it
+        transport.sock.settimeout(TRANSPORT_POLL_S)
+
+
+def reach(before: HopConnection | None, dest: sshtarget.Hop, who: str,
+          timeout: float) -> socket.socket | paramiko.Channel:
+    """A byte stream to `dest`: a TCP socket (`before` is None), or a direct-tcpip channel through
+    the open hop before it."""
+    target = f"{dest.hostname}:{dest.port}"
+    try:
+        if before is None:
+            return dial(dest.hostname, dest.port, timeout)
+        transport = before.client.get_transport()
+        assert transport is not None
+        return transport.open_channel("direct-tcpip", (dest.hostname, dest.port), ("", 0), timeout=timeout)
+    except Unresolved as err:
+        raise MeshrunError(f"{who}: {err}; check DNS or write an IP address in the inventory") from None
+    except (socket.timeout, TimeoutError):
+        raise MeshrunError(f"{who}: no answer from {target} within {timeout:.0f} s; is the host up "
+                           "and its address right?") from None
+    except (OSError, paramiko.SSHException) as err:
+        raise MeshrunError(f"{who}: cannot connect to {target} ({getattr(err, 'strerror', None) or err}); is sshd "
+                           "running and the port open?") from None
+
+
+def offered_key(sock: socket.socket | paramiko.Channel, who: str, where: str, timeout: float,
+                preferred: Sequence[str]) -> paramiko.PKey:
+    """The host key the server at the other end of `sock` offers, fetched by a key exchange alone
+    (no login). `preferred`: key types to ask for first."""
+    transport = paramiko.Transport(sock)
+    try:
+        options = transport.get_security_options()
+        wanted = [k for k in preferred if k in options.key_types]
+        options.key_types = [*wanted, *(k for k in options.key_types if k not in wanted)]
+        transport.start_client(timeout=timeout)  # returns at its timeout, raising nothing, on a mute server
+        if not transport.initial_kex_done:
+            if heard_nothing(transport):
+                raise silent(who, where, timeout)
+            raise MeshrunError(f"{who}: SSH handshake with {where} did not finish within {timeout:.0f} s")
+        return transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as err:
+        if said_nothing(transport, err):
+            raise silent(who, where, timeout) from None
+        raise MeshrunError(f"{who}: SSH handshake with {where} failed ({err})") from None
+    finally:
+        transport.close()
