@@ -20,11 +20,12 @@ from typing import Iterator
 import pytest
 
 from meshrun.deploy.commands import status
-from meshrun.deploy.edges import agents
+from meshrun.deploy.edges import agents, transport
+from meshrun.deploy.edges.sshexec import NotFinished
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.host.procs import tagged_pids, tagged_runs
-from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.project import Project
 from meshrun.deploy.run.hoststate import HostState, parse_status, parse_statuses
 from meshrun.layout import AGENT_PIDFILE, ENV_HOST, ENV_RUN_ID, EXIT_RECORD, host_dir
@@ -168,3 +169,19 @@ def test_the_agents_status_of_all_runs_reads_proc_once_and_finds_the_running_one
                                          generation=0)
     assert states[run_id].state == "running"
     assert dataclasses.replace(states[run_id], uptime_s=None) == HostState(run_id, "h1", "running", generation=0)
+
+
+def test_a_host_whose_command_does_not_finish_is_stuck_not_unreachable(tmp_path: Path) -> None:
+    """SSH (here the local session) answered, the status command did not end in time: the host is
+    overloaded or its disk hung, and `unreachable` would send the user to look at the network."""
+    hang = tmp_path / "python"
+    hang.write_text("#!/bin/sh\nsleep 30\n")
+    hang.chmod(0o755)
+    session = transport.LocalSession(Host("h1", "local", None, None, 22, None, str(hang), str(tmp_path),
+                                          Network.LAN, None, None, None, ()), tmp_path)
+    with pytest.raises(NotFinished) as err:
+        session.run([str(hang), "-m", "meshrun.deploy.host.agent", "status"], timeout=1)
+    assert agents._unanswered(err.value) == "stuck"
+    assert agents._unanswered(MeshrunError(DEAD)) == "unreachable"
+    assert str(err.value) == ("host 'h1': `python -m meshrun.deploy.host.agent status` did not finish within 1 s: this "
+                              "machine may be overloaded or its disk (NFS?) hung")

@@ -15,6 +15,7 @@ from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.sessions import close_all
+from meshrun.deploy.edges.sshexec import NotFinished
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, CommandResult, Session, Stream, connect
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
@@ -96,9 +97,15 @@ def run_states(records: list[RunRecord], root: Path, timeout: float = DEFAULT_CO
     states: list[HostState] = []
     for record, hosts, inventory, missing in looked:
         mine = HostResults({h.name: answers[Endpoint(h, inventory.known_hosts)][record.run_id] for h in hosts})
-        states += [r if isinstance(r, HostState) else HostState(record.run_id, name, "unreachable", detail=str(r))
+        states += [r if isinstance(r, HostState) else HostState(record.run_id, name, _unanswered(r), detail=str(r))
                    for name, r in with_missing(mine, missing, record.hosts).items()]
     return states
+
+
+def _unanswered(err: MeshrunError) -> str:
+    """A host whose sshd answers but whose command did not finish (overloaded, a hung disk) is not
+    `unreachable`: the user would look at the network instead of the host."""
+    return "stuck" if isinstance(err, NotFinished) else "unreachable"
 
 
 def _ask_status(asked: dict[Endpoint, tuple[str, ...]], root: Path,

@@ -26,7 +26,7 @@ from meshrun.deploy.edges.capped import Capped, read_line
 from meshrun.deploy.edges.jumps import HopConnection, JumpConnection
 from meshrun.deploy.edges.localproc import run_bounded
 from meshrun.deploy.edges.sshexec import (PING_TIMEOUT_S, Lost, SshErrors, SshStream, Unanswered, asked, collect, drop,
-                                          not_finished, open_command, stopped_answering)
+                                          NotFinished, not_finished, open_command, stopped_answering)
 from meshrun.deploy.edges.sshopen import Opening, connection, offered_key, open_hop, reach, unsendable
 # Still importable from here (tests do): they moved to sshopen.py with the rest of a hop's opening.
 from meshrun.deploy.edges.sshopen import TRANSPORT_POLL_S, login_refused  # noqa: F401
@@ -137,8 +137,8 @@ class LocalSession:
         except OSError as error:
             return CommandResult(127, "", f"{argv[0]}: {error.strerror}")
         if rc is None:
-            raise MeshrunError(f"host '{self.host.name}': {asked(argv)} did not finish within {timeout:.0f} s: this "
-                               "machine may be overloaded or its disk (NFS?) hung")
+            raise NotFinished(f"host '{self.host.name}': {asked(argv)} did not finish within {timeout:.0f} s: this "
+                              "machine may be overloaded or its disk (NFS?) hung")
         return CommandResult(rc, out.text(), err.text())
 
     def start(self, argv: Sequence[str]) -> LocalStream:

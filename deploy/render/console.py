@@ -118,7 +118,8 @@ class Renderer:
     def run_states(self, states: list) -> None:
         """`fab status`: one row per (run, host)."""
         table = PlainTable("run", "host", "state", "exit", "epoch", "step", "uptime", "detail", title="runs")
-        colors = {"running": "green", "exited": "blue", "stopped": "yellow", "lost": "red", "unreachable": "red"}
+        colors = {"running": "green", "exited": "blue", "stopped": "yellow", "lost": "red", "unreachable": "red",
+                  "stuck": "red"}
         for s in states:
             uptime = f"{s.uptime_s:.0f} s" if s.uptime_s is not None else "-"
             table.add_row(s.run_id, s.host, plain(s.state, style=colors.get(s.state, "")), _dash(s.rc), _dash(s.epoch),

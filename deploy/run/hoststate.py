@@ -19,7 +19,7 @@ class HostState:
 
     run_id: str
     host: str
-    state: str  # running | exited | stopped | lost | unreachable | unknown
+    state: str  # running | exited | stopped | lost | unreachable | stuck (SSH answers, the command did not) | unknown
     rc: int | None = None
     epoch: int | None = None
     step: int | None = None
