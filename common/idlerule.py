@@ -1,9 +1,10 @@
 """The idle rule, pure and standard library only: the controller applies it to an attached run's
 hosts (deploy/edges/idle.py), and a detached run's agent to its own host (deploy/host/agent.py).
 
-Utilisation is the mean GPU utilisation of the run's GPUs where the host reports one, else the CPU
-time the busiest of the run's processes used per second between two answers (all asleep: 0; one
-busy on a core: 1). On a CPU host shared with other work, a starved worker's share drops too. A
+Utilisation is the mean GPU utilisation of the run's GPUs where the host reports one (`gpu_util`: the
+GPUs nvidia-smi lists one of the run's processes on, deploy/host/usage.py; never an idle GPU beside
+a run that trains on CPU), else the CPU time the busiest of the run's processes used per second
+between two answers (all asleep: 0; one busy on a core: 1). On a CPU host shared with other work, a starved worker's share drops too. A
 host is idle while its utilisation stays under the threshold; a spell ends at the first sample at
 or above it. A spell is timed on a monotonic clock (the controller's as a sample arrives, a detached
 agent's as it takes one), never a host's wall clock: a step of that (a VM's resume, chrony's
@@ -25,7 +26,7 @@ class Usage:
     time: float  # as the host sent it, its wall clock; a detached agent judges its own on its monotonic clock
     cpu_s: float
     procs: int
-    gpu_util: tuple[int, ...] | None
+    gpu_util: tuple[int, ...] | None  # of the GPUs the run's processes are on; None: judged by CPU
     per_pid: tuple[tuple[int, float], ...] = ()  # (pid, CPU seconds) of each run process
     checkpoint: int | None = None  # the newest step the host's checkpoint manifest lists
 

@@ -9,6 +9,10 @@ Contract:
   x ``data.batch_size``). The auto ranks share what the fixed ranks leave of it, in proportion
   to the samples/s each measured in ``probe_throughput``, each at least 1 and at most its memory
   cap (``allocate``). Too little memory in total is a ``UsageError``.
+- The probe runs under the training's autocast dtype (its speed and memory are the training's),
+  and on CUDA its cap leaves room for what training holds beside the probe's own peak
+  (``later_bytes``: optimizer moments, DDP's buckets, an outer hook's copies), out of the memory
+  free when it starts (another process's share of the GPU is not ours).
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ import torch
 from torch import nn
 
 from meshrun.train import dist
-from meshrun.train.config import AutoBatchConfig, DataConfig
+from meshrun.train.config import (AutoBatchConfig, CommConfig, CommHook, DataConfig, OptimConfig,
+                                  OptimizerKind, WireDtype)
 from meshrun.train.dist import DistEnv
 from meshrun.train.errors import UsageError
+from meshrun.train.loop import autocast
+from meshrun.train.perf import kept_rng
 from meshrun.train.sampler import proportional_split
 
 BatchFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -129,10 +136,42 @@ def probe_sizes(cfg: AutoBatchConfig, share: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, share // 2), share, 2 * share}))
 
 
+def later_copies(optim: OptimConfig, comm: CommConfig, distributed: bool) -> float:
+    """What training holds beside a fwd+bwd, in parameter sizes (P), that the probe does not:
+    the optimizer's moments (AdamW 2, SGD with momentum 1; created at its first step), DDP's
+    gradient buckets (1: ``gradient_as_bucket_view`` is off), PowerSGD's error feedback (1: one
+    tensor per bucket; its P and Q memories, low-rank, are not counted), an outer hook's copies
+    (``train.diloco``): the anchor, the outer momentum, and overlapped the pending reduced round
+    plus, on a bf16 wire, its narrow copy in flight (0.5). A round's end and a save hold more
+    for a moment, but without a batch's activations, the bulk of what the probe measures."""
+    moments = 2.0 if optim.name is OptimizerKind.ADAMW else 1.0 if optim.momentum > 0 else 0.0
+    copies = moments + (1.0 if distributed else 0.0)
+    if distributed and comm.hook is CommHook.POWERSGD:
+        copies += 1.0
+    if distributed and comm.hook in (CommHook.DILOCO, CommHook.DILOCO_OVERLAP, CommHook.HIER):
+        copies += 1.0 + (1.0 if comm.diloco_outer_momentum > 0 else 0.0)
+        if comm.hook is not CommHook.DILOCO:  # overlapped: diloco-overlap, and hier between sites
+            copies += 1.0 + (0.5 if comm.diloco_wire_dtype is WireDtype.BF16 else 0.0)
+    return copies
+
+
+def later_bytes(module: nn.Module, optimizer: torch.optim.Optimizer, optim: OptimConfig,
+                comm: CommConfig) -> int:
+    """``later_copies`` in bytes, less the optimizer state already held (a resume loads it before
+    the probe, whose peak then counts it)."""
+    params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    held = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0)
+    moments = later_copies(optim, comm, False) * params  # without a process group: these alone
+    rest = (later_copies(optim, comm, dist.active()) * params) - moments
+    return int(max(0.0, moments - held) + rest)
+
+
 def resolve_batch_sizes(env: DistEnv, data: DataConfig, auto: AutoBatchConfig,
-                        module: nn.Module, batch_fn: BatchFn,
-                        device: torch.device) -> BatchPlan:
-    """Collective: gather every rank's request, probe if any asked for ``auto``, allocate."""
+                        module: nn.Module, batch_fn: BatchFn, device: torch.device,
+                        dtype: torch.dtype | None = None, later: int = 0) -> BatchPlan:
+    """Collective: gather every rank's request, probe if any asked for ``auto``, allocate.
+    ``dtype``: the training's autocast dtype; ``later``: ``later_bytes``."""
     mine = _Request(env.host, env.batch_size, env.batch_auto)
     # Plain dicts across ranks (dist.all_gather_objects loads no classes), rebuilt here.
     requests = [_Request(**r) for r in dist.all_gather_objects(dataclasses.asdict(mine))]
@@ -146,8 +185,8 @@ def resolve_batch_sizes(env: DistEnv, data: DataConfig, auto: AutoBatchConfig,
     auto_ranks = [i for i, r in enumerate(requests) if r.auto]
     left = total - sum(s for i, s in enumerate(sizes) if i not in auto_ranks)
     share = max(1, math.ceil(left / len(auto_ranks)))
-    probe = probe_throughput(module, batch_fn, device, probe_sizes(auto, share), auto) \
-        if mine.auto else None
+    probe = probe_throughput(module, batch_fn, device, probe_sizes(auto, share), auto, dtype,
+                             later) if mine.auto else None
     probes: list[ProbeResult | None] = [
         ProbeResult(**p) if p is not None else None
         for p in dist.all_gather_objects(dataclasses.asdict(probe) if probe is not None else None)]
@@ -159,13 +198,21 @@ def resolve_batch_sizes(env: DistEnv, data: DataConfig, auto: AutoBatchConfig,
 
 
 def probe_throughput(module: nn.Module, batch_fn: BatchFn, device: torch.device,
-                     sizes: Sequence[int], cfg: AutoBatchConfig) -> ProbeResult:
-    """Time forward+backward (no gradient sync) at each size, smallest first, and derive the
-    memory cap. Leaves parameters, buffers, gradients and the RNG as found."""
+                     sizes: Sequence[int], cfg: AutoBatchConfig, dtype: torch.dtype | None = None,
+                     later: int = 0) -> ProbeResult:
+    """Time forward+backward (no gradient sync, under ``dtype`` autocast as training runs) at
+    each size, smallest first, and derive the memory cap. Leaves parameters, buffers, gradients
+    and the RNG (the CPU's and, once CUDA is initialised, the GPUs': ``perf.kept_rng``) as found."""
+    with kept_rng():
+        return _probe(module, batch_fn, device, sizes, cfg, dtype, later)
+
+
+def _probe(module: nn.Module, batch_fn: BatchFn, device: torch.device, sizes: Sequence[int],
+           cfg: AutoBatchConfig, dtype: torch.dtype | None, later: int) -> ProbeResult:
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    rng, was_training = torch.get_rng_state(), module.training
+    was_training = module.training
     module.train()
-    meter = _MemoryMeter(module, device, cfg)
+    meter = _MemoryMeter(module, device, cfg, later)
     tried: list[int] = []
     seconds: list[float] = []
     memory: list[int] = []
@@ -174,7 +221,7 @@ def probe_throughput(module: nn.Module, batch_fn: BatchFn, device: torch.device,
         if not meter.fits(size, tried, memory):
             break
         try:
-            took, used = _time_size(module, batch_fn(size), device, cfg.probe_steps, meter)
+            took, used = _time_size(module, batch_fn(size), device, cfg.probe_steps, meter, dtype)
         except torch.cuda.OutOfMemoryError:  # the probe's purpose: find where memory ends
             torch.cuda.empty_cache()
             failed = size
@@ -186,7 +233,6 @@ def probe_throughput(module: nn.Module, batch_fn: BatchFn, device: torch.device,
     with torch.no_grad():
         for name, b in module.named_buffers():
             b.copy_(buffers[name])
-    torch.set_rng_state(rng)
     module.train(was_training)
     if not tried:
         raise UsageError(f"batch_size auto: even a batch of {sizes[0]} does not fit in memory "
@@ -198,8 +244,8 @@ def probe_throughput(module: nn.Module, batch_fn: BatchFn, device: torch.device,
     return ProbeResult(tuple(tried), tuple(seconds), best, cap, meter.how)
 
 
-def _time_size(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
-               device: torch.device, steps: int, meter: "_MemoryMeter") -> tuple[float, int]:
+def _time_size(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device: torch.device,
+               steps: int, meter: "_MemoryMeter", dtype: torch.dtype | None) -> tuple[float, int]:
     x, y = (t.to(device) for t in batch)
     times = []
     for rep in range(steps + 1):  # the first pass warms up allocator and kernels
@@ -207,7 +253,9 @@ def _time_size(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
         _sync(device)
         began = time.perf_counter()
         with meter.saved_tensors():
-            loss = nn.functional.cross_entropy(module(x).float(), y)
+            with autocast(device, dtype):  # the training's dtype: its speed and memory
+                logits = module(x)
+            loss = nn.functional.cross_entropy(logits.float(), y)  # as train.loop, in fp32
         loss.backward()
         _sync(device)
         if rep:
@@ -222,17 +270,24 @@ def _sync(device: torch.device) -> None:
 
 
 class _MemoryMeter:
-    """Bytes one fwd+bwd needs. CUDA: the allocator's peak against a fraction of the device.
-    CPU (RSS is no per-batch signal): bytes of tensors autograd saves for backward plus 4x the
-    parameter bytes (weights, gradients, two optimizer moments), against a configured cap."""
+    """Bytes one fwd+bwd needs. CUDA: the allocator's peak against what this process may use: a
+    fraction of the device, or what is free now plus this process's own cache if less (other
+    processes on the GPU), less ``later`` (``later_bytes``). CPU (RSS is no per-batch signal):
+    bytes of tensors autograd saves for backward plus 4x the parameter bytes (weights, gradients,
+    two optimizer moments), against a configured cap."""
 
-    def __init__(self, module: nn.Module, device: torch.device, cfg: AutoBatchConfig) -> None:
+    def __init__(self, module: nn.Module, device: torch.device, cfg: AutoBatchConfig,
+                 later: int = 0) -> None:
         self.device, self.saved = device, 0
         self.fixed = 4 * sum(p.numel() * p.element_size() for p in module.parameters())
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
-            self.limit = int(total * cfg.cuda_memory_fraction)
-            self.how = f"CUDA peak allocated vs {cfg.cuda_memory_fraction:g} of {total >> 20} MiB"
+            free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+            room = min(int(total * cfg.cuda_memory_fraction), free)
+            self.limit = max(room - later, 1)  # 0 would mean no cap
+            self.how = (f"CUDA peak allocated vs {room >> 20} MiB ({cfg.cuda_memory_fraction:g} of "
+                        f"{total >> 20} MiB, {free >> 20} MiB free) less {later >> 20} MiB of "
+                        "optimizer, DDP and outer-hook state")
         else:
             self.limit = int(cfg.cpu_memory_mb * 2 ** 20)
             self.how = (f"saved activations + 4x parameters vs autobatch.cpu_memory_mb="

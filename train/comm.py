@@ -22,9 +22,9 @@ Contract:
   and then undoes what it did to the hook state.
 - DiLoCo: ``stepped(samples)`` after every optimizer step ends a round every H steps;
   ``consensus()`` flushes (the partial round becomes an outer step); ``before_save()`` changes
-  nothing, since its checkpoint state holds every rank's replica and inner optimizer plus the
-  shared outer state (``"diloco"``); only hier on one site ends its round first (the anchor
-  follows the model: the checkpoint then resumes exactly on any sites). At a new world size the
+  nothing, since its checkpoint state holds every rank's replica, inner optimizer and fp16 loss
+  scaler plus the shared outer state (``"diloco"``); only hier on one site ends its round first
+  (the anchor follows the model: the checkpoint then resumes exactly on any sites). At a new world size the
   interrupted round is completed from the saved replicas instead of being dropped
   (``DiLoCo.restore_other_world``).
 - ``hier`` (docs/sites.md): the DDP model runs over this rank's site (``train.sites``), with DDP's
@@ -79,18 +79,23 @@ class Communicator:
                  localsgd: PostLocalSGDState | None = None,
                  averager: PeriodicModelAverager | None = None,
                  diloco: DiLoCo | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, sites: Sites | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, sites: Sites | None = None,
+                 scaler: torch.amp.GradScaler | None = None) -> None:
         self.hook, self.world_size, self.model = hook, world_size, model
         self.powersgd, self.localsgd, self.averager = powersgd, localsgd, averager
         self.diloco, self.optimizer = diloco, optimizer  # optimizer: DiLoCo's inner one
+        # fp16's loss scaler, per rank under an outer hook: each sees only its own overflows.
+        self.scaler = scaler
         self.sites = sites
         # The ranks DDP averages over when not all (hier: the site), for train.loop.micro_steps.
         self.peers: tuple[int, ...] | None = sites.ranks if sites is not None else None
 
     def _local_state(self) -> dict[str, Any]:
         if self.diloco is not None and self.optimizer is not None:
-            # Replicas and inner optimizers differ between syncs: each rank's goes in.
-            return {**self.diloco.rank_state(), "optimizer": self.optimizer.state_dict()}
+            # Replicas, inner optimizers and loss scalers differ between syncs: each rank's goes in.
+            scaler = self.scaler.state_dict() if self.scaler is not None else None
+            return {**self.diloco.rank_state(), "optimizer": self.optimizer.state_dict(),
+                    "scaler": scaler}
         if self.powersgd is not None:
             # torch's own picklable form: every slot except the process group.
             with _quiet():
@@ -116,9 +121,10 @@ class Communicator:
         without the checkpoint layer's fallback, a broadcast of rank 0's whole file to every
         writer at every save: across the slow link between sites that was ~27 MB, 11 s at
         20 Mbit/s, at every epoch end of the P9 job (each rank's inner optimizer differs, and
-        mid-round each replica). What a resume loads per rank is in "comm" (gathered): every
-        replica and inner optimizer. The top level holds the outer model's parameters (saved
-        once: the same tensors as the anchor) and rank 0's inner optimizer, which is what the
+        mid-round each replica, and under fp16 each loss scaler, which sees only its own rank's
+        overflows). What a resume loads per rank is in "comm" (gathered): every replica, inner
+        optimizer and scaler. The top level holds the outer model's parameters (saved once: the
+        same tensors as the anchor) and rank 0's inner optimizer and scaler, which is what the
         ranks of a resume at another world size start from, as before."""
         if self.diloco is None or self.optimizer is None or self.model is None:
             return  # as _local_state: without an inner optimizer no rank's state is gathered
@@ -126,6 +132,8 @@ class Communicator:
         names = [name for name, p in module.named_parameters() if p.requires_grad]
         snapshot["model"] = {**snapshot["model"], **dict(zip(names, comm["diloco"]["anchor"]))}
         snapshot["optimizer"] = comm["ranks"][0]["optimizer"]
+        if self.scaler is not None:
+            snapshot["scaler"] = comm["ranks"][0]["scaler"]
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         """``state`` as loaded: checkpoints and gathered states come back on the CPU."""
@@ -140,6 +148,8 @@ class Communicator:
         if self.diloco is not None and self.optimizer is not None and "samples" in state:
             self.diloco.load_rank(state)
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler") is not None:
+                self.scaler.load_state_dict(state["scaler"])  # its own, over rank 0's top level
 
     def _device(self) -> torch.device:
         """Where the model's gradients are, and with them the hook's state."""
@@ -230,9 +240,10 @@ def _quiet() -> Iterator[None]:
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, rank: int,
            world_size: int, saved: SavedComm | None, log: Callable[[str], None],
-           sites: Sites | None = None) -> Communicator:
+           sites: Sites | None = None, scaler: torch.amp.GradScaler | None = None) -> Communicator:
     """Register ``cfg.hook`` on the DDP ``model`` and restore its saved state when it applies;
-    ``hier`` needs ``sites`` (``train.sites.build``), over whose site group ``model`` runs."""
+    ``hier`` needs ``sites`` (``train.sites.build``), over whose site group ``model`` runs.
+    ``scaler``: fp16's, which an outer hook's checkpoint state holds per rank."""
     if not dist.active() or cfg.hook is CommHook.NONE:
         _fold_saved(_module(model), cfg.hook, saved, log)
         return Communicator(cfg.hook, world_size)
@@ -249,7 +260,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         comm = Communicator(cfg.hook, world_size, model, powersgd=state)
     elif cfg.hook in OUTER_HOOKS:
-        comm = _attach_diloco(model, optimizer, cfg, world_size, sites)
+        comm = _attach_diloco(model, optimizer, cfg, world_size, sites, scaler)
     else:
         # Between averages each rank steps on its own gradients (no intra-host all-reduce:
         # torch's default subgroup is per CUDA device count, meaningless on CPU hosts).
@@ -265,7 +276,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
 
 
 def _attach_diloco(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig,
-                   world_size: int, sites: Sites | None) -> Communicator:
+                   world_size: int, sites: Sites | None,
+                   scaler: torch.amp.GradScaler | None) -> Communicator:
     """torch's no-communication hook for the inner steps (hier: DDP's own all-reduce inside the
     site); the outer model starts from the (restored, broadcast) parameters DDP holds now."""
     hier = cfg.hook is CommHook.HIER
@@ -280,7 +292,7 @@ def _attach_diloco(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Comm
                               single=hier and sites is not None and sites.single)
     diloco = DiLoCo(model.module, settings, sites.route if hier and sites is not None else Route())
     return Communicator(cfg.hook, world_size, model, diloco=diloco, optimizer=optimizer,
-                        sites=sites if hier else None)
+                        sites=sites if hier else None, scaler=scaler)
 
 
 def _restore(comm: Communicator, rank: int, saved: SavedComm | None,

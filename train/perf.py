@@ -1,14 +1,18 @@
 """Step timing, peak memory, and the gradient-communication probe.
 
-Timing contract: see ``StepWindow``; on CPU no synchronization is needed.
+Timing contract: see ``StepWindow``; on CPU no synchronization is needed. Peak memory on CUDA is
+the allocator's since the epoch's training began (``StepWindow`` resets it), so neither the
+``batch_size: auto`` probe's largest batch nor an evaluation shows in a step record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -33,6 +37,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@contextlib.contextmanager
+def kept_rng() -> Iterator[None]:
+    """Run the body (a probe) and put the random generators back as found: the CPU's, and once
+    CUDA is initialised every GPU's, which dropout on CUDA draws from and ``torch.get_rng_state``
+    does not cover. An uninitialised CUDA stays so: a CPU rank on a GPU host would otherwise
+    open a context, and take memory, on every GPU."""
+    cpu = torch.get_rng_state()
+    gpus = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if gpus is not None:
+            torch.cuda.set_rng_state_all(gpus)
+
+
 @dataclass(frozen=True)
 class CommEstimate:
     method: str
@@ -51,24 +71,24 @@ METHOD = "median fwd+bwd time with DDP gradient sync minus median under no_sync,
 def probe_comm(parts: StepParts, batch: tuple[torch.Tensor, ...], steps: int) -> CommEstimate:
     """Time ``steps`` forward+backward passes on one batch with and without DDP's gradient
     all-reduce, interleaved to cancel drift. Collective: all ranks must call it together.
-    Leaves parameters, buffers (e.g. BatchNorm statistics), gradients and the RNG as found."""
+    Leaves parameters, buffers (e.g. BatchNorm statistics), gradients and the RNG (``kept_rng``)
+    as found."""
     module = parts.model.module if hasattr(parts.model, "module") else parts.model
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    rng = torch.get_rng_state()
     x, y = (t.to(parts.device) for t in batch[:2])
-    timed = {True: [], False: []}
-    for _ in range(steps):
-        for sync_grads in (True, False):
-            sync(parts.device)
-            start = time.perf_counter()
-            forward_backward(parts, x, y, len(y), 1.0 / len(y), sync_grads)
-            sync(parts.device)
-            timed[sync_grads].append(time.perf_counter() - start)
-            parts.optimizer.zero_grad(set_to_none=True)
+    timed: dict[bool, list[float]] = {True: [], False: []}
+    with kept_rng():
+        for _ in range(steps):
+            for sync_grads in (True, False):
+                sync(parts.device)
+                start = time.perf_counter()
+                forward_backward(parts, x, y, len(y), 1.0 / len(y), sync_grads)
+                sync(parts.device)
+                timed[sync_grads].append(time.perf_counter() - start)
+                parts.optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
         for name, b in module.named_buffers():
             b.copy_(buffers[name])
-    torch.set_rng_state(rng)
     return CommEstimate(METHOD, steps, statistics.median(timed[True]),
                         statistics.median(timed[False]))
 
@@ -92,10 +112,15 @@ class StepWindow:
     per-step means. On CUDA only the window's last step synchronizes at its phase boundaries (a
     sample of device time; the other steps run unsynchronized), so the record's phase split
     comes from that step while ``step_s`` and samples/s cover the whole window exactly.
+    Made at each epoch's start, it resets the CUDA allocator's peak: its records report the
+    training's peak, not the ``batch_size: auto`` probe's (its largest batch, often twice the
+    training's) nor an evaluation's.
     """
 
     def __init__(self, device: torch.device, size: int) -> None:
         self.device, self.size = device, max(size, 1)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         self.watch = Stopwatch()
         self.reset()
 

@@ -2,7 +2,8 @@
 
 Contract:
 - Construction is collective when a process group exists (it agrees on and loads the newest
-  checkpoint held by any rank) and must happen after ``dist.init``.
+  checkpoint held by any rank, and under ``amp: fp16`` on the loss scaler: ``train.amp``, every
+  rank or none) and must happen after ``dist.init``.
 - Construction also resolves the per-rank batch sizes (``train.balance``, collective; it runs
   the ``batch_size: auto`` probe when asked, on plain BatchNorm: ``sync_bn`` converts it after,
   over DDP's process group) and lays out each epoch with them.
@@ -26,10 +27,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, default_collate
 
 from meshrun.layout import CHECKPOINTS, launch_rdzv_id
-from meshrun.train import balance, dist, perf, state
+from meshrun.train import amp, balance, dist, perf, state
 from meshrun.train import comm, sites, wandblog
 from meshrun.train.checkpoint import Checkpointer, open_site, restore_agreed
-from meshrun.train.config import CommHook, Precision, TrainConfig, to_dict
+from meshrun.train.amp import amp_dtype
+from meshrun.train.config import CommHook, TrainConfig, to_dict
 from meshrun.train.data import build_datasets
 from meshrun.train.dist import DistEnv
 from meshrun.train.errors import InjectedFailure, UsageError
@@ -44,13 +46,6 @@ from meshrun.train.sampler import IndexedDataset, ResumableBatchSampler, eval_sh
 from meshrun.train.starts import count_start
 from meshrun.train.state import Position
 from meshrun.train.tally import EpochTally, EpochTotals
-
-
-def amp_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """AMP only on CUDA; on CPU the config value is ignored (and announced by the trainer)."""
-    if device.type != "cuda" or precision is Precision.OFF:
-        return None
-    return torch.bfloat16 if precision is Precision.BF16 else torch.float16
 
 
 def check_sync_bn(wanted: bool, device: torch.device) -> None:
@@ -92,7 +87,7 @@ class Trainer:
         check_sync_bn(cfg.sync_bn, device)
         optimizer = build_optimizer(cfg.optim, self.module.parameters())
         dtype = amp_dtype(cfg.amp, device)
-        scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
+        scaler = amp.setup(cfg.amp, dtype, device, env.rank, env.host)  # the job's: every rank or none
         torch.manual_seed(cfg.seed + 1 + env.rank)  # per-rank stream: dropout, augmentation
         ckpt_dir = run_dir / CHECKPOINTS
         self.ckpt = Checkpointer(ckpt_dir, cfg.checkpoint,
@@ -106,11 +101,12 @@ class Trainer:
         self._restored = self._restore(optimizer, scaler)
         # The probe times each rank alone: with plain BatchNorm, before any SyncBatchNorm (whose
         # collectives would meet the other ranks' all-gathers here, and only some ranks probe).
-        self.batches = balance.resolve_batch_sizes(env, cfg.data, cfg.autobatch, self.module,
-                                                   self._probe_batch, device)
+        self.batches = balance.resolve_batch_sizes(
+            env, cfg.data, cfg.autobatch, self.module, self._probe_batch, device, dtype,
+            balance.later_bytes(self.module, optimizer, cfg.optim, cfg.comm))
         model, places = self._distributed()
         self.comm = comm.attach(model, optimizer, cfg.comm, env.rank, env.world_size,
-                                self._comm_saved, console.line, places)
+                                self._comm_saved, console.line, places, scaler)
         if places is not None:
             console.line(places.announce(cfg.comm.diloco_inner_steps, cfg.comm.diloco_wire_dtype.value))
         self.parts = StepParts(model, optimizer, scaler, dtype, device, cfg.optim.grad_clip)
@@ -209,8 +205,6 @@ class Trainer:
             self.sink.track(wandblog.start(self.cfg, self.env, self.sink.run_dir, self.batches.hosts,
                                            self.console.line))
         self.console.line("resolved config:\n" + yaml.safe_dump(resolved, sort_keys=False).rstrip())
-        if self.cfg.amp is not Precision.OFF and self.parts.autocast_dtype is None:
-            self.console.line(f"amp={self.cfg.amp.value} ignored: AMP runs only on CUDA")
         b = self.batches
         self.sink.event(BalanceRecord(
             b.sizes, b.hosts, tuple(s.value for s in b.sources), b.global_batch,

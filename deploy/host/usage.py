@@ -2,7 +2,8 @@
 Standard library only. Prints one JSON object:
 
     {"time": now, "cpu_s": CPU seconds (user + system) of the run's live processes, "procs": how many,
-     "per_pid": {pid: CPU seconds} (at most 256), "gpu_util": [percent per GPU the run's workers see] or null,
+     "per_pid": {pid: CPU seconds} (at most 256), "gpu_util": [percent per GPU nvidia-smi lists one of
+              the run's processes on] or null,
      "checkpoint": the newest step this host's checkpoint manifest lists, or null,
      "checkpoint_time": when the manifest was last written, or null,
      "gpus": [[index, util %, memory used MiB, memory total MiB, temperature °C] per GPU, null where
@@ -14,9 +15,13 @@ Standard library only. Prints one JSON object:
 The run's processes are found by their environment tags (`procs.tagged_pids`), never by name. GPU
 figures come from nvidia-smi where there is one: the GPUs nvidia-smi lists the run's processes on
 (`--query-compute-apps`, matched by pid and GPU UUID); where it lists none of them (before CUDA
-starts, or in a container whose pids nvidia-smi does not see), the GPUs named by the workers'
-CUDA_VISIBLE_DEVICES when they are indices (nvidia-smi's: the plan sets CUDA_DEVICE_ORDER=PCI_BUS_ID
-with them), else every GPU. The controller turns two answers into
+starts, a run that trains on CPU on a host with a GPU, or a container whose pids nvidia-smi does not
+see), the GPUs named by the workers' CUDA_VISIBLE_DEVICES when they are indices (nvidia-smi's: the
+plan sets CUDA_DEVICE_ORDER=PCI_BUS_ID with them), else every GPU. Only the first kind is the run's
+`gpu_util`, which the idle rule prefers to the CPU share (`meshrun.idlerule`): an idle GPU that none
+of the run's processes is on says nothing of the run (its ranks may train on CPU: `nproc` above the
+GPU count, a CPU build of torch, a driver too old), so the CPU share judges it; the other kinds
+are shown only (`gpus`). The controller turns two answers into
 a utilisation (`deploy/run/idle.py`) and `fab status --watch`'s cells (`deploy/run/hostusage.py`).
 Every part is bounded in time (nvidia-smi's two queries together, one connect) and in size.
 """
@@ -122,20 +127,32 @@ def _smi(tool: str, query: tuple[str, ...], timeout: float) -> str | None:
     return out.stdout  # a failing status may still list the GPUs that answered
 
 
-def gpus(pids: list[int]) -> list[list[int | None]] | None:
-    """The run's GPUs' figures: those nvidia-smi lists its processes on, else `visible_gpus`' rule.
-    Both queries together take at most NVIDIA_SMI_TIMEOUT_S."""
+def gpu_figures(pids: list[int]) -> tuple[list[list[int | None]] | None, set[int] | None]:
+    """(`gpus`, the indices nvidia-smi lists the run's processes on or None). Both queries
+    together take at most NVIDIA_SMI_TIMEOUT_S."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
-        return None
+        return None, None
     deadline = time.monotonic() + NVIDIA_SMI_TIMEOUT_S
     text = _smi(tool, GPU_QUERY, NVIDIA_SMI_TIMEOUT_S)
     if text is None:
-        return None
+        return None, None
     left = deadline - time.monotonic()
     apps = _smi(tool, APPS_QUERY, left) if pids and left > 0.1 else None
-    wanted = run_gpus(apps, gpu_uuids(text), pids) if apps is not None else None
-    return parse_gpus(text, wanted if wanted is not None else visible_gpus(pids)) or None
+    held = run_gpus(apps, gpu_uuids(text), pids) if apps is not None else None
+    return parse_gpus(text, held if held is not None else visible_gpus(pids)) or None, held
+
+
+def gpus(pids: list[int]) -> list[list[int | None]] | None:
+    """The run's GPUs' figures: those nvidia-smi lists its processes on, else `visible_gpus`' rule."""
+    return gpu_figures(pids)[0]
+
+
+def held_util(found: list[list[int | None]] | None, held: set[int] | None) -> list[int] | None:
+    """The utilisation of the GPUs the run's processes are on (`gpu_figures`), None without one:
+    the idle rule then judges the run by its CPU share."""
+    util = [g[1] for g in found or () if held is not None and g[0] in held and g[1] is not None]
+    return util or None
 
 
 def rss_bytes(pids: list[int]) -> int:
@@ -215,14 +232,14 @@ def manifest_time(run_id: str) -> float | None:
 
 
 def busy(run_id: str, host: str) -> tuple[dict, list[int], list[list[int | None]] | None]:
-    """How busy the run is here: the idle rule's sample (time, CPU seconds per run process, GPU
-    utilisation), and the run's pids and GPUs for the rest of `usage`."""
+    """How busy the run is here: the idle rule's sample (time, CPU seconds per run process, the
+    utilisation of the GPUs its processes are on), and the run's pids and GPUs for the rest of `usage`."""
     pids = sorted(tagged_pids(run_id, host))
     per_pid = {str(pid): t for pid in pids if (t := cpu_seconds(pid)) is not None}
-    found = gpus(pids)
+    found, held = gpu_figures(pids)
     return ({"time": time.time(), "cpu_s": round(sum(per_pid.values()), 3), "procs": len(per_pid),
              "per_pid": dict(list(per_pid.items())[:MAX_PIDS]),
-             "gpu_util": [g[1] for g in found if g[1] is not None] or None if found else None}, pids, found)
+             "gpu_util": held_util(found, held)}, pids, found)
 
 
 def usage(run_id: str, host: str) -> dict:
