@@ -152,3 +152,11 @@ def checkpoint_step(name: str) -> int | None:
 def is_checkpoint_name(name: str) -> bool:
     """One of the names the trainer writes for a checkpoint (not the manifest)."""
     return name == BEST_CHECKPOINT or checkpoint_step(name) is not None
+
+
+# The owner mark of a host's workdir: one line, `<project id> <project directory name>`, written by the
+# first code sync of a project into it; another project's sync there is refused (deploy/edges/sync.py).
+WORKDIR_OWNER = ".meshrun-project"
+# Of a run directory on the controller: flock held by a `fab fetch-checkpoints` of the run for its whole
+# fetch, its pid written in it; a second one into the same runs dir refuses (its staging tree is the same).
+FETCH_LOCK = ".fetch.lock"

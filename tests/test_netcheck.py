@@ -189,13 +189,23 @@ def test_differing_versions_are_fail_but_python_patch_level_is_not() -> None:
     assert version_findings(hosts) == [
         Finding(Level.FAIL, CLUSTER, "torch versions differ (h1 2.14.1+cu130, h2 2.13.0+cpu, h3 2.14.1+cu130); install "
                                      "the same version on every host (mismatched collectives hang or return garbage)"),
-        Finding(Level.FAIL, CLUSTER, "NCCL versions differ (h1 2.30.7, h2 none, h3 2.30.7); install the same version on "
-                                     "every host (mismatched collectives hang or return garbage)"),
         Finding(Level.FAIL, CLUSTER, "python versions differ (h1 3.11, h2 3.11, h3 3.12); install the same version on "
                                      "every host (mismatched collectives hang or return garbage)"),
     ]
     assert version_findings([facts("h1"), facts("h2", fingerprint=Fingerprint("3.11.2", "2.14.1+cu130", "13.0",
                                                                               "2.30.7"))]) == []
+
+
+def test_a_cpu_build_beside_cuda_builds_of_one_torch_passes_and_nccl_counts_only_on_cuda() -> None:
+    """A `+cpu` laptop beside `+cu130` GPU hosts runs the job on gloo (backend auto): the same torch,
+    and NCCL unused; NCCL versions matter where every host trains on CUDA."""
+    gpu = (Gpu(0, "H100", 0, 81559),)
+    laptop = facts("h2", fingerprint=Fingerprint("3.11.2", "2.14.1+cpu", None, None))
+    assert version_findings([facts("h1", gpus=gpu), laptop]) == []
+    other_nccl = facts("h2", gpus=gpu, fingerprint=Fingerprint("3.11.2", "2.14.1+cu126", "12.6", "2.26.2"))
+    assert version_findings([facts("h1", gpus=gpu), other_nccl]) == [
+        Finding(Level.FAIL, CLUSTER, "NCCL versions differ (h1 2.30.7, h2 2.26.2); install the same version on every "
+                                     "host (mismatched collectives hang or return garbage)")]
 
 
 def test_closed_ports_fail_and_lost_df_probe_warns() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrun.layout import PREFLIGHT_REUSE_S
+from meshrun.layout import PREFLIGHT_REUSE_S, WORKDIR_OWNER
 from meshrun.deploy.commands.check import preflight
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.edges.check_probes import open_sessions
@@ -114,7 +114,7 @@ def test_second_sync_rewrites_nothing_and_a_changed_file_only_it(testbed, make_i
     try:
         sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
         first = {i: _inodes(testbed, i, workdir) for i in (1, 2, 3)}
-        assert sorted(first[2]) == ["a.py", "b.txt", "sub/c.bin"]
+        assert sorted(first[2]) == [WORKDIR_OWNER, "a.py", "b.txt", "sub/c.bin"]  # the marker: whose code it is
         sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
         assert {i: _inodes(testbed, i, workdir) for i in (1, 2, 3)} == first  # nothing rewritten
         (project / "b.txt").write_bytes(b"changed, and longer than before")

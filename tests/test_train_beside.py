@@ -56,7 +56,7 @@ class Steps:
             raise MeshrunError(self.sync_fails)
         return {}
 
-    def preflight(self, *_args: object) -> bool:
+    def preflight(self, *_args: object, elastic: bool = False) -> bool:
         self.preflight_started.set()
         self.sync_seen_by_preflight = self.sync_started.wait(WAIT_S)
         self.routes_seen_by_preflight = self.routes_asked.wait(WAIT_S)
@@ -155,6 +155,7 @@ def _fail() -> None:
     raise MeshrunError("host 'h1': gone")
 
 
+@pytest.mark.cluster
 def test_a_first_run_on_hosts_without_a_workdir_needs_no_setup_or_preflight(testbed, make_inventory):
     """No pre-flight (`--skip-checks`) makes the workdir here: the route query and the sync both may
     be first to reach the host, and each must find its workdir, or make it."""

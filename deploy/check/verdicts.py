@@ -265,20 +265,17 @@ def _process_findings(host: HostFacts, present: list[int]) -> list[Finding]:
                             f"{which} and leaves the others idle; set {every} to use them all")]
 
 
-def python_minor(version: str) -> str:
-    """3.11.7 → 3.11: patch releases share the pickle and bytecode formats that matter here."""
-    return ".".join(version.split(".")[:2])
-
-
 def version_findings(hosts: Iterable[HostFacts]) -> list[Finding]:
-    """FAIL when torch, NCCL or python (major.minor) differ: collectives hang or corrupt across versions."""
-    prints = {h.name: h.fingerprint for h in hosts if h.fingerprint is not None and h.fingerprint.torch is not None}
-    found = []
-    for what, value_of in (("torch", lambda f: f.torch), ("NCCL", lambda f: f.nccl),
-                           ("python", lambda f: python_minor(f.python or ""))):
-        values = {name: value_of(fp) for name, fp in prints.items()}
-        if len(set(values.values())) > 1:
-            listed = ", ".join(f"{name} {value or 'none'}" for name, value in values.items())
+    """FAIL when torch (its public version: a `+cpu` build beside `+cu` ones is the same torch), NCCL
+    (only where every host trains on CUDA: one CPU rank makes the job gloo's) or python (major.minor)
+    differ: collectives hang or corrupt across versions."""
+    facts = [h for h in hosts if h.fingerprint is not None and h.fingerprint.torch is not None]
+    prints, nccl = {h.name: h.fingerprint for h in facts}, all(h.gpus and h.fingerprint.cuda for h in facts)  # type: ignore
+    found, python = [], lambda f: ".".join((f.python or "").split(".")[:2])  # 3.11.7 → 3.11: same pickle, bytecode
+    for what, key, shown in (("torch", lambda f: f.torch.split("+")[0], lambda f: f.torch),
+                             ("NCCL", lambda f: f.nccl if nccl else None, lambda f: f.nccl), ("python", python, python)):
+        if len({key(fp) for fp in prints.values()}) > 1:
+            listed = ", ".join(f"{name} {shown(fp) or 'none'}" for name, fp in prints.items())
             found.append(fail(CLUSTER, f"{what} versions differ ({listed}); install the same version on every host "
                                        "(mismatched collectives hang or return garbage)"))
     return found

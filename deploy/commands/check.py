@@ -12,6 +12,8 @@ from typing import Mapping
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.check.exposure import exposure_findings, with_findings
 from meshrun.deploy.check.findings import Level
+from meshrun.deploy.check.gpus import busy_findings
+from meshrun.deploy.check.ports import store_hosts, successor_findings, successor_names
 from meshrun.deploy.check.sites import place_links, site_findings
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.edges.wheel import controller_identity
@@ -22,7 +24,7 @@ from meshrun.deploy.project import Project
 from meshrun.deploy.check.verdicts import (AllReduceResult, HostFacts, ProbeStatus, allreduce_budget, build_report,
                                            has_failures)
 from meshrun.deploy.edges.sessions import close_all
-from meshrun.deploy.edges.check_probes import gather_facts, open_sessions, probe_pairs, run_allreduce
+from meshrun.deploy.edges.check_probes import gather_facts, open_sessions, probe_network, run_allreduce
 from meshrun.deploy.edges.exposure import probe_exposure
 from meshrun.deploy.edges.preflightcache import StoredPass, cache_file, host_stamps, load_pass, save_pass
 from meshrun.deploy.run.preflightkey import may_reuse, preflight_key
@@ -54,8 +56,11 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     sessions, unreachable = open_sessions(hosts, inventory, project.root, request.timeout)
     try:
         facts = with_processes(gather_facts(hosts, head, sessions, unreachable, sys.executable), hosts)
-        rdzv, links = probe_pairs(hosts, head, inventory.rendezvous.port, sessions, facts,
-                                  BANDWIDTH_S if request.bandwidth else 0.0, sys.executable)
+        # An inventory with `elastic:` runs elastic: its successors' rendezvous port is checked too.
+        probed = probe_network(hosts, head, inventory.rendezvous.port, sessions, facts,
+                               BANDWIDTH_S if request.bandwidth else 0.0, sys.executable,
+                               successor_names(selection, inventory.elastic is not None))
+        rdzv, links = probed.rendezvous, probed.links
         exposure = probe_exposure(hosts, head, inventory.rendezvous.port, sessions, sys.executable)
         allreduce = AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first")
         if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0).findings):
@@ -69,7 +74,8 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     # Measured places the inventory does not declare (docs/sites.md): bandwidth tells them.
     places = site_findings(names, sites, matrix) if request.bandwidth else []
     report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started, sites),
-                           meshrun_findings(facts, str(controller_identity())) + exposure_findings(exposure) + places)
+                           meshrun_findings(facts, str(controller_identity())) + successor_findings(probed.successors)
+                           + busy_findings(facts) + exposure_findings(exposure) + places)
     report = replace(report, places=place_links(names, sites, matrix))
     if request.json:
         renderer.json(asdict(report))
@@ -86,15 +92,19 @@ def with_processes(facts: tuple[HostFacts, ...], hosts: tuple[Host, ...]) -> tup
 
 
 def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer,
-              cache: Path | None = None) -> bool:
+              cache: Path | None = None, elastic: bool = False) -> bool:
     """The fast part of check-network before a run: versions, torch, GPUs, the rendezvous port
-    and all-to-all ports (no all-reduce, no bandwidth). FAILs stop the run; WARNs are shown.
+    (for an `elastic` run on every host of its succession too: deploy/check/ports.py) and all-to-all
+    ports (no all-reduce, no bandwidth). FAILs stop the run; WARNs are shown.
     A pass without FAILs is reused while its key holds, its warnings shown again
-    (deploy/run/preflightkey.py); returns True when this call reused one instead of checking."""
+    (deploy/run/preflightkey.py); returns True when this call reused one instead of checking. The
+    stamps of the hosts that host the store say whether its port is free now: a busy one is no reuse."""
     path = cache or cache_file()
-    stamps = host_stamps(selection.hosts, sessions, sys.executable)
+    stamps = host_stamps(selection.hosts, sessions, sys.executable, selection.rendezvous.port,
+                         store_hosts(selection, elastic))
     # This controller's build is in the key: after an upgrade here the hosts' meshrun is checked again.
-    what = repr((selection.hosts, selection.rendezvous, str(controller_identity())))
+    # So is elasticity: a plain run's pass never checked the successors' port.
+    what = repr((selection.hosts, selection.rendezvous, str(controller_identity())) + (("elastic",) if elastic else ()))
     key = preflight_key(what, stamps) if stamps is not None else None
     stored = load_pass(path)
     if key is not None and may_reuse(stored.key, stored.at, key, time.time()):
@@ -102,22 +112,25 @@ def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: R
             renderer.warn(warning)
         renderer.info("pre-flight: passed recently and nothing it checked has changed; reused")
         return True
-    warnings = _check_before_run(selection, sessions, renderer)
+    warnings = _check_before_run(selection, sessions, renderer, elastic)
     if key is not None:
         save_pass(path, StoredPass(key, time.time(), warnings))
     return False
 
 
-def _check_before_run(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer) -> tuple[str, ...]:
+def _check_before_run(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer,
+                      elastic: bool = False) -> tuple[str, ...]:
     """The checks themselves; raises on any FAIL, else returns the warnings it showed."""
     started = time.monotonic()
     hosts, head = selection.hosts, selection.head
     facts = with_processes(gather_facts(hosts, head, sessions, {}, sys.executable), hosts)
-    rdzv, links = probe_pairs(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable)
+    probed = probe_network(hosts, head, selection.rendezvous.port, sessions, facts, 0.0, sys.executable,
+                           successor_names(selection, elastic))
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
-    report = with_findings(build_report(facts, rdzv, links, skipped, head.network.value, time.monotonic() - started,
-                                        sites_of(hosts)),
-                           meshrun_findings(facts, str(controller_identity())))
+    report = with_findings(build_report(facts, probed.rendezvous, probed.links, skipped, head.network.value,
+                                        time.monotonic() - started, sites_of(hosts)),
+                           meshrun_findings(facts, str(controller_identity())) + successor_findings(probed.successors)
+                           + busy_findings(facts))
     warnings = tuple(f"pre-flight: {f.where}: {f.message}" for f in report.findings if f.level is Level.WARN)
     for warning in warnings:
         renderer.warn(warning)

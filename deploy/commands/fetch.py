@@ -16,8 +16,8 @@ from meshrun.layout import BEST_CHECKPOINT, CHECKPOINT_MANIFEST, CHECKPOINTS, HO
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, fetch_argv, fetch_verified, \
-    place, prepare_staging, read_host_manifest, remove_staging, skip_lines, stage_verified
+from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, fetch_argv, fetch_lock, \
+    fetch_verified, place, prepare_staging, read_host_manifest, remove_staging, skip_lines, stage_verified
 from meshrun.deploy.edges.staging import Staging, fetch_basis
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError, MeshrunError
@@ -239,7 +239,8 @@ def main(run: str | None, dest: str | None, force: bool, project: Project) -> in
     if found is not None and not S_ISDIR(found.st_mode):
         raise InputError(with_path("--dest ", destination, ": exists and is not a directory; name a directory to "
                                    "fetch runs into"))
-    fetched = fetch_run(record, project.root, destination, force, renderer)
+    with fetch_lock(destination / record.run_id, record.run_id):  # one fetch of the run here at a time
+        fetched = fetch_run(record, project.root, destination, force, renderer)
     reports = fetched.reports
     script = record.workload.get("script")
     renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports,

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 from meshrun.layout import log_path
-from meshrun.deploy.edges.agents import CONNECT_BUDGET_S, on_each_connected, run_hosts, with_missing
+from meshrun.deploy.edges.agents import CONNECT_BUDGET_S, on_each_connected, run_hosts, run_states, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.records import RunRecord, resolve_run
+from meshrun.deploy.edges.records import RunRecord, resolve_live_run
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, Stream, connect
 from meshrun.deploy.inventory.model import Host, Inventory
@@ -106,4 +106,6 @@ def _pump(streams: dict[str, Stream], renderer: Renderer) -> None:
 
 def main(run: str | None, follow: bool, lines: int, project: Project) -> None:
     renderer = Renderer()
-    show_logs(resolve_run(project.runs, run, live_only=True, warn=renderer.warn), project.root, renderer, follow, lines)
+    # With no --run, the one run that may still be running; several are refused, named (resolve_live_run).
+    record = resolve_live_run(project.runs, run, "fab logs", renderer.warn, lambda live: run_states(live, project.root))
+    show_logs(record, project.root, renderer, follow, lines)

@@ -7,6 +7,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrun.layout import AGENT_LOCK, host_dir
 from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE, host_path
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.edges.check_probes import probe_argv
@@ -31,6 +32,8 @@ SETUP_TIMEOUT_S = 3600  # a first install downloads torch
 WHEEL_PUSH_TIMEOUT_S = 600  # meshrun's wheel is a few hundred kB
 WHEELS = ".venv/meshrun-wheels"  # in the host's workdir, beside the venv that installs them
 PATH_CLIP = 1000  # characters of the venv interpreter's path a host reports: it is run there as argv[0]
+# Every run's agent lock in the workdir: the host side refuses while one is held (a run executes from the venv).
+AGENT_LOCKS = f"{host_dir('*', '*')}/{AGENT_LOCK}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def setup_argv(request: SetupRequest, force: bool = False) -> list[str]:
                       *(["--reuse-site", request.reuse_site] if request.reuse_site else []),
                       *(["--requirements", reqs.file] if reqs.file else []),
                       *[arg for line in reqs.lines for arg in ("--requirement", line)],
-                      *(["--force"] if force else []))
+                      *(["--force"] if force else []), "--agent-locks", AGENT_LOCKS)
 
 
 def setup_host(host: Host, session: Session, request: SetupRequest, root: Path, inventory: Inventory) -> SetupResult:

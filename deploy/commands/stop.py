@@ -4,18 +4,19 @@ that cannot be reached is named, and every other host is stopped all the same.""
 from __future__ import annotations
 
 from meshrun.layout import HEARTBEAT_TIMEOUT_S
-from meshrun.deploy.edges.agents import stop_run
+from meshrun.deploy.edges.agents import run_states, stop_run
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.records import RunRecord, resolve_run
+from meshrun.deploy.edges.records import RunRecord, resolve_live_run
 from meshrun.deploy.render.console import Renderer
 
 
 def main(run: str | None, project: Project) -> int:
     """Exit status 1 when a host of the run's latest attempt could not be reached, or a host still
     has run processes. A host only an earlier attempt used (`fab train --resume --hosts` left it
-    out, often because it died) is tried too, and a warning when it cannot be reached."""
+    out, often because it died) is tried too, and a warning when it cannot be reached. With no
+    `run`, the one run that may still be running; several are refused, named (resolve_live_run)."""
     renderer = Renderer()
-    record = resolve_run(project.runs, run, live_only=True, warn=renderer.warn)
+    record = resolve_live_run(project.runs, run, "fab stop", renderer.warn, lambda live: run_states(live, project.root))
     results = stop_run(record, project.root)
     failed = tuple(h for h in results.failed if h not in record.earlier)
     for host in results:

@@ -164,9 +164,10 @@ class Listener:
 
 
 def start_listener(session: Session, host: Host, rdzv_port: int | None, lifetime: float,
-                   local_python: str) -> Listener:
+                   local_python: str, bind_only: bool = False) -> Listener:
+    """`bind_only`: the rendezvous port bound and let go at once, never served (a successor's)."""
     argv = probe_argv(python_of(host, local_python), "links", "listen", host.address,
-                      str(rdzv_port) if rdzv_port is not None else "-", str(lifetime))
+                      str(rdzv_port) if rdzv_port is not None else "-", str(lifetime), *(["bind"] if bind_only else []))
     stream = session.start(argv)
     line = first_line(stream, host.name, "the link probe's listener", FACTS_TIMEOUT_S).decode(errors="replace")
     answer = probes.parse_json_object(line)
@@ -314,25 +315,54 @@ def gather_facts(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Ses
                  for h in hosts)
 
 
+def start_listeners(able: tuple[Host, ...], head: Host, successors: tuple[Host, ...], rdzv_port: int,
+                    sessions: Mapping[str, Session], lifetime: float, local_python: str) -> HostResults[Listener]:
+    """A listener on each host: the head's also serves the rendezvous port, each successor's binds it
+    and lets it go at once (it must not hold a port a run's failover may need while the check goes on)."""
+    def start(h: Host) -> Listener:
+        successor = h in successors
+        return start_listener(sessions[h.name], h, rdzv_port if successor or h.name == head.name else None,
+                              lifetime, local_python, bind_only=successor)
+
+    return on_each(able, start, timeout=FACTS_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What `probe_network` found: the rendezvous port on its host, the links, and each successor's port."""
+
+    rendezvous: RendezvousFacts | None
+    links: tuple[LinkResult, ...]
+    successors: tuple[RendezvousFacts, ...] = ()  # bound and let go: "free", or why not (deploy/check/ports.py)
+
+
 def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: Mapping[str, Session],
                 facts: tuple[HostFacts, ...], bandwidth_s: float,
                 local_python: str) -> tuple[RendezvousFacts | None, tuple[LinkResult, ...]]:
-    """Listeners on every able host (and the rendezvous port on its host), then all-to-all connects;
-    with `bandwidth_s`, once every host's handshakes are done, the timed transfers over the links
-    found open (so no handshake's RTT includes a queue behind another host's transfer, and every
-    host starts its transfers at the same moment: linkplan.py's one receiver per host at each step).
-    A host whose transfers fail as a whole keeps its links, bandwidth not measured."""
+    """`probe_network` with no successor asked: the rendezvous port on its host and the links."""
+    probed = probe_network(hosts, head, rdzv_port, sessions, facts, bandwidth_s, local_python)
+    return probed.rendezvous, probed.links
+
+
+def probe_network(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: Mapping[str, Session],
+                  facts: tuple[HostFacts, ...], bandwidth_s: float, local_python: str,
+                  successors: tuple[str, ...] = ()) -> Probed:
+    """Listeners on every able host (and the rendezvous port on its host; the `successors`' bind it and
+    let it go: deploy/check/ports.py), then all-to-all connects; with `bandwidth_s`, once every host's
+    handshakes are done, the timed transfers over the open links (linkplan.py's one receiver per host
+    at each step). A host whose transfers fail as a whole keeps its links, bandwidth not measured."""
     ok = {f.name for f in facts if f.reachable and f.fingerprint is not None and f.fingerprint.python
           and f.login_noise is None}  # login scripts that print garble every probe's answer: their FAIL says why
     able = tuple(h for h in hosts if h.name in ok and not h.is_local)
     if not able:
-        return None, ()
+        return Probed(None, ())
     # every pair up to 32 hosts, else sampled, by site where the inventory declares sites (linkplan.py)
     plan = link_plan([h.name for h in able], sites_of(able))
-    lifetime = 60 + bandwidth_s * len(hosts) * 3
-    started = on_each(able, lambda h: start_listener(sessions[h.name], h, rdzv_port if h.name == head.name else None,
-                                                     lifetime, local_python), timeout=FACTS_TIMEOUT_S)
+    later = tuple(h for h in able if h.name in successors and h.name != head.name)
+    started = start_listeners(able, head, later, rdzv_port, sessions, 60 + bandwidth_s * len(hosts) * 3, local_python)
     listeners = started.ok
+    stores = tuple(RendezvousFacts(h.name, h.address, rdzv_port, listeners[h.name].rendezvous)
+                   for h in later if h.name in listeners)
     try:
         ports = {h.name: (h.address, listeners[h.name].port) for h in able if h.name in listeners}
         rdzv = rendezvous_facts(head, rdzv_port, listeners[head.name]) if head.name in listeners else None
@@ -357,7 +387,7 @@ def probe_pairs(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions: M
                                        str(results.failed[name]))
             else:
                 links += [_with_bandwidth(k, measured) for k in results.ok[name]]
-        return rdzv, tuple(links)
+        return Probed(rdzv, tuple(links), stores)
     finally:
         for listener in listeners.values():  # asked all at once, then one wait for all: never 5 s per host
             listener.stream.close_stdin()

@@ -11,10 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from meshrun.fsutil import atomic_write_bytes, read_regular
+from meshrun.layout import WORKDIR_OWNER
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.check_probes import PROBE_DIR
 from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.stdinfeed import run_fed
+from meshrun.deploy.edges.sync import Claim
 from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.inputfiles import RECORD_MAX
 from meshrun.deploy.run.codehint import parse_hints, with_synced
@@ -46,10 +48,13 @@ def save_hints(path: Path, synced: Mapping[str, str]) -> None:
         pass
 
 
-def host_holds(session: Session, python: str, files: bytes, digest: str) -> bool:
+def host_holds(session: Session, python: str, files: bytes, digest: str, claim: Claim | None = None) -> bool:
     """Whether the host's workdir holds the listed files as the project has them (codestat.py);
-    no answer, a wrong one or an error all mean no."""
-    argv = [python, "-I", "-S", "-c", (PROBE_DIR / "codestat.py").read_text()]
+    no answer, a wrong one or an error all mean no. With `claim`, also whether the workdir's owner
+    mark is this project's (no round trip more: the same command reads it); when not, the sync
+    that follows claims it, or says whose it is."""
+    owner = [claim.project_id, WORKDIR_OWNER] if claim is not None else []
+    argv = [python, "-I", "-S", "-c", (PROBE_DIR / "codestat.py").read_text(), *owner]
     try:
         result = run_fed(session, argv, files, CODE_CHECK_TIMEOUT_S)
     except (MeshrunError, OSError):

@@ -22,17 +22,22 @@ folder below that is reported, not placed, and removed from staging.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shlex
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 from meshrun.fsutil import fsync_dir, sha256_file
-from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, checkpoint_step, run_dir
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, FETCH_LOCK, checkpoint_step, run_dir
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.rsyncrun import RSYNC_VANISHED_EXIT, io_timeout_option, run_rsync
 from meshrun.deploy.edges.staging import MAX_DEPTH, PARTIAL_DIR, Staging, is_regular, remove_tree, walk
 from meshrun.deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
@@ -332,3 +337,31 @@ def _commit(src: Path, dst: Path) -> None:
         os.close(fd)
     os.replace(src, dst)
     fsync_dir(dst.parent)
+
+
+@contextmanager
+def fetch_lock(home: Path, run_id: str) -> Iterator[None]:
+    """One fetch of a run at a time into `home` (its folder in a runs dir): two share its staging
+    tree, and one's clean-up removed what the other was still hashing or placing. The flock is
+    held for the whole fetch, our pid written in it, and goes with this process however it ends.
+    A second fetch is one line naming the first's pid."""
+    path = home / FETCH_LOCK
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise MeshrunError(with_path("cannot open the fetch lock ", path, f" ({err.strerror or err}); make its "
+                                     "folder writable, or fetch elsewhere with --dest DIR")) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            words = os.read(fd, 32).split()
+            pid = f" (pid {words[0].decode()})" if words and words[0].isdigit() else ""
+            raise MeshrunError(f"another fab fetch-checkpoints of run {run_id} is running{pid}; wait for it "
+                               "to end, then fetch again if you need to") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)

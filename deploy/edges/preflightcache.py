@@ -16,6 +16,7 @@ from pathlib import Path
 
 from meshrun.fsutil import read_regular
 from meshrun.deploy.inputfiles import RECORD_MAX
+from meshrun.deploy.check.ports import FREE, stamp_port
 from meshrun.deploy.edges.check_probes import FACTS_TIMEOUT_S, probe_argv
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.inventory.model import Host
@@ -39,13 +40,22 @@ def cache_file() -> Path:
     return Path(base) / "meshrun" / "preflight.json"
 
 
-def host_stamps(hosts: tuple[Host, ...], sessions: Mapping[str, Session], local_python: str) -> dict[str, str] | None:
-    """Each host's stamp (deploy/host/stamp.py); None when any host cannot give one."""
+def host_stamps(hosts: tuple[Host, ...], sessions: Mapping[str, Session], local_python: str,
+                rdzv_port: int | None = None, stores: tuple[Host, ...] = ()) -> dict[str, str] | None:
+    """Each host's stamp (deploy/host/stamp.py); None when any host cannot give one. The `stores`
+    (the hosts that host the run's store, deploy/check/ports.py) also try to bind `rdzv_port`: a
+    store host whose stamp does not say "free" gives none, so the pre-flight runs with its FAIL."""
+    asked = {h.name for h in stores} if rdzv_port is not None else set()
+
     def one(host: Host) -> str | None:
+        port = [host.address, str(rdzv_port)] if host.name in asked else []
         # create_workdir: the pre-flight runs first on a fresh host, whose workdir sync has yet to make.
-        result = sessions[host.name].run(probe_argv(python_of(host, local_python), "stamp"), timeout=FACTS_TIMEOUT_S,
-                                         create_workdir=True)
-        return result.stdout.strip() if result.ok and result.stdout.strip() else None
+        result = sessions[host.name].run(probe_argv(python_of(host, local_python), "stamp", *port),
+                                         timeout=FACTS_TIMEOUT_S, create_workdir=True)
+        stamp = result.stdout.strip() if result.ok else ""
+        if not stamp or host.name in asked and stamp_port(stamp) != FREE:
+            return None
+        return stamp
 
     results = on_each(hosts, one, timeout=FACTS_TIMEOUT_S * 2)
     stamps = {name: value for name, value in results.ok.items()}

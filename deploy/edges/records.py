@@ -179,6 +179,35 @@ def resolve_run(runs: Path, run_id: str | None, live_only: bool = False, warn: W
     return records[0]
 
 
+SEVERAL_SHOWN = 8  # runs a refusal names; the rest are counted (`fab status` lists them all)
+
+
+def resolve_live_run(runs: Path, run_id: str | None, command: str, warn: Warn | None = None,
+                     ask_hosts: Callable[[list[RunRecord]], list[HostState]] | None = None) -> RunRecord:
+    """`fab stop` and `fab logs`: the named run, else the one run that may still be running; of
+    several, the one `ask_hosts` finds running. With several running (two terminals, two people
+    sharing a checkout), the newest may be someone else's: an InputError names them instead of
+    taking one (`resolve_run` with `live_only` takes the newest)."""
+    if run_id:
+        return load_record(runs, run_id)
+    live = live_records(runs, warn)
+    if len(live) > 1 and ask_hosts is not None:
+        # A detached run never gets a summary: every one ever started "may" run. Its hosts say.
+        states = ask_hosts(live)
+        running = [r for r in live if any(s.run_id == r.run_id and s.state == "running" for s in states)]
+        live = running or live[:1]  # none running: the newest, as before (its hosts are told to stop)
+    if len(live) > 1:
+        raise InputError(several_live(live, command))
+    return live[0] if live else resolve_run(runs, None, live_only=True)  # none: its one line
+
+
+def several_live(records: list[RunRecord], command: str) -> str:
+    """One line naming the runs that may still be running (newest first) and how to name one."""
+    shown = ", ".join(f"{r.run_id} ({','.join(r.members)})" for r in records[:SEVERAL_SHOWN])
+    more = f" and {len(records) - SEVERAL_SHOWN} more (fab status lists them)" if len(records) > SEVERAL_SHOWN else ""
+    return f"{len(records)} runs may still be running: {shown}{more}; name one: {command} --run ID"
+
+
 def controller_alive(record: RunRecord) -> bool:
     """The run's attached controller still runs (its pid is a `fab train` or `meshrun train` process)."""
     if record.detached or not record.controller_pid:

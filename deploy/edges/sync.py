@@ -5,23 +5,38 @@ The ssh that rsync uses checks host keys exactly like the controller: the invent
 known_hosts plus the system one, StrictHostKeyChecking=yes, never a prompt. Every rsync here and
 in `datasync`/`fetch` sends its paths through rsync's protocol (`PROTECT_ARGS`), never through
 the remote shell's command line, and names the host with `remote_spec` (IPv6 in brackets).
+
+One workdir holds one project's code. Every project's hosts default to the same `~/meshrun`, and
+a second project's sync would replace the first one's files under its running run (and, never
+deleting, leave its own to shadow them). So the first sync leaves an owner mark in the workdir
+(`common/layout.py` WORKDIR_OWNER: the project's id and its directory name), and a sync whose
+project is not the one the mark names is refused in one line. The claim (make the mark when there
+is none, else compare it) runs in the command rsync's ssh already starts (`--rsync-path`), so it
+costs no round trip; a local host's workdir is claimed here. A workdir in the project itself (the
+local default `.`) is the project's by construction and is never marked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import posixpath
 import re
+import secrets
 import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from meshrun.deploy.errors import MeshrunError
+from meshrun.layout import WORKDIR_OWNER
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
+from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.host.codestat import MARK_MAX, is_ours, mark_line
 from meshrun.deploy.inventory.model import Host
-from meshrun.deploy.run.shell import local_workdir, make_workdir
+from meshrun.deploy.run.shell import local_workdir, make_workdir, shell_path
 from meshrun.deploy.run.syncset import shippable
 
 # The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
@@ -29,6 +44,45 @@ from meshrun.deploy.run.syncset import shippable
 PROTECT_ARGS = "--protect-args"
 PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
 GIT_TIMEOUT_S = 120  # `git ls-files` of a large project on a slow disk
+PROJECT_ID_FILE = "meshrun-project-id"  # in the project's git dir: its random id, made by its first sync
+OWNER_SAID = "meshrun-workdir-owner:"  # on the claim's stderr, before the first line of the mark it found
+OWNER_EXIT = 97  # the claim's exit status then
+OWNER_TIMEOUT_S = 60  # the data sync's claim, one short command over its open session
+NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a project's name in a mark, and the only one a message shows
+# What the claim said, as rsync's message or a command's output carries it: a name is shown only in this form.
+SAID_RE = re.compile(re.escape(OWNER_SAID) + r" ?(?:[0-9a-f]{32} (" + NAME_RE.pattern + r")(?![A-Za-z0-9._-]))?")
+# The claim, run by `sh -c` on the host with the mark's path, this project's id and its mark line: the mark is
+# made whole when there is none (written aside, then linked: of two first syncs at once, one makes it, and neither
+# reads it half written), then its first line is compared, never run; another project's is said on stderr in
+# printable ASCII only. A mark that cannot be made (the workdir is not writable) is rsync's to say. One line: the
+# login shell only hands it to sh.
+CLAIM_SH = ('m=$1; [ -e "$m" ] || [ -L "$m" ] || { t="$m.$$"; printf \'%s\\n\' "$3" > "$t" && '
+            '{ ln "$t" "$m" || (set -C; cat "$t" > "$m"); }; rm -f "$t"; } 2>/dev/null; '
+            '[ -e "$m" ] || [ -L "$m" ] || exit 0; o=; '
+            f'[ -f "$m" ] && o=$(head -c {MARK_MAX} "$m" | head -n 1); case "$o" in "$2"|"$2 "*) exit 0;; esac; '
+            f'printf \'%s %s\\n\' {OWNER_SAID} "$o" | tr -cd \'\\040-\\176\\n\' >&2; exit {OWNER_EXIT}')
+
+
+@dataclass(frozen=True)
+class Claim:
+    """This project as a workdir's owner mark names it, and where the advice says to give it a workdir."""
+
+    project_id: str  # 32 hex digits
+    name: str  # the project's directory name, NAME_RE's characters only
+    inventory: str
+
+    @property
+    def mark(self) -> str:
+        return f"{self.project_id} {self.name}"
+
+
+class WorkdirTaken(InputError):
+    """A host's workdir holds another project's code; `other`: that project's name, None when its mark
+    names none in meshrun's form."""
+
+    def __init__(self, host: str, workdir: str, other: str | None, claim: Claim) -> None:
+        super().__init__(taken_message((host,), workdir, other, claim))
+        self.host, self.workdir, self.other, self.claim = host, workdir, other, claim
 
 
 @dataclass(frozen=True)
@@ -80,8 +134,10 @@ def remote_spec(address: str, path: str) -> str:
     return f"{host}:{path}"
 
 
-def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None) -> list[str]:
-    """Copy the files listed on stdin from `root` to the host's workdir (or `dest` there)."""
+def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None,
+               claim: Claim | None = None) -> list[str]:
+    """Copy the files listed on stdin from `root` to the host's workdir (or `dest` there); with
+    `claim` (the code sync to a remote host), the workdir is claimed for the project first."""
     target = dest if dest is not None else remote_path(host.workdir)
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--compress", "--mkpath", "--files-from=-",
             "--from0", "--info=progress2", "--no-inc-recursive"]
@@ -90,7 +146,8 @@ def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | Non
     # The workdir is made before the remote rsync looks at it: `fab train` runs commands beside the
     # sync that may make it too (deploy/commands/train.py), and rsync's own mkdir of a destination it
     # found missing fails if another makes it between rsync's stat and its mkdir. `mkdir -p` does not.
-    made = ["--rsync-path", f"{make_workdir(host.workdir)} && rsync"] if dest is None else []
+    claimed = f" && {claim_command(host.workdir, claim)}" if claim is not None else ""
+    made = ["--rsync-path", f"{make_workdir(host.workdir)}{claimed} && rsync"] if dest is None else []
     # rsync splits -e itself and honours quotes, so a shlex-joined argv survives.
     return argv + [*made, "-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/",
                    remote_spec(host.ssh_host, f"{target}/")]
@@ -100,23 +157,41 @@ def is_project_itself(host: Host, root: Path) -> bool:
     return host.is_local and local_workdir(host.workdir, root).resolve() == root.resolve()
 
 
+def in_project(host: Host, root: Path) -> bool:
+    """A local host whose workdir is the project or a folder of it: the project's alone, never marked."""
+    if not host.is_local:
+        return False
+    return local_workdir(host.workdir, root).resolve().is_relative_to(root.resolve())
+
+
 def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
-              progress: Callable[[str, int], None], timeout: float) -> SyncResult:
-    """rsync the listed files to `host` within `timeout` s; `progress(host, percent)` as rsync reports it."""
+              progress: Callable[[str, int], None], timeout: float, *, claim: Claim | None = None) -> SyncResult:
+    """rsync the listed files to `host` within `timeout` s; `progress(host, percent)` as rsync reports it.
+    With `claim`, a workdir another project's sync marked is WorkdirTaken, and nothing is sent."""
     count = files.count(b"\0")
     if is_project_itself(host, root):
         return SyncResult(host.name, True, count)
+    claim = None if claim is None or in_project(host, root) else claim
     if host.is_local:  # made before rsync looks, as rsync_argv's --rsync-path does on a remote host
-        local_workdir(host.workdir, root).mkdir(parents=True, exist_ok=True)
-    argv = rsync_argv(host, root, known_hosts,
-                      str(local_workdir(host.workdir, root)) if host.is_local else None)
+        workdir = local_workdir(host.workdir, root)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if claim is not None and (found := claim_local(workdir, claim)) is not None:
+            raise WorkdirTaken(host.name, host.workdir, mark_name(found), claim)
+    argv = rsync_argv(host, root, known_hosts, str(local_workdir(host.workdir, root)) if host.is_local else None,
+                      None if host.is_local else claim)
 
     def on_line(line: bytes) -> None:
         for match in PROGRESS_RE.finditer(line + b" "):
             progress(host.name, int(match.group(1)))
 
-    run_rsync(argv, host=host.name, what="code sync", timeout=timeout, stdin=files, on_line=on_line,
-              hint=f"check `fab check-network --hosts {host.name}`")
+    try:
+        run_rsync(argv, host=host.name, what="code sync", timeout=timeout, stdin=files, on_line=on_line,
+                  hint=f"check `fab check-network --hosts {host.name}`")
+    except MeshrunError as err:
+        said = SAID_RE.search(str(err)) if claim is not None else None
+        if said is not None:
+            raise WorkdirTaken(host.name, host.workdir, said.group(1), claim) from None  # type: ignore[arg-type]
+        raise
     progress(host.name, 100)
     return SyncResult(host.name, False, count)
 
@@ -152,3 +227,115 @@ def _push_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: 
     target = f"{remote_path(host.workdir)}/{dest}"
     return argv + ["-e", shlex.join(ssh_argv(host, known_hosts)), f"{local_dir}/",
                    remote_spec(host.ssh_host, f"{target}/")]
+
+
+def claim_argv(mark: str, claim: Claim) -> list[str]:
+    """The claim of the workdir whose owner mark is at `mark` (as the host's shell reaches it)."""
+    return ["sh", "-c", CLAIM_SH, "meshrun-claim", mark, claim.project_id, claim.mark]
+
+
+def claim_command(workdir: str, claim: Claim) -> str:
+    """`claim_argv` as one shell command run from the login directory (a leading `~/` is the home)."""
+    mark = shell_path(posixpath.join(workdir, WORKDIR_OWNER))
+    return " ".join(mark if n == 4 else shlex.quote(a) for n, a in enumerate(claim_argv("", claim)))
+
+
+def claim_local(workdir: Path, claim: Claim) -> bytes | None:
+    """The claim on this machine (as CLAIM_SH: made whole when there is none); None when the workdir
+    is this project's, else the first line of the mark found."""
+    path = workdir / WORKDIR_OWNER
+    try:
+        made = _make_whole(path, claim.mark)
+    except OSError:
+        return None  # an unwritable workdir: rsync says why
+    found = mark_line(str(path)) if not made else None
+    return None if made or is_ours(found, claim.project_id) else (found or b"")
+
+
+def _make_whole(path: Path, text: str) -> bool:
+    """`path` holding `text` and a newline, made only when there is none, never seen half written
+    (written aside, then linked); False when one was there."""
+    if os.path.lexists(path):
+        return False
+    aside = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        with open(aside, "x", encoding="ascii") as handle:
+            handle.write(text + "\n")
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links on this file system: made in place, as CLAIM_SH does then
+            with open(path, "x", encoding="ascii") as handle:
+                handle.write(text + "\n")
+    except FileExistsError:
+        return False
+    finally:
+        aside.unlink(missing_ok=True)
+    return True
+
+
+def mark_name(line: bytes) -> str | None:
+    """The project a mark's first line names, in meshrun's form only (a host's mark is untrusted)."""
+    found = SAID_RE.fullmatch(f"{OWNER_SAID} {line.decode('ascii', 'replace')}")
+    return found.group(1) if found else None
+
+
+def taken_message(hosts: tuple[str, ...], workdir: str, other: str | None, claim: Claim) -> str:
+    """One line: whose code the workdir holds, and what to do."""
+    who = ("host " if len(hosts) == 1 else "hosts ") + ", ".join(f"'{h}'" for h in hosts)
+    mark = posixpath.join(workdir, WORKDIR_OWNER)
+    if other is None:
+        whose, gone = f"another project's code (its {WORKDIR_OWNER} names no other)", "no other project uses it"
+    else:
+        same = " (another checkout of that name)" if other == claim.name else ""
+        whose, gone = f"the code of another project, {other}{same}", f"{other} no longer uses it"
+    own = f"~/meshrun-{claim.name}" if workdir.rstrip("/") == "~" else f"{workdir.rstrip('/')}-{claim.name}"
+    return (f"{who}: workdir {workdir} holds {whose}; set `workdir: {own}` for this project ({claim.name}) in "
+            f"{claim.inventory}, or delete {mark} there if {gone}")
+
+
+def check_owner(host: Host, session: Session, root: Path, claim: Claim) -> None:
+    """The claim over a session already open, for the data sync (its rsync runs no command of ours):
+    a workdir another project marked is WorkdirTaken before anything is sent there."""
+    if in_project(host, root):
+        return
+    if host.is_local:
+        workdir = local_workdir(host.workdir, root)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if (found := claim_local(workdir, claim)) is not None:
+            raise WorkdirTaken(host.name, host.workdir, mark_name(found), claim)
+        return
+    result = session.run(claim_argv(WORKDIR_OWNER, claim), timeout=OWNER_TIMEOUT_S, create_workdir=True)
+    said = SAID_RE.search(f"{result.stderr}\n{result.stdout}")
+    if result.rc == OWNER_EXIT and said is not None:
+        raise WorkdirTaken(host.name, host.workdir, said.group(1), claim)
+
+
+def project_claim(root: Path, inventory: Path) -> Claim:
+    """This project's claim: its id (`project_id`), its directory's name in NAME_RE's characters."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", root.resolve().name)[:64] or "project"
+    return Claim(project_id(root), name, str(inventory))
+
+
+def project_id(root: Path) -> str:
+    """A project's id: a random one kept in its git dir (a checkout moved keeps it; a clone, a worktree
+    or a copy is another project), with the project's folder in the repository (two projects of one
+    repository are two). A git dir that cannot keep one: the project's real path instead."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--git-dir", "--show-prefix"], cwd=root, capture_output=True,
+                              check=True, timeout=GIT_TIMEOUT_S)
+        git_dir, prefix = os.fsdecode(done.stdout).split("\n")[:2]
+        repository = _repository_id(root / git_dir / PROJECT_ID_FILE)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        repository, prefix = "path " + os.path.realpath(root), ""
+    return hashlib.sha256(f"{repository}\0{prefix}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _repository_id(path: Path) -> str:
+    """The random id in `path`, made by the first caller (`_make_whole`: of two at once, both read the one made)."""
+    _make_whole(path, secrets.token_hex(16))
+    found = (mark_line(str(path)) or b"").decode("ascii", "replace")
+    if not re.fullmatch(r"[0-9a-f]{32}", found):
+        raise ValueError(f"{path}: not an id")
+    return found

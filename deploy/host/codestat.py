@@ -7,6 +7,11 @@ controller computes the same digest over its own project with `digest` from this
 rule is written once. Equal digests mean rsync's own quick check (size and mtime, `--archive`
 keeping both) would send nothing. `-S` keeps site-packages' `.pth` files from running: a third
 of the interpreter's start on a venv with torch (docs/performance.md: why it counts at 32 hosts).
+
+Given this project's id and the name of the workdir's owner mark (`common/layout.py`
+WORKDIR_OWNER) as its arguments, it prints no digest unless the mark is this project's: a workdir
+another project took, or one no sync of this version claimed yet, is then synced, and the sync's
+own claim says whose it is (deploy/edges/sync.py). The mark is read, never run.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import hashlib
 import os
 import stat
 import sys
+
+MARK_MAX = 200  # bytes of an owner mark read, on either side: meshrun's is under 100, and a host's is untrusted
+NOT_OURS = "not this project's workdir"  # what is printed instead of a digest then (never one)
 
 
 def describe(root: bytes, name: bytes) -> bytes:
@@ -44,8 +52,36 @@ def digest(root: bytes, names: list[bytes]) -> str:
     return summed.hexdigest()
 
 
+def mark_line(path: str | bytes) -> bytes | None:
+    """The first line of an owner mark (at most MARK_MAX bytes of it, never run or parsed further);
+    None when there is none, b"" when it is not a regular file or cannot be read (no project's)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO there must not block
+    except FileNotFoundError:
+        return None if not os.path.islink(path) else b""  # a dangling link: there, but no project's
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.read(fd, MARK_MAX).split(b"\n", 1)[0]
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def is_ours(line: bytes | None, project_id: str) -> bool:
+    """Whether a mark's first line names this project: its id, alone or before the project's name."""
+    ours = project_id.encode()
+    return line is not None and (line == ours or line.startswith(ours + b" "))
+
+
 def main() -> None:
     names = [n for n in sys.stdin.buffer.read().split(b"\0") if n]
+    if len(sys.argv) == 3 and not is_ours(mark_line(sys.argv[2]), sys.argv[1]):
+        print(NOT_OURS)
+        return
     print(digest(b".", names))
 
 

@@ -1,12 +1,15 @@
 """Host-side link probes for `fab check-network`; stdlib only, run as `python -c <this file> MODE ...`.
 
-`listen ADDRESS [RDZV_PORT] LIFETIME`: listen on an ephemeral port of the host's training address
+`listen ADDRESS [RDZV_PORT] LIFETIME [bind]`: listen on an ephemeral port of the training address
 (and, on the rendezvous host, on the rendezvous port of that address only: the probe must not
 itself expose the host); print `{"port": N, "rendezvous": "listening" | why not, "lifetime": S}`
 and serve until stdin closes or LIFETIME seconds pass (at most MAX_LIFETIME_S), so nothing
-outlives a lost controller. At most MAX_CONNECTIONS connections are served at once; more are
-closed as soon as they are accepted. A connection that sends `b` is a bulk transfer: the listener
-counts the bytes until EOF and answers the count.
+outlives a lost controller. With `bind` (an elastic run's successors, which host the store only
+after a failover) the rendezvous port is bound, never listened on, and let go at once: the answer
+says `"free"` or why not, and nothing holds the port while the check goes on. At most
+MAX_CONNECTIONS connections are served at once; more are closed as soon as they are accepted. A
+connection that sends `b` is a bulk transfer: the listener counts the bytes until EOF and answers
+the count.
 
 `connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip) and a
 don't-fragment ping of the given size to each address; prints a JSON list with one result per
@@ -64,7 +67,11 @@ def _steady_rate(arrivals: list[tuple[float, int]]) -> float:
     return (arrivals[-1][1] - at_middle[1]) / span if span > 0 else 0.0
 
 
-def _open_rendezvous(address: str, port: int) -> tuple[socket.socket | None, str]:
+def _open_rendezvous(address: str, port: int, serve: bool = True) -> tuple[socket.socket | None, str]:
+    """The rendezvous port on `address`, listening, and "listening"; or (None, why not). Without
+    `serve` it is bound and closed at once, never listened on, and the state is "free": a successor's
+    check must leave the port to whatever opens it next (a bound socket that does not listen, with
+    SO_REUSEADDR, keeps no TCPStore from binding and listening, and nothing can connect to it)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # like TCPStore: TIME_WAIT is no conflict
@@ -75,6 +82,9 @@ def _open_rendezvous(address: str, port: int) -> tuple[socket.socket | None, str
             wildcard.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             wildcard.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
         sock.bind((address, port))
+        if not serve:
+            sock.close()
+            return None, "free"
         sock.listen(64)
         return sock, "listening"
     except OSError as err:
@@ -89,7 +99,7 @@ def _serve_capped(conn: socket.socket, slots: threading.BoundedSemaphore) -> Non
         slots.release()
 
 
-def listen(address: str, rdzv_port: int | None, lifetime: float) -> None:
+def listen(address: str, rdzv_port: int | None, lifetime: float, serve_rdzv: bool = True) -> None:
     try:
         ephemeral = socket.create_server((address, 0), backlog=64)
     except OSError as err:  # most often: the address is not one of this host's
@@ -98,7 +108,7 @@ def listen(address: str, rdzv_port: int | None, lifetime: float) -> None:
     sockets = [ephemeral]
     state = "not asked"
     if rdzv_port is not None:
-        rdzv, state = _open_rendezvous(address, rdzv_port)
+        rdzv, state = _open_rendezvous(address, rdzv_port, serve_rdzv)
         sockets += [rdzv] if rdzv is not None else []
     lifetime = min(lifetime, MAX_LIFETIME_S)
     print(json.dumps({"port": ephemeral.getsockname()[1], "rendezvous": state, "lifetime": lifetime}), flush=True)
@@ -251,7 +261,7 @@ def connect(spec: dict) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[0] == "listen":
-        listen(argv[1], int(argv[2]) if argv[2] != "-" else None, float(argv[3]))
+        listen(argv[1], int(argv[2]) if argv[2] != "-" else None, float(argv[3]), argv[4:] != ["bind"])
         # The stdin reader is still blocked in read() when the lifetime ends: a normal interpreter
         # exit would abort on its lock (SIGABRT), so leave at once, output flushed.
         sys.stdout.flush()
@@ -263,7 +273,7 @@ def main(argv: list[str]) -> None:
     elif argv[0] == "connect":
         connect(json.loads(argv[1]))
     else:
-        raise SystemExit(f"usage: probe_net listen ADDRESS RDZV_PORT|- LIFETIME | canary RDZV_PORT|- LIFETIME | "
+        raise SystemExit(f"usage: probe_net listen ADDRESS RDZV_PORT|- LIFETIME [bind] | canary RDZV_PORT|- LIFETIME | "
                          f"connect SPEC_JSON, not {argv}")
 
 

@@ -17,17 +17,25 @@ One setup at a time per workdir: a Ctrl-C or a dropped SSH connection sends this
 (no pty), so its pip runs on, and a rerun's pip into the same venv could corrupt it. The rerun
 answers {"error", "busy": true} instead, naming the running one's pid; ending that pid (TERM,
 HUP) ends its pip too.
+
+No setup under a run either: pip would replace meshrun and the project's packages in the venv a
+run executes from, and its next worker restart or succession would import other builds than its
+peers (or none, mid-install). Each run's agent holds its `agent.lock` for its whole life
+(`--agent-locks` names where, from common/layout.py); a lock held there answers busy, naming the
+run. The test is a shared flock taken and let go at once: the lock file is never written.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
 import hashlib
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -167,6 +175,51 @@ def busy_error(holder: list[str]) -> str:
     return f"another fab setup is still running on this host (pid {pid}); wait for it, or end it (kill {pid})"
 
 
+def running_agents(pattern: str) -> list[tuple[str, str, str]]:
+    """(run id, host, agent pid) of each agent lock matching `pattern` (relative to the workdir) that
+    its agent holds: a lock this process cannot take, even shared. Read-only: opened without
+    following a link or blocking on a FIFO, never written; only a regular file counts."""
+    held = []
+    for path in sorted(glob.glob(pattern))[:10_000]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            try:
+                # Let go with the close below. An agent starting in that instant finds its lock taken
+                # and refuses (exit 75): it would have run under this setup's pip otherwise.
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                words = os.read(fd, 32).split()
+                pid = words[0].decode() if words and words[0].isdigit() else "?"
+                parts = Path(path).parts  # runs/<run id>/hosts/<host>/agent.lock
+                held.append((_shown(parts[-4]), _shown(parts[-2]), pid))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return held
+
+
+def _shown(name: str) -> str:
+    return "".join(c for c in name if c.isprintable())[:100]
+
+
+def runs_error(held: list[tuple[str, str, str]]) -> str:
+    """The runs whose agents hold their locks in this workdir, and what to do."""
+    runs = list(dict.fromkeys(run for run, _, _ in held))
+    agents = ", ".join(f"pid {pid} on {host}" for _, host, pid in held[:8]) + (", ..." if len(held) > 8 else "")
+    if len(runs) == 1:
+        return (f"run {runs[0]} is running from this workdir (agent {agents}): setup would reinstall meshrun and "
+                f"the project's requirements under it; stop it first (fab stop --run {runs[0]}) or wait for it to end")
+    return (f"runs {', '.join(runs[:8])}{', ...' if len(runs) > 8 else ''} are running from this workdir (agents "
+            f"{agents}): setup would reinstall meshrun and the project's requirements under them; stop them first "
+            "(fab stop --run ID, for each) or wait for them to end")
+
+
 def end_on_signal(signum: int, _frame: object) -> None:
     # SystemExit inside subprocess.run kills the running pip before it propagates: a setup ended
     # with `kill PID` leaves no pip behind to race the next one.
@@ -190,6 +243,7 @@ def main() -> int:
     parser.add_argument("--requirements", default=None, help="the project's requirements file")
     parser.add_argument("--requirement", action="append", default=[], help="one requirement (from pyproject.toml)")
     parser.add_argument("--force", action="store_true", help="install again even if the stamp says done")
+    parser.add_argument("--agent-locks", default=None, help="glob of the runs' agent locks, relative to the workdir")
     args = parser.parse_args()
     actions: list[str] = []
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -197,6 +251,9 @@ def main() -> int:
     try:
         if (holder := hold_lock(lock_file(Path.cwd()))) is not None:
             print(json.dumps({"error": busy_error(holder), "busy": True}))
+            return 1
+        if args.agent_locks and (held := running_agents(args.agent_locks)):
+            print(json.dumps({"error": runs_error(held), "busy": True}))
             return 1
         make_venv(args.reuse_site, actions)
         install(args, actions)
