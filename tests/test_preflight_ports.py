@@ -18,8 +18,6 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -36,6 +34,7 @@ from meshrun.deploy.edges.transport import CommandResult
 from meshrun.deploy.inventory.model import Host, Rendezvous
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.render.console import Renderer
+from tests.test_probe_listener import listener as probe_listener
 from tests.fakesession import FakeSession, host
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,16 +99,8 @@ def test_a_stamp_vouches_for_the_port_only_in_so_many_words(text: str, expected:
 
 # --- the host probes, real processes on loopback ---
 
-@contextmanager
-def listener(rdzv_port: int, *mode: str) -> Iterator[dict]:
-    proc = subprocess.Popen([sys.executable, str(LINKS), "listen", TRAINING, str(rdzv_port), "30", *mode],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        yield json.loads(proc.stdout.readline())
-    finally:
-        proc.stdin.close()  # type: ignore[union-attr]
-        proc.wait(timeout=10)
+def listener(rdzv_port: int, *mode: str):  # type: ignore[no-untyped-def]
+    return probe_listener(rdzv_port, 30, *mode)
 
 
 def test_a_successors_listener_binds_the_port_and_lets_it_go_at_once() -> None:

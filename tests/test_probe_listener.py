@@ -27,9 +27,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def listener(rdzv_port: int | None, lifetime: float) -> Iterator[dict]:
+def listener(rdzv_port: int | None, lifetime: float, *mode: str) -> Iterator[dict]:
+    """The real listener probe on loopback; `mode` ("bind": a successor's check) after its lifetime."""
     proc = subprocess.Popen([sys.executable, str(LINKS), "listen", TRAINING,
-                             str(rdzv_port) if rdzv_port else "-", str(lifetime)],
+                             str(rdzv_port) if rdzv_port else "-", str(lifetime), *mode],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
