@@ -22,6 +22,7 @@ import pytest
 from meshrun.deploy.edges.transport import connect, scan_host_key
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
+from tests import bounded
 from tests.standin_sshd import Keys
 from tests.trap import dialled, listening_trap
 
@@ -46,20 +47,9 @@ def host_at(port: int, keys: Keys, address: str = "127.0.0.1", name: str = "gpu1
 
 def raised(call: Callable[[], object]) -> str:
     """The MeshrunError call() raised, from a thread given OUTER_S to come back."""
-    box: list[object] = []
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as err:  # noqa: BLE001 - handed to the test
-            box.append(err)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(OUTER_S)
-    assert not thread.is_alive(), f"still waiting after {OUTER_S} s"
-    assert isinstance(box[0], MeshrunError), box[0]
-    return str(box[0])
+    error = bounded.outcome(call, OUTER_S)[0]
+    assert isinstance(error, MeshrunError), error
+    return str(error)
 
 
 def silent_line(who: str, port: int) -> str:

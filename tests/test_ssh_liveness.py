@@ -28,6 +28,7 @@ from meshrun.deploy.edges.host_queries import NVIDIA_SMI_QUERY
 from meshrun.deploy.edges.sshexec import asked
 from meshrun.deploy.edges.transport import LocalSession, SshSession
 from meshrun.deploy.inventory.model import Host, Network
+from tests import bounded
 from tests.standin_sshd import Keys
 
 OUTER_S = 60  # a 3600 s command on a cut link must end well within this
@@ -124,20 +125,7 @@ def wired(keys: Keys) -> Iterator[tuple[PairedSsh, Link, StandinHost]]:
 
 def outcome(call: Callable[[], object]) -> tuple[object, float]:
     """call()'s value or the exception it raised, and the seconds it took (at most OUTER_S)."""
-    box: list[object] = []
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as err:  # noqa: BLE001 - handed to the test
-            box.append(err)
-
-    began = time.monotonic()
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(OUTER_S)
-    assert not thread.is_alive(), f"still waiting after {OUTER_S} s"
-    return box[0], time.monotonic() - began
+    return bounded.outcome(call, OUTER_S)
 
 
 def test_a_cut_link_ends_an_hour_long_command_in_tens_of_seconds(wired: tuple[PairedSsh, Link, StandinHost]) -> None:

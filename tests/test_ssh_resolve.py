@@ -26,6 +26,7 @@ import pytest
 from meshrun.deploy.edges.transport import connect, scan_host_key
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
+from tests import bounded
 from tests.standin_sshd import Keys, Mode, StandinSshd
 
 TIMEOUT_S = 2.0
@@ -68,19 +69,7 @@ def host_at(address: str, keys: Keys, port: int = 22) -> Host:
 
 def outcome(call: Callable[[], object]) -> object:
     """call()'s value or the exception it raised, from a thread given OUTER_S to come back."""
-    box: list[object] = []
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as err:  # noqa: BLE001 - handed to the test
-            box.append(err)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(OUTER_S)
-    assert not thread.is_alive(), f"still waiting after {OUTER_S} s"
-    return box[0]
+    return bounded.outcome(call, OUTER_S)[0]
 
 
 def message(call: Callable[[], object]) -> str:
