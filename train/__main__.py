@@ -7,30 +7,40 @@ the config with its overrides and exits, importing no torch: the controller runs
 host is contacted (deploy/edges/trainercheck.py), so a typo costs no connection.
 
 Exit status: 0 on success; 2 for a usage error (one line on stderr, no traceback); 3 when a
-``debug.stop_after_*`` option stopped the run; 1 (with a traceback) for anything else.
+``debug.stop_after_*`` option stopped the run; 4 when this rank's device ran out of memory (one
+line on stderr naming the rank, host, device and the batch option to lower; no traceback; the other
+ranks then time out in their next collective or are stopped by torchrun); 1 (with a traceback) for
+anything else.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import json
 import math
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshrun import layout
 from meshrun.train.config import TrainConfig, load_config
-from meshrun.train.errors import InjectedFailure, UsageError
+from meshrun.train.errors import (DeviceOutOfMemory, InjectedFailure, OomPhase, OomSite, UsageError,
+                                  oom_message)
 from meshrun.train.render import make_console
 from meshrun.train import wandblog
 
 if TYPE_CHECKING:
+    import torch
+
     from meshrun.train import dist
+    from meshrun.train.trainer import Trainer
 
 EXIT_USAGE = 2
 EXIT_INJECTED = 3
+EXIT_OOM = 4
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,6 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
+    import torch
+
     from meshrun.train import dist
     from meshrun.train.trainer import Trainer  # heavy imports after the config is known to be valid
 
@@ -59,10 +71,52 @@ def run(cfg: TrainConfig, env: dist.DistEnv, run_dir: Path) -> None:
         trainer = Trainer(cfg, env, run_dir, device, make_console(env.is_main,
                                                                   cfg.log.print_every_steps))
         trainer.fit()
+    except torch.cuda.OutOfMemoryError as err:  # torch.OutOfMemoryError on newer torch: one class
+        # A batch too large for the GPU is bad input, not a bug: one line, no traceback. Built here,
+        # while the error's frames still hold the batch's tensors (the memory figure is the peak's).
+        # Printed now, before the teardown below: after a rank's OOM its peers sit in a collective,
+        # and an NCCL teardown that waited on them would hold the line back until they time out.
+        line = oom_message(oom_site(cfg, env, device, trainer, err))
+        print(f"train: error: {line}", file=sys.stderr, flush=True)
+        raise DeviceOutOfMemory(line) from None
     finally:
         if trainer is not None:
             trainer.close()
         dist.shutdown()
+
+
+def oom_site(cfg: TrainConfig, env: dist.DistEnv, device: torch.device, trainer: Trainer | None,
+             err: BaseException) -> OomSite:
+    """What ``oom_message`` says about ``err``: the phase (no trainer yet: setup; a frame of
+    ``train.loop.evaluate``: evaluation), this rank's batch size and where it came from."""
+    from meshrun.train.loop import evaluate
+
+    if trainer is None:
+        phase, size = OomPhase.SETUP, env.batch_size or cfg.data.batch_size
+        source = "auto" if env.batch_auto else "inventory" if env.batch_size else "config"
+    else:
+        code = inspect.unwrap(evaluate).__code__  # its @torch.no_grad() wrapper is not the frame
+        frames = traceback.walk_tb(err.__traceback__)
+        phase = OomPhase.EVAL if any(f.f_code is code for f, _ in frames) else OomPhase.TRAIN
+        size, source = trainer.batches.sizes[env.rank], trainer.batches.sources[env.rank].value
+    return OomSite(env.rank, env.host or "local", str(device), phase, size, source,
+                   cfg.optim.accum_steps, cfg.data.eval_batch_size,
+                   cfg.autobatch.cuda_memory_fraction, device_memory(device))
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(in use, total) bytes of the whole device (every process's share), or None off CUDA or when
+    CUDA cannot answer: after an out-of-memory error the context may be unusable, and a second
+    error here would replace the one line with its traceback."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+    except Exception:  # noqa: BLE001 - whatever it is, only the figures are lost
+        return None
+    return total - free, total
 
 
 def describe(cfg: TrainConfig) -> dict:
@@ -105,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     except InjectedFailure as err:
         print(f"train: {err}", file=sys.stderr, flush=True)
         return EXIT_INJECTED
+    except DeviceOutOfMemory:  # its line is printed already (run)
+        return EXIT_OOM
     return 0
 
 
