@@ -12,7 +12,7 @@ from typing import Callable, TypeVar
 from meshrun.layout import STOP_GRACE_S
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import HostResults, on_each
-from meshrun.deploy.edges.records import RunRecord
+from meshrun.deploy.edges.records import NOT_ASKED, RunRecord
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.sshexec import NotFinished
@@ -31,7 +31,10 @@ T = TypeVar("T")
 CONNECT_BUDGET_S = 3 * DEFAULT_CONNECT_TIMEOUT_S
 
 
-def run_hosts(record: RunRecord, root: Path) -> tuple[tuple[Host, ...], Inventory, dict[str, MeshrunError]]:
+Resolved = tuple[tuple[Host, ...], Inventory, dict[str, MeshrunError]]  # run_hosts' answer
+
+
+def run_hosts(record: RunRecord, root: Path) -> Resolved:
     """The run's hosts as its inventory now describes them, and {name: why} for those it no longer
     names: such a host cannot be reached, but it must not keep `fab stop` (or status, logs, fetch)
     from the others; each caller reports it as that host's failure."""
@@ -71,8 +74,10 @@ def on_each_connected(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
 
 
 def host_states(record: RunRecord, root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
-    """Every host's view of the run; an unreachable host is a state, not an error."""
-    return run_states([record], root, timeout)
+    """Every host's view of the run; an unreachable host is a state, not an error. A record whose
+    hosts cannot be resolved (its inventory gone or broken) is: its callers (`--resume`, join,
+    leave) decide from the answer whether the run still runs, and must not read "not asked" as "not running"."""
+    return run_states([record], root, timeout, strict=True)
 
 
 @dataclass(frozen=True)
@@ -84,18 +89,36 @@ class Endpoint:
     known_hosts: Path | None
 
 
-def run_states(records: list[RunRecord], root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[HostState]:
+def run_states(records: list[RunRecord], root: Path, timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+               strict: bool = False) -> list[HostState]:
     """Every host's view of every run in `records`, in record then host order. Each distinct host is
     connected to once and asked once, about all its runs (the agent's `status` with no run id), all
-    hosts at once: a dead host costs one connect timeout, not one per recorded run that names it."""
-    looked = [(record, *run_hosts(record, root)) for record in records]
+    hosts at once: a dead host costs one connect timeout, not one per recorded run that names it.
+    A record whose hosts cannot be resolved (its inventory renamed, deleted or broken; a bad ssh_config
+    value for one of them) gives each of its hosts `unknown`, NOT_ASKED and why, and is asked nothing:
+    one old detached run must not keep `fab stop`, `logs` or `status` from every other run. With
+    `strict`, that is raised instead."""
+    looked: list[tuple[RunRecord, Resolved | MeshrunError]] = []
+    for record in records:
+        try:
+            looked.append((record, run_hosts(record, root)))
+        except MeshrunError as err:
+            if strict:
+                raise
+            looked.append((record, err))
     asked: dict[Endpoint, list[str]] = {}
-    for record, hosts, inventory, _ in looked:
-        for host in hosts:
-            asked.setdefault(Endpoint(host, inventory.known_hosts), []).append(record.run_id)
+    for record, found in looked:
+        if not isinstance(found, MeshrunError):
+            for host in found[0]:
+                asked.setdefault(Endpoint(host, found[1].known_hosts), []).append(record.run_id)
     answers = _ask_status({e: tuple(ids) for e, ids in asked.items()}, root, timeout)
     states: list[HostState] = []
-    for record, hosts, inventory, missing in looked:
+    for record, found in looked:
+        if isinstance(found, MeshrunError):
+            why = NOT_ASKED + " ".join(str(found).splitlines())  # one line in a status row
+            states += [HostState(record.run_id, name, "unknown", detail=why) for name in record.hosts]
+            continue
+        hosts, inventory, missing = found
         mine = HostResults({h.name: answers[Endpoint(h, inventory.known_hosts)][record.run_id] for h in hosts})
         states += [r if isinstance(r, HostState) else HostState(record.run_id, name, _unanswered(r), detail=str(r))
                    for name, r in with_missing(mine, missing, record.hosts).items()]

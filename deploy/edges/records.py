@@ -180,6 +180,10 @@ def resolve_run(runs: Path, run_id: str | None, live_only: bool = False, warn: W
 
 
 SEVERAL_SHOWN = 8  # runs a refusal names; the rest are counted (`fab status` lists them all)
+# The detail of a host state no host was asked for: its run's record names hosts that cannot be
+# resolved (agents.run_states). Its own prefix, so "not asked" never reads as the agent's "unknown".
+NOT_ASKED = "not asked: "
+UNANSWERED = ("unreachable", "stuck")  # states of a host asked that gave no answer
 
 
 def resolve_live_run(runs: Path, run_id: str | None, command: str, warn: Warn | None = None,
@@ -187,7 +191,8 @@ def resolve_live_run(runs: Path, run_id: str | None, command: str, warn: Warn | 
     """`fab stop` and `fab logs`: the named run, else the one run that may still be running; of
     several, the one `ask_hosts` finds running. With several running (two terminals, two people
     sharing a checkout), the newest may be someone else's: an InputError names them instead of
-    taking one (`resolve_run` with `live_only` takes the newest)."""
+    taking one (`resolve_run` with `live_only` takes the newest). With none running, the newest is
+    taken as before, and `warn` names the runs no host of which answered: one may be the user's."""
     if run_id:
         return load_record(runs, run_id)
     live = live_records(runs, warn)
@@ -195,10 +200,35 @@ def resolve_live_run(runs: Path, run_id: str | None, command: str, warn: Warn | 
         # A detached run never gets a summary: every one ever started "may" run. Its hosts say.
         states = ask_hosts(live)
         running = [r for r in live if any(s.run_id == r.run_id and s.state == "running" for s in states)]
+        if not running and warn is not None and (unknown := not_known(live, states)):
+            warn(took_newest(live[0], unknown, command))
         live = running or live[:1]  # none running: the newest, as before (its hosts are told to stop)
     if len(live) > 1:
         raise InputError(several_live(live, command))
     return live[0] if live else resolve_run(runs, None, live_only=True)  # none: its one line
+
+
+def not_known(records: list[RunRecord], states: list[HostState]) -> list[tuple[RunRecord, str]]:
+    """The runs of `records` none of whose hosts answered (not asked, unreachable or stuck), each with
+    its first host's why: whether they still run is not known."""
+    def silent(s: HostState) -> bool:
+        return s.state in UNANSWERED or (s.state == "unknown" and (s.detail or "").startswith(NOT_ASKED))
+
+    found = []
+    for record in records:
+        mine = [s for s in states if s.run_id == record.run_id]
+        if mine and all(map(silent, mine)):
+            found.append((record, (mine[0].detail or mine[0].state).removeprefix(NOT_ASKED)))
+    return found
+
+
+def took_newest(newest: RunRecord, unknown: list[tuple[RunRecord, str]], command: str) -> str:
+    """One line: no host says a run is running, so `command` takes the newest; which runs may be
+    running all the same (each with the what of its why, the part before its advice), and how to name one."""
+    shown = ", ".join(f"{r.run_id} ({why.split('; ')[0]})" for r, why in unknown[:SEVERAL_SHOWN])
+    more = f" and {len(unknown) - SEVERAL_SHOWN} more (fab status lists them)" if len(unknown) > SEVERAL_SHOWN else ""
+    return (f"no host says a run is running, so {command} takes the newest, {newest.run_id}; whether these still "
+            f"run is not known: {shown}{more}; name one: {command} --run ID")
 
 
 def several_live(records: list[RunRecord], command: str) -> str:
