@@ -15,7 +15,7 @@ from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sessions import sessions_to
 from meshrun.deploy.edges.sync import push_dir_argv
-from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.edges.transport import CommandResult, Session
 from meshrun.deploy.edges.wheel import Identity, controller_identity, controller_wheel
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.load import inventory_path, load_inventory
@@ -30,6 +30,7 @@ from meshrun.deploy.edges import host_queries as probes
 
 SETUP_TIMEOUT_S = 3600  # a first install downloads torch
 WHEEL_PUSH_TIMEOUT_S = 600  # meshrun's wheel is a few hundred kB
+CHECK_TIMEOUT_S = 120  # the base interpreter's start and a glob of the runs' agent locks (an NFS home)
 WHEELS = ".venv/meshrun-wheels"  # in the host's workdir, beside the venv that installs them
 PATH_CLIP = 1000  # characters of the venv interpreter's path a host reports: it is run there as argv[0]
 # Every run's agent lock in the workdir: the host side refuses while one is held (a run executes from the venv).
@@ -66,6 +67,20 @@ def setup_argv(request: SetupRequest, force: bool = False) -> list[str]:
                       *(["--force"] if force else []), "--agent-locks", AGENT_LOCKS)
 
 
+def check_argv(request: SetupRequest) -> list[str]:
+    """The host side's test alone: whether a run's agent holds its lock in the workdir."""
+    return probe_argv(request.base, "setup", "--check-only", "--agent-locks", AGENT_LOCKS)
+
+
+def refuse_if_running(host: Host, session: Session, request: SetupRequest) -> None:
+    """Raise the host side's own one line when a run is running from `host`'s workdir. Asked before
+    the sync and the wheel push: they would already change the files that run executes from.
+    create_workdir: a first setup's workdir is made by the sync that comes next."""
+    data = _answer(host, session.run(check_argv(request), timeout=CHECK_TIMEOUT_S, create_workdir=True), request)
+    if data.get("busy", MISSING) is not False:
+        raise Answer(host.name, "the setup script").bad("busy", data.get("busy", MISSING), "false")
+
+
 def setup_host(host: Host, session: Session, request: SetupRequest, root: Path, inventory: Inventory) -> SetupResult:
     """Push the wheel, run the host side, then check that the venv imports this controller's build."""
     push = push_dir_argv(host, request.wheel.parent, f"{WHEELS}/{request.identity.build}", root, inventory.known_hosts)
@@ -83,7 +98,19 @@ def setup_host(host: Host, session: Session, request: SetupRequest, root: Path, 
 
 
 def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool) -> SetupResult:
-    result = session.run(setup_argv(request, force), timeout=SETUP_TIMEOUT_S)
+    data = _answer(host, session.run(setup_argv(request, force), timeout=SETUP_TIMEOUT_S), request)
+    reader = Answer(host.name, "the setup script")
+    python = host_path(reader, data.get("python", MISSING), "python", PATH_CLIP)  # run there next: printable
+    if not python:
+        raise reader.bad("python", python, "the venv's interpreter")
+    return SetupResult(host.name, reader.texts(data.get("actions", MISSING), "actions"), python,
+                       reader.text(data.get("torch", MISSING), "torch", optional=True, limit=VERSION_CLIP),
+                       reader.text(data.get("home", MISSING), "home", optional=True, limit=PATH_CLIP),
+                       reader.text(data.get("workdir", MISSING), "workdir", optional=True, limit=PATH_CLIP))
+
+
+def _answer(host: Host, result: CommandResult, request: SetupRequest) -> dict:
+    """The host script's JSON object, or its error as one line naming the host."""
     data = probes.parse_json_object(result.stdout) if result.stdout else None
     if data is None:
         data = {"error": result.stderr.strip()[-300:] or f"exit status {result.rc}"}
@@ -95,14 +122,7 @@ def _run_setup(host: Host, session: Session, request: SetupRequest, force: bool)
                 if why.startswith("pip could not install ")
                 else f"; is `{request.base}` a Python >= 3.10 with venv? (--base PYTHON)")
         raise MeshrunError(f"host '{host.name}': setup failed: {why}{hint}")
-    reader = Answer(host.name, "the setup script")
-    python = host_path(reader, data.get("python", MISSING), "python", PATH_CLIP)  # run there next: printable
-    if not python:
-        raise reader.bad("python", python, "the venv's interpreter")
-    return SetupResult(host.name, reader.texts(data.get("actions", MISSING), "actions"), python,
-                       reader.text(data.get("torch", MISSING), "torch", optional=True, limit=VERSION_CLIP),
-                       reader.text(data.get("home", MISSING), "home", optional=True, limit=PATH_CLIP),
-                       reader.text(data.get("workdir", MISSING), "workdir", optional=True, limit=PATH_CLIP))
+    return data
 
 
 def same_interpreter(configured: str | None, reported: str, home: str | None, workdir: str | None) -> bool:
@@ -137,6 +157,9 @@ def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, project: Project,
                 request: SetupRequest) -> dict[str, SetupResult]:
     root = project.root
     with sessions_to(hosts, inventory, root) as sessions:
+        # Every host first: a refusal after another host's sync would have changed that host's files.
+        on_each(hosts, lambda h: refuse_if_running(h, sessions[h.name], request),
+                timeout=CHECK_TIMEOUT_S + 5).require_all()
         sync_code(hosts, inventory, project, renderer)
         results = on_each(hosts, lambda h: setup_host(h, sessions[h.name], request, root, inventory),
                           timeout=WHEEL_PUSH_TIMEOUT_S + SETUP_TIMEOUT_S + 60)

@@ -23,6 +23,9 @@ run executes from, and its next worker restart or succession would import other 
 peers (or none, mid-install). Each run's agent holds its `agent.lock` for its whole life
 (`--agent-locks` names where, from common/layout.py); a lock held there answers busy, naming the
 run. The test is a shared flock taken and let go at once: the lock file is never written.
+`--check-only` makes that test alone (no setup lock, no venv, no pip): the controller asks it of
+every host before it syncs the project or pushes the wheel, which would already change the files
+a running run executes from.
 """
 
 from __future__ import annotations
@@ -175,12 +178,32 @@ def busy_error(holder: list[str]) -> str:
     return f"another fab setup is still running on this host (pid {pid}); wait for it, or end it (kill {pid})"
 
 
+# Agent locks tested at most (each is an open and a flock, slow on an NFS home): the newest.
+LOCKS_CHECKED = 10_000
+
+
+def newest_locks(paths: list[str], limit: int) -> list[str]:
+    """The `limit` most recently written of `paths`, in name order. By mtime, not name: an agent
+    writes its pid into its lock as it takes it, and a resumed run keeps its old (early) run id.
+    The running runs are the newest; cutting by name kept the oldest and missed them."""
+    if len(paths) <= limit:
+        return sorted(paths)
+
+    def written(path: str) -> float:
+        try:
+            return os.lstat(path).st_mtime
+        except OSError:
+            return -1.0
+
+    return sorted(sorted(paths, key=lambda p: (written(p), p), reverse=True)[:limit])
+
+
 def running_agents(pattern: str) -> list[tuple[str, str, str]]:
     """(run id, host, agent pid) of each agent lock matching `pattern` (relative to the workdir) that
     its agent holds: a lock this process cannot take, even shared. Read-only: opened without
     following a link or blocking on a FIFO, never written; only a regular file counts."""
     held = []
-    for path in sorted(glob.glob(pattern))[:10_000]:
+    for path in newest_locks(glob.glob(pattern), LOCKS_CHECKED):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError:
@@ -235,16 +258,31 @@ def torch_version() -> str | None:
     return torch.stdout.strip() if torch.returncode == 0 else None
 
 
+def check_only(agent_locks: str | None) -> int:
+    """Whether a run is running from this workdir, as setup's own test answers it: {"busy": false},
+    or its {"error", "busy": true}. Takes no setup lock: a setup running here is setup's to refuse."""
+    if agent_locks and (held := running_agents(agent_locks)):
+        print(json.dumps({"error": runs_error(held), "busy": True}))
+        return 1
+    print(json.dumps({"busy": False}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="meshrun host setup")
-    parser.add_argument("--wheel", required=True, help="the controller's meshrun wheel, pushed here")
-    parser.add_argument("--build", required=True, help="its build (the digest check-network compares)")
+    parser.add_argument("--wheel", help="the controller's meshrun wheel, pushed here")
+    parser.add_argument("--build", help="its build (the digest check-network compares)")
     parser.add_argument("--reuse-site", default=None, help="interpreter whose packages the venv should also see")
     parser.add_argument("--requirements", default=None, help="the project's requirements file")
     parser.add_argument("--requirement", action="append", default=[], help="one requirement (from pyproject.toml)")
     parser.add_argument("--force", action="store_true", help="install again even if the stamp says done")
     parser.add_argument("--agent-locks", default=None, help="glob of the runs' agent locks, relative to the workdir")
+    parser.add_argument("--check-only", action="store_true", help="only answer whether a run is running here")
     args = parser.parse_args()
+    if args.check_only:
+        return check_only(args.agent_locks)
+    if not (args.wheel and args.build):
+        parser.error("--wheel and --build are required, unless --check-only")
     actions: list[str] = []
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, end_on_signal)
