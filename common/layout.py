@@ -85,6 +85,9 @@ HEARTBEAT_TIMEOUT_S = 30  # an agent stops its run when the controller is silent
 STOP_GRACE_S = 5.0  # TERM, then this long, then KILL: a stopped run must be gone within seconds, under load too
 DEFAULT_PG_TIMEOUT_S = 60  # collective timeout: a cut link is noticed in bounded time
 PREFLIGHT_REUSE_S = 300  # a passed pre-flight is reused this long while its key (hosts, their facts stamp) holds
+# A GPU with more MiB in use than this before a run starts is held by another process: the pre-flight WARNs
+# (deploy/check/gpus.py) and the host stamp lists it (deploy/host/stamp.py keeps a copy: it travels alone).
+GPU_BUSY_MIB = 1024
 
 
 def generation_rdzv_id(launch_rdzv_id: str, generation: int) -> str:

@@ -5,18 +5,21 @@ inventory's `gpus:` sends every run to the same listed ones: a second run beside
 out of memory at start or mid-run, or both crawl. Before the run starts nothing of it is on a
 GPU, so memory in use there (nvidia-smi's `memory.used`, deploy/edges/host_queries.py) is another
 process's: over BUSY_MIB is a WARN naming the GPU, its memory and the free GPUs to list instead.
+The host stamp lists the GPUs over the same threshold (deploy/host/stamp.py), so a pass stored with
+(or without) this WARN is not reused once another GPU fills or a busy one is freed.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
+from meshrun.layout import GPU_BUSY_MIB as BUSY_MIB
 from meshrun.deploy.check.findings import Finding, warn
 from meshrun.deploy.check.verdicts import Gpu, HostFacts, launch_gpus
 
-# An idle GPU shows a few MiB; a CUDA context alone a few hundred. Over 1 GiB another process holds
-# memory for work, whatever the card's size (10 % of an 80 GiB card would let an 8 GiB neighbour by).
-BUSY_MIB = 1024
+# BUSY_MIB (1 GiB, common/layout.py: the host stamp uses it too): an idle GPU shows a few MiB, a CUDA
+# context alone a few hundred; over 1 GiB another process holds memory for work, whatever the card's
+# size (10 % of an 80 GiB card would let an 8 GiB neighbour by).
 
 
 def is_busy(gpu: Gpu) -> bool:

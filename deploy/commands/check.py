@@ -98,7 +98,9 @@ def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: R
     ports (no all-reduce, no bandwidth). FAILs stop the run; WARNs are shown.
     A pass without FAILs is reused while its key holds, its warnings shown again
     (deploy/run/preflightkey.py); returns True when this call reused one instead of checking. The
-    stamps of the hosts that host the store say whether its port is free now: a busy one is no reuse."""
+    stamps of the hosts that host the store say whether its port is free now: a busy one is no reuse.
+    Every stamp lists its host's busy GPUs (deploy/host/stamp.py): a GPU that filled or freed since
+    is a new key, so a reused busy-GPU WARN names the GPUs busy now (its MiB figures are the pass's)."""
     path = cache or cache_file()
     stamps = host_stamps(selection.hosts, sessions, sys.executable, selection.rendezvous.port,
                          store_hosts(selection, elastic))
@@ -107,15 +109,24 @@ def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: R
     what = repr((selection.hosts, selection.rendezvous, str(controller_identity())) + (("elastic",) if elastic else ()))
     key = preflight_key(what, stamps) if stamps is not None else None
     stored = load_pass(path)
-    if key is not None and may_reuse(stored.key, stored.at, key, time.time()):
+    now = time.time()
+    if key is not None and stored.at is not None and may_reuse(stored.key, stored.at, key, now):
         for warning in stored.warnings:
             renderer.warn(warning)
-        renderer.info("pre-flight: passed recently and nothing it checked has changed; reused")
+        renderer.info(reuse_message(now - stored.at, bool(stored.warnings)))
         return True
     warnings = _check_before_run(selection, sessions, renderer, elastic)
     if key is not None:
         save_pass(path, StoredPass(key, time.time(), warnings))
     return False
+
+
+def reuse_message(age_s: float, warned: bool) -> str:
+    """What a reuse says: only what the key covers is claimed unchanged (a disk that filled since is
+    not), and replayed warnings are the pass's own, figures and all."""
+    return (f"pre-flight: reused the pass of {max(0, round(age_s))} s ago: the hosts, their installs and boot, "
+            "the rendezvous port and which GPUs are busy are as it found them"
+            + ("; the warnings above are from that pass" if warned else ""))
 
 
 def _check_before_run(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer,

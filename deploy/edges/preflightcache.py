@@ -42,7 +42,8 @@ def cache_file() -> Path:
 
 def host_stamps(hosts: tuple[Host, ...], sessions: Mapping[str, Session], local_python: str,
                 rdzv_port: int | None = None, stores: tuple[Host, ...] = ()) -> dict[str, str] | None:
-    """Each host's stamp (deploy/host/stamp.py); None when any host cannot give one. The `stores`
+    """Each host's stamp (deploy/host/stamp.py, its busy GPUs included); None when any host cannot
+    give one (an nvidia-smi there that fails or hangs, too). The `stores`
     (the hosts that host the run's store, deploy/check/ports.py) also try to bind `rdzv_port`: a
     store host whose stamp does not say "free" gives none, so the pre-flight runs with its FAIL."""
     asked = {h.name for h in stores} if rdzv_port is not None else set()

@@ -10,6 +10,13 @@ With ADDRESS and PORT (a host that hosts the run's store: the rendezvous host, a
 run every successor) also `"rdzv"`: whether the rendezvous port is free right now, "free", "in use"
 or "unavailable" (any other bind error). Another run's store there changes the stamp, so a passed
 pre-flight is not reused over a busy port (deploy/check/ports.py).
+
+Also `"gpus_busy"`: the indices of the GPUs with over BUSY_MIB in use now (nvidia-smi's
+`memory.used`, the figure and threshold of the pre-flight's busy-GPU WARN, deploy/check/gpus.py).
+A GPU that fills or frees changes the stamp, so a reuse never hides a newly busy GPU nor replays a
+WARN about one that is free again. Without nvidia-smi the list is empty (no GPU to fill); an
+nvidia-smi that fails or gives no answer in SMI_TIMEOUT_S leaves this probe without a stamp (exit
+status 1): what the GPUs hold is unknown, so the pre-flight runs.
 """
 
 from __future__ import annotations
@@ -18,9 +25,17 @@ import errno
 import importlib.util
 import json
 import os
+import shutil
 import site
 import socket
+import subprocess
 import sys
+
+BUSY_MIB = 1024  # a copy of meshrun.layout.GPU_BUSY_MIB (this file travels alone); tests hold them equal
+EXTRA_PATH = ("~/bin", "/usr/sbin", "/usr/local/sbin", "/sbin")  # deploy/host/facts.py's: the same nvidia-smi
+SMI_QUERY = ("--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
+SMI_TIMEOUT_S = 10  # a hung driver: no stamp, the pre-flight runs and says what nvidia-smi did
+SMI_READ = 1 << 16  # a few dozen bytes per GPU
 
 
 def _mtime(path: str) -> int | None:
@@ -53,15 +68,44 @@ def port_state(address: str, port: int) -> str:
     return "free"
 
 
+def _count(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) < 10  # `²`.isdigit() too, int() refuses it
+
+
+def busy_gpus() -> list[int]:
+    """The indices of the GPUs with over BUSY_MIB in use, sorted; [] without nvidia-smi. Exits with
+    status 1 (no stamp) when nvidia-smi fails or hangs. A GPU whose memory it cannot tell (`[N/A]`)
+    is not listed: the pre-flight's parser skips it too (deploy/edges/host_queries.parse_gpus)."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), *(os.path.expanduser(p) for p in EXTRA_PATH)])
+    tool = shutil.which("nvidia-smi", path=search)
+    if tool is None:
+        return []
+    try:
+        done = subprocess.run([tool, *SMI_QUERY], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              errors="replace", timeout=SMI_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        sys.exit(f"nvidia-smi: {err}")
+    if done.returncode != 0:
+        sys.exit(f"nvidia-smi: exit status {done.returncode}")
+    busy: set[int] = set()
+    for line in done.stdout[:SMI_READ].splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and _count(parts[0]) and _count(parts[1]) and int(parts[1]) > BUSY_MIB:
+            busy.add(int(parts[0]))
+    return sorted(busy)
+
+
 def main(argv: list[str]) -> None:
     spec = importlib.util.find_spec("torch")
     torch_dir = os.path.dirname(spec.origin) if spec and spec.origin else ""
     folders = sorted(set(site.getsitepackages() + [site.getusersitepackages()]))
     stamp = {"boot": _boot_id(), "python": os.path.realpath(sys.executable), "version": sys.version,
-             "site": [[p, _mtime(p)] for p in folders], "torch": [torch_dir, _mtime(torch_dir) if torch_dir else None]}
+             "site": [[p, _mtime(p)] for p in folders], "torch": [torch_dir, _mtime(torch_dir) if torch_dir else None],
+             "gpus_busy": busy_gpus()}
     if len(argv) == 2:
         stamp["rdzv"] = port_state(argv[0], int(argv[1]))
     print(json.dumps(stamp, sort_keys=True))
 
 
-main(sys.argv[1:])
+if __name__ == "__main__":  # `python -c` runs it as __main__; tests import it for BUSY_MIB
+    main(sys.argv[1:])

@@ -8,9 +8,11 @@ changed, so a PASS is reused when all of this is unchanged (the key) and it is r
   workdir, network, GPUs, identity) and the rendezvous port: `repr` of the frozen dataclasses;
 - each host's stamp: its boot id, its python's path and version, and the modification times
   of its site-packages folders and of torch's own folder (any install or removal changes
-  them); read by one cheap command per host (deploy/host/stamp.py: no torch import); on the
-  hosts that will hold the rendezvous store (the head, every successor when elastic), whether
-  its port is free now: only `free` allows a reuse (another run's store there must FAIL by name);
+  them), and which of its GPUs have over GPU_BUSY_MIB in use (the pre-flight's busy-GPU WARN:
+  a GPU that fills or frees since is a new key, no reuse); read by one cheap command per host
+  (deploy/host/stamp.py: no torch import); on the hosts that will hold the rendezvous store
+  (the head, every successor when elastic), whether its port is free now: only `free` allows a
+  reuse (another run's store there must FAIL by name);
 - whether the run is elastic (its successors' ports are then part of what passed);
 - at most PREFLIGHT_REUSE_S seconds since that PASS.
 
