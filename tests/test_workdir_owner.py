@@ -23,7 +23,7 @@ from meshrun.layout import WORKDIR_OWNER
 from meshrun.deploy.commands import sync as sync_cmd
 from meshrun.deploy.edges import sync
 from meshrun.deploy.edges.check_probes import PROBE_DIR
-from meshrun.deploy.edges.sync import Claim, WorkdirTaken, project_claim, project_id
+from meshrun.deploy.edges.sync import Claim, WorkdirTaken, project_claim, project_ids
 from meshrun.deploy.edges.transport import CommandResult
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.host import codestat
@@ -58,8 +58,9 @@ def test_the_refusal_names_the_host_the_workdir_the_other_project_and_what_to_do
         "hosts 'gpu1', 'gpu2': workdir /scratch/wd/ holds another project's code (its .meshrun-project names no "
         "other); set `workdir: /scratch/wd-projB` for this project (projB) in /home/u/projB/inventory/hosts.yaml, "
         "or delete /scratch/wd/.meshrun-project there if no other project uses it")
-    assert "projB (another checkout of that name); set `workdir: ~/meshrun-projB`" in sync.taken_message(
-        ("h",), "~", "projB", CLAIM_B)
+    assert "another repository named projB (or of a checkout of this one synced before its first commit, " \
+        "from a shallow clone or by an older meshrun); set `workdir: ~/meshrun-projB-bbbbbbbb`" in \
+        sync.taken_message(("h",), "~", "projB", CLAIM_B)  # a clone shares the id: tests/test_project_identity.py
 
 
 def test_a_mark_names_a_project_only_in_meshrun_s_form() -> None:
@@ -73,11 +74,17 @@ def test_a_mark_names_a_project_only_in_meshrun_s_form() -> None:
     assert unnamed is not None and unnamed.group(1) is None
 
 
-def test_a_project_s_id_is_its_own_kept_in_its_git_dir_and_survives_a_move(tmp_path: Path) -> None:
+def project_id(root: Path) -> str:
+    return project_ids(root)[0]
+
+
+def test_a_repository_with_no_commit_yet_has_a_random_id_kept_in_its_git_dir_and_survives_a_move(
+        tmp_path: Path) -> None:
+    """With no commit, nothing names the repository (with one: tests/test_project_identity.py)."""
     one = git_project(tmp_path / "one", {"a.py": ""})
     first = project_id(one)
     assert len(first) == 32 and project_id(one) == first
-    assert project_id(git_project(tmp_path / "two", {"a.py": ""})) != first  # another checkout
+    assert project_id(git_project(tmp_path / "two", {"a.py": ""})) != first  # another repository
     (one / "sub").mkdir()
     assert project_id(one / "sub") not in (first, project_id(tmp_path / "two"))  # two projects of one repository
     moved = tmp_path / "moved"
@@ -166,6 +173,20 @@ def test_the_claim_runs_in_rsync_s_own_command_on_the_host(tmp_path: Path, stand
     push(a, workdir, claim_a)  # the owner, again
     push(b, workdir, None)  # no claim (a caller of before): rsync as it was
     assert (workdir / "extra.py").exists()
+
+
+def test_rsync_s_claim_takes_a_mark_of_this_checkout_s_earlier_id_and_rewrites_it(
+        tmp_path: Path, stand_in_ssh: None) -> None:
+    """A mark made before the project's first commit (or by an older meshrun): tests/test_project_identity.py."""
+    b = git_project(tmp_path / "projB", {"train.py": "print('B')\n"})
+    workdir = tmp_path / "host" / "meshrun"
+    workdir.mkdir(parents=True)
+    (workdir / WORKDIR_OWNER).write_text(f"{ID_A} projB\n")
+    with pytest.raises(WorkdirTaken):
+        push(b, workdir, CLAIM_B)
+    push(b, workdir, Claim(ID_B, "projB", "i", also=("c" * 32, ID_A)))
+    assert (workdir / WORKDIR_OWNER).read_text() == f"{ID_B} projB\n"
+    assert sorted(os.listdir(workdir)) == [WORKDIR_OWNER, "train.py"]
 
 
 def test_a_hostile_mark_is_read_capped_never_run_and_shown_only_in_meshrun_s_form(

@@ -13,11 +13,13 @@ deleting, leave its own to shadow them). So the first sync leaves an owner mark 
 project is not the one the mark names is refused in one line. The claim (make the mark when there
 is none, else compare it) runs in the command rsync's ssh already starts (`--rsync-path`), so it
 costs no round trip; a local host's workdir is claimed here. A workdir in the project itself (the
-local default `.`) is the project's by construction and is never marked.
+local default `.`) is the project's by construction and is never marked. A project is its
+repository's (`project_ids`): every clone, worktree and machine's checkout of it shares the id.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -44,22 +46,24 @@ from meshrun.deploy.run.syncset import shippable
 PROTECT_ARGS = "--protect-args"
 PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
 GIT_TIMEOUT_S = 120  # `git ls-files` of a large project on a slow disk
-PROJECT_ID_FILE = "meshrun-project-id"  # in the project's git dir: its random id, made by its first sync
+PROJECT_ID_FILE = "meshrun-project-id"  # in the git dir: a random id, for a repository with no commit to name it
 OWNER_SAID = "meshrun-workdir-owner:"  # on the claim's stderr, before the first line of the mark it found
 OWNER_EXIT = 97  # the claim's exit status then
 OWNER_TIMEOUT_S = 60  # the data sync's claim, one short command over its open session
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a project's name in a mark, and the only one a message shows
 # What the claim said, as rsync's message or a command's output carries it: a name is shown only in this form.
 SAID_RE = re.compile(re.escape(OWNER_SAID) + r" ?(?:[0-9a-f]{32} (" + NAME_RE.pattern + r")(?![A-Za-z0-9._-]))?")
-# The claim, run by `sh -c` on the host with the mark's path, this project's id and its mark line: the mark is
-# made whole when there is none (written aside, then linked: of two first syncs at once, one makes it, and neither
-# reads it half written), then its first line is compared, never run; another project's is said on stderr in
-# printable ASCII only. A mark that cannot be made (the workdir is not writable) is rsync's to say. One line: the
-# login shell only hands it to sh.
+# The claim, run by `sh -c` on the host with the mark's path, this project's id, its mark line and this checkout's
+# earlier ids (`Claim.also`): the mark is made whole when there is none (written aside, then linked: of two first
+# syncs at once, one makes it, and neither reads it half written), then its first line is compared, never run; one
+# naming an earlier id is this project's, rewritten (aside, then renamed over it); another project's is said on
+# stderr in printable ASCII only. A mark that cannot be made is rsync's to say. One line: the login shell hands it on.
 CLAIM_SH = ('m=$1; [ -e "$m" ] || [ -L "$m" ] || { t="$m.$$"; printf \'%s\\n\' "$3" > "$t" && '
             '{ ln "$t" "$m" || (set -C; cat "$t" > "$m"); }; rm -f "$t"; } 2>/dev/null; '
             '[ -e "$m" ] || [ -L "$m" ] || exit 0; o=; '
             f'[ -f "$m" ] && o=$(head -c {MARK_MAX} "$m" | head -n 1); case "$o" in "$2"|"$2 "*) exit 0;; esac; '
+            'n=$3; shift 3; for i in "$@"; do case "$o" in "$i"|"$i "*) t="$m.$$"; '
+            '{ printf \'%s\\n\' "$n" > "$t" && mv -f "$t" "$m"; rm -f "$t"; } 2>/dev/null; exit 0;; esac; done; '
             f'printf \'%s %s\\n\' {OWNER_SAID} "$o" | tr -cd \'\\040-\\176\\n\' >&2; exit {OWNER_EXIT}')
 
 
@@ -70,6 +74,8 @@ class Claim:
     project_id: str  # 32 hex digits
     name: str  # the project's directory name, NAME_RE's characters only
     inventory: str
+    also: tuple[str, ...] = ()  # this checkout's earlier ids (32 hex digits): a mark naming one is rewritten
+    shallow: bool = False  # a shallow clone: its root commits are not here, so its id is its own (`project_ids`)
 
     @property
     def mark(self) -> str:
@@ -231,7 +237,7 @@ def _push_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: 
 
 def claim_argv(mark: str, claim: Claim) -> list[str]:
     """The claim of the workdir whose owner mark is at `mark` (as the host's shell reaches it)."""
-    return ["sh", "-c", CLAIM_SH, "meshrun-claim", mark, claim.project_id, claim.mark]
+    return ["sh", "-c", CLAIM_SH, "meshrun-claim", mark, claim.project_id, claim.mark, *claim.also]
 
 
 def claim_command(workdir: str, claim: Claim) -> str:
@@ -241,26 +247,35 @@ def claim_command(workdir: str, claim: Claim) -> str:
 
 
 def claim_local(workdir: Path, claim: Claim) -> bytes | None:
-    """The claim on this machine (as CLAIM_SH: made whole when there is none); None when the workdir
-    is this project's, else the first line of the mark found."""
+    """The claim on this machine (as CLAIM_SH: made whole when there is none, rewritten when it names
+    an earlier id of this checkout); None when the workdir is this project's, else the mark's first line."""
     path = workdir / WORKDIR_OWNER
     try:
         made = _make_whole(path, claim.mark)
     except OSError:
         return None  # an unwritable workdir: rsync says why
     found = mark_line(str(path)) if not made else None
-    return None if made or is_ours(found, claim.project_id) else (found or b"")
+    if made or is_ours(found, claim.project_id):
+        return None
+    if any(is_ours(found, earlier) for earlier in claim.also):
+        with contextlib.suppress(OSError):  # else left as it is: still accepted, and rewritten next time
+            _make_whole(path, claim.mark, replace=True)
+        return None
+    return found or b""
 
 
-def _make_whole(path: Path, text: str) -> bool:
-    """`path` holding `text` and a newline, made only when there is none, never seen half written
-    (written aside, then linked); False when one was there."""
-    if os.path.lexists(path):
+def _make_whole(path: Path, text: str, *, replace: bool = False) -> bool:
+    """`path` holding `text` and a newline, made only when there is none (or over it, `replace`), never
+    seen half written (written aside, then linked or renamed); False when one was there."""
+    if os.path.lexists(path) and not replace:
         return False
     aside = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     try:
         with open(aside, "x", encoding="ascii") as handle:
             handle.write(text + "\n")
+        if replace:
+            os.replace(aside, path)
+            return True
         try:
             os.link(aside, path)
         except FileExistsError:
@@ -282,17 +297,35 @@ def mark_name(line: bytes) -> str | None:
 
 
 def taken_message(hosts: tuple[str, ...], workdir: str, other: str | None, claim: Claim) -> str:
-    """One line: whose code the workdir holds, and what to do."""
+    """One line: whose code the workdir holds, and what to do (a clone shares the id: `project_ids`)."""
     who = ("host " if len(hosts) == 1 else "hosts ") + ", ".join(f"'{h}'" for h in hosts)
     mark = posixpath.join(workdir, WORKDIR_OWNER)
     if other is None:
         whose, gone = f"another project's code (its {WORKDIR_OWNER} names no other)", "no other project uses it"
+    elif other != claim.name:
+        whose, gone = f"the code of another project, {other}", f"{other} no longer uses it"
     else:
-        same = " (another checkout of that name)" if other == claim.name else ""
-        whose, gone = f"the code of another project, {other}{same}", f"{other} no longer uses it"
-    own = f"~/meshrun-{claim.name}" if workdir.rstrip("/") == "~" else f"{workdir.rstrip('/')}-{claim.name}"
-    return (f"{who}: workdir {workdir} holds {whose}; set `workdir: {own}` for this project ({claim.name}) in "
-            f"{claim.inventory}, or delete {mark} there if {gone}")
+        whose = (f"the code of another repository named {other} (or of a checkout of this one synced before its "
+                 "first commit, from a shallow clone or by an older meshrun)")
+        gone = f"that {other} no longer uses it or is a checkout of this repository"
+    own = new_workdir(workdir, other, claim)
+    fix = f"set `workdir: {own}` for this project ({claim.name}) in {claim.inventory}, or " if own else ""
+    unshallow = ("; this checkout is a shallow clone, which cannot name its repository: `git fetch --unshallow` "
+                 "here, then sync again" if claim.shallow and other == claim.name else "")
+    return f"{who}: workdir {workdir} holds {whose}; {fix}delete {mark} there if {gone}{unshallow}"
+
+
+def new_workdir(workdir: str, other: str | None, claim: Claim) -> str | None:
+    """`<workdir>-<name>`, never `-<name>` twice (README's `~/meshrun-<project>`), with this repository's id when
+    the other has this name (told the same, it would follow); None when it has it, or a shallow clone's (per CI run)."""
+    base = "~/meshrun" if workdir.rstrip("/") == "~" else workdir.rstrip("/")
+    tag = f"-{claim.project_id[:8]}"
+    if base.endswith(tag) or (claim.shallow and other == claim.name):
+        return None
+    named = base.endswith(f"-{claim.name}")
+    if other != claim.name and not named:
+        return f"{base}-{claim.name}"
+    return f"{base}{tag}" if named else f"{base}-{claim.name}{tag}"
 
 
 def check_owner(host: Host, session: Session, root: Path, claim: Claim) -> None:
@@ -313,29 +346,55 @@ def check_owner(host: Host, session: Session, root: Path, claim: Claim) -> None:
 
 
 def project_claim(root: Path, inventory: Path) -> Claim:
-    """This project's claim: its id (`project_id`), its directory's name in NAME_RE's characters."""
+    """This project's claim: its ids (`project_ids`), its directory's name in NAME_RE's characters."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", root.resolve().name)[:64] or "project"
-    return Claim(project_id(root), name, str(inventory))
+    project, also, shallow = project_ids(root)
+    return Claim(project, name, str(inventory), also, shallow)
 
 
-def project_id(root: Path) -> str:
-    """A project's id: a random one kept in its git dir (a checkout moved keeps it; a clone, a worktree
-    or a copy is another project), with the project's folder in the repository (two projects of one
-    repository are two). A git dir that cannot keep one: the project's real path instead."""
+def project_ids(root: Path) -> tuple[str, tuple[str, ...], bool]:
+    """(the id, this checkout's earlier ids a mark may still name, whether a shallow clone). The id: the
+    repository's root commits and the project's folder in it (every clone, worktree and machine shares it;
+    two projects of one repository are two). With none to name it (no commit yet; a shallow clone), a random
+    id kept in the git dir, as before, and accepted after too; a git dir that cannot keep one: the real path."""
     try:
-        done = subprocess.run(["git", "rev-parse", "--git-dir", "--show-prefix"], cwd=root, capture_output=True,
-                              check=True, timeout=GIT_TIMEOUT_S)
-        git_dir, prefix = os.fsdecode(done.stdout).split("\n")[:2]
-        repository = _repository_id(root / git_dir / PROJECT_ID_FILE)
+        done = subprocess.run(["git", "rev-parse", "--git-dir", "--show-prefix", "--is-shallow-repository"],
+                              cwd=root, capture_output=True, check=True, timeout=GIT_TIMEOUT_S)
+        git_dir, prefix, shallow = os.fsdecode(done.stdout).split("\n")[:3]
+        kept = root / git_dir / PROJECT_ID_FILE
+        roots = None if shallow == "true" else root_commits(root)
+        earlier = _repository_id(kept, make=roots is None)  # made only while there is nothing else to name it
+        if roots is None and not earlier:
+            raise ValueError(f"{kept}: not an id")
     except (OSError, ValueError, subprocess.SubprocessError):
-        repository, prefix = "path " + os.path.realpath(root), ""
+        return _hashed("path " + os.path.realpath(root), ""), (), False
+    if roots is None:
+        return _hashed(earlier, prefix), (), shallow == "true"
+    return _hashed("roots " + " ".join(roots), prefix), (_hashed(earlier, prefix),) if earlier else (), False
+
+
+def root_commits(root: Path) -> tuple[str, ...] | None:
+    """The commits HEAD's history starts from, sorted (several after a merge of unrelated histories); None
+    before the first commit. An argv, never a shell line, bounded like every git call here."""
+    try:
+        argv = ["git", "rev-list", "--max-parents=0", "HEAD", "--"]
+        done = subprocess.run(argv, cwd=root, capture_output=True, timeout=GIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise MeshrunError(f"{root}: git took over {GIT_TIMEOUT_S} s to find the repository's first commit "
+                           "(meshrun's project id); run `git commit-graph write --reachable` there") from None
+    found = tuple(sorted(os.fsdecode(done.stdout).split()))  # SHA-1 or SHA-256 names
+    ok = done.returncode == 0 and found and all(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", c) for c in found)
+    return found if ok else None
+
+
+def _hashed(repository: str, prefix: str) -> str:
     return hashlib.sha256(f"{repository}\0{prefix}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def _repository_id(path: Path) -> str:
-    """The random id in `path`, made by the first caller (`_make_whole`: of two at once, both read the one made)."""
-    _make_whole(path, secrets.token_hex(16))
+def _repository_id(path: Path, *, make: bool) -> str:
+    """The random id in `path` ("" when none or not one), made first when `make` (`_make_whole`: of two at
+    once, both read the one made)."""
+    if make:
+        _make_whole(path, secrets.token_hex(16))
     found = (mark_line(str(path)) or b"").decode("ascii", "replace")
-    if not re.fullmatch(r"[0-9a-f]{32}", found):
-        raise ValueError(f"{path}: not an id")
-    return found
+    return found if re.fullmatch(r"[0-9a-f]{32}", found) else ""
