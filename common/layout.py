@@ -34,6 +34,9 @@ METRICS = "metrics.jsonl"  # trainer, rank 0
 RANK_METRICS_GLOB = "metrics.rank*.jsonl"  # trainer, every rank: its step records (rank_metrics)
 PROGRESS = "progress.json"  # trainer, rank 0: epoch and step, for `fab status`
 RESULT = "result.json"  # trainer, rank 0: final metrics
+# Worker-group starts per launch (`{launch rendezvous id: starts}`), summary.json's `restarts`: the trainer's
+# host leaders (train/starts.py), or a --script's runner on each host (deploy/host/runscript.py keeps a copy).
+STARTS_FILE = "starts.json"
 CHECKPOINTS = "checkpoints"  # trainer: ckpt-step<9 digits>.pt, best.pt, MANIFEST.sha256
 HOSTS = "hosts"  # per-host subdirectories
 

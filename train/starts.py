@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from meshrun.fsutil import atomic_write_json
+from meshrun.layout import STARTS_FILE
 from meshrun.train import dist
-
-STARTS_FILE = "starts.json"
 
 
 def read_starts(path: Path) -> dict[str, int]:

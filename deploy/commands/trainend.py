@@ -1,14 +1,15 @@
 """The end of an attached `fab train`: what the hosts answer once the job has ended (the trainer's
-result.json, the comm record, provenance, the newest checkpoint), read into the run's summary."""
+result.json, or a --script run's start counts, the comm record, provenance, the newest checkpoint),
+read into the run's summary."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from meshrun.layout import RESULT, run_dir
+from meshrun.layout import RESULT, STARTS_FILE, run_dir
 from meshrun.deploy.edges.checkpointpush import hosts_newest_step
 from meshrun.deploy.edges import comm as comm_cmd
-from meshrun.deploy.edges.sessions import first_found
+from meshrun.deploy.edges.sessions import first_found, reachable_results
 from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.edges.records import RunRecord
@@ -19,7 +20,7 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.render.neutral import one_line
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchPlan
-from meshrun.deploy.run.summary import RunSummary, build_summary, trainer_result
+from meshrun.deploy.run.summary import STARTS_READ_MAX, RunSummary, build_summary, host_starts, trainer_result
 
 
 def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
@@ -40,11 +41,25 @@ def script_resume_hint(run_id: str) -> str:
             f"them and reloads what it saved under $MESHRUN_RUN_DIR there (docs/scripts.md)")
 
 
+RESULT_TIMEOUT_S = 20  # each host's answer after the run: result.json, or a script run's start count
+
+
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
     """The trainer's result.json, from whichever host ran rank 0."""
     names = [h.host.name for h in plan.hosts]
-    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/{RESULT}"], 20,
+    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/{RESULT}"], RESULT_TIMEOUT_S,
                        lambda result: trainer_result(result.stdout))
+
+
+def read_starts(sessions: Mapping[str, Session], plan: LaunchPlan, rdzv_id: str) -> list[int]:
+    """A --script run's worker-group starts as each answering host counted them (deploy/host/runscript.py
+    writes starts.json; the trainer's agreed count is in result.json instead): every host at once, one
+    bounded read each; a host that does not answer, or answers out of shape, counts no start."""
+    names = [h.host.name for h in plan.hosts]
+    argv = ["head", "-c", str(STARTS_READ_MAX + 1), f"{run_dir(plan.run_id)}/{STARTS_FILE}"]
+    counts = (host_starts(result.stdout, rdzv_id) if result.ok else None
+              for _, result in reachable_results(sessions, names, argv, RESULT_TIMEOUT_S))
+    return [n for n in counts if n is not None]
 
 
 def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions: Mapping[str, Session],
@@ -63,6 +78,10 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     made = launched(origin, renderer)
     if made is not None:
         made = {**made, **provenance.at_end(answering, names, plan.run_id, saved_plan)}
+    if record.workload.get("script"):
+        # A script writes no result.json (docs/scripts.md): its hosts' round is the start counts instead.
+        starts = read_starts(answering, plan, record.rdzv_id or plan.run_id)
+        return build_summary(plan, outcome, None, comm, made, starts=starts)
     return build_summary(plan, outcome, read_result(answering, plan), comm, made)
 
 

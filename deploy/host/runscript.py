@@ -17,7 +17,16 @@ importable; the script's module is `sys.modules["__main__"]` (`__name__ == "__ma
 handlers, and multiprocessing's spawn (DataLoader workers) re-runs the script by path as
 `__mp_main__`. `runpy.run_path` is not used: it swaps its own module back in as `__main__` when the
 script returns, and leaves `__file__` relative. A source file only, not a directory or zip.
-Left different: the runner's few frames count towards the recursion limit.
+Left different: the runner's few frames count towards the recursion limit, and on the rank that
+records the start (below) `json` is imported before the script runs.
+
+Added: each start of the worker group is counted on its host, for summary.json's `restarts`. torchrun's
+`TORCHELASTIC_RESTART_COUNT` skips the restarts a change of membership makes, and a script has no
+collective to agree on a count the way the trainer does (train/starts.py), so the process with
+LOCAL_RANK 0 adds one to `<run dir>/starts.json` under the launch's rendezvous id before the script
+runs; the controller takes the largest count the hosts answer (deploy/commands/trainend.py). Only
+under meshrun's torchrun (MESHRUN_RUN_ID and TORCHELASTIC_RUN_ID set); a failure to record is
+silent, and nothing is fsynced: the count must never stop or slow the script.
 
 Exit status, as the interpreter gives it: 0 when the script returns or calls `sys.exit()`/`sys.exit(0)`;
 `sys.exit(n)` gives n (mod 256); `sys.exit("msg")` prints msg on stderr and gives 1; an uncaught
@@ -48,19 +57,29 @@ import builtins
 import gc
 import io
 import os
+import re
 import signal
+import stat
 import sys
 import traceback
 from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 from types import CodeType, ModuleType, TracebackType
-from typing import NoReturn
+from typing import Mapping, NoReturn
 
 USAGE = "usage: python -m meshrun.deploy.host.runscript SCRIPT [ARG ...]"
 FLUSH_FAILED_STATUS = 120  # CPython's status when flushing stdout/stderr fails at exit
 SIGINT_STATUS = 128 + signal.SIGINT  # a shell's status for a death by SIGINT
 # Text layers first: flushing one pushes its bytes into the buffered layer flushed after it.
 WRITABLE_FILE_TYPES: tuple[tuple[type, ...], ...] = ((io.TextIOWrapper,), (io.BufferedWriter, io.BufferedRandom))
+# Copies of meshrun.layout's (RUNS_DIR, STARTS_FILE, ENV_RUN_ID, is_run_id, launch_rdzv_id): this file
+# also travels alone, to hosts that may have no meshrun (the check's all-reduce, deploy/edges/check_probes.py);
+# tests/test_script_restarts.py holds them equal.
+RUNS_DIR = "runs"
+STARTS_FILE = "starts.json"
+ENV_RUN_ID = "MESHRUN_RUN_ID"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", re.ASCII)
+STARTS_READ_MAX = 64 << 10  # a starts.json past this is damaged: counted afresh
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,7 @@ def main(argv: list[str]) -> NoReturn:
     if not argv:
         print(USAGE, file=sys.stderr)
         sys.exit(2)
+    record_start(os.environ)  # first: a script that cannot even be opened was still a start
     path = _absolute(argv[0])
     try:
         with io.open_code(path) as file:  # what the interpreter itself opens scripts with
@@ -88,6 +108,72 @@ def main(argv: list[str]) -> NoReturn:
     if not sys.flags.safe_path:  # `python -P`/PYTHONSAFEPATH: the interpreter prepends nothing, nor do we
         sys.path[0] = os.path.dirname(os.path.realpath(path))  # replaces the cwd `-m` put there
     _finish(_execute(source, path, module))
+
+
+def record_start(environ: Mapping[str, str]) -> None:
+    """Count this start of the worker group on this host (module docstring), if this process is its
+    host's LOCAL_RANK 0 under meshrun's torchrun; any failure is swallowed: the script runs regardless."""
+    try:
+        _record_start(environ)
+    except Exception:  # a full disk, a read-only workdir, a damaged file: the run must not pay for the count
+        pass
+
+
+def _record_start(environ: Mapping[str, str]) -> None:
+    run_id, rdzv_id = environ.get(ENV_RUN_ID, ""), environ.get("TORCHELASTIC_RUN_ID", "")
+    if environ.get("LOCAL_RANK") != "0" or not rdzv_id or not (_RUN_ID.fullmatch(run_id) and ".." not in run_id):
+        return
+    import json  # here, not at the top: only the recording rank imports it before the script
+
+    directory = os.path.join(RUNS_DIR, run_id)  # the trainer's run dir: the agent starts torchrun in the workdir
+    path = os.path.join(directory, STARTS_FILE)
+    try:
+        recorded = json.loads(_read_bounded(path))
+    except (OSError, ValueError, RecursionError):  # none yet, or damaged: this launch counts from here
+        recorded = {}
+    if not isinstance(recorded, dict):
+        recorded = {}
+    key = launch_rdzv_id(rdzv_id)  # every succession generation (`<id>-g<n>`) is the same launch
+    before = recorded.get(key)
+    recorded[key] = (before if isinstance(before, int) and not isinstance(before, bool) and before > 0 else 0) + 1
+    os.makedirs(directory, exist_ok=True)
+    _replace(path, json.dumps(recorded, sort_keys=True).encode())
+
+
+def _read_bounded(path: str) -> bytes:
+    """The file's bytes, at most STARTS_READ_MAX; never through a symlink, nor from a FIFO or device
+    (which could block the start for ever)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, STARTS_READ_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > STARTS_READ_MAX:
+        raise ValueError("too large")
+    return data
+
+
+def _replace(path: str, data: bytes) -> None:
+    """Write `data` to a temp file beside `path` and rename it over `path`: readers see the old count or the
+    new, never half. The temp's name is meshrun.fsutil's (`.tmp-<target>.<pid>.<8 hex>`)."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".tmp-{name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def launch_rdzv_id(rdzv_id: str) -> str:
+    """The launch's own rendezvous id, from any succession generation's (meshrun.layout's, copied)."""
+    base, sep, gen = rdzv_id.rpartition("-g")
+    return base if sep and gen.isdigit() and gen.isascii() else rdzv_id
 
 
 def _absolute(path: str) -> str:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from meshrun.deploy.run.outcome import JobOutcome
-from meshrun.deploy.run.membership import Change
+from meshrun.deploy.run.membership import OUTLIVED_DETAIL, Change, MembershipEvent
 from meshrun.deploy.run.plan import LaunchPlan
 from meshrun.deploy.run.answers import from_json, is_int, is_real
 
 COUNTS = ("world_size", "restarts", "epochs_completed")  # result.json's counts (train/metrics.py)
 MAX_METRICS = 100  # of a result.json: the trainer writes a handful
+STARTS_READ_MAX = 64 << 10  # of a host's starts.json: one short entry per attempt of the run
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class RunSummary:
     status: str  # succeeded | failed | stopped
     hosts: list[str]
     world_size: int
-    restarts: int
+    restarts: int  # starts of the worker group after the first (`restarts_of`)
     epochs_completed: int
     metrics: dict[str, float]
     duration_s: float
@@ -69,16 +70,88 @@ def _last_world_size(plan: LaunchPlan, outcome: JobOutcome) -> int:
     return changes[-1] if changes else plan.world_size
 
 
+def host_starts(text: str, rdzv_id: str) -> int | None:
+    """One host's count of the launch's worker-group starts, from its starts.json as it answered (a
+    --script run's runner writes it: deploy/host/runscript.py); None unless a whole JSON object (not cut
+    at STARTS_READ_MAX) holds a whole number >= 1 under the launch's rendezvous id. The host wrote it,
+    so it is data: how large it may be is `restarts_of`'s to judge."""
+    if len(text) > STARTS_READ_MAX:
+        return None
+    raw = from_json(text)
+    value = raw.get(rdzv_id) if isinstance(raw, dict) else None
+    return value if is_int(value) and value >= 1 else None
+
+
+def max_restarts(plan: LaunchPlan) -> int:
+    """torchrun's `--max-restarts` as the plan starts it (its first one: a script's own arguments follow)."""
+    found = [argv[argv.index("--max-restarts") + 1] for argv in (h.torchrun for h in plan.hosts)
+             if "--max-restarts" in argv[:-1]]
+    return max((int(n) for n in found if n.isascii() and n.isdigit()), default=0)
+
+
+def starts_cap(plan: LaunchPlan, events: tuple[MembershipEvent, ...]) -> int:
+    """The most starts the timeline allows the worker group: the first; one per change of membership in
+    an elastic run (a fixed run's first change ends it); and every torchrun's own budget of failure
+    restarts, `--max-restarts` each: each host's torchrun has its own, and a host that joins, or comes
+    back, and every succession generation start fresh ones. A bound, not a count: generous, so an
+    honest count is never past it, and what a lying host can add is bounded by the run itself."""
+    changes = [e for e in events if e.event in (Change.JOINED, Change.LEFT, Change.LOST, Change.SUCCESSION)]
+    torchruns = sum(e.event in (Change.STARTED, Change.JOINED) for e in events)
+    torchruns = max(torchruns, len(plan.hosts)) * (1 + sum(e.event is Change.SUCCESSION for e in events))
+    return 1 + (len(changes) if plan.elastic is not None else 0) + torchruns * max_restarts(plan)
+
+
+def seen_restarts(plan: LaunchPlan, events: tuple[MembershipEvent, ...]) -> int:
+    """The restarts the controller's timeline shows, when no host told its count: in an elastic run,
+    each host admitted while training went on (joined, and not stopped as outlived) and each host lost
+    or gone while at least MIN kept running and training was not over. An estimate: changes too close
+    together restart the group once, and torchrun's restarts of failed workers are not in the timeline."""
+    if plan.elastic is None:
+        return 0
+    outlived = {e.host for e in events if e.event is Change.FINISHED and e.detail == OUTLIVED_DETAIL}
+    running: set[str] = set()
+    over, count = False, 0
+    for e in events:
+        if e.event is Change.FINISHED:
+            over = True
+            running.discard(e.host)
+        elif e.event in (Change.STARTED, Change.JOINED):
+            count += e.event is Change.JOINED and bool(running) and not over and e.host not in outlived
+            running.add(e.host)
+        elif e.event in (Change.LOST, Change.LEFT) and e.host in running:
+            running.discard(e.host)
+            count += not over and len(running) >= plan.elastic.min
+    return count
+
+
+def restarts_of(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any], starts: Iterable[int]) -> int:
+    """summary.json's `restarts`: the trainer's own count (result.json, agreed across its ranks); else
+    the hosts' start counts (`starts`, of the hosts that answered): the largest, as a host that joined
+    late saw fewer starts; exact when a host that ran from the launch to the end answered, fewer
+    otherwise. A compromised host may say anything of its own count: one past `starts_cap` is no
+    honest count and is left out; only when every count is past it does the cap stand for them.
+    Without any count, what the timeline shows (`seen_restarts`), never a bare 0."""
+    if "restarts" in result:
+        return int(result["restarts"])
+    counts = [n for n in starts if is_int(n) and n >= 1]
+    if not counts:
+        return seen_restarts(plan, outcome.events)
+    cap = starts_cap(plan, outcome.events)
+    return max((n for n in counts if n <= cap), default=cap) - 1
+
+
 def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,
-                  comm: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> RunSummary:
-    """Combine what the controller saw with what the trainer reported (result.json), if any."""
+                  comm: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None,
+                  starts: Iterable[int] = ()) -> RunSummary:
+    """Combine what the controller saw with what the trainer reported (result.json), if any, and the
+    hosts' counts of the worker group's starts (`starts`: a --script run's, read after it)."""
     result = result or {}
     return RunSummary(
         run_id=plan.run_id,
         status=outcome.status.value,
         hosts=[h.host.name for h in plan.hosts],
         world_size=int(result.get("world_size", _last_world_size(plan, outcome))),
-        restarts=int(result.get("restarts", 0)),
+        restarts=restarts_of(plan, outcome, result, starts),
         epochs_completed=int(result.get("epochs_completed", 0)),
         metrics={k: float(v) for k, v in dict(result.get("metrics", {})).items()},
         duration_s=round(outcome.duration_s, 2),
