@@ -23,11 +23,11 @@ def test_a_script_run_that_lost_a_host_counts_its_restart(testbed, inventory: Pa
     run = FabProcess("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "1:2", "--skip-checks",
                      "--script", "tests/scripts/hold_while_two.py", "--", "600")
     try:
-        output = run.wait_for(r"\[h1:0\] HOLD start world=2", timeout=240)
-        run.wait_for(r"\[h2:0\] HOLD start world=2", timeout=60)
+        output = run.wait_for(r"\[h1:\d+\] HOLD start world=2", timeout=240)
+        run.wait_for(r"\[h2:\d+\] HOLD start world=2", timeout=60)
         run_id = run_id_of(output)
         assert testbed.kill_processes(2)
-        run.wait_for(r"\[h1:0\] HOLD start world=1", timeout=180)
+        run.wait_for(r"\[h1:\d+\] HOLD start world=1", timeout=180)
         assert run.finish(timeout=120) == 0, run.output[-4000:]
     finally:
         run.close()
