@@ -57,6 +57,7 @@ class TrainRequest:
     workload: Workload
     nnodes: str | None = None
     pg_timeout_s: int | None = None  # --timeout; None: the default, or a resumed run's own
+    timeout_given: bool = False  # --timeout typed: `--comm` then warns rather than raising it (deploy/edges/comm.py)
     detach: bool = False
     skip_checks: bool = False
     no_sync: bool = False
@@ -103,7 +104,8 @@ def _with_resumed_defaults(request: TrainRequest, project: Project, renderer: Re
     given_timeout = request.pg_timeout_s
     if not request.resume:
         refuse_trainer_flags(request.workload, given_timeout is not None)
-        return dataclasses.replace(request, pg_timeout_s=given_timeout or DEFAULT_PG_TIMEOUT_S)
+        return dataclasses.replace(request, pg_timeout_s=given_timeout or DEFAULT_PG_TIMEOUT_S,
+                                   timeout_given=given_timeout is not None)
     record = load_record(project.runs, request.resume, "--resume")
     inventory = request.inventory or record.inventory
     hosts = request.hosts or ",".join(record.members)
@@ -121,7 +123,7 @@ def _with_resumed_defaults(request: TrainRequest, project: Project, renderer: Re
         if line:
             renderer.info(line)
     return dataclasses.replace(request, inventory=inventory, hosts=hosts, workload=work.workload,
-                               pg_timeout_s=work.pg_timeout_s, nnodes=nnodes)
+                               pg_timeout_s=work.pg_timeout_s, nnodes=nnodes, timeout_given=given_timeout is not None)
 
 
 def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
@@ -250,7 +252,8 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
     workload, comm_plan = options.workload, None
     if request.comm:
         workload, comm_plan = comm_cmd.choose(request.comm, selection, sessions, workload, project.root, renderer,
-                                              gradients)
+                                              gradients, timeout_s=options.pg_timeout_s,
+                                              timeout_given=request.timeout_given)
     if request.resume and (retired := retire_attempt(project.run_home(options.run_id))):
         # This attempt begins, its pre-launch steps through (a failed one leaves the last attempt's
         # summary in place): that summary (and provenance, --comm floors) would make the run look

@@ -5,7 +5,9 @@ Edges: the trainer's `python -m meshrun.train --describe` runs locally (argv, no
 answer is shape-checked; the bandwidth comes from check-network's link probe over the open sessions.
 The math is deploy/run/commplan.py. The config's `sync_bn: true` refuses an explicit flat DiLoCo hook
 in one line (`check_comm`) and keeps `auto` from choosing one, as the trainer would refuse it on
-every rank.
+every rank. With a measured link, the trainer's `dist.timeout` is held against the chosen hook's
+largest collective (`timeout_advice`): raised by a `dist.timeout=` override, or, when the user set
+it, a WARN naming the value to set.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshrun.fsutil import atomic_write_bytes
-from meshrun.layout import COMM_PLAN, TRAINER_MODULE, rank_metrics, run_dir
+from meshrun.layout import COMM_PLAN, DEFAULT_PG_TIMEOUT_S, TRAINER_MODULE, rank_metrics, run_dir
 from meshrun.deploy.check.sites import undeclared_places
 from meshrun.deploy.run import commplan
-from meshrun.deploy.run.commplan import GRAD_BYTES, CommPlan, Hook, HookSettings
+from meshrun.deploy.run.commplan import GRAD_BYTES, Collective, CommPlan, Hook, HookSettings, TimeoutAdvice
 from meshrun.deploy.edges.sessions import first_found
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.check_probes import gather_facts, probe_pairs
@@ -30,12 +32,17 @@ from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run.answers import from_json, is_int, is_real
+from meshrun.deploy.run.flags import MAX_PG_TIMEOUT_S
 from meshrun.deploy.run.plan import LaunchPlan, Workload
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.transport import Session, last_json_line
 
 AUTO = "auto"
 BANDWIDTH_S = 2.0  # per link; the probe reports the steady rate of its second half (slow start excluded)
+# dist.timeout is at least this many times the largest collective's floor: the floor is the probe's
+# steady rate, and a saturated uplink's queue, loss or a slower hour of the link stretch it.
+TIMEOUT_SAFETY = 3
+TIMEOUT_OVERRIDE = "dist.timeout="
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +139,14 @@ def site_map(selection: Selection) -> dict[str, str]:
 
 
 def choose(comm: str, selection: Selection, sessions: Mapping[str, Session], workload: Workload, root: Path,
-           renderer: Renderer, gradients: Gradients | None = None) -> tuple[Workload, CommPlan | None]:
-    """The workload with `comm.hook=...` first among its overrides (the user's own overrides
-    after it still win), and the plan behind it (None when no link could be measured).
-    `gradients`: what `check_comm` answered earlier; else it runs here, before the links are
-    measured but after the pre-flight and the code sync have reached the hosts."""
+           renderer: Renderer, gradients: Gradients | None = None, timeout_s: int | None = None,
+           timeout_given: bool = False) -> tuple[Workload, CommPlan | None]:
+    """The workload with `comm.hook=...` (and a raised `dist.timeout=`) first among its overrides
+    (the user's own overrides after it still win), and the plan behind it (None when no link could
+    be measured). `gradients`: what `check_comm` answered earlier; else it runs here, before the
+    links are measured but after the pre-flight and the code sync have reached the hosts.
+    `timeout_s`: the run's --timeout (the default, or a resumed run's), `timeout_given`: typed; a
+    caller that does not say is taken as the default typed (advised, never raised over)."""
     if gradients is None:
         gradients = check_comm(comm, workload, root)
     bandwidth, rtt_s, matrix = measure_links(selection, sessions)
@@ -158,14 +168,70 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session], wor
             at = f"floor {floor.floor_s * 1e3:.1f} ms per step" if floor is not None else "no floor"
             renderer.info(f"comm: comm.hook={hook.value}, {at} "
                           f"(recommended: {plan.recommended.value}; {plan.reason})")
+    raised: tuple[str, ...] = ()
     if plan is not None:
-        plan = dataclasses.replace(plan, hint=commplan.wire_hint(hook, plan, gradients.shapes, gradients.settings),
-                                   places_hint=_places_hint(selection, hook, plan, gradients))
-        if plan.hint:
-            renderer.info(f"comm: {plan.hint}")
-        if plan.places_hint:
-            renderer.warn(f"comm: {plan.places_hint}")
-    return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *workload.args)), plan
+        plan = _advised(selection, hook, plan, gradients, renderer, run_timeout(workload, timeout_s, timeout_given))
+        raised = (f"{TIMEOUT_OVERRIDE}{plan.timeout.raised_to}",) if plan.timeout and plan.timeout.raised_to else ()
+    return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *raised, *workload.args)), plan
+
+
+def _advised(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradients, renderer: Renderer,
+             timeout: RunTimeout | None) -> CommPlan:
+    """The plan with its hints and dist.timeout advice, each said on the console."""
+    advice = None if timeout is None else \
+        timeout_advice(commplan.largest_collective(plan, hook, gradients.settings), timeout.seconds, timeout.user_set)
+    plan = dataclasses.replace(plan, hint=commplan.wire_hint(hook, plan, gradients.shapes, gradients.settings),
+                               places_hint=_places_hint(selection, hook, plan, gradients), timeout=advice)
+    if plan.hint:
+        renderer.info(f"comm: {plan.hint}")
+    if plan.places_hint:
+        renderer.warn(f"comm: {plan.places_hint}")
+    if advice is not None and timeout is not None and (line := timeout_line(advice, timeout.setting)):
+        (renderer.warn if advice.user_set else renderer.info)(f"comm: {line}")
+    return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTimeout:
+    seconds: float  # the run's dist.timeout
+    user_set: bool
+    setting: str  # how the user sets another: "--timeout " or "dist.timeout=" (after --)
+
+
+def run_timeout(workload: Workload, timeout_s: int | None, timeout_given: bool) -> RunTimeout | None:
+    """The run's dist.timeout: the user's own last `dist.timeout=` override, which follows and so
+    beats the controller's `dist.timeout=<--timeout>` (deploy/run/plan.trainer_args; a config file's
+    `dist.timeout:` is beaten by both); else --timeout. None for an override that is no number (the
+    trainer's --check refused it already)."""
+    found = [a[len(TIMEOUT_OVERRIDE):] for a in workload.args if a.startswith(TIMEOUT_OVERRIDE)]
+    if not found:  # an unknown --timeout may be the user's own, larger one: never lowered
+        return RunTimeout(float(timeout_s or DEFAULT_PG_TIMEOUT_S), timeout_given or timeout_s is None, "--timeout ")
+    try:
+        return RunTimeout(float(found[-1]), True, TIMEOUT_OVERRIDE)
+    except ValueError:
+        return None
+
+
+def timeout_advice(collective: Collective, timeout_s: float, user_set: bool) -> TimeoutAdvice:
+    """dist.timeout against TIMEOUT_SAFETY × the collective, rounded up to whole seconds, at most
+    the trainer's bound: raised when it is below and not the user's own; the user's is only advised."""
+    needed = min(math.ceil(TIMEOUT_SAFETY * collective.seconds), MAX_PG_TIMEOUT_S)
+    raised = needed if timeout_s < needed and not user_set else None
+    return TimeoutAdvice(collective, timeout_s, user_set, needed, raised)
+
+
+def timeout_line(advice: TimeoutAdvice, setting: str = "--timeout ") -> str:
+    """The console's line: why dist.timeout was raised, or the value to set (`setting`, as the user
+    set it) in place of a user's too low one; "" when it suffices."""
+    c = advice.collective
+    why = (f"the largest collective, {c.what}, {c.nbytes / 1e6:.1f} MB over the slowest link "
+           f"({c.bandwidth_bytes_s * 8 / 1e6:.1f} Mbit/s), takes about {round(c.seconds)} s")
+    if advice.raised_to is not None:
+        return f"dist.timeout raised to {advice.raised_to} s: {why} ({TIMEOUT_SAFETY}x that; --timeout sets another)"
+    if advice.timeout_s >= advice.needed_s:
+        return ""
+    return (f"dist.timeout {advice.timeout_s:g} s is under {TIMEOUT_SAFETY}x {why}: the run may stop with a "
+            f"collective timeout; set {setting}{advice.needed_s}")
 
 
 def _places_hint(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradients) -> str:

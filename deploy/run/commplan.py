@@ -33,6 +33,10 @@ hier (exact inside each site; only with sites, and some site of two hosts or mor
 diloco; when none fits, the hook with the lowest floor. With the trainer's ``sync_bn: true``
 diloco is no candidate (the trainer refuses it and diloco-overlap with SyncBatchNorm) and the
 reason says so. Nothing here touches the network.
+
+``largest_collective``, what the trainer's ``dist.timeout`` must outlast: DDP's initial broadcast of S
+from rank 0 (S / B), a full-gradient step (none; powersgd's and localsgd's warm-up) or the DiLoCo
+family's outer all-reduce at its wire dtype, each at the slowest measured link, ring latency included.
 """
 
 from __future__ import annotations
@@ -130,9 +134,27 @@ class CommPlan:
     links: tuple[tuple[str, str, float | None, float | None], ...] = ()  # (source, target, Mbit/s, RTT ms)
     hint: str = ""  # what a setting would save on the hook the run uses (``wire_hint``)
     places_hint: str = ""  # measured places the inventory does not declare, and hier on them (``places_hint``)
+    timeout: TimeoutAdvice | None = None  # dist.timeout against the hook's largest collective
 
     def floor_of(self, hook: Hook) -> HookFloor | None:
         return next((f for f in self.floors if f.hook is hook), None)
+
+
+@dataclass(frozen=True)
+class Collective:
+    what: str
+    nbytes: float  # what each rank contributes (the broadcast: what rank 0 sends)
+    bandwidth_bytes_s: float  # the slowest link it crosses
+    seconds: float  # its floor at that bandwidth, ring latency included
+
+
+@dataclass(frozen=True)
+class TimeoutAdvice:
+    collective: Collective
+    timeout_s: float  # the run's dist.timeout as it stood
+    user_set: bool  # the user's own (--timeout or a dist.timeout= override): never raised
+    needed_s: int  # a safety factor × the collective, rounded up (deploy/edges/comm.timeout_advice)
+    raised_to: int | None  # the dist.timeout= the controller adds; None: it suffices, or it is the user's
 
 
 def ring_floor_s(nbytes: float, nodes: int, bandwidth_bytes_s: float) -> float:
@@ -248,6 +270,31 @@ def plan(bandwidth_bytes_s: float, nodes: int, shapes: Iterable[Sequence[int]],
 
 
 OUTER_HOOKS = (Hook.DILOCO, Hook.DILOCO_OVERLAP, Hook.HIER)  # a pseudo-gradient that can cross in bf16
+WARM_UP = {Hook.NONE: "a full-gradient all-reduce step", Hook.POWERSGD: "a powersgd warm-up step (full all-reduce)",
+           Hook.LOCALSGD: "a localsgd warm-up step (full all-reduce)"}
+
+
+def largest_collective(plan: CommPlan, hook: Hook, settings: HookSettings) -> Collective:
+    """The hook's longest single collective (module docstring); the first of equals."""
+    full, b, n, rtt = float(plan.gradient_bytes), plan.bandwidth_bytes_s, plan.nodes, plan.rtt_s
+    buckets = collectives_per_step(Hook.NONE, full, settings)
+    wire = full * settings.diloco_wire_bytes / GRAD_BYTES
+    found = [Collective("DDP's initial broadcast of the parameters", full, b, full / b)]  # every hook builds DDP
+    if hook in WARM_UP:
+        found.append(Collective(WARM_UP[hook], full, b, ring_floor_s(full, n, b) + latency_floor_s(n, rtt, buckets)))
+    sites = plan.site_links if hook is Hook.HIER else None
+    if sites is not None and (link := sites.inside) is not None:
+        m = sites.largest
+        inside = ring_floor_s(full, m, link.bandwidth_bytes_s) + latency_floor_s(m, link.rtt_s, buckets)
+        found.append(Collective("a full-gradient all-reduce step inside a site", full, link.bandwidth_bytes_s, inside))
+    if sites is not None and sites.between is not None:
+        k, link = len(sites.sites), sites.between
+        found.append(Collective("hier's outer all-reduce between sites", wire, link.bandwidth_bytes_s,
+                                ring_floor_s(wire, k, link.bandwidth_bytes_s) + latency_floor_s(k, link.rtt_s)))
+    elif hook in OUTER_HOOKS:  # hier without sites runs as flat diloco-overlap
+        outer = ring_floor_s(wire, n, b) + latency_floor_s(n, rtt, buckets)
+        found.append(Collective(f"{hook.value}'s outer all-reduce", wire, b, outer))
+    return max(found, key=lambda c: c.seconds)
 
 
 def wire_hint(hook: Hook, plan: CommPlan, shapes: Sequence[Sequence[int]], settings: HookSettings) -> str:
