@@ -13,9 +13,10 @@ a writer whose bytes differ from rank 0's stores rank 0's bytes instead (one bro
 
 Resume does not assume shared storage and trusts no file: a rank offers only files named like
 the trainer's and listed in its manifest with a matching hash; all ranks take the newest
-offered step, the lowest rank holding it broadcasts the bytes, and every rank loads them with
-``train.safe_load`` (no code runs). If any rank fails to load them, all ranks agree to drop
-that copy and try the next newest, down to a fresh start (``restore_agreed``).
+offered step; a rank holding the lowest holder's copy (same hash) reads its own, the others
+receive that holder's bytes; every rank checks them against that hash and loads them with
+``train.safe_load`` (no code runs). If any rank fails to, all ranks drop that copy and try the
+next newest, down to a fresh start (``restore_agreed``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as torch_dist
 
 from meshrun.train import dist
 from meshrun.train.config import CheckpointConfig
@@ -103,23 +105,20 @@ class Checkpointer:
         self.hashes = read_manifest(directory / MANIFEST)
         self._verified: dict[str, bool] = {}
         self._warned_divergence = False
-        # resume=false: this session starts from step 0, so what the manifest lists is another
-        # timeline's; the first save unlists all of it (see `_supersede`).
+        # resume=false: from step 0, so what is listed is another timeline's, unlisted by the first save.
         self._earlier = frozenset() if cfg.resume else frozenset(filter(is_checkpoint_name, self.hashes))
         if self._earlier and self.site.writer:  # one line per directory
-            self.warn(f"checkpoint.resume is false but {self.label(MANIFEST)} lists an earlier "
-                      f"session's checkpoints (steps {_steps(self._earlier)}); this run starts "
-                      "from step 0 and its first save supersedes them (unlisted, files left in "
-                      "place until a save of the same step replaces them)")
+            self.warn(f"checkpoint.resume is false but {self.label(MANIFEST)} lists an earlier session's "
+                      f"checkpoints (steps {_steps(self._earlier)}); this run starts from step 0 and its first save "
+                      "supersedes them (unlisted, files left in place until a save of the same step replaces them)")
 
     def due(self, global_step: int) -> bool:
         """Whether an intra-epoch save is due after this optimizer step."""
         return self.cfg.every_steps > 0 and global_step % self.cfg.every_steps == 0
 
     def save(self, state: dict[str, Any] | None, step: int, is_best: bool) -> Path | None:
-        """Collective: every rank calls, writers pass ``state`` (others None). The previous files
-        stay valid until the new one is complete, so a crash at any point leaves a loadable
-        newest checkpoint. Returns the written path on writers."""
+        """Collective: every rank calls, writers pass ``state`` (others None) and get the written
+        path. The previous files stay valid until the new one is complete (a crash leaves one)."""
         buf = io.BytesIO()
         if self.site.writer:
             assert state is not None, "a writer must pass the state"
@@ -130,9 +129,8 @@ class Checkpointer:
         return self._write(payload, step, is_best)
 
     def _identical(self, payload: bytes, state: dict[str, Any] | None) -> bytes:
-        """Collective: the writers' bytes, made equal to rank 0's. The states are equal by
-        construction, so this costs one small all-gather; a difference (state that is per rank
-        but not gathered, e.g. local SGD's momentum) costs a broadcast of rank 0's bytes."""
+        """Collective: the writers' bytes, made equal to rank 0's: one small all-gather (equal by construction);
+        a difference (per-rank state not gathered, e.g. local SGD's momentum) costs a broadcast of rank 0's."""
         site = self.site
         if len(site.writers) < 2:
             return payload
@@ -153,10 +151,9 @@ class Checkpointer:
         return theirs if site.rank in differ else payload
 
     def _write(self, payload: bytes, step: int, is_best: bool) -> Path:
-        """The manifest never lists a file whose bytes are about to change or go: `best.pt`, a
-        listed save of the same step, and the pruned saves leave it before they are replaced or
-        deleted, so a host killed at any point (or a fetch reading the manifest first) finds
-        every listed file matching."""
+        """The manifest never lists a file whose bytes are about to change or go (`best.pt`, a listed
+        save of the same step, pruned saves are unlisted first), so a host killed at any point (or a
+        fetch reading the manifest first) finds every listed file matching."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / checkpoint_name(step)
         if self.hashes.pop(path.name, None) is not None:  # a reused directory's, or a redone step's
@@ -176,16 +173,13 @@ class Checkpointer:
         return path
 
     def _supersede(self, step: int) -> None:
-        """Unlists what this save makes another timeline's: on the first save with resume off,
-        everything the manifest listed at start; always, every listed step above `step` (left by
-        a session this one did not resume, or a newer copy `restore_agreed` fell back below), and
-        `best.pt` when it is a copy of one of those. Listed, such a step would be what the next
-        resume loads (another experiment's state) and would count toward `keep_last`, pruning
-        this run's own new saves. The files are only unlisted, never deleted: they are the only
-        copy of the abandoned timeline's work, which a user who reused the directory by mistake
-        can still take; they are never offered (resume needs a listing), never counted or pruned,
-        and a save of the same step later replaces them. In the same manifest write as the new
-        save's listing, so a kill before it leaves the old listing whole."""
+        """Unlists what this save makes another timeline's: on the first save with resume off, all
+        the manifest listed at start; always, every listed step above `step` (a session not resumed,
+        a newer copy `restore_agreed` fell back below), and `best.pt` if a copy of one. Listed, such
+        a step would be the next resume's state and count toward `keep_last`, pruning this run's
+        saves. Only unlisted, never deleted (the abandoned timeline's only copy): never offered,
+        counted or pruned; a save of the same step replaces it. In the new save's manifest write,
+        so a kill before it leaves the old listing whole."""
         stale = {n for n in self._earlier if n in self.hashes}
         self._earlier = frozenset()
         above = {n for n in self.hashes if (s := checkpoint_step(n)) is not None and s > step}
@@ -199,11 +193,9 @@ class Checkpointer:
                       "left in place), so resume and keep_last see this run's saves only")
 
     def _prune(self, saved: str) -> list[str]:
-        """Drops the saves past `keep_last` from the manifest's list and returns their names, to
-        delete once the manifest no longer lists them. Retention counts the listed checkpoints
-        only (after `_supersede`, none newer than `saved`), and never drops `saved`: an unlisted
-        file (planted, or left by a save killed before its manifest update) neither counts nor
-        is deleted."""
+        """Unlists the saves past `keep_last`; returns their names, to delete once unlisted. Counts
+        listed checkpoints only (none newer than `saved` after `_supersede`), never drops `saved`:
+        an unlisted file (planted, or a save killed before its listing) is neither counted nor deleted."""
         steps = sorted(step for n in self.hashes if (step := checkpoint_step(n)) is not None)
         old = steps[:-self.cfg.keep_last] if self.cfg.keep_last > 0 else []
         pruned = [name for name in map(checkpoint_name, old) if name != saved]
@@ -220,8 +212,7 @@ class Checkpointer:
         atomic_write_bytes(self.directory / MANIFEST, lines.encode())
 
     def _regular(self, name: str) -> bool:
-        path = self.directory / name
-        return not path.is_symlink() and path.is_file()
+        return not (path := self.directory / name).is_symlink() and path.is_file()
 
     def local_steps(self) -> list[int]:
         """Steps of the regular files named exactly like the trainer's checkpoints."""
@@ -231,9 +222,8 @@ class Checkpointer:
         return [step for step, name in found if step is not None and self._regular(name)]
 
     def candidate(self, rejected: frozenset[int] = frozenset()) -> int:
-        """Newest step not in ``rejected`` whose file is listed in the manifest with a matching
-        hash; -1 if none. An unlisted file (a save interrupted before its manifest update, or a
-        planted one) is never offered."""
+        """Newest step not in ``rejected`` whose file the manifest lists with a matching hash; -1 if
+        none. An unlisted file (a save cut short before its listing, or a planted one) is never offered."""
         for step in sorted(set(self.local_steps()) - rejected, reverse=True):
             if self._listed_and_intact(checkpoint_name(step)):
                 return step
@@ -260,8 +250,7 @@ class Checkpointer:
         return (self.directory / checkpoint_name(step)).read_bytes()
 
     def largest_local(self) -> int:
-        """Bytes of the largest checkpoint here (0: none): what bounds the size of a copy another
-        rank may send (a copy of the same run's state)."""
+        """Bytes of the largest checkpoint here (0: none): bounds what another rank may send of one."""
         return max((self._size(checkpoint_name(step)) for step in self.local_steps()), default=0)
 
     def _size(self, name: str) -> int:
@@ -272,8 +261,7 @@ class Checkpointer:
 
 
 def _differing_keys(state: dict[str, Any] | None, site: Site) -> list[str]:
-    """Collective, for the divergence warning: the top-level entries of rank 0's state whose
-    serialization differs on some writer."""
+    """Collective, for the divergence warning: rank 0's top-level entries that differ on some writer."""
     listed = "\n".join(sorted(state or {})).encode() if site.rank == 0 else None
     names = dist.broadcast_bytes(listed, 0, site.device, NAMES_MAX).decode().split("\n")
     differ = []
@@ -317,13 +305,12 @@ def read_manifest(path: Path) -> dict[str, str]:
 
 def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[str, Any] | None:
     """Collective over all ranks: the newest checkpoint held by any rank that every rank loads
-    safely, loaded on every rank (None when there is none). Each round is decided from
-    all-gathered values, so all ranks take the same branch: a round whose bytes fail to load on
-    any rank drops that copy everywhere (its holder, and every rank holding the same bytes) and
-    the next round offers the next newest. An honest holder offers each copy once; a rank whose
-    offers failed more often than it keeps checkpoints (`keep_last`) is offering what it does not
-    hold (a hostile rank re-offering a step forever would hang the job with every collective
-    completing) and is no longer heard, so the rounds end.
+    safely, loaded on every rank (None when there is none). Each round is decided from all-gathered
+    values, so all ranks take the same branch: a round whose bytes fail to load on any rank drops
+    that copy everywhere (its holder, and every rank holding the same bytes) and the next round
+    offers the next newest. A rank whose offers failed more often than an honest holder's could
+    (`keep_last`) offers what it does not hold (re-offered forever, with every collective
+    completing, it would hang the job) and is no longer heard, so the rounds end.
     Only tensor collectives are used: object collectives would unpickle peers' data."""
     rejected: set[int] = set()
     failures: dict[int, int] = {}  # source rank -> its offers that did not load; the same on every rank
@@ -335,10 +322,13 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
         if newest < 0:
             return None
         src = steps.index(newest)
-        _compare_copies(ckpt, steps, rank, device)
-        payload = dist.broadcast_bytes(ckpt.read_bytes(newest) if rank == src else None, src,
-                                       device, dist.size_limit(own * len(offered)) if own else None)
-        state, reason = _try_load(payload)
+        codes = _compare_copies(ckpt, steps, rank, device)
+        needers = [r for r, step in enumerate(steps) if step != newest or codes[r] != codes[src]]  # lack src's copy
+        payload = _agreed_bytes(ckpt, newest, src, needers, rank, device,
+                                dist.size_limit(own * len(offered)) if own else None)
+        digest = hashlib.sha256(payload).hexdigest()  # loaded only if the copy src listed (as `codes` carry it)
+        state, reason = _try_load(payload) if int(digest[:15], 16) == codes[src] else \
+            (None, "not the bytes its holder lists")
         loaded = dist.all_gather_ints(int(state is not None), device)
         if all(loaded):
             assert state is not None
@@ -350,21 +340,19 @@ def restore_agreed(ckpt: Checkpointer, rank: int, device: torch.device) -> dict[
         failures[src] = failures.get(src, 0) + 1
         if rank == 0:
             failed = [r for r, ok in enumerate(loaded) if not ok]
-            # The label is its holder's word, and the reason is read from its bytes: both on one line (a
-            # newline could forge a warning line, an ESC the terminal), and the holder named by the rank
-            # rank 0 knows sent them (a liar could name an honest host as the holder).
+            # The label is its holder's word, the reason read from its bytes: both on one line (a newline
+            # could forge a warning line, an ESC the terminal); the holder named by the rank rank 0 knows
+            # sent them (a liar could name an honest host as the holder).
             holder = "" if src == rank else f"; rank {src} holds it and names it so"
             ckpt.warn(f"checkpoint {peer_text(label)} does not load safely on ranks {failed} "
                       f"({peer_text(reason) or 'see their logs'}){holder}; skipped, trying the next newest")
-        if rank == src or ckpt.hashes.get(name) == hashlib.sha256(payload).hexdigest():
+        if rank == src or ckpt.hashes.get(name) == digest:
             rejected.add(newest)
 
 
-def _compare_copies(ckpt: Checkpointer, steps: list[int], rank: int,
-                    device: torch.device) -> None:
-    """Collective: warn when the holders of the newest step disagree on its hash. Hosts write
-    byte-identical copies, so a difference means a tampered or foreign copy; the lowest
-    holder's is the one tried (and, like any, loaded safely)."""
+def _compare_copies(ckpt: Checkpointer, steps: list[int], rank: int, device: torch.device) -> list[int]:
+    """Collective: every rank's 60-bit hash of the newest step (0: not offered); warns when holders
+    disagree (hosts write identical copies: a tampered or foreign one). The lowest holder's is tried."""
     newest = max(steps)
     name = checkpoint_name(newest)
     mine = int(ckpt.hashes[name][:15], 16) if steps[rank] == newest else 0
@@ -375,6 +363,28 @@ def _compare_copies(ckpt: Checkpointer, steps: list[int], rank: int,
     if len(groups) > 1 and rank == 0:
         ckpt.warn(f"copies of {name} differ between ranks {sorted(groups.values())} (tampered "
                   f"or foreign); trying rank {steps.index(newest)}'s")
+    return codes
+
+
+def _agreed_bytes(ckpt: Checkpointer, step: int, src: int, needers: list[int], rank: int,
+                  device: torch.device, limit: int | None) -> bytes:
+    """Collective between `src` and `needers` (all ranks derive both from all-gathered values: sends match receives);
+    the others read their own copy, as 200 MB to every rank outlasts a 60 s timeout on a 20 Mbit link."""
+    group, device = dist.object_channel() if needers else (None, device)  # as broadcast_bytes
+    if rank in needers:
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+        torch_dist.recv(size, src, group=group)
+        dist.check_size(int(size.item()), limit, src)  # the sender's word: bounded before allocating
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        torch_dist.recv(buf, src, group=group)
+        return buf.cpu().numpy().tobytes()
+    payload = ckpt.read_bytes(step)
+    if rank == src and needers:
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+        for peer in needers:
+            torch_dist.send(torch.tensor([len(payload)], dtype=torch.int64, device=device), peer, group=group)
+            torch_dist.send(buf, peer, group=group)
+    return payload
 
 
 def _try_load(payload: bytes) -> tuple[dict[str, Any] | None, str]:

@@ -258,7 +258,7 @@ def open_object_group(timeout: datetime.timedelta) -> None:
     _object_group = torch_dist.new_group(backend="gloo", timeout=timeout)
 
 
-def _object_channel() -> tuple[torch_dist.ProcessGroup | None, torch.device]:
+def object_channel() -> tuple[torch_dist.ProcessGroup | None, torch.device]:
     """The group and device the object collectives use: the gloo group when there is one; else the
     default group, on the current GPU when it is NCCL (a group the trainer's `init` did not make)."""
     if _object_group is not None or torch_dist.get_backend() != "nccl":
@@ -334,7 +334,7 @@ def size_limit(own: int) -> int:
     return GATHER_RATIO * own + GATHER_SLACK_BYTES
 
 
-def _check_size(size: int, limit: int | None, rank: int) -> None:
+def check_size(size: int, limit: int | None, rank: int) -> None:
     if size < 0 or (limit is not None and size > limit):
         raise UnsafeRankData(f"rank {rank} announced {size} bytes where at most {limit} were expected; "
                              "its host may be compromised")
@@ -350,10 +350,10 @@ def all_gather_objects(obj: Any) -> list[Any]:
         return [obj]
     buffer = io.BytesIO()
     torch.save({"value": obj}, buffer)
-    group, device = _object_channel()
+    group, device = object_channel()
     sizes = [int(v) for v in _all_gather_scalar(buffer.getbuffer().nbytes, torch.int64, device, group)]
     for rank, size in enumerate(sizes):
-        _check_size(size, size_limit(buffer.getbuffer().nbytes), rank)
+        check_size(size, size_limit(buffer.getbuffer().nbytes), rank)
     mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
     mine[:sizes[torch_dist.get_rank()]] = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8).to(device)
     out = [torch.empty_like(mine) for _ in sizes]
@@ -382,7 +382,7 @@ def broadcast_bytes(payload: bytes | None, src: int, device: torch.device, limit
                         device=device)
     torch_dist.broadcast(size, src, group=group)
     if payload is None:  # a receiver: the size is the sender's word
-        _check_size(int(size.item()), limit, src)
+        check_size(int(size.item()), limit, src)
     buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if payload is not None:
         buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
