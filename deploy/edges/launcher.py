@@ -28,8 +28,15 @@ from meshrun.deploy.edges.hostlines import LineSink, read_host
 from meshrun.deploy.edges.livehost import LiveHost as _Live
 from meshrun.deploy.edges.transport import Session
 
-PING_TIMEOUT_S = 3.0  # sshd granting a new SSH channel: a round trip, in time even over a 1 Mbit link
-PINGS_BEFORE_LOST = 2  # a host unreachable for 2 probes in a row (about 5-8 s) is lost
+# sshd granting a new SSH channel: one round trip on the agent's own connection, whose request waits
+# in the controller's uplink queue and whose answer in the host's, which the run's all-reduce keeps
+# full. Two saturated queues (up to ~2.5 s each) plus a 300 ms RTT, or one lost segment's resend,
+# stay under 6 s; 3 s failed a healthy run while the controller uploaded anything (4.3 s).
+PING_TIMEOUT_S = 6.0
+PINGS_BEFORE_LOST = 2  # in a row; one probe at a time per host, the next on the tick after one ends
+# Worst case from a cut (no reset) to lost, from the last probe that answered: each miss waits for a
+# tick (HEARTBEAT_EVERY_S) and a full timeout: 2 x (2 + 6) = 16 s (12 s at best; was 5-10 s at 3 s).
+LOST_WITHIN_S = PINGS_BEFORE_LOST * (HEARTBEAT_EVERY_S + PING_TIMEOUT_S)
 TELL_TIMEOUT_S = 2.0  # a restart or peer-gone line a host has no room for this long: it does not read its stdin
 
 NOT_CUT_SHORT = "Ctrl-C again does not cut this short"

@@ -5,7 +5,9 @@ torchrun's store lives on one host; when that host is killed or cut off, the sur
 cannot re-rendezvous. Every agent therefore probes the store of the current generation's host
 with a plain TCP connect. A killed host refuses at once; a cut one times out. Two misses in a row,
 after the store was seen up once, mean it is lost. A store never seen up gets a start-up grace
-instead (its host may still be importing torch). Standard library only.
+instead (its host may still be importing torch). A connect that is merely slow is not a miss: the
+run's own all-reduce fills both uplinks, so on a home or cross-continent link the handshake queues
+behind it (see CONNECT_TIMEOUT_S). Standard library only.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ import threading
 import time
 from dataclasses import dataclass
 
-PROBE_EVERY_S = 2.0
-CONNECT_TIMEOUT_S = 2.0
+PROBE_EVERY_S = 2.0  # the pause between one probe's end and the next one's start: probes never overlap
+# One probe's connect. The SYN waits in this host's saturated uplink and the SYN-ACK in the store
+# host's, behind the run's own all-reduce: up to ~2.5 s of queueing plus a 300 ms RTT. Linux resends
+# a SYN that a full queue dropped after 1 s (then 3 s): 6 s covers that one resend plus the queueing
+# (1 + 2.8 s). 2 s counted a live host behind a busy link as gone, and the agent then killed healthy
+# workers and split the run (two generations at once).
+CONNECT_TIMEOUT_S = 6.0
 MISSES_BEFORE_LOST = 2
+# Worst case from a cut (no reset) to `lost`: each miss costs a pause and a full timeout, counted
+# from the last probe that answered: 2 x (2 + 6) = 16 s (it was 8 s with a 2 s timeout). A killed
+# host refuses at once: about MISSES_BEFORE_LOST x PROBE_EVERY_S = 4 s, as before.
+LOST_WITHIN_S = MISSES_BEFORE_LOST * (PROBE_EVERY_S + CONNECT_TIMEOUT_S)
 STARTUP_GRACE_S = 90.0  # a new rendezvous host imports torch and starts torchrun first
 # The store gone while this host's workers are already gone: the run may have ended (the rendezvous
 # host's torchrun exits, its store with it, while this torchrun is still in torch's exit barrier or
@@ -41,10 +52,11 @@ def parse_generations(text: str) -> tuple[Generation, ...]:
     return tuple(Generation(str(i["head"]), str(i["endpoint"]), tuple(str(a) for a in i["torchrun"])) for i in items)
 
 
-def store_answers(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> bool:
+def store_answers(endpoint: str, timeout: float | None = None) -> bool:
+    """A TCP connect to `endpoint` completes within `timeout` (default CONNECT_TIMEOUT_S)."""
     host, _, port = endpoint.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout or CONNECT_TIMEOUT_S):
             return True
     except (OSError, ValueError):
         return False
@@ -74,7 +86,8 @@ class HeadWatcher:
                 self.lost = True
 
     def confirm_lost(self) -> bool:
-        """After torchrun failed by itself: is its rendezvous host gone (two quick probes)?"""
+        """After torchrun failed by itself: is its rendezvous host gone (two probes in a row, each
+        as patient as the watcher's: at most 2 x CONNECT_TIMEOUT_S = 12 s for a cut host)?"""
         if self.lost:
             return True
         if not self.seen:
