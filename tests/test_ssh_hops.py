@@ -227,6 +227,50 @@ def test_alias_port_and_user_come_from_ssh_config_when_the_inventory_is_silent(
             ("h1", "the link probe could not start on h1: cannot listen on 192.0.2.11 (Cannot assign requested address)")]
 
 
+@contextmanager
+def ssh_agent_holding(key: Path, socket_path: Path) -> Iterator[None]:
+    """A real ssh-agent listening at `socket_path` (not $SSH_AUTH_SOCK's) with `key` added: an agent
+    only ssh_config's IdentityAgent names, as 1Password's or Secretive's."""
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not socket_path.exists():
+            assert agent.poll() is None and time.monotonic() < deadline, "ssh-agent did not start"
+            time.sleep(0.05)
+        subprocess.run(["ssh-add", "-q", str(key)], env={"SSH_AUTH_SOCK": str(socket_path)}, check=True,
+                       capture_output=True, timeout=30)
+        yield
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def test_an_included_host_block_with_an_identity_agent_logs_in_for_commands_and_sync(
+        testbed: SimCluster, make_inventory: Callable[..., Path], tmp_path: Path) -> None:
+    """h1's `Host` block lives in a file ssh_config Includes (a glob), and its key only in an agent its
+    IdentityAgent names, with $SSH_AUTH_SOCK empty: meshrun follows the Include to the address (the
+    inventory's leads nowhere) and offers that agent's key, to paramiko (trust, check-network) and to
+    rsync's ssh (sync). Before, the Include was skipped (root@192.0.2.11) and no key was offered."""
+    agent_socket = tmp_path / "agent.sock"
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "lab").write_text(f"Host h1\n  HostName 10.77.0.11\n  User root\n"
+                                             f"  IdentityAgent {agent_socket}\n")
+    config = tmp_path / "config"
+    config.write_text(f"Include {tmp_path}/conf.d/*\n")
+    inventory = make_inventory(hosts=["h1"], known_hosts=False, host_overrides={"h1": {"address": "192.0.2.11"}},
+                               defaults_overrides={"user": None, "identity": None})
+    env = {"MESHRUN_SSH_CONFIG": str(config), "SSH_AUTH_SOCK": ""}
+    with ssh_agent_holding(testbed.client_key, agent_socket):
+        trust = fab("trust", "--inventory", str(inventory), "--hosts", "h1", "--yes", timeout=180, env=env)
+        assert trust.returncode == 0, trust.stdout + trust.stderr
+        check = fab("check-network", "--inventory", str(inventory), "--hosts", "h1", "--json", timeout=180, env=env)
+        facts = json.loads(check.stdout)["hosts"][0]
+        assert (facts["reachable"], facts["error"]) == (True, None), check.stdout[-2000:] + check.stderr[-2000:]
+        sync = fab("sync", "--inventory", str(inventory), "--hosts", "h1", timeout=180, env=env)
+        assert sync.returncode == 0, sync.stdout + sync.stderr
+
+
 def test_a_missing_identity_names_the_key_and_where_to_set_it(
         make_inventory: Callable[..., Path], tmp_path: Path) -> None:
     home = home_with_config(tmp_path, "Host h2\n  IdentityFile ~/.ssh/rented_box\n")

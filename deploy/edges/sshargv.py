@@ -51,6 +51,8 @@ def hop_argv(hop: sshtarget.Hop, jumps: tuple[sshtarget.Hop, ...], options: list
         argv += ["-i", _escape(key)]
     if hop.identities:
         argv += ["-o", "IdentitiesOnly=yes"]
+    if hop.agent:  # -F /dev/null: ssh would otherwise use $SSH_AUTH_SOCK's agent, as paramiko does without it
+        argv += ["-o", f"IdentityAgent={_config_word(Path(hop.agent), 'IdentityAgent')}"]
     if jumps:
         last = jumps[-1]
         proxy = hop_argv(last, jumps[:-1], options) + ["-W", f"{_bracketed(hop.hostname)}:{hop.port}", last.hostname]
@@ -68,10 +70,10 @@ def _bracketed(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def _config_word(path: Path) -> str:
+def _config_word(path: Path, what: str = "known_hosts") -> str:
     """One path of a space-separated ssh option value: double-quoted when it holds whitespace
     (ssh's option parser honours double quotes; it has no escape for one inside them)."""
     text = _escape(str(path))
     if '"' in text:
-        raise InputError(f"known_hosts path {text!r} holds a double quote, which ssh cannot read; rename it")
+        raise InputError(f"{what} path {text!r} holds a double quote, which ssh cannot read; rename it")
     return f'"{text}"' if any(c.isspace() for c in text) else text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import fabric
 import paramiko
@@ -49,12 +49,53 @@ def connection(hop: sshtarget.Hop, gateway: fabric.Connection | None, known_host
     kwargs: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout}
     if hop.identities:
         kwargs["key_filename"] = list(hop.identities)
+    if hop.agent == sshtarget.AGENT_NONE:
+        kwargs["allow_agent"] = False
     conn = kind(hop.hostname, user=hop.user, port=hop.port, connect_timeout=timeout,
                 connect_kwargs=kwargs, gateway=gateway if gateway is not None else False,
                 config=fabric.Config(ssh_config=paramiko.SSHConfig()))
+    if hop.agent not in ("", sshtarget.AGENT_NONE):
+        conn.client = AgentClient(hop.agent)  # before load_known_hosts, which sets the host-key policy on it
     conn._channel_timeout = timeout
     hostkeys.load_known_hosts(conn.client, known_hosts)
     return conn
+
+
+class AgentClient(paramiko.SSHClient):
+    """An SSHClient that offers the keys of the agent at `path` (ssh_config's IdentityAgent).
+    paramiko's own `Agent()` reads $SSH_AUTH_SOCK, which is the whole process's: hosts with different
+    agents connect at once from threads. paramiko makes that Agent only when `_agent` is None, at each
+    connect (a close drops it, and a jump host's connect is retried): so set ours there, every time."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.agent_path = path
+
+    def connect(self, *args: Any, **kwargs: Any) -> None:
+        if self._agent is None:
+            self._agent = SocketAgent(self.agent_path)
+        super().connect(*args, **kwargs)
+
+
+class SocketAgent(paramiko.agent.AgentSSH):
+    """What paramiko.Agent() is, for the socket at `path` rather than $SSH_AUTH_SOCK's: its keys listed,
+    none when it does not answer (as paramiko treats a dangling $SSH_AUTH_SOCK: the login then says
+    which key it lacked). SSHClient.close() calls `close()`, which AgentSSH lacks."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(sshtarget.CONNECT_TIMEOUT_S)
+            sock.connect(path)
+            sock.settimeout(None)  # an agent asking for a touch or a password takes its time to sign
+            self._connect(sock)  # as paramiko.Agent() does with $SSH_AUTH_SOCK's socket
+        except (OSError, paramiko.SSHException):
+            self._close()
+            sock.close()
+
+    def close(self) -> None:
+        self._close()
 
 
 def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, config: Path,
@@ -62,7 +103,8 @@ def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, c
     """One line: the user (said to be the default where nothing named it) and where the key came from."""
     where = "`user:` in the inventory" if jump is None else f"User for Host {hop.label} in {config}"
     user = f"user {hop.user} (the default; set {where})" if hop.user_defaulted else "the user"
-    key = hop.identity_from or "ssh-agent or ~/.ssh/id_*: none is set in the inventory or ssh_config"
+    key = hop.identity_from or ("the agent at IdentityAgent " + hop.agent if hop.agent not in ("", sshtarget.AGENT_NONE)
+                                else "ssh-agent or ~/.ssh/id_*: none is set in the inventory or ssh_config")
     return MeshrunError(f"{who}: SSH login to {target} refused ({err}); check {user} and the key ({key}), "
                         "and that the key is in the host's authorized_keys")
 

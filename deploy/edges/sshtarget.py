@@ -15,11 +15,23 @@ at most 1 MiB, and every value meshrun uses from it is checked as the inventory'
 address (never `-o…`, which ssh would read as an option), User a login name, Port ASCII digits from 1 to
 65535, IdentityFile printable, and each ProxyJump hop the same; a bad one is one line naming the file,
 the Host block and the field (exit status 2). `check_all` resolves every host before any is contacted.
+
+`Include` is followed as ssh does (paramiko's parser would keep it as an option and ignore it): a
+relative path is under ~/.ssh, globs expand sorted, a missing file is skipped, nesting stops at 16. The
+included text goes in at the Include line, and the enclosing Host/Match line is repeated after it, so the
+lines after an Include stay in their block. One difference from ssh: a Host block inside a file included
+from within a Host/Match block applies on its own (ssh applies it only when the enclosing block matches).
+`IdentityAgent` names the agent whose keys are offered (`none`: no agent; `SSH_AUTH_SOCK`, or none set:
+$SSH_AUTH_SOCK's); ~, %d, %u, %% and a leading $VAR are expanded, any other token is refused.
 """
 
 from __future__ import annotations
 
+import getpass
+import glob
 import os
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -41,6 +53,10 @@ KEY_MAX = 1 << 20  # a private key file: a few kB
 # lookup and the TCP connect, deploy/edges/dial.py, then the SSH greeting), so a slow resolver costs it too.
 CONNECT_TIMEOUT_S = 10.0
 DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa")
+INCLUDE_DEPTH = 16  # as OpenSSH's READCONF_MAX_DEPTH
+AGENT_NONE = "none"  # IdentityAgent none: offer no agent's keys
+_INCLUDE = re.compile(r"\s*include(?:\s*=\s*|\s+)(.*)", re.IGNORECASE)
+_BLOCK = re.compile(r"\s*(?:host|match)(?:\s*=\s*|\s+)", re.IGNORECASE)
 # A name no Host pattern but `*` (or a negation) can match: what ssh_config says about every host.
 _NOBODY = "meshrun-no-such-host.invalid"
 
@@ -56,6 +72,7 @@ class Hop:
     identities: tuple[str, ...]  # key files, ~ expanded; empty: agent and ~/.ssh/id_* (as ssh)
     identity_from: str  # where `identities` were set, for messages; "": nowhere (agent and ~/.ssh/id_*)
     user_defaulted: bool = False  # neither the inventory nor ssh_config named the user: it is DEFAULT_USER
+    agent: str = ""  # IdentityAgent's socket, expanded; "": $SSH_AUTH_SOCK (as ssh); AGENT_NONE: no agent
 
 
 @dataclass(frozen=True)
@@ -75,15 +92,63 @@ def config_path() -> Path:
 
 
 def load_config(path: Path) -> paramiko.SSHConfig:
-    """The parsed file, or an empty config when there is none (or it is /dev/null, as for `ssh -F`)."""
+    """The parsed file with its Includes, or an empty config when there is none (or it is /dev/null,
+    as for `ssh -F`)."""
     fix = f"fix the file or set {ENV_SSH_CONFIG}"
-    data = None if str(path) == os.devnull else read_optional(path, SSH_CONFIG_MAX, "ssh_config", fix)
-    if data is None:
+    if str(path) == os.devnull:
         return paramiko.SSHConfig()
+    lines = _expanded(path, fix, 0)
+    if lines is None:
+        return paramiko.SSHConfig()
+    if sum(len(line) for line in lines) > SSH_CONFIG_MAX:
+        raise InputError(with_path("ssh_config ", path, f" with its Include files is larger than "
+                                   f"{SSH_CONFIG_MAX >> 20} MiB; {fix}"))
     try:
-        return paramiko.SSHConfig.from_text(data.decode("utf-8"))
-    except (UnicodeDecodeError, paramiko.ConfigParseError) as err:
+        return paramiko.SSHConfig.from_text("\n".join(lines))
+    except paramiko.ConfigParseError as err:
         raise InputError(with_path("", path, f": cannot read ssh_config ({clip(str(err), 80)}); {fix}")) from None
+
+
+def _expanded(path: Path, fix: str, depth: int) -> list[str] | None:
+    """The lines of `path` with every Include replaced by the files it names; None when `path` is missing."""
+    data = read_optional(path, SSH_CONFIG_MAX, "ssh_config", fix)
+    if data is None:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(with_path("", path, f": cannot read ssh_config ({clip(str(err), 80)}); {fix}")) from None
+    out: list[str] = []
+    block = ""  # the Host/Match line the current line is under ("": none yet, every host)
+    for line in text.splitlines():
+        include = _INCLUDE.fullmatch(line)
+        if include is None:
+            block = line if _BLOCK.match(line) else block
+            out.append(line)
+            continue
+        if depth + 1 > INCLUDE_DEPTH:
+            raise InputError(with_path("ssh_config ", path, f": Include nested deeper than {INCLUDE_DEPTH} "
+                                       f"(does it include itself?); {fix}"))
+        for name in _include_paths(include.group(1), path, fix):
+            included = _expanded(name, fix, depth + 1) or []
+            out += included
+            if any(_BLOCK.match(x) for x in included):  # ssh goes back to the including block
+                out.append(block or "Host *")
+    return out
+
+
+def _include_paths(value: str, path: Path, fix: str) -> list[Path]:
+    """The files one Include line names: ~ expanded, relative ones under ~/.ssh, globs sorted."""
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        raise InputError(with_path("ssh_config ", path, f": Include {clip(value, 60)!r} has an unclosed "
+                                   f"quote; {fix}")) from None
+    found: list[Path] = []
+    for word in words:
+        name = os.path.join(os.path.expanduser("~/.ssh"), os.path.expanduser(word))
+        found += [Path(p) for p in sorted(glob.glob(name))] if glob.has_magic(name) else [Path(name)]
+    return found
 
 
 def check_all(hosts: Iterable[Host]) -> None:
@@ -114,7 +179,7 @@ def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | N
              else f"IdentityFile for Host {alias} in {path}" if identities else "")
     user = host.user or said.user(options)
     target = Hop(alias, hostname, user or DEFAULT_USER, host.port or said.port(options) or DEFAULT_PORT, identities,
-                 where, user is None)
+                 where, user is None, said.agent(options))
     jumps = tuple(_jump(host.name, spec, config, path, target) for spec in _jump_specs(host, options, path))
     return SshTarget(host.name, jumps, target, path)
 
@@ -159,6 +224,27 @@ class Said:
     def user(self, options: paramiko.config.SSHConfigDict) -> str | None:
         return self.check("User", options["user"]) if "user" in options else None
 
+    def agent(self, options: paramiko.config.SSHConfigDict) -> str:
+        """IdentityAgent's socket with ~, %d, %u, %% and a leading $VAR expanded as ssh does; other tokens refused."""
+        value = options.get("identityagent", "SSH_AUTH_SOCK")
+        if value == "SSH_AUTH_SOCK":
+            return ""
+        if value.lower() == AGENT_NONE:
+            return AGENT_NONE
+        if value.startswith("$"):
+            name = value[1:].strip("{}")
+            if not os.environ.get(name):
+                raise InputError(with_path(f"host '{self.host}': ", self.path, f": IdentityAgent {shown(value)} for "
+                                           f"Host {shown(self.alias)} names ${name}, which is unset; export it"))
+            value = os.environ[name]
+        elif re.search(r"%([^du]|$)", value.replace("%%", "")) or not (value.isprintable() and value.strip()):
+            raise InputError(with_path(f"host '{self.host}': ", self.path, f": IdentityAgent {shown(value)} for Host "
+                                       f"{shown(self.alias)} is not a socket path (meshrun expands ~, %d, %u and %% "
+                                       "only); write the path out"))
+        value = os.path.expanduser(value) if value.startswith("~") else value
+        return value.replace("%%", "\0").replace("%d", os.path.expanduser("~")).replace(
+            "%u", getpass.getuser()).replace("\0", "%")
+
     def port(self, options: paramiko.config.SSHConfigDict) -> int | None:
         return port_number(options["port"], lambda: self.fail("Port", options["port"], "a port number (1-65535)")) \
             if "port" in options else None
@@ -194,7 +280,8 @@ def _jump(host_name: str, spec: str, config: paramiko.SSHConfig, path: Path, tar
     where = f"IdentityFile for Host {name} in {path}" if keys else target.identity_from
     user = user or said.user(options)
     return Hop(name, said.check("HostName", options["hostname"]), user or DEFAULT_USER,
-               port or said.port(options) or DEFAULT_PORT, keys or target.identities, where, user is None)
+               port or said.port(options) or DEFAULT_PORT, keys or target.identities, where, user is None,
+               said.agent(options))
 
 
 def _split_spec(spec: str, said: Said) -> tuple[str | None, str, int | None]:
@@ -217,22 +304,28 @@ def _split_spec(spec: str, said: Said) -> tuple[str | None, str, int | None]:
 
 def check_keys(target: SshTarget, count: int | None = None) -> None:
     """Fail early, naming the key and where it was set, when one of the first `count` hops (all by
-    default) has no key to offer: a missing IdentityFile, or none set with no agent and no
-    ~/.ssh/id_* (paramiko would blame sshd)."""
+    default) has no key to offer: a missing IdentityFile or IdentityAgent socket, or none set with no
+    agent and no ~/.ssh/id_* (paramiko would blame sshd)."""
     for hop in target.hops[:count]:
         for key in hop.identities:
             problem = regular_file_problem(Path(key), KEY_MAX) or (None if Path(key).is_file() else "does not exist")
             if problem is not None:  # paramiko would read a FIFO for ever, /dev/zero into memory
                 raise MeshrunError(f"host '{target.host}': SSH key {key} for {hop.label} {problem}; it is set by "
                                    f"{hop.identity_from}: point it at your private key")
-        if not hop.identities and not has_default_key():
+        if hop.agent not in ("", AGENT_NONE) and not Path(hop.agent).exists():
+            raise MeshrunError(f"host '{target.host}': IdentityAgent {hop.agent} for Host {hop.label} in "
+                               f"{target.config} does not exist; start that agent (1Password, Secretive, ...) "
+                               "or fix IdentityAgent")
+        if not hop.identities and not has_default_key(hop.agent):
+            agent = "IdentityAgent none" if hop.agent == AGENT_NONE else "no ssh-agent"
             raise MeshrunError(f"host '{target.host}': no SSH key to offer {hop.label} (no `identity` in the "
-                               f"inventory, no IdentityFile for Host {hop.label} in {target.config}, no ssh-agent, "
+                               f"inventory, no IdentityFile for Host {hop.label} in {target.config}, {agent}, "
                                "no ~/.ssh/id_*); set `identity: ~/.ssh/<key>` in the inventory")
 
 
-def has_default_key() -> bool:
-    """What paramiko tries when no key is named: the agent, then ~/.ssh/id_*."""
-    if os.environ.get("SSH_AUTH_SOCK"):
+def has_default_key(agent: str = "") -> bool:
+    """What paramiko tries when no key is named: the agent (IdentityAgent's, else $SSH_AUTH_SOCK's), then
+    ~/.ssh/id_*."""
+    if agent != AGENT_NONE and (agent or os.environ.get("SSH_AUTH_SOCK")):
         return True
     return any((Path("~/.ssh").expanduser() / name).is_file() for name in DEFAULT_KEYS)
