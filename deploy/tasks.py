@@ -150,10 +150,11 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=""
 
     workload = Workload(script=script or None, config=config or None, args=remainder())
     idle = policy_from_flags(idle_warn, idle_stop, idle_below)
-    request = TrainRequest(inventory or None, hosts or None, workload, nnodes or None,
-                           flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S) if timeout else None,
-                           detach, skip_checks, no_sync, resume or None, comm or None, firewall, tuple(notify or ()),
-                           idle, bool(every_checkpoint))
+    request = TrainRequest(inventory or None, hosts or None, workload, nnodes=nnodes or None,
+                           pg_timeout_s=flags.pg_timeout(timeout, DEFAULT_PG_TIMEOUT_S) if timeout else None,
+                           detach=detach, skip_checks=skip_checks, no_sync=no_sync, resume=resume or None,
+                           comm=comm or None, firewall=firewall, notify=tuple(notify or ()), idle=idle,
+                           every_checkpoint=bool(every_checkpoint))
     _exit(main(request, _project(project, runs_dir)))  # --firewall's bracket: deploy/commands/train.main
 
 

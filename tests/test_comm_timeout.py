@@ -175,3 +175,25 @@ def test_fab_train_tells_the_plan_whether_the_timeout_was_typed(typed: int | Non
     request = train.TrainRequest(None, None, Workload(), pg_timeout_s=typed)
     done = train._with_resumed_defaults(request, SimpleNamespace(), Renderer())
     assert (done.pg_timeout_s, done.timeout_given) == expected
+
+
+def test_the_train_task_puts_each_flag_in_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fab train`'s flags reach the request by name: a field added to TrainRequest shifted them once
+    (the idle policy landed in `every_checkpoint`'s place and every run failed as an internal error)."""
+    from meshrun.deploy import tasks
+    from meshrun.deploy.commands import train
+
+    seen: list = []
+    monkeypatch.setattr(train, "main", lambda request, project: seen.append(request) or 0)
+    monkeypatch.setattr(tasks, "remainder", lambda: ())
+    monkeypatch.setattr(tasks, "_project", lambda project, runs_dir: None)
+    monkeypatch.setattr(tasks, "_exit", lambda code: None)
+    tasks.train.body(None, hosts="h1,h2", inventory="inv.yaml", nnodes="1:2", timeout="120", detach=True,
+                     skip_checks=True, no_sync=True, resume="R", comm="auto", firewall=True, notify=["n"],
+                     every_checkpoint=True)
+    request = seen[0]
+    assert (request.inventory, request.hosts, request.nnodes, request.pg_timeout_s, request.detach,
+            request.skip_checks, request.no_sync, request.resume, request.comm, request.firewall, request.notify,
+            request.every_checkpoint, request.timeout_given) == \
+        ("inv.yaml", "h1,h2", "1:2", 120, True, True, True, "R", "auto", True, ("n",), True, False)
+    assert type(request.idle).__name__ == "IdlePolicy"

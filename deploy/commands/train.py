@@ -57,7 +57,6 @@ class TrainRequest:
     workload: Workload
     nnodes: str | None = None
     pg_timeout_s: int | None = None  # --timeout; None: the default, or a resumed run's own
-    timeout_given: bool = False  # --timeout typed: `--comm` then warns rather than raising it (deploy/edges/comm.py)
     detach: bool = False
     skip_checks: bool = False
     no_sync: bool = False
@@ -67,6 +66,7 @@ class TrainRequest:
     notify: tuple[str, ...] = ()  # webhook receivers (secrets: never printed, logged or recorded)
     idle: IdlePolicy = IdlePolicy()  # when a host counts as idle, and --idle-stop
     every_checkpoint: bool = False  # a `checkpoint` notification for each newer step a host lists
+    timeout_given: bool = False  # --timeout typed: `--comm` then warns rather than raising it (deploy/edges/comm.py)
 
 
 def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest:
