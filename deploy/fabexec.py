@@ -11,6 +11,7 @@ Fabric makes itself; meshrun makes its own from the inventory, so they are refus
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from typing import Any
@@ -20,6 +21,7 @@ from invoke.exceptions import Exit, ParseError
 
 # invoke's words for a flag given without its value: "Flag <Argument: lines (l)> needed value and was not given one!"
 _NEEDED_VALUE = re.compile(r"Flag <Argument: ([A-Za-z0-9_]+)[^>]*> needed value")
+_NO_IDEA = re.compile(r"No idea what (.*) is!?", re.DOTALL)  # invoke's words for a token no task or flag matches
 _TASKS_MODULE = "meshrun.deploy.tasks"  # where meshrun's task bodies live (not imported: it imports this module)
 
 # Fabric's and invoke's options, before the task, that only act on what Fabric connects or runs itself.
@@ -76,10 +78,50 @@ def refuse_fabric_options(program: Any) -> None:
     if not ours:
         return
     given = {name: program.args[name].value for name in FABRIC_ONLY if name in program.args}
-    shown_as = "meshrun" if program.binary == "meshrun" else "fab"  # `fab`'s binary is how it was called
-    problem = fabric_option_problem(given, shown_as, ours[0].name, "hosts" in ours[0].args)
+    problem = fabric_option_problem(given, _shown_as(program), ours[0].name, "hosts" in ours[0].args)
     if problem:
         raise Exit(f"error: {problem}", code=2)
+
+
+def _shown_as(program: Any) -> str:
+    return "meshrun" if program.binary == "meshrun" else "fab"  # `fab`'s binary is how it was called
+
+
+def misplaced_argument_hint(token: str, task: str, script: str, rest: list[str], program: str) -> str | None:
+    """The line for an unknown `token` that belongs after `--`: a script's own flag (`--epochs`) given
+    to `train --script`, or a trainer override (`epochs=2`) given to `train`; `rest` is the command line
+    from that token on. None for anything else (a misspelt meshrun flag), which keeps invoke's words."""
+    if task != "train":  # the one task that passes arguments on (join and leave take a run's hosts)
+        return None
+    moved = shlex.join(rest or [token])
+    if script:
+        line = (f"'{token}' is not a meshrun flag; put the script's own arguments after --: "
+                f"{program} train --script {shlex.quote(script)} -- {moved}")
+    elif "=" in token and not token.startswith("-"):
+        line = (f"'{token}' is not a meshrun flag; the trainer's key=value overrides go after --: "
+                f"{program} train -- {moved}")
+    else:
+        return None
+    return line.replace("\n", "\\n")  # one line, whatever was typed
+
+
+def _unknown_token_line(err: ParseError, unparsed: list[str], program: str) -> str | None:
+    """`misplaced_argument_hint` for invoke's "No idea what X is" in a task's flags; else None."""
+    found, context = _NO_IDEA.fullmatch(str(err)), getattr(err, "context", None)
+    if found is None or context is None or not getattr(context, "name", None):
+        return None
+    try:
+        token = ast.literal_eval(found.group(1))  # invoke shows the token as its repr
+    except (ValueError, SyntaxError):
+        return None
+    script = context.args["script"].value if "script" in context.args else ""
+    # `--epochs=3` reaches invoke's error as `--epochs`: move the whole word the user typed, and what
+    # follows it up to the next of meshrun's own flags (`--hosts gpu1` after it stays meshrun's)
+    start = next((i for i, word in enumerate(unparsed) if word == token or word.startswith(f"{token}=")), None)
+    rest = unparsed[start:] if start is not None else []
+    end = next((i for i, word in enumerate(rest) if i and word.split("=", 1)[0] in context.flags), len(rest))
+    rest = rest[:end]
+    return misplaced_argument_hint(str(token), context.name, script or "", rest, program)
 
 
 def _is_meshrun_task(collection: Any, name: str) -> bool:
@@ -100,6 +142,9 @@ def guard_parsing(program: Any) -> None:
         try:
             parse_tasks()
         except ParseError as err:
+            hint = _unknown_token_line(err, list(program.core.unparsed), _shown_as(program))
+            if hint is not None:
+                raise Exit(f"error: {hint}", code=2) from None
             needed = _NEEDED_VALUE.match(str(err))
             text = f"--{needed.group(1).replace('_', '-')} needs a value" if needed else str(err).rstrip("!")
             raise Exit(f"error: {text}; see --help", code=2) from None

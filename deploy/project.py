@@ -89,8 +89,40 @@ def relative_to_project(path: str, project: Project, flag: str, packaged_ok: boo
         raise InputError(f"{flag} {path}: not inside the project {project.root}; only the project's files "
                          "reach the hosts (move it in, or pass --project)")
     if not exists:
+        module = _module_named(path, project.root) if flag == "--script" else None
+        if module is not None:
+            raise InputError(_module_message(path, module, project.root))
         raise InputError(f"{flag} {path}: no such file in the project {project.root}")
     return inside.as_posix()
+
+
+def _module_named(path: str, root: Path) -> str | None:
+    """The module `path` names as `torchrun -m` would take it: `-m pkg.train`, or a bare `pkg.train`
+    when the project has that module's file (`cifar10_toy.yaml` is a missing file, not a module)."""
+    name = path[2:].strip() if path.startswith("-m") else path
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        return None
+    return name if path.startswith("-m") or _module_file(name, root) is not None else None
+
+
+def _module_file(module: str, root: Path) -> Path | None:
+    """The project's file for `module` (pkg/train.py, or pkg/train/__main__.py), relative to the root."""
+    stem = Path(*module.split("."))
+    try:
+        return next((f for f in (stem.with_suffix(".py"), stem / "__main__.py") if (root / f).is_file()), None)
+    except OSError:  # a name too long for the system: no such module file
+        return None
+
+
+def _module_message(path: str, module: str, root: Path) -> str:
+    """--script runs a file as `python FILE` does: sys.path[0] is the file's folder and it has no
+    package, so `from .models import x` (and `import pkg.x`) in the module's file fail. A launcher
+    at the project root puts the root on the path and runs the module as `python -m` would;
+    alter_sys keeps it `sys.modules["__main__"]` while it runs, so its classes pickle."""
+    stem, found = Path(*module.split(".")), _module_file(module, root)
+    direct = "pass " if found is None else f"pass --script {found.as_posix()} if it imports none of its package, else "
+    return (f"--script {path}: --script takes a file, not a module; {direct}a launcher run_{stem.name}.py holding: "
+            f"import runpy; runpy.run_module(\"{module}\", run_name=\"__main__\", alter_sys=True) (docs/scripts.md)")
 
 
 def _inside(full: Path, root: Path) -> Path | None:

@@ -1,8 +1,13 @@
-"""`fab report`: a run's throughput per host and rank, step-time breakdown, accuracy, and a PNG."""
+"""`fab report`: a run's throughput per host and rank, step-time breakdown, accuracy, and a PNG.
+
+A `--script` run records no per-step metrics, so its report is what the run did record: its
+outcome, hosts and timeline (summary.json) and what produced it (its provenance); only a run with
+none of those is refused.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrun.layout import SUMMARY
@@ -10,26 +15,39 @@ from meshrun.deploy.edges.comm import beside_floor, load_plan
 from meshrun.deploy.edges.provenance import detached as detached_provenance
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.records import resolve_run
+from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.shown import shown_path
 from meshrun.deploy.render.console import Renderer
 
 from meshrun.deploy.render.png import write_png
-from meshrun.deploy.run.answers import from_json
+from meshrun.deploy.run.answers import from_json, is_int, is_real, said
 from meshrun.deploy.run.provenance import report_lines
 from meshrun.deploy.run.report import RunReport, load_report
 
 
-def metrics_root(runs: Path, run_id: str, script: str | None = None) -> Path:
-    """Where a run's metrics are: per host after `fab fetch-checkpoints`, else in the run dir itself.
-    `script`: the run's --script (its launch record), whose runs write none."""
+NO_METRICS = ("a --script run records no per-step metrics (only the built-in trainer writes metrics.jsonl): "
+              "no throughput table or plot")
+STATUSES = ("succeeded", "failed", "stopped")
+TIMELINE_SHOWN = 64  # events: an elastic run's joins and losses; the rest are in summary.json
+
+
+def find_metrics(runs: Path, run_id: str) -> Path | None:
+    """Where a run's metrics are: per host after `fab fetch-checkpoints`, else in the run dir itself."""
     home = runs / run_id
     fetched = home / "hosts"
     if fetched.is_dir() and any(fetched.glob("*/metrics*.jsonl")):
         return fetched
-    if any(home.glob("metrics*.jsonl")):
-        return home
+    return home if any(home.glob("metrics*.jsonl")) else None
+
+
+def metrics_root(runs: Path, run_id: str, script: str | None = None) -> Path:
+    """`find_metrics`, or why there are none. `script`: the run's --script (its launch record), whose
+    runs write none."""
+    home = runs / run_id
+    found = find_metrics(runs, run_id)
+    if found is not None:
+        return found
     if script is not None:
         raise InputError(f"run {run_id}: no metrics under {home}: it ran --script {shown_path(script)}, and runs of "
                          "a user script record no metrics (only the built-in trainer writes metrics.jsonl)")
@@ -53,14 +71,80 @@ def comm_beside_floor(runs: Path, run_id: str, report: RunReport) -> dict | None
     return beside_floor(saved, measured)
 
 
-def summary_provenance(runs: Path, run_id: str) -> dict | None:
-    """summary.json's `provenance` (None before the run ends, for a detached run (its provenance.json,
-    deploy/edges/provenance.detached), or an older run)."""
+def read_summary(runs: Path, run_id: str) -> dict | None:
+    """summary.json as a JSON object; None before the run ends, or for a detached run (it gets none)."""
     data = read_optional(runs / run_id / SUMMARY, RECORD_MAX, "run summary",
                          "the file is damaged or was edited; remove it")
     found = from_json(data.decode("utf-8", "replace")) if data is not None else None
-    provenance = found.get("provenance") if isinstance(found, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def summary_provenance(runs: Path, run_id: str) -> dict | None:
+    """summary.json's `provenance` (None before the run ends, for a detached run (its provenance.json,
+    deploy/edges/provenance.detached), or an older run)."""
+    provenance = (read_summary(runs, run_id) or {}).get("provenance")
     return provenance if isinstance(provenance, dict) else None
+
+
+def _shown(value: object) -> str:
+    return said(str(value), 80) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else "?"
+
+
+@dataclass(frozen=True)
+class ScriptOutcome:
+    """What a --script run's summary.json says of its outcome, each field read with its type checked
+    (the file could have been edited: a wrong one is None or left out)."""
+
+    recorded: bool  # summary.json is there (a detached run, or one not ended, has none)
+    status: str | None = None  # one of STATUSES
+    world_size: int | None = None
+    restarts: int | None = None
+    duration_s: float | None = None
+    started: float | None = None
+    failed_host: str | None = None
+    reason: str | None = None
+    exits: dict[str, int | None] = field(default_factory=dict)  # host -> exit status; None: lost
+    timeline: list[dict] = field(default_factory=list)  # events with a numeric time, an event and a host
+
+
+def script_outcome(summary: dict | None) -> ScriptOutcome:
+    if summary is None:
+        return ScriptOutcome(False)
+    got: dict = summary
+    ints = {k: got[k] for k in ("world_size", "restarts") if is_int(got.get(k))}
+    reals = {k: float(got[k]) for k in ("duration_s", "started") if is_real(got.get(k))}
+    texts = {k: got[k] for k in ("failed_host", "reason") if isinstance(got.get(k), str)}
+    results = got.get("host_results") if isinstance(got.get("host_results"), dict) else {}
+    exits = {str(h): (r["rc"] if isinstance(r, dict) and is_int(r.get("rc")) else None) for h, r in results.items()}
+    events = got.get("timeline") if isinstance(got.get("timeline"), list) else []
+    timeline = [e for e in events if isinstance(e, dict) and is_real(e.get("time"))
+                and isinstance(e.get("event"), str) and isinstance(e.get("host"), str)]
+    status = got.get("status") if got.get("status") in STATUSES else None
+    return ScriptOutcome(True, status, **ints, **reals, **texts, exits=exits, timeline=timeline)
+
+
+def script_run_lines(run_id: str, script: str, outcome: ScriptOutcome, hosts: tuple[str, ...]) -> list[str]:
+    """`fab report`'s lines for a --script run, before its provenance's: outcome, hosts, timeline."""
+    head = f"run {run_id}: ran --script {shown_path(script)}"
+    if not outcome.recorded:
+        return [f"{head}; no summary.json (detached, or not ended yet): fab status --run {run_id}",
+                f"hosts: {', '.join(hosts)}"]
+    facts = [outcome.status or "status unknown"]
+    facts += [f"world size {outcome.world_size}"] if outcome.world_size is not None else []
+    facts += [f"restarts {outcome.restarts}"] if outcome.restarts is not None else []
+    facts += [f"{outcome.duration_s:.1f} s"] if outcome.duration_s is not None else []
+    facts += [f"failed on {_shown(outcome.failed_host)}"] if outcome.failed_host is not None else []
+    facts += [f"reason: {_shown(outcome.reason)}"] if outcome.reason is not None else []
+    exits = ", ".join(f"{_shown(host)} ({'lost' if rc is None else f'exit {rc}'})"
+                      for host, rc in outcome.exits.items())
+    lines = [f"{head}; {', '.join(facts)}", f"hosts: {exits or ', '.join(hosts)}"]
+    for event in outcome.timeline[:TIMELINE_SHOWN]:
+        at = f"+{event['time'] - outcome.started:.1f} s" if outcome.started is not None else f"{event['time']:.0f}"
+        size = f" (world size {event['world_size']})" if is_int(event.get("world_size")) else ""
+        lines.append(f"timeline {at}: {_shown(event['event'])} {_shown(event['host'])}{size}")
+    if len(outcome.timeline) > TIMELINE_SHOWN:
+        lines.append(f"timeline: {len(outcome.timeline) - TIMELINE_SHOWN} more event(s) in summary.json")
+    return lines
 
 
 def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = None,
@@ -72,12 +156,35 @@ def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = N
             "epochs": [asdict(e) for e in report.epochs], "skipped": list(report.skipped)}
 
 
+def script_report(runs: Path, record: RunRecord, script: str, as_json: bool) -> None:
+    """A --script run without metrics: what it recorded, and NO_METRICS; refused (metrics_root's
+    line) only when it recorded neither an outcome nor a provenance."""
+    run_id = record.run_id
+    summary = read_summary(runs, run_id)
+    provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
+    if summary is None and provenance is None:
+        metrics_root(runs, run_id, script)  # raises: nothing to show
+    outcome = script_outcome(summary)
+    renderer = Renderer()
+    if as_json:
+        renderer.json({"run_id": run_id, "script": script, "hosts": list(record.hosts), **asdict(outcome),
+                       "provenance": provenance, "comm": None, "png": None, "ranks": [], "epochs": [], "skipped": [],
+                       "note": NO_METRICS})
+        return
+    for line in [*script_run_lines(run_id, script, outcome, record.hosts), *report_lines(provenance), NO_METRICS]:
+        renderer.info(line)
+
+
 def main(run: str | None, as_json: bool, project: Project) -> None:
     """`fab report [--run ID] [--json]`."""
     runs = project.runs
     record = resolve_run(runs, run, warn=Renderer().warn)
     run_id = record.run_id
-    result, png = build_report(runs, run_id, record.workload.get("script"))
+    script = record.workload.get("script")
+    if isinstance(script, str) and find_metrics(runs, run_id) is None:
+        script_report(runs, record, script, as_json)
+        return
+    result, png = build_report(runs, run_id, script)
     comm = comm_beside_floor(runs, run_id, result)
     provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
     renderer = Renderer()

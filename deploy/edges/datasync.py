@@ -13,6 +13,11 @@ second source, so it lands at DEST beside the data. A `MANIFEST.sha256` of the u
 data file like any other. Only a top-level `.meshrun-manifest.sha256` in SRC is refused: at DEST
 the two would be one file. A `.meshrun-hash-cache.json` an older meshrun left in SRC is not data
 and is never sent.
+
+A transfer cut short (the sync's deadline, a dropped link) keeps what arrived in `.meshrun-partial/`
+beside the file at DEST (`--partial-dir`), and the next sync resumes from it instead of from byte 0:
+over a slow uplink a large shard could otherwise never arrive. rsync itself excludes that name
+from what it sends, and removes the folder once the file is whole.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ from meshrun.fsutil import FileRefused, atomic_write_json, not_regular, read_reg
 
 DATA_MANIFEST = ".meshrun-manifest.sha256"  # meshrun's listing, at DEST on each host
 LEGACY_CACHE = ".meshrun-hash-cache.json"  # an older meshrun's hash cache inside SRC: never data
+# Relative, so it sits beside each cut file at DEST and rsync adds its own exclude for it (never sent,
+# never deleted); named for meshrun, so a host's owner can tell whose it is.
+PARTIAL_DIR = ".meshrun-partial"
 CACHE_MAX = 256 << 20  # about a million files' hashes
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -161,6 +169,9 @@ def _data_files(source: Path) -> Iterator[tuple[str, str]]:
         if rel_top == "." and DATA_MANIFEST in dirs + files:
             raise InputError(with_path("--data: ", os.path.join(top, DATA_MANIFEST), ": meshrun writes its own "
                                        "manifest under that name at DEST; rename or move yours"))
+        if PARTIAL_DIR in dirs:  # rsync would never send it, and its files would fail verification
+            raise InputError(with_path("--data: ", os.path.join(top, PARTIAL_DIR), ": meshrun keeps partly sent "
+                                       "files under that name at DEST; delete it if a sync left it, or rename it"))
         dirs[:] = [d for d in dirs if d != LEGACY_CACHE]  # rsync's --exclude drops it at any depth too
         for name in files:
             full = os.path.join(top, name)
@@ -270,9 +281,9 @@ def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | 
                     files: list[str] | None = None, listing: Path | None = None) -> list[str]:
     """rsync of SRC's files to DEST; with `listing` (the staged manifest) that file too, to DEST's top.
     The listing comes first: of two sources' files of one name rsync keeps the first, so meshrun's
-    manifest is the one at DEST whatever SRC holds by then."""
+    manifest is the one at DEST whatever SRC holds by then. A file cut short resumes (PARTIAL_DIR)."""
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--mkpath", "--itemize-changes",
-            "--exclude", LEGACY_CACHE]
+            f"--partial-dir={PARTIAL_DIR}", "--exclude", LEGACY_CACHE]
     if checksum:
         argv.append("--checksum")
     if files is not None:
