@@ -17,7 +17,9 @@ RUNS_DIR = "runs"  # relative to the project on the controller and to the workdi
 # Environment the agent sets for torchrun and its workers.
 ENV_RUN_ID = "MESHRUN_RUN_ID"
 ENV_HOST = "MESHRUN_HOST"
-ENV_RUN_DIR = "MESHRUN_RUN_DIR"  # the run directory on the host, absolute: where a --script writes what comes home
+# The run directory on the host, absolute: where a --script writes what comes home (`runs/<id>/hosts/<host>/output`
+# where the workdir is the project itself: there `runs/<id>/` holds the controller's own records).
+ENV_RUN_DIR = "MESHRUN_RUN_DIR"
 ENV_BATCH_SIZE = "MESHRUN_BATCH_SIZE"  # this host's per-process batch size, or "auto"
 ENV_SITE = "MESHRUN_SITE"  # the inventory's `site:` of this host; unset: the host is a site of its own
 

@@ -79,7 +79,7 @@ def project(tmp_path: Path, trap: socket.socket) -> Path:
                         controller_pid=None if detached else dead_pid())
         rec.save(root / "runs")
         if summary:
-            (root / "runs" / run_id / SUMMARY).write_text(json.dumps({"run_id": run_id, "status": "ok"}))
+            (root / "runs" / run_id / SUMMARY).write_text(json.dumps({"run_id": run_id, "status": "succeeded"}))
         assert (root / "runs" / run_id / LAUNCH_RECORD).exists()
     return root
 

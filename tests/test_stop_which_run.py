@@ -8,6 +8,8 @@ the hosts' answers stand in (their asking is tested on real agents in tests/test
 
 from __future__ import annotations
 
+import json
+
 import time
 from pathlib import Path
 from typing import Callable
@@ -89,13 +91,13 @@ def test_one_run_that_may_still_be_running_is_taken_as_before(project: Project) 
     now = time.time()
     save(project.runs, OLDER, ("gpu1",), now - 3600)
     save(project.runs, NEWER, ("gpu2",), now - 60)
-    (project.runs / OLDER / SUMMARY).write_text("{}")  # it ended (may_be_running looks for the file alone)
+    (project.runs / OLDER / SUMMARY).write_text(json.dumps({"run_id": OLDER, "status": "succeeded"}))  # it ended
     assert resolve_live_run(project.runs, None, "fab stop").run_id == NEWER
 
 
 def test_none_running_is_the_line_of_before(project: Project) -> None:
     save(project.runs, OLDER, ("gpu1",), time.time() - 3600)
-    (project.runs / OLDER / SUMMARY).write_text("{}")
+    (project.runs / OLDER / SUMMARY).write_text(json.dumps({"run_id": OLDER, "status": "succeeded"}))
     with pytest.raises(InputError, match=f"^no recorded run may still be running; name one with --run ID "
                                          f"\\(the newest is {OLDER}\\)$"):
         resolve_live_run(project.runs, None, "fab stop")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from meshrun.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir
+from meshrun.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, read_regular
 from meshrun.layout import (COMM_PLAN, DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD,
                             PROVENANCE, SUMMARY)
 from meshrun.deploy.errors import InputError, MeshrunError
@@ -30,6 +30,7 @@ from meshrun.deploy.inventory.fields import NAME_RE
 from meshrun.deploy.inventory.shown import shown, with_path
 from meshrun.deploy.run.answers import from_json, is_int, is_real
 from meshrun.deploy.run.hoststate import HostState
+from meshrun.deploy.run.outcome import JobStatus
 from meshrun.deploy.run.summary import RunSummary
 
 RECORD_FIX = "the run record is damaged or was edited; restore it, or remove the run's folder"
@@ -249,9 +250,29 @@ def controller_alive(record: RunRecord) -> bool:
     return (b"fab" in cmdline or b"meshrun" in cmdline) and b"train" in cmdline
 
 
+ENDED = frozenset(s.value for s in JobStatus)  # the statuses the controller writes in a summary.json
+
+
+def has_own_summary(run_path: Path, run_id: str) -> bool:
+    """Does `run_path` hold the controller's summary.json of `run_id`: a JSON object of that run_id and
+    one of meshrun's statuses? A file of that name a script wrote (`{"best_loss": 0.33}`), or one that
+    is not a regular file of at most RECORD_MAX, is no end of the run: taken for one, a detached run
+    that still runs would drop out of `fab status`, and `fab stop` would pick another run."""
+    try:
+        data = read_regular(run_path / SUMMARY, RECORD_MAX)
+    except OSError:
+        return False
+    found = from_json(data.decode("utf-8", "replace"))
+    if not isinstance(found, dict) or found.get("run_id") != run_id:
+        return False
+    status = found.get("status")
+    return isinstance(status, str) and status in ENDED  # a list or an object is unhashable: never `in` a set
+
+
 def may_be_running(record: RunRecord, has_summary: bool, attached_controller_alive: bool, now: float) -> bool:
-    """Pure rule: a run with a summary has ended; an attached run whose controller is gone ended
-    too once its agents missed heartbeats for HEARTBEAT_TIMEOUT_S; a detached run may run on."""
+    """Pure rule: a run with the controller's summary (`has_own_summary`) has ended; an attached run
+    whose controller is gone ended too once its agents missed heartbeats for HEARTBEAT_TIMEOUT_S; a
+    detached run may run on."""
     if has_summary:
         return False
     if record.detached:
@@ -263,7 +284,7 @@ def live_records(runs: Path, warn: Warn | None = None) -> list[RunRecord]:
     """Recorded runs that may still be running, newest first."""
     now = time.time()
     return [r for r in all_records(runs, warn)
-            if may_be_running(r, (runs / r.run_id / SUMMARY).exists(), controller_alive(r), now)]
+            if may_be_running(r, has_own_summary(runs / r.run_id, r.run_id), controller_alive(r), now)]
 
 
 def refuse_running(runs: Path, record: RunRecord, ask_hosts: Callable[[], list[HostState]]) -> None:

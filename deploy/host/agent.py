@@ -30,7 +30,7 @@ from pathlib import Path
 from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, EVENTS,
                            EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT, TRAIN_LOG,
                            host_dir, run_dir)
-from meshrun.deploy.host.agentargs import parse, read_env_block, run_env
+from meshrun.deploy.host.agentargs import parse, ranks_run_dir, read_env_block, run_env
 from meshrun.deploy.host.agentstart import (CANNOT_WRITE_EXIT, busy_line, cannot_write_line, quiet_stderr,
                                             read_json, start_detached)
 from meshrun.deploy.host.exitbarrier import ExitBarrier
@@ -92,6 +92,8 @@ class Supervisor:
             if self.busy():
                 return AGENT_BUSY_EXIT
             forget_last_attempt(self.dir, self.args.run_id)
+            # A script writes into $MESHRUN_RUN_DIR as given: a folder of its own (--run-dir) must exist first.
+            Path(ranks_run_dir(self.args)).mkdir(parents=True, exist_ok=True)
             self.log = RunLog(self.dir / TRAIN_LOG, lambda text: self.send(f"meshrun-agent: {text}\n".encode()))
         except OSError as err:  # a full disk, a read-only workdir
             return self.cannot_write(self.dir, err)

@@ -26,6 +26,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--env-stdin", action="store_true",
                      help="the first line of stdin is a JSON object of more variables (the inventory's env)")
     run.add_argument("--detach", action="store_true")
+    run.add_argument("--run-dir", default="", help="the ranks' MESHRUN_RUN_DIR, relative to the workdir (default "
+                     "runs/<id>): a --script run's own folder where the workdir is the controller's project")
     run.add_argument("--succession", default="", help="JSON: the rendezvous generations (elastic runs)")
     run.add_argument("--generation", type=int, default=0, help="start at this generation of the succession")
     run.add_argument("--peers", default="", help="JSON {host: address:port}: detached elastic runs restart "
@@ -56,6 +58,8 @@ def detached_argv(args: argparse.Namespace, python: str) -> list[str]:
             "--heartbeat-timeout", "0", "--grace", str(args.grace), "--quiet"]
     for kv in args.env:
         argv += ["--env", kv]
+    if args.run_dir:
+        argv += ["--run-dir", args.run_dir]
     if args.succession:
         argv += ["--succession", args.succession, "--generation", str(args.generation)]
     if args.peers:
@@ -81,6 +85,14 @@ def read_env_block(stream: io.BufferedIOBase) -> dict[str, str]:
     return block
 
 
+def ranks_run_dir(args: argparse.Namespace) -> str:
+    """`MESHRUN_RUN_DIR`, absolute (the agent runs in the workdir): where a script writes what comes home.
+    `runs/<id>`, unless the controller named a folder of the script's own (`--run-dir`: the workdir is
+    its project, whose `runs/<id>/` holds the controller's records; deploy/run/plan.py `script_run_dir`)."""
+    # parse() always sets run_dir; a Namespace built by hand (a test's) may lack it.
+    return os.path.abspath(getattr(args, "run_dir", "") or run_dir(args.run_id))
+
+
 def run_env(args: argparse.Namespace, exit_mark: str) -> tuple[dict[str, str], str | None]:
     """torchrun's environment, and a detached run's notification receivers (taken out: never in
     the env). The inventory's `env` came on stdin, never argv; our own tags are set last, since
@@ -89,7 +101,6 @@ def run_env(args: argparse.Namespace, exit_mark: str) -> tuple[dict[str, str], s
     env.update(kv.split("=", 1) for kv in args.env)
     spec = args.secret_env.pop(NOTIFY_KEY, None)
     env.update(args.secret_env)
-    # The run directory for a script's outputs (fetch-checkpoints brings it home): the agent runs in the workdir.
-    env.update({ENV_RUN_ID: args.run_id, ENV_HOST: args.host, ENV_RUN_DIR: os.path.abspath(run_dir(args.run_id)),
+    env.update({ENV_RUN_ID: args.run_id, ENV_HOST: args.host, ENV_RUN_DIR: ranks_run_dir(args),
                 TORCHRUN_EXIT_MARK_ENV: exit_mark})
     return env, spec

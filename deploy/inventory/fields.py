@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from meshrun.deploy.inventory import reservedenv
 from meshrun.deploy.inventory.model import Network
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.inventory.yamlnodes import Where, is_null, kind, mapping_items, whole_number, written
@@ -201,6 +202,8 @@ def env(node: yaml.Node, at: Where) -> tuple[tuple[str, str], ...]:
         if not ENV_NAME_RE.fullmatch(key):
             raise key_at.fail(f"{shown(key)} is not a valid environment variable name", "use letters, digits and _")
         value = written(_scalar(value_node, key_at, "a value"))  # 0123, 12:30, yes, ~: as written
+        if (reserved := reservedenv.refused(key, value)) is not None:  # it would beat `gpus:` and the like
+            raise key_at.fail(*reserved)
         if is_null(value_node) and not value:
             raise key_at.fail("expected a value, got nothing", 'write it as text, e.g. OMP_NUM_THREADS: "1" (or "")')
         if "\0" in value:

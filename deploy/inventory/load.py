@@ -85,6 +85,8 @@ def load_inventory(path: Path, project: Path | None = None) -> Inventory:
     hosts = _read_hosts(sections["hosts"][1], where, defaults, project)
     if project is not None:
         _check_local_workdirs(hosts, sections, where, project)
+        hosts = tuple(dataclasses.replace(h, workdir_is_project=True) if h.is_local and
+                      localpaths.workdir_is_project(h.workdir, project) else h for h in hosts)
     names = tuple(h.name for h in hosts)
     own_site = _hosts_with_own_site(sections["hosts"][1], where)
     groups, group_sites = (_read_groups(sections["groups"][1], where, names, own_site) if "groups" in sections

@@ -50,3 +50,9 @@ def workdir_outside(workdir: str, project: Path) -> bool:
         return False
     root = os.path.realpath(project)
     return os.path.commonpath([root, os.path.realpath(os.path.join(root, workdir))]) != root
+
+
+def workdir_is_project(workdir: str, project: Path) -> bool:
+    """Is a local host's `workdir` the project itself (`.`, or the project's own path)? Where the two
+    are one, the host's `runs/<id>/` is the controller's run record (as deploy/edges/sync.is_project_itself)."""
+    return os.path.realpath(os.path.join(project, os.path.expanduser(workdir))) == os.path.realpath(project)

@@ -47,6 +47,10 @@ class Host:
     batch_size: int | str | None  # an int, "auto", or None (the config's batch size)
     env: tuple[tuple[str, str], ...]
     site: str | None = None  # where the host is (docs/sites.md); None: a place of its own
+    # A local host whose workdir is the controller's project itself (`workdir: .`), set at load where
+    # the project is known: its `runs/<id>/` is the controller's run record, so a --script run's
+    # ranks get a folder of their own there (deploy/run/plan.py `script_run_dir`).
+    workdir_is_project: bool = False
 
     @property
     def is_local(self) -> bool:

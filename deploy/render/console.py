@@ -16,7 +16,9 @@ from meshrun.deploy.render import hints
 from meshrun.deploy.render.hints import repeated_flags
 from meshrun.deploy.render.neutral import NeutralConsole, PlainTable, neutral, one_line, plain
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
+from meshrun.deploy.run.plan import SCRIPT_OUTPUT
 from meshrun.deploy.run.summary import RunSummary
+from meshrun.layout import HOSTS
 
 HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")
 _HINT_FLAGS: dict[str, str] = {}  # this command's --inventory, --project, --runs-dir, repeated in hints
@@ -32,6 +34,19 @@ def repeat_in_hints(given: Mapping[str, object]) -> None:
 def as_run(message: str) -> str:
     """`message` with its `fab TASK` hints as this very command's user can run them."""
     return hints.as_run(message, os.path.basename(sys.argv[0]), _HINT_FLAGS)
+
+
+def script_files_lines(script: str, home: str, reports: list) -> list[str]:
+    """Where a --script run's own files are after a fetch: a host fetched into `hosts/<host>/` had them
+    in its run directory; a local host whose workdir is this project (its report landed in the run's
+    own folder) gave the script a folder of its own beside the agent's files (deploy/run/plan.py `script_run_dir`)."""
+    local = [r.host for r in reports if str(r.landed) == home]
+    lines = [f"what {script} wrote under $MESHRUN_RUN_DIR on {name}: {home}/{HOSTS}/{name}/{SCRIPT_OUTPUT}/; "
+             f"its logs: {home}/{HOSTS}/{name}/ (docs/scripts.md)" for name in local]
+    if len(local) < len(reports) or not reports:
+        lines.insert(0, f"what {script} wrote under $MESHRUN_RUN_DIR, and the logs: {home}/{HOSTS}/<host>/ "
+                        "(as each host had it; docs/scripts.md)")
+    return lines
 
 
 class Renderer:
@@ -144,8 +159,8 @@ class Renderer:
                     self.console.print(plain(f"not overwritten: {where} differs from {r.host}'s copy; "
                                              "kept yours (--force replaces it)", style="yellow"))
             if script:
-                self.console.print(plain(f"what {script} wrote under $MESHRUN_RUN_DIR, and the logs: "
-                                         f"{home}/hosts/<host>/ (as each host had it; docs/scripts.md)"))
+                for line in script_files_lines(script, home, reports):
+                    self.console.print(plain(line))
                 self.console.print(plain(as_run(f"resume this run: fab train --resume {run_id} (same hosts; your "
                                                 "script reloads what it saved there)")))
                 return

@@ -242,6 +242,17 @@ def trainer_args(work: Workload, pg_timeout_s: int) -> list[str]:
     return [*config, f"dist.timeout={pg_timeout_s}", *work.args]
 
 
+SCRIPT_OUTPUT = "output"  # a --script run's own folder, on a host whose workdir is the project (script_run_dir)
+
+
+def script_run_dir(run_id: str, host: str) -> str:
+    """A --script run's `$MESHRUN_RUN_DIR` on a host whose workdir is the project itself, relative to it.
+    There `runs/<id>/` is the controller's record (launch.json, summary.json, metrics.jsonl, events.jsonl)
+    and `runs/<id>/hosts/<host>/` the agent's (train.log, exit.json, events.jsonl): a script's files
+    named as those would replace them, or pass for them. Elsewhere it is `runs/<id>` (fetch brings it home)."""
+    return f"{host_dir(run_id, host)}/{SCRIPT_OUTPUT}"
+
+
 def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], ...],
                torchrun: tuple[str, ...], local_python: str, generations: tuple[Generation, ...] = (),
                peers: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -251,6 +262,8 @@ def agent_argv(host: Host, options: LaunchOptions, env: tuple[tuple[str, str], .
             "--heartbeat-timeout", "0" if options.detach else str(options.heartbeat_timeout_s)]
     if options.detach:
         argv.append("--detach")
+    if options.workload.script is not None and host.workdir_is_project:
+        argv += ["--run-dir", script_run_dir(options.run_id, host.name)]
     # The inventory's `env` may hold tokens: never on argv (`ps` shows it to every user of the
     # host). It reaches the agent as the first line of its stdin (`env_block`).
     secret = {k for k, _ in host.env}
