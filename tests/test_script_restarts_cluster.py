@@ -17,10 +17,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.either_cluster]
 
 
 def test_a_script_run_that_lost_a_host_counts_its_restart(testbed, inventory: Path) -> None:
-    """h1 and h2 hold in a group of two (a gloo barrier loop); h2 is killed outright, h1's barrier fails and
-    torchrun on h1 starts the group again
-    with h1 alone, whose script ends at once. The run succeeds with restarts 1 (it was always 0 for
-    scripts), and h1's own record of the launch says two starts."""
+    """h1 and h2 hold in a group of two (a gloo barrier loop); h2 is killed outright, h1's barrier fails,
+    and torchrun on h1 starts the group again with h1 alone, whose script ends at once. The run
+    succeeds with restarts 1 (it was always 0 for scripts), and h1's own record of the launch says two
+    starts."""
     run = FabProcess("train", "--inventory", str(inventory), "--hosts", "h1,h2", "--nnodes", "1:2", "--skip-checks",
                      "--script", "tests/scripts/hold_while_two.py", "--", "600")
     try:
