@@ -37,7 +37,7 @@ from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
 from meshrun.deploy.commands.trainend import gathered
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
-from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
+from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, refuse_gpu_env
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, refuse_running, retire_attempt,
                                           write_summary)
@@ -134,6 +134,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
     inventory = load_inventory(inventory_path(request.inventory, project.root), project.root)
     selection = _selection(request, inventory, renderer)
     hosts = selection.hosts
+    refuse_gpu_env(hosts)  # before any host is contacted
     urls = notify.receivers(request.notify, inventory.notify)  # checked before any host is contacted
     if request.every_checkpoint and not urls:
         raise InputError("--every-checkpoint adds notifications, and this run sends none: add --notify URL, or "

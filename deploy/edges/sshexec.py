@@ -38,7 +38,12 @@ RECV_BYTES = 32768
 # A command quiet this long (no output) has its host pinged: only then, so the many short commands
 # cost no extra round trip, and one that prints as it goes (pip) none at all.
 QUIET_BEFORE_PING_S = 12.0
-PING_TIMEOUT_S = 3.0  # sshd granting a new channel: a round trip (as the launcher's, launcher.py)
+# sshd granting a new channel: a round trip. Not the launcher's 6 s (launcher.py), which was raised for a
+# training run whose all-reduce keeps both links' queues full; a quiet command's link carries little,
+# and a host counts as lost only after PINGS_BEFORE_LOST misses in a row (9 s with no channel granted).
+# Kept at 3 s until a ping here is seen to miss that often on a healthy host (an upload beside it):
+# then 6 s, noticed within 12 + 3 * 6 = 30 s. Also how long a command past its deadline is pinged.
+PING_TIMEOUT_S = 3.0
 # Misses in a row before the host counts as gone: one more than the launcher's, as a long command
 # (a torch install) may load the host; a cut link is then noticed within about 12 + 3 * 3 = 21 s.
 PINGS_BEFORE_LOST = 3

@@ -77,22 +77,49 @@ class AgentClient(paramiko.SSHClient):
         super().connect(*args, **kwargs)
 
 
+# How long an agent may take to sign: a hardware key waits for a touch, 1Password for a click. Its key
+# listing is answered at once, so it gets CONNECT_TIMEOUT_S. Past either, a wedged or stopped agent is
+# named (AgentSilent) instead of blocking the connect, `fab join` and a rejoin thread for ever.
+AGENT_SIGN_TIMEOUT_S = 120.0
+
+
+class AgentSilent(MeshrunError):
+    """The agent at an IdentityAgent socket accepted the connection and did not answer in time."""
+
+
 class SocketAgent(paramiko.agent.AgentSSH):
     """What paramiko.Agent() is, for the socket at `path` rather than $SSH_AUTH_SOCK's: its keys listed,
-    none when it does not answer (as paramiko treats a dangling $SSH_AUTH_SOCK: the login then says
-    which key it lacked). SSHClient.close() calls `close()`, which AgentSSH lacks."""
+    none when the socket is not there or refuses (as paramiko treats a dangling $SSH_AUTH_SOCK: the login
+    then says which key it lacked). An agent that accepts and then does not answer, the listing within
+    CONNECT_TIMEOUT_S or a signature within AGENT_SIGN_TIMEOUT_S, raises AgentSilent naming it.
+    SSHClient.close() calls `close()`, which AgentSSH lacks."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
+        self.path = path
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(sshtarget.CONNECT_TIMEOUT_S)
             sock.connect(path)
-            sock.settimeout(None)  # an agent asking for a touch or a password takes its time to sign
-            self._connect(sock)  # as paramiko.Agent() does with $SSH_AUTH_SOCK's socket
+            self._connect(sock)  # as paramiko.Agent() does with $SSH_AUTH_SOCK's socket; bounded as the connect
+            sock.settimeout(AGENT_SIGN_TIMEOUT_S)
         except (OSError, paramiko.SSHException):
             self._close()
             sock.close()
+        except AgentSilent:
+            self._close()
+            sock.close()
+            raise
+
+    def _send_message(self, msg: Any) -> Any:
+        try:
+            return super()._send_message(msg)
+        except (socket.timeout, TimeoutError):
+            waited = self._conn.gettimeout() if self._conn is not None else sshtarget.CONNECT_TIMEOUT_S
+            doing = "list its keys" if not self._keys else "sign (a key waiting for a touch or a click?)"
+            raise AgentSilent(f"the SSH agent at IdentityAgent {self.path} accepted the connection but did not "
+                              f"{doing} within {waited:g} s; restart that agent, or set IdentityAgent to another "
+                              "agent or none") from None
 
     def close(self) -> None:
         self._close()
@@ -103,8 +130,13 @@ def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, c
     """One line: the user (said to be the default where nothing named it) and where the key came from."""
     where = "`user:` in the inventory" if jump is None else f"User for Host {hop.label} in {config}"
     user = f"user {hop.user} (the default; set {where})" if hop.user_defaulted else "the user"
-    key = hop.identity_from or ("the agent at IdentityAgent " + hop.agent if hop.agent not in ("", sshtarget.AGENT_NONE)
-                                else "ssh-agent or ~/.ssh/id_*: none is set in the inventory or ssh_config")
+    if sshtarget.agent_missing(hop.agent):
+        agent = f"~/.ssh/id_*: the IdentityAgent socket {hop.agent} is not there"
+    elif hop.agent not in ("", sshtarget.AGENT_NONE):
+        agent = "the agent at IdentityAgent " + hop.agent
+    else:
+        agent = "ssh-agent or ~/.ssh/id_*: none is set in the inventory or ssh_config"
+    key = hop.identity_from or agent
     return MeshrunError(f"{who}: SSH login to {target} refused ({err}); check {user} and the key ({key}), "
                         "and that the key is in the host's authorized_keys")
 
@@ -145,6 +177,8 @@ def open_hop(conn: HopConnection, hop: sshtarget.Hop, jump: str | None, opening:
             conn.open()
     except Unresolved as err:
         raise unresolved(who, err, hop, jump, opening.config) from None
+    except AgentSilent as err:  # the local agent, not the host: said before the timeouts that blame the host
+        raise MeshrunError(f"{who}: {err}") from None
     except SaidNothing as err:
         raise silent(who, f"{hop.hostname}:{hop.port}", err.seconds) from None
     except hostkeys.UnknownHostKey as err:

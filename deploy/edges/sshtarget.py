@@ -22,7 +22,8 @@ included text goes in at the Include line, and the enclosing Host/Match line is 
 lines after an Include stay in their block. One difference from ssh: a Host block inside a file included
 from within a Host/Match block applies on its own (ssh applies it only when the enclosing block matches).
 `IdentityAgent` names the agent whose keys are offered (`none`: no agent; `SSH_AUTH_SOCK`, or none set:
-$SSH_AUTH_SOCK's); ~, %d, %u, %% and a leading $VAR are expanded, any other token is refused.
+$SSH_AUTH_SOCK's); ~, %d, %i, %u, %% and a leading $VAR are expanded, any other token is refused. A socket
+that is not there is skipped, as ssh does, where the hop has another key (`check_keys`).
 """
 
 from __future__ import annotations
@@ -225,7 +226,8 @@ class Said:
         return self.check("User", options["user"]) if "user" in options else None
 
     def agent(self, options: paramiko.config.SSHConfigDict) -> str:
-        """IdentityAgent's socket with ~, %d, %u, %% and a leading $VAR expanded as ssh does; other tokens refused."""
+        """IdentityAgent's socket with ~, %d, %i, %u, %% and a leading $VAR expanded as ssh does (gpg-agent's
+        /run/user/%i/gnupg/S.gpg-agent.ssh); other tokens refused."""
         value = options.get("identityagent", "SSH_AUTH_SOCK")
         if value == "SSH_AUTH_SOCK":
             return ""
@@ -237,13 +239,13 @@ class Said:
                 raise InputError(with_path(f"host '{self.host}': ", self.path, f": IdentityAgent {shown(value)} for "
                                            f"Host {shown(self.alias)} names ${name}, which is unset; export it"))
             value = os.environ[name]
-        elif re.search(r"%([^du]|$)", value.replace("%%", "")) or not (value.isprintable() and value.strip()):
+        elif re.search(r"%([^diu]|$)", value.replace("%%", "")) or not (value.isprintable() and value.strip()):
             raise InputError(with_path(f"host '{self.host}': ", self.path, f": IdentityAgent {shown(value)} for Host "
-                                       f"{shown(self.alias)} is not a socket path (meshrun expands ~, %d, %u and %% "
-                                       "only); write the path out"))
+                                       f"{shown(self.alias)} is not a socket path (meshrun expands ~, %d, %i, %u and "
+                                       "%% only); write the path out"))
         value = os.path.expanduser(value) if value.startswith("~") else value
         return value.replace("%%", "\0").replace("%d", os.path.expanduser("~")).replace(
-            "%u", getpass.getuser()).replace("\0", "%")
+            "%u", getpass.getuser()).replace("%i", str(os.getuid())).replace("\0", "%")
 
     def port(self, options: paramiko.config.SSHConfigDict) -> int | None:
         return port_number(options["port"], lambda: self.fail("Port", options["port"], "a port number (1-65535)")) \
@@ -304,28 +306,36 @@ def _split_spec(spec: str, said: Said) -> tuple[str | None, str, int | None]:
 
 def check_keys(target: SshTarget, count: int | None = None) -> None:
     """Fail early, naming the key and where it was set, when one of the first `count` hops (all by
-    default) has no key to offer: a missing IdentityFile or IdentityAgent socket, or none set with no
-    agent and no ~/.ssh/id_* (paramiko would blame sshd)."""
+    default) has no key to offer: a missing IdentityFile, or none set with no agent and no ~/.ssh/id_*
+    (paramiko would blame sshd). An IdentityAgent socket that is not there is skipped, as ssh skips it
+    (the hop's agent gives no keys, deploy/edges/sshopen.SocketAgent); it fails only when it was the
+    hop's one source of keys."""
     for hop in target.hops[:count]:
         for key in hop.identities:
             problem = regular_file_problem(Path(key), KEY_MAX) or (None if Path(key).is_file() else "does not exist")
             if problem is not None:  # paramiko would read a FIFO for ever, /dev/zero into memory
                 raise MeshrunError(f"host '{target.host}': SSH key {key} for {hop.label} {problem}; it is set by "
                                    f"{hop.identity_from}: point it at your private key")
-        if hop.agent not in ("", AGENT_NONE) and not Path(hop.agent).exists():
+        if hop.identities or has_default_key(hop.agent):
+            continue
+        if agent_missing(hop.agent):
             raise MeshrunError(f"host '{target.host}': IdentityAgent {hop.agent} for Host {hop.label} in "
-                               f"{target.config} does not exist; start that agent (1Password, Secretive, ...) "
-                               "or fix IdentityAgent")
-        if not hop.identities and not has_default_key(hop.agent):
-            agent = "IdentityAgent none" if hop.agent == AGENT_NONE else "no ssh-agent"
-            raise MeshrunError(f"host '{target.host}': no SSH key to offer {hop.label} (no `identity` in the "
-                               f"inventory, no IdentityFile for Host {hop.label} in {target.config}, {agent}, "
-                               "no ~/.ssh/id_*); set `identity: ~/.ssh/<key>` in the inventory")
+                               f"{target.config} does not exist, and no other key is set; start that agent "
+                               "(1Password, Secretive, ...) or fix IdentityAgent")
+        agent = "IdentityAgent none" if hop.agent == AGENT_NONE else "no ssh-agent"
+        raise MeshrunError(f"host '{target.host}': no SSH key to offer {hop.label} (no `identity` in the "
+                           f"inventory, no IdentityFile for Host {hop.label} in {target.config}, {agent}, "
+                           "no ~/.ssh/id_*); set `identity: ~/.ssh/<key>` in the inventory")
+
+
+def agent_missing(agent: str) -> bool:
+    """IdentityAgent names a socket path that is not there."""
+    return agent not in ("", AGENT_NONE) and not Path(agent).exists()
 
 
 def has_default_key(agent: str = "") -> bool:
-    """What paramiko tries when no key is named: the agent (IdentityAgent's, else $SSH_AUTH_SOCK's), then
-    ~/.ssh/id_*."""
-    if agent != AGENT_NONE and (agent or os.environ.get("SSH_AUTH_SOCK")):
+    """What paramiko tries when no key is named: the agent (IdentityAgent's where its socket is there, else
+    $SSH_AUTH_SOCK's), then ~/.ssh/id_*."""
+    if agent != AGENT_NONE and not agent_missing(agent) and (agent or os.environ.get("SSH_AUTH_SOCK")):
         return True
     return any((Path("~/.ssh").expanduser() / name).is_file() for name in DEFAULT_KEYS)

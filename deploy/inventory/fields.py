@@ -202,7 +202,7 @@ def env(node: yaml.Node, at: Where) -> tuple[tuple[str, str], ...]:
         if not ENV_NAME_RE.fullmatch(key):
             raise key_at.fail(f"{shown(key)} is not a valid environment variable name", "use letters, digits and _")
         value = written(_scalar(value_node, key_at, "a value"))  # 0123, 12:30, yes, ~: as written
-        if (reserved := reservedenv.refused(key, value)) is not None:  # it would beat `gpus:` and the like
+        if (reserved := reservedenv.refused(key)) is not None:  # it would beat `batch_size:` or torchrun's world
             raise key_at.fail(*reserved)
         if is_null(value_node) and not value:
             raise key_at.fail("expected a value, got nothing", 'write it as text, e.g. OMP_NUM_THREADS: "1" (or "")')

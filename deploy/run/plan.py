@@ -20,6 +20,7 @@ from meshrun.layout import (AGENT_MODULE, DEFAULT_PG_TIMEOUT_S, ENV_BATCH_SIZE, 
                            TORCHRUN_RDZV_HOST_FLAG, TRAINER_MODULE, generation_rdzv_id, host_dir)
 from meshrun.deploy.errors import InputError
 from meshrun.idlerule import IdlePolicy, policy_json
+from meshrun.deploy.inventory import reservedenv
 from meshrun.deploy.inventory.model import ElasticBounds, Host
 from meshrun.deploy.inventory.selection import Selection
 
@@ -125,13 +126,7 @@ def plan_launch(
     """The launch plan. `interfaces` maps host name → the interface routing to the rendezvous host."""
     hosts, head = selection.hosts, selection.head
     standalone = len(hosts) == 1 and head.is_local and options.elastic is None
-    if not standalone:
-        for host in hosts:
-            if host.is_local:
-                raise InputError(
-                    f"host '{host.name}' has `address: local`, which other hosts cannot reach; "
-                    "give it its LAN or overlay address to use it in a multi-host run"
-                )
+    _check_hosts(hosts, standalone)
     endpoint = "standalone" if standalone else f"{head.address}:{selection.rendezvous.port}"
     order = succession_order(selection)
     launches = []
@@ -147,6 +142,26 @@ def plan_launch(
         agent = agent_argv(host, options, env, torchrun, local_python, generations, peers)
         launches.append(HostLaunch(host, host.name == head.name, env, torchrun, agent, generations))
     return LaunchPlan(options.run_id, endpoint, tuple(launches), options.elastic)
+
+
+def _check_hosts(hosts: tuple[Host, ...], standalone: bool) -> None:
+    for host in hosts:
+        if host.is_local and not standalone:
+            raise InputError(
+                f"host '{host.name}' has `address: local`, which other hosts cannot reach; "
+                "give it its LAN or overlay address to use it in a multi-host run"
+            )
+    refuse_gpu_env(hosts)
+
+
+def refuse_gpu_env(hosts: tuple[Host, ...]) -> None:
+    """One line for a host whose `env:` sets a name meshrun sets from its `gpus:`. After the selection,
+    not at load: `--hosts NAME:0,1` gives a host `gpus` too (selection.py); `fab train` asks before any
+    host is contacted, and the plan again."""
+    for host in hosts:
+        if (conflict := reservedenv.gpus_conflict(host.name, host.gpus, host.env)) is not None:
+            name, problem, fix = conflict
+            raise InputError(f"host '{host.name}', field 'env.{name}': {problem}; {fix}")
 
 
 def peer_endpoints(host: Host, hosts: tuple[Host, ...]) -> dict[str, str]:
