@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from fabric.executor import Executor
@@ -87,26 +88,38 @@ def _shown_as(program: Any) -> str:
     return "meshrun" if program.binary == "meshrun" else "fab"  # `fab`'s binary is how it was called
 
 
-def misplaced_argument_hint(token: str, task: str, script: str, rest: list[str], program: str) -> str | None:
+@dataclass(frozen=True)
+class Typed:
+    """The command line around the words to move (`misplaced_argument_hint`), each word as the shell split it."""
+
+    before: tuple[str, ...]  # after the program's name: options before the task, the task, its flags so far
+    after: tuple[str, ...] = ()  # meshrun's flags after the moved words, up to any `--`
+    given: tuple[str, ...] = ()  # what was already after `--`: it stays after the moved words
+
+
+def misplaced_argument_hint(token: str, task: str, script: str, rest: list[str], program: str,
+                            typed: Typed | None = None) -> str | None:
     """The line for an unknown `token` that belongs after `--`: a script's own flag (`--epochs`) given
-    to `train --script`, or a trainer override (`epochs=2`) given to `train`; `rest` is the command line
-    from that token on. None for anything else (a misspelt meshrun flag), which keeps invoke's words."""
+    to `train --script`, or a trainer override (`epochs=2`) given to `train`; `rest` is the words to move,
+    from that token on. The fixed command is the one `typed` (every other flag kept in its place: pasted,
+    it runs on the same inventory and hosts), with only `rest` moved after `--`; without `typed`, the task
+    alone. None for anything else (a misspelt meshrun flag), which keeps invoke's words."""
     if task != "train":  # the one task that passes arguments on (join and leave take a run's hosts)
         return None
-    moved = shlex.join(rest or [token])
+    typed = typed or Typed(("train", "--script", script) if script else ("train",))
+    fixed = shlex.join([program, *typed.before, *typed.after, "--", *(rest or [token]), *typed.given])
     if script:
-        line = (f"'{token}' is not a meshrun flag; put the script's own arguments after --: "
-                f"{program} train --script {shlex.quote(script)} -- {moved}")
+        line = f"'{token}' is not a meshrun flag; put the script's own arguments after --: {fixed}"
     elif "=" in token and not token.startswith("-"):
-        line = (f"'{token}' is not a meshrun flag; the trainer's key=value overrides go after --: "
-                f"{program} train -- {moved}")
+        line = f"'{token}' is not a meshrun flag; the trainer's key=value overrides go after --: {fixed}"
     else:
         return None
     return line.replace("\n", "\\n")  # one line, whatever was typed
 
 
-def _unknown_token_line(err: ParseError, unparsed: list[str], program: str) -> str | None:
-    """`misplaced_argument_hint` for invoke's "No idea what X is" in a task's flags; else None."""
+def _unknown_token_line(err: ParseError, argv: list[str], unparsed: list[str], program: str) -> str | None:
+    """`misplaced_argument_hint` for invoke's "No idea what X is" in a task's flags; else None. `argv`: the
+    whole command line; `unparsed`: its task words (invoke's), which end where `--` starts the rest."""
     found, context = _NO_IDEA.fullmatch(str(err)), getattr(err, "context", None)
     if found is None or context is None or not getattr(context, "name", None):
         return None
@@ -118,10 +131,14 @@ def _unknown_token_line(err: ParseError, unparsed: list[str], program: str) -> s
     # `--epochs=3` reaches invoke's error as `--epochs`: move the whole word the user typed, and what
     # follows it up to the next of meshrun's own flags (`--hosts gpu1` after it stays meshrun's)
     start = next((i for i, word in enumerate(unparsed) if word == token or word.startswith(f"{token}=")), None)
-    rest = unparsed[start:] if start is not None else []
-    end = next((i for i, word in enumerate(rest) if i and word.split("=", 1)[0] in context.flags), len(rest))
-    rest = rest[:end]
-    return misplaced_argument_hint(str(token), context.name, script or "", rest, program)
+    if start is None:
+        return misplaced_argument_hint(str(token), context.name, script or "", [], program)
+    rest = unparsed[start:]
+    end = start + next((i for i, word in enumerate(rest) if i and word.split("=", 1)[0] in context.flags), len(rest))
+    body = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    core = body[:len(body) - len(unparsed)] if body[len(body) - len(unparsed):] == unparsed else []
+    typed = Typed((*core, *unparsed[:start]), tuple(unparsed[end:]), tuple(argv[len(body) + 2:]))
+    return misplaced_argument_hint(str(token), context.name, script or "", unparsed[start:end], program, typed)
 
 
 def _is_meshrun_task(collection: Any, name: str) -> bool:
@@ -142,7 +159,7 @@ def guard_parsing(program: Any) -> None:
         try:
             parse_tasks()
         except ParseError as err:
-            hint = _unknown_token_line(err, list(program.core.unparsed), _shown_as(program))
+            hint = _unknown_token_line(err, list(program.argv), list(program.core.unparsed), _shown_as(program))
             if hint is not None:
                 raise Exit(f"error: {hint}", code=2) from None
             needed = _NEEDED_VALUE.match(str(err))

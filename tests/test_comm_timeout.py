@@ -17,7 +17,8 @@ from meshrun.deploy.edges.comm import (Gradients, RunTimeout, choose, run_timeou
                                        timeout_line)
 from meshrun.deploy.run.commplan import (Collective, Hook, HookSettings, TimeoutAdvice, largest_collective, plan,
                                          site_links)
-from meshrun.deploy.run.plan import Workload
+from meshrun.deploy.run.plan import Workload, trainer_args
+from meshrun.deploy.run.workload import resumed_work
 from tests.test_comm_sync_bn import Lines
 from tests.test_commplan import WIDE
 from tests.test_commplan_sites import matrix
@@ -133,10 +134,29 @@ def chosen(monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...] = (), bandwidt
     return workload, got, said.lines
 
 
+def test_a_resume_retimes_the_controllers_raise_and_keeps_the_users_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop51 #4: the raise, recorded in launch.json's args, beat a resume's --timeout (last override wins)
+    and a resumed --comm took it for the user's own. Records made by the real `choose`."""
+    raised, _, _ = chosen(monkeypatch, ("optim.lr=0.1",), timeout_s=60)
+    typed = resumed_work("R", raised, 60, Workload(), 900, new_comm=False)
+    assert trainer_args(typed.workload, typed.pg_timeout_s) == [
+        "dist.timeout=900", "comm.hook=powersgd", "optim.lr=0.1"]  # the typed --timeout, and the hook kept
+    again = resumed_work("R", raised, 60, Workload(), None, new_comm=True)
+    assert again.workload.args == ("optim.lr=0.1",)
+    assert run_timeout(again.workload, again.pg_timeout_s, False) == RunTimeout(60.0, False, "--timeout ")
+    assert chosen(monkeypatch, again.workload.args, timeout_s=60)[0].args == raised.args  # raised anew, as at first
+    plain = resumed_work("R", raised, 60, Workload(), None, new_comm=False)
+    assert plain.workload.args == raised.args  # neither: the run's raise still stands
+    own, _, _ = chosen(monkeypatch, ("dist.timeout=100",), timeout_s=60)  # the user's, never raised
+    assert own.args == ("comm.hook=powersgd", "dist.timeout=100")
+    for comm_again, timeout in ((True, None), (False, 900)):
+        assert "dist.timeout=100" in resumed_work("R", own, 60, Workload(), timeout, comm_again).workload.args
+
+
 def test_auto_on_vit_b_16_passes_a_raised_timeout_says_why_and_records_it(tmp_path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     workload, got, lines = chosen(monkeypatch, ("optim.lr=0.1",), timeout_s=60)
-    assert workload.args == ("comm.hook=powersgd", "dist.timeout=418", "optim.lr=0.1")
+    assert workload.args == ("dist.timeout=418", "comm.hook=powersgd", "optim.lr=0.1")  # the raise before the hook
     assert lines[-1] == f"comm: dist.timeout raised to 418 s: {WHY} (3x that; --timeout sets another)"
     saved = json.loads(save_plan(tmp_path, "r1", got, "powersgd").read_text())  # type: ignore[arg-type]
     assert saved["timeout"] == {"collective": {"what": "a powersgd warm-up step (full all-reduce)", "nbytes": VIT,

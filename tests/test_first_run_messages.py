@@ -18,7 +18,7 @@ from meshrun.deploy.commands.report import NO_METRICS, script_outcome, script_ru
 from meshrun.deploy.edges.datasync import DataSpec, build_manifest, rsync_data_argv
 from meshrun.deploy.edges.sync import ssh_argv
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.fabexec import misplaced_argument_hint
+from meshrun.deploy.fabexec import Typed, misplaced_argument_hint
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.project import Project, relative_to_project
 
@@ -115,6 +115,12 @@ def test_a_scripts_flag_before_the_double_dash_gets_the_fixed_command() -> None:
         "meshrun train --script 'my t.py' -- --x 'a b'")
     assert hint("epochs=2", "train", "", ["epochs=2"], "meshrun") == (
         "'epochs=2' is not a meshrun flag; the trainer's key=value overrides go after --: meshrun train -- epochs=2")
+    typed = Typed(("train", "--inventory", "inventory/my lab.yaml", "--hosts", "gpu1,gpu2", "--detach", "--script",
+                   "train.py"), ("--checkpoint-every", "2"), ("--lr", "0.1"))
+    assert hint("--epochs", "train", "train.py", ["--epochs", "3"], "meshrun", typed) == (
+        "'--epochs' is not a meshrun flag; put the script's own arguments after --: meshrun train --inventory "
+        "'inventory/my lab.yaml' --hosts gpu1,gpu2 --detach --script train.py --checkpoint-every 2 -- --epochs 3 "
+        "--lr 0.1")  # every other flag kept, in its order; only the script's words moved, before those after --
     assert hint("--bogus", "train", "", ["--bogus"], "meshrun") is None  # a misspelt flag keeps invoke's words
     assert hint("--epochs", "status", "", ["--epochs"], "meshrun") is None
 
@@ -123,7 +129,16 @@ def test_the_real_command_says_where_the_scripts_arguments_go(project: Path) -> 
     done = run_meshrun(project, "train", "--script", "t.py", "--epochs", "3", "--hosts", "gpu1")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("error: '--epochs' is not a meshrun flag; put the script's own arguments after --: "
-                           "meshrun train --script t.py -- --epochs 3\n")
+                           "meshrun train --script t.py --hosts gpu1 -- --epochs 3\n")
+    # Pasted, the fix runs where the typed command would have: same inventory, hosts, --detach (stop51 #7).
+    done = run_meshrun(project, "train", "--inventory", "inventory/lab.yaml", "--hosts", "gpu1,gpu2", "--detach",
+                       "--script", "train.py", "--epochs", "3")
+    assert done.stderr == ("error: '--epochs' is not a meshrun flag; put the script's own arguments after --: "
+                           "meshrun train --inventory inventory/lab.yaml --hosts gpu1,gpu2 --detach --script "
+                           "train.py -- --epochs 3\n")
+    done = run_meshrun(project, "train", "--hosts", "gpu1", "epochs=2", "--", "lr=0.1")
+    assert done.stderr == ("error: 'epochs=2' is not a meshrun flag; the trainer's key=value overrides go after --: "
+                           "meshrun train --hosts gpu1 -- epochs=2 lr=0.1\n")
     done = run_meshrun(project, "train", "--script", "t.py", "--epochs=3")
     assert done.stderr.endswith("meshrun train --script t.py -- --epochs=3\n")
     assert run_meshrun(project, "status", "--bogus").stderr == "error: No idea what '--bogus' is; see --help\n"
@@ -237,6 +252,20 @@ def test_report_of_a_script_run_shows_what_it_recorded_and_exits_0(project: Path
     shown = json.loads(run_meshrun(project, "report", "--json").stdout)
     assert (shown["status"], shown["exits"], shown["ranks"], shown["provenance"]) == (
         "failed", {"gpu1": 0, "gpu2": None}, [], PROVENANCE)
+
+
+def test_report_of_a_remote_script_run_that_wrote_its_own_metrics_jsonl_is_the_script_view(project: Path) -> None:
+    """$MESHRUN_RUN_DIR is runs/<id> on a remote host, and `fab fetch-checkpoints` brings a script's own
+    metrics.jsonl home to hosts/<host>/: the run's record (it ran a script) decides, not that file."""
+    home = record_script_run(project, SUMMARY)
+    fetched = home / "hosts" / "gpu1"
+    fetched.mkdir(parents=True)
+    (fetched / "metrics.jsonl").write_text('{"step": 1, "loss": 0.9}\n{"step": 2, "loss": 0.8}\n')
+    done = run_meshrun(project, "report", "--json")
+    assert (done.returncode, done.stderr) == (0, "")
+    shown = json.loads(done.stdout)
+    assert (shown["note"], shown["status"], shown["skipped"], shown["png"]) == (NO_METRICS, "failed", [], None)
+    assert not (home / "report.png").exists()
 
 
 def test_report_still_refuses_a_script_run_that_recorded_nothing(project: Path) -> None:

@@ -2,10 +2,10 @@
 
 The owner mark's id was a random one kept in each checkout's git dir, so a re-clone, a `git worktree`, a
 CI checkout or the same repository on a second controller was "another project": refused on every host,
-with advice that looped (`~/meshrun-proj-proj`). Now the id is the repository's root commits (with the
-project's folder in it), shared by every clone; the random id is kept only for a repository with no
-commit yet, and a mark that names it (or an older meshrun's mark of this checkout) is still this
-project's, and is rewritten. Real git repositories, the real claim on this machine and the real claim
+with advice that looped (`~/meshrun-proj-proj`). Now the id is the root of HEAD's first-parent chain
+(with the project's folder in it), shared by every clone and kept by a merge of an unrelated history
+(stop51 #3); the random id is kept only for a repository with no commit yet, and a mark that names it
+(or an older meshrun's mark of this checkout) is still this project's, and is rewritten. Real git repositories, the real claim on this machine and the real claim
 shell (`sh`), as the host runs it."""
 
 from __future__ import annotations
@@ -150,17 +150,37 @@ def test_a_shallow_clone_has_its_own_id_says_why_and_joins_once_made_whole(tmp_p
     assert project_ids(ci) == (project_ids(a)[0], (shallow.project_id,), False)
 
 
-def test_unrelated_histories_merged_are_named_by_all_their_roots_in_one_order(tmp_path: Path) -> None:
-    a = repository(tmp_path / "a" / "proj")
-    other = repository(tmp_path / "other", commits=0)
-    (other / "o.py").write_text("")
+def merge_unrelated(a: Path, other_at: Path) -> None:
+    """`git pull --allow-unrelated-histories` of a hosted repository made with a README."""
+    other = repository(other_at, commits=0)
+    (other / "README.md").write_text("")
     git(other, "add", "-A")
-    git(other, "commit", "-q", "-m", "another history")
+    git(other, "commit", "-q", "-m", "Initial commit")
     git(a, "fetch", "-q", str(other), "main")
     git(a, "merge", "-q", "--allow-unrelated-histories", "-m", "m", "FETCH_HEAD")
-    roots = root_commits(a)
-    assert roots is not None and len(roots) == 2 and list(roots) == sorted(roots)
-    assert project_ids(clone(a, tmp_path / "b" / "proj")) == project_ids(a)
+
+
+def test_a_merge_of_an_unrelated_history_keeps_the_id_and_accepts_the_all_roots_mark(tmp_path: Path) -> None:
+    a = repository(tmp_path / "a" / "proj", commits=2)
+    before, first = project_claim(a, tmp_path / "inv.yaml"), root_commits(a)
+    merge_unrelated(a, tmp_path / "other")
+    after = project_claim(a, tmp_path / "inv.yaml")
+    every = root_commits(a, every=True)
+    assert every is not None and len(every) == 2 and list(every) == sorted(every)
+    assert first is not None and len(first) == 1 and root_commits(a) == first and first[0] in every
+    all_roots = hashlib.sha256(f"roots {' '.join(every)}\0".encode()).hexdigest()[:32]  # the id meshrun gave
+    assert (after.project_id, after.also) == (before.project_id, (all_roots,)) and before.also == ()
+    assert project_ids(clone(a, tmp_path / "b" / "proj")) == project_ids(a)  # a clone still shares it
+    git(a, "checkout", "-q", "HEAD~1")  # a commit from before the merge: the same project, not another
+    assert project_ids(a)[0] == before.project_id
+    git(a, "checkout", "-q", "main")
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    local.mkdir()
+    remote.mkdir()
+    for workdir in (local, remote):  # marked after the merge by the meshrun that hashed every root
+        (workdir / WORKDIR_OWNER).write_text(f"{all_roots} proj\n")
+    assert sync.claim_local(local, after) is None and claimed_by_shell(remote, after).returncode == 0
+    assert mark(local) == mark(remote) == f"{after.mark}\n"  # rewritten to the id that lasts
     assert root_commits(repository(tmp_path / "empty", commits=0)) is None
 
 

@@ -3,8 +3,8 @@
 It was always 0: the count came only from the built-in trainer's result.json, and a script writes
 none, so an elastic script run whose worker group restarted at every lost or joining host said it
 never restarted. Now the script runner (deploy/host/runscript.py) counts each start of the group on
-its host, in `<run dir>/starts.json` under the launch's rendezvous id, the controller reads every
-answering host's count in the round that read result.json before (deploy/commands/trainend.py), and
+its host, in `<run dir>/starts.json` under `<launch's rendezvous id>@<host>` (hosts that share a workdir,
+an NFS home, share the file: stop51 #6), the controller reads every answering host's own count in the round that read result.json before (deploy/commands/trainend.py), and
 the summary takes the largest that the run's timeline allows (deploy/run/summary.py);
 with no count, what the timeline shows. Pure: the runner as torchrun starts it (a subprocess with
 torchrun's environment), the summary and the read from the real functions, hosts faked."""
@@ -44,19 +44,22 @@ SCRIPT = "print('script ran')\n"
 # --- the runner: each start of the worker group, counted on its host ---------------------------------
 
 def start_rank(workdir: Path, local_rank: int = 0, rdzv: str = RDZV, restart_count: int = 0,
-               run_id: str = RUN) -> subprocess.CompletedProcess[str]:
+               run_id: str = RUN, on: str = "h1") -> subprocess.CompletedProcess[str]:
     """One rank as torchrun starts it under meshrun's agent: in the workdir, with torchrun's and the agent's variables."""
     (workdir / "job.py").write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "MESHRUN_"))}
     env.update({"LOCAL_RANK": str(local_rank), "RANK": str(local_rank), "TORCHELASTIC_RUN_ID": rdzv,
                 "TORCHELASTIC_RESTART_COUNT": str(restart_count), layout.ENV_RUN_ID: run_id,
-                layout.ENV_HOST: "h1", layout.ENV_RUN_DIR: str(workdir / layout.run_dir(run_id))})
+                layout.ENV_HOST: on, layout.ENV_RUN_DIR: str(workdir / layout.run_dir(run_id))})
     return subprocess.run([sys.executable, "-m", layout.SCRIPT_RUNNER_MODULE, "job.py"], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
 def starts_file(workdir: Path) -> Path:
     return workdir / layout.run_dir(RUN) / layout.STARTS_FILE
+
+
+K1 = f"{RDZV}@h1"  # h1's key for the launch
 
 
 def test_each_start_of_the_worker_group_is_counted_by_its_hosts_first_local_rank(tmp_path: Path) -> None:
@@ -66,11 +69,11 @@ def test_each_start_of_the_worker_group_is_counted_by_its_hosts_first_local_rank
     for restart_count in (0, 0, 1):
         done = start_rank(tmp_path, restart_count=restart_count)
         assert (done.returncode, done.stdout, done.stderr) == (0, "script ran\n", "")
-    assert json.loads(starts_file(tmp_path).read_text()) == {RDZV: 3}
+    assert json.loads(starts_file(tmp_path).read_text()) == {K1: 3}
     assert start_rank(tmp_path, local_rank=1).returncode == 0  # the host's other ranks count nothing
     start_rank(tmp_path, rdzv=f"{RDZV}-g2")  # the rendezvous moved (succession): still this launch
     start_rank(tmp_path, rdzv=f"{RUN}-cd34")  # `fab train --resume`: a new launch
-    assert json.loads(starts_file(tmp_path).read_text()) == {RDZV: 4, f"{RUN}-cd34": 1}
+    assert json.loads(starts_file(tmp_path).read_text()) == {K1: 4, f"{RUN}-cd34@h1": 1}
     assert [p.name for p in starts_file(tmp_path).parent.iterdir()] == [layout.STARTS_FILE]  # no temp left
 
 
@@ -95,24 +98,24 @@ def test_a_count_that_cannot_be_recorded_never_stops_or_blocks_the_script(tmp_pa
     (tmp_path / layout.run_dir(RUN)).unlink()
     starts_file(tmp_path).parent.mkdir()
     os.mkfifo(starts_file(tmp_path))
-    assert (start_rank(tmp_path).stdout, json.loads(starts_file(tmp_path).read_text())) == ("script ran\n", {RDZV: 1})
+    assert (start_rank(tmp_path).stdout, json.loads(starts_file(tmp_path).read_text())) == ("script ran\n", {K1: 1})
     outside = tmp_path / "outside.json"
-    outside.write_text(json.dumps({RDZV: 40}))
+    outside.write_text(json.dumps({K1: 40}))
     starts_file(tmp_path).unlink()
     starts_file(tmp_path).symlink_to(outside)
     assert start_rank(tmp_path).stdout == "script ran\n"
-    assert not starts_file(tmp_path).is_symlink() and json.loads(starts_file(tmp_path).read_text()) == {RDZV: 1}
-    assert json.loads(outside.read_text()) == {RDZV: 40}
-    for damaged in ("{", "[3]", json.dumps({RDZV: "7", "other": 2}), json.dumps({RDZV: True})):
+    assert not starts_file(tmp_path).is_symlink() and json.loads(starts_file(tmp_path).read_text()) == {K1: 1}
+    assert json.loads(outside.read_text()) == {K1: 40}
+    for damaged in ("{", "[3]", json.dumps({K1: "7", "other": 2}), json.dumps({K1: True})):
         starts_file(tmp_path).write_text(damaged)
         assert start_rank(tmp_path).stdout == "script ran\n"
-        assert json.loads(starts_file(tmp_path).read_text())[RDZV] == 1
+        assert json.loads(starts_file(tmp_path).read_text())[K1] == 1
 
 
 def test_the_runners_copies_are_the_layouts() -> None:
     """The check ships runscript.py alone to hosts that may have no meshrun, so it keeps its own copies."""
-    assert (runscript.RUNS_DIR, runscript.STARTS_FILE, runscript.ENV_RUN_ID) == (
-        layout.RUNS_DIR, layout.STARTS_FILE, layout.ENV_RUN_ID)
+    assert (runscript.RUNS_DIR, runscript.STARTS_FILE, runscript.ENV_RUN_ID, runscript.ENV_HOST) == (
+        layout.RUNS_DIR, layout.STARTS_FILE, layout.ENV_RUN_ID, layout.ENV_HOST)
     assert runscript._RUN_ID.pattern == layout._RUN_ID.pattern
     for rdzv in ("r-1", "r-1-g3", "r-1-g", "r-gx", "r-g١", "-g2"):
         assert runscript.launch_rdzv_id(rdzv) == layout.launch_rdzv_id(rdzv)
@@ -185,21 +188,23 @@ def test_a_host_that_claims_a_huge_count_moves_the_summary_no_further_than_the_r
 
 
 @pytest.mark.parametrize("text, count", [
-    (json.dumps({RDZV: 3, RUN: 9}), 3), (json.dumps({RDZV: 10**30}), 10**30),  # judged by the summary
-    ("", None), ("not json", None), ("[3]", None), (json.dumps({RUN: 3}), None), (json.dumps({RDZV: "3"}), None),
-    (json.dumps({RDZV: True}), None), (json.dumps({RDZV: 2.0}), None), (json.dumps({RDZV: 0}), None),
-    (json.dumps({RDZV: -4}), None), ('{"%s": 1e400}' % RDZV, None), ('{"%s": %s}' % (RDZV, "9" * 5000), None),
-    (DEEP, None), (json.dumps({RDZV: 2, "pad": "x" * (64 << 10)}), None),  # cut at the read's limit
+    (json.dumps({K1: 3, RUN: 9}), 3), (json.dumps({K1: 10**30}), 10**30),  # judged by the summary
+    ("", None), ("not json", None), ("[3]", None), (json.dumps({RUN: 3}), None), (json.dumps({K1: "3"}), None),
+    (json.dumps({K1: True}), None), (json.dumps({K1: 2.0}), None), (json.dumps({K1: 0}), None),
+    (json.dumps({K1: -4}), None), ('{"%s": 1e400}' % K1, None), ('{"%s": %s}' % (K1, "9" * 5000), None),
+    (json.dumps({RDZV: 3}), None), (json.dumps({f"{RDZV}@h2": 3}), None),  # not h1's own count
+    (DEEP, None), (json.dumps({K1: 2, "pad": "x" * (64 << 10)}), None),  # cut at the read's limit
 ])
 def test_a_hosts_answer_of_any_shape_is_a_count_or_none(text: str, count: int | None) -> None:
-    assert host_starts(text, RDZV) == count
+    assert host_starts(text, RDZV, "h1") == count
 
 
 # --- the read: one bounded command per answering host, where result.json was read ----------------------
 
 def test_a_script_runs_end_reads_every_answering_hosts_count_once_and_no_result_json(tmp_path: Path) -> None:
     asked: dict[str, list[Sequence[str]]] = {}
-    answers = {"h1": json.dumps({RDZV: 3}), "h2": json.dumps({RDZV: 10**40}), "h3": "garbage", "h4": json.dumps({RDZV: 9})}
+    answers = {"h1": json.dumps({K1: 3}), "h2": json.dumps({f"{RDZV}@h2": 10**40}), "h3": json.dumps({K1: 5}),
+               "h4": json.dumps({f"{RDZV}@h4": 9})}  # h3 answers h1's count only: none of its own
 
     def session(name: str) -> FakeSession:
         def answer(argv: Sequence[str]) -> str:
@@ -218,3 +223,14 @@ def test_a_script_runs_end_reads_every_answering_hosts_count_once_and_no_result_
     assert asked == {"h1": [read], "h2": [read], "h3": [read]}
     assert summary.restarts == 2  # h1's 3 starts; h2's 10**40 is past the cap (see above), h3 out of shape
     assert trainend.read_starts({"h1": session("h1"), "h3": session("h3")}, plan, RDZV) == [3]
+
+
+def test_hosts_sharing_one_workdir_count_one_start_once_each(tmp_path: Path) -> None:
+    """An NFS home: h1's and h2's LOCAL_RANK 0 both write the one starts.json. One start of the group
+    is one start: each host's read finds its own 1, and a run that never restarted says 0."""
+    for name in ("h1", "h2"):
+        assert start_rank(tmp_path, on=name).returncode == 0
+    text = starts_file(tmp_path).read_text()
+    assert json.loads(text) == {K1: 1, f"{RDZV}@h2": 1}
+    counts = [host_starts(text, RDZV, name) for name in ("h1", "h2")]
+    assert counts == [1, 1] and build_summary(a_plan(), outcome_of(STARTED), None, starts=counts).restarts == 0

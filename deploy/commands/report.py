@@ -157,13 +157,13 @@ def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = N
 
 
 def script_report(runs: Path, record: RunRecord, script: str, as_json: bool) -> None:
-    """A --script run without metrics: what it recorded, and NO_METRICS; refused (metrics_root's
-    line) only when it recorded neither an outcome nor a provenance."""
+    """A --script run: what it recorded, and NO_METRICS; refused (metrics_root's line) only when it
+    recorded neither an outcome nor a provenance, nor brought home any file of the script's own."""
     run_id = record.run_id
     summary = read_summary(runs, run_id)
     provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
     if summary is None and provenance is None:
-        metrics_root(runs, run_id, script)  # raises: nothing to show
+        metrics_root(runs, run_id, script)  # raises unless fetched files are there: then its hosts show
     outcome = script_outcome(summary)
     renderer = Renderer()
     if as_json:
@@ -181,10 +181,10 @@ def main(run: str | None, as_json: bool, project: Project) -> None:
     record = resolve_run(runs, run, warn=Renderer().warn)
     run_id = record.run_id
     script = record.workload.get("script")
-    if isinstance(script, str) and find_metrics(runs, run_id) is None:
+    if isinstance(script, str):  # never the trainer's records: a script's own metrics.jsonl is not one (stop51 #5)
         script_report(runs, record, script, as_json)
         return
-    result, png = build_report(runs, run_id, script)
+    result, png = build_report(runs, run_id)
     comm = comm_beside_floor(runs, run_id, result)
     provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
     renderer = Renderer()

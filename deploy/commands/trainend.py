@@ -54,11 +54,12 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
 def read_starts(sessions: Mapping[str, Session], plan: LaunchPlan, rdzv_id: str) -> list[int]:
     """A --script run's worker-group starts as each answering host counted them (deploy/host/runscript.py
     writes starts.json; the trainer's agreed count is in result.json instead): every host at once, one
-    bounded read each; a host that does not answer, or answers out of shape, counts no start."""
+    bounded read each, of that host's own count (hosts sharing a workdir share the file); a host that does
+    not answer, or answers out of shape, counts no start."""
     names = [h.host.name for h in plan.hosts]
     argv = ["head", "-c", str(STARTS_READ_MAX + 1), f"{run_dir(plan.run_id)}/{STARTS_FILE}"]
-    counts = (host_starts(result.stdout, rdzv_id) if result.ok else None
-              for _, result in reachable_results(sessions, names, argv, RESULT_TIMEOUT_S))
+    counts = (host_starts(result.stdout, rdzv_id, name) if result.ok else None
+              for name, result in reachable_results(sessions, names, argv, RESULT_TIMEOUT_S))
     return [n for n in counts if n is not None]
 
 

@@ -172,7 +172,9 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session], wor
     if plan is not None:
         plan = _advised(selection, hook, plan, gradients, renderer, run_timeout(workload, timeout_s, timeout_given))
         raised = (f"{TIMEOUT_OVERRIDE}{plan.timeout.raised_to}",) if plan.timeout and plan.timeout.raised_to else ()
-    return dataclasses.replace(workload, args=(f"comm.hook={hook.value}", *raised, *workload.args)), plan
+    # The raise goes first, before the hook: the user's own args (a `dist.timeout=` too) all follow the hook,
+    # so a resume can tell the controller's raise from the user's and drop it (workload.controller_raise).
+    return dataclasses.replace(workload, args=(*raised, f"comm.hook={hook.value}", *workload.args)), plan
 
 
 def _advised(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradients, renderer: Renderer,

@@ -353,16 +353,16 @@ def project_claim(root: Path, inventory: Path) -> Claim:
 
 
 def project_ids(root: Path) -> tuple[str, tuple[str, ...], bool]:
-    """(the id, this checkout's earlier ids a mark may still name, whether a shallow clone). The id: the
-    repository's root commits and the project's folder in it (every clone, worktree and machine shares it;
-    two projects of one repository are two). With none to name it (no commit yet; a shallow clone), a random
-    id kept in the git dir, as before, and accepted after too; a git dir that cannot keep one: the real path."""
+    """(the id, earlier ids a mark may still name, whether shallow). The id: HEAD's first-parent root and the
+    project's folder (shared by clones, kept by a merge of unrelated history; two projects of one repository
+    are two). No root (no commit; shallow): a random id in the git dir, accepted after too; else the path."""
     try:
         done = subprocess.run(["git", "rev-parse", "--git-dir", "--show-prefix", "--is-shallow-repository"],
                               cwd=root, capture_output=True, check=True, timeout=GIT_TIMEOUT_S)
         git_dir, prefix, shallow = os.fsdecode(done.stdout).split("\n")[:3]
         kept = root / git_dir / PROJECT_ID_FILE
         roots = None if shallow == "true" else root_commits(root)
+        every = roots and root_commits(root, every=True)
         earlier = _repository_id(kept, make=roots is None)  # made only while there is nothing else to name it
         if roots is None and not earlier:
             raise ValueError(f"{kept}: not an id")
@@ -370,14 +370,15 @@ def project_ids(root: Path) -> tuple[str, tuple[str, ...], bool]:
         return _hashed("path " + os.path.realpath(root), ""), (), False
     if roots is None:
         return _hashed(earlier, prefix), (), shallow == "true"
-    return _hashed("roots " + " ".join(roots), prefix), (_hashed(earlier, prefix),) if earlier else (), False
+    also = ((_hashed(earlier, prefix),) if earlier else ()) + (  # an earlier meshrun's id after such a merge
+        (_hashed("roots " + " ".join(every), prefix),) if every and every != roots else ())
+    return _hashed("roots " + " ".join(roots), prefix), also, False
 
 
-def root_commits(root: Path) -> tuple[str, ...] | None:
-    """The commits HEAD's history starts from, sorted (several after a merge of unrelated histories); None
-    before the first commit. An argv, never a shell line, bounded like every git call here."""
+def root_commits(root: Path, *, every: bool = False) -> tuple[str, ...] | None:
+    """HEAD's first-parent root (kept by any merge), or `every` root sorted; None before a commit. Bounded."""
     try:
-        argv = ["git", "rev-list", "--max-parents=0", "HEAD", "--"]
+        argv = ["git", "rev-list", "--max-parents=0", *(() if every else ("--first-parent",)), "HEAD", "--"]
         done = subprocess.run(argv, cwd=root, capture_output=True, timeout=GIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise MeshrunError(f"{root}: git took over {GIT_TIMEOUT_S} s to find the repository's first commit "
@@ -392,8 +393,7 @@ def _hashed(repository: str, prefix: str) -> str:
 
 
 def _repository_id(path: Path, *, make: bool) -> str:
-    """The random id in `path` ("" when none or not one), made first when `make` (`_make_whole`: of two at
-    once, both read the one made)."""
+    """The random id in `path` ("" when none), made first when `make` (`_make_whole`: two read the one made)."""
     if make:
         _make_whole(path, secrets.token_hex(16))
     found = (mark_line(str(path)) or b"").decode("ascii", "replace")

@@ -23,8 +23,9 @@ records the start (below) `json` is imported before the script runs.
 Added: each start of the worker group is counted on its host, for summary.json's `restarts`. torchrun's
 `TORCHELASTIC_RESTART_COUNT` skips the restarts a change of membership makes, and a script has no
 collective to agree on a count the way the trainer does (train/starts.py), so the process with
-LOCAL_RANK 0 adds one to `<run dir>/starts.json` under the launch's rendezvous id before the script
-runs; the controller takes the largest count the hosts answer (deploy/commands/trainend.py). Only
+LOCAL_RANK 0 adds one to `<run dir>/starts.json` under `<launch's rendezvous id>@<MESHRUN_HOST>` before the
+script runs (hosts that share one workdir, an NFS home, share the file: each counts under its own key, read
+back by that host's name); the controller takes the largest count the hosts answer (deploy/commands/trainend.py). Only
 under meshrun's torchrun (MESHRUN_RUN_ID and TORCHELASTIC_RUN_ID set); a failure to record is
 silent, and nothing is fsynced: the count must never stop or slow the script.
 
@@ -72,12 +73,13 @@ FLUSH_FAILED_STATUS = 120  # CPython's status when flushing stdout/stderr fails 
 SIGINT_STATUS = 128 + signal.SIGINT  # a shell's status for a death by SIGINT
 # Text layers first: flushing one pushes its bytes into the buffered layer flushed after it.
 WRITABLE_FILE_TYPES: tuple[tuple[type, ...], ...] = ((io.TextIOWrapper,), (io.BufferedWriter, io.BufferedRandom))
-# Copies of meshrun.layout's (RUNS_DIR, STARTS_FILE, ENV_RUN_ID, is_run_id, launch_rdzv_id): this file
+# Copies of meshrun.layout's (RUNS_DIR, STARTS_FILE, ENV_RUN_ID, ENV_HOST, is_run_id, launch_rdzv_id): this file
 # also travels alone, to hosts that may have no meshrun (the check's all-reduce, deploy/edges/check_probes.py);
 # tests/test_script_restarts.py holds them equal.
 RUNS_DIR = "runs"
 STARTS_FILE = "starts.json"
 ENV_RUN_ID = "MESHRUN_RUN_ID"
+ENV_HOST = "MESHRUN_HOST"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", re.ASCII)
 STARTS_READ_MAX = 64 << 10  # a starts.json past this is damaged: counted afresh
 
@@ -133,7 +135,9 @@ def _record_start(environ: Mapping[str, str]) -> None:
         recorded = {}
     if not isinstance(recorded, dict):
         recorded = {}
-    key = launch_rdzv_id(rdzv_id)  # every succession generation (`<id>-g<n>`) is the same launch
+    # Every succession generation (`<id>-g<n>`) is the same launch; the host's name keeps a shared workdir's
+    # hosts from adding to one count (summary.starts_key, which the controller reads back).
+    key = f"{launch_rdzv_id(rdzv_id)}@{environ.get(ENV_HOST, '')}"
     before = recorded.get(key)
     recorded[key] = (before if isinstance(before, int) and not isinstance(before, bool) and before > 0 else 0) + 1
     os.makedirs(directory, exist_ok=True)

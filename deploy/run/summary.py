@@ -70,15 +70,20 @@ def _last_world_size(plan: LaunchPlan, outcome: JobOutcome) -> int:
     return changes[-1] if changes else plan.world_size
 
 
-def host_starts(text: str, rdzv_id: str) -> int | None:
-    """One host's count of the launch's worker-group starts, from its starts.json as it answered (a
-    --script run's runner writes it: deploy/host/runscript.py); None unless a whole JSON object (not cut
-    at STARTS_READ_MAX) holds a whole number >= 1 under the launch's rendezvous id. The host wrote it,
-    so it is data: how large it may be is `restarts_of`'s to judge."""
+def starts_key(rdzv_id: str, host: str) -> str:
+    """A host's key in starts.json (deploy/host/runscript.py writes it): hosts sharing a workdir share the file."""
+    return f"{rdzv_id}@{host}"
+
+
+def host_starts(text: str, rdzv_id: str, host: str) -> int | None:
+    """`host`'s count of the launch's worker-group starts, from its starts.json as it answered (a --script
+    run's runner writes it: deploy/host/runscript.py), under its own `starts_key` only (another host sharing
+    the workdir counts under its own); None unless a whole JSON object (not cut at STARTS_READ_MAX) holds a
+    whole number >= 1 there. The host wrote it, so it is data: how large it may be is `restarts_of`'s to judge."""
     if len(text) > STARTS_READ_MAX:
         return None
     raw = from_json(text)
-    value = raw.get(rdzv_id) if isinstance(raw, dict) else None
+    value = raw.get(starts_key(rdzv_id, host)) if isinstance(raw, dict) else None
     return value if is_int(value) and value >= 1 else None
 
 

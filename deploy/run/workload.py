@@ -20,6 +20,7 @@ from meshrun.deploy.errors import InputError
 from meshrun.deploy.run.plan import Workload
 
 COMM_OVERRIDE = "comm.hook="  # --comm's override (deploy/edges/comm.py): a new --comm decides anew
+TIMEOUT_OVERRIDE = "dist.timeout="  # comm.py's too, when it raises the run's timeout (`controller_raise`)
 
 
 @dataclass(frozen=True)
@@ -58,18 +59,27 @@ def described(workload: Workload) -> str:
 def resumed_work(run_id: str, recorded: Workload, recorded_timeout: int, given: Workload, given_timeout: int | None,
                  new_comm: bool) -> ResumedWork:
     """What the resume of run `run_id` runs (see the module doc). `new_comm`: the resume has --comm,
-    which then chooses the hook instead of the record's `comm.hook=`."""
+    which then chooses the hook instead of the record's `comm.hook=`, and the timeout anew; a typed
+    --timeout (`given_timeout`) is the run's timeout: neither keeps the record's `controller_raise`."""
     _refuse_another(run_id, recorded, given)
     timeout = given_timeout if given_timeout is not None else recorded_timeout
     if recorded.script:
         args = given.args or recorded.args
     else:
-        kept = tuple(a for a in recorded.args if not (new_comm and a.startswith(COMM_OVERRIDE)))
+        anew = new_comm or given_timeout is not None
+        recorded_args = recorded.args[1:] if anew and controller_raise(recorded.args) else recorded.args
+        kept = tuple(a for a in recorded_args if not (new_comm and a.startswith(COMM_OVERRIDE)))
         args = (*kept, *given.args)
     workload = dataclasses.replace(given, script=recorded.script, config=recorded.config, args=args)
     taken = workload != given and (recorded.script or recorded.config or recorded.args)
     note = f"resume: run {run_id} runs as it ran: {described(workload)}" if taken else None
     return ResumedWork(workload, timeout, note)
+
+
+def controller_raise(args: tuple[str, ...]) -> bool:
+    """Whether the recorded args open with `--comm`'s raise of the timeout: a `dist.timeout=` right before
+    the first `comm.hook=`, where deploy/edges/comm.choose puts it (the user's own args follow the hook)."""
+    return len(args) > 1 and args[0].startswith(TIMEOUT_OVERRIDE) and args[1].startswith(COMM_OVERRIDE)
 
 
 def resumed_nnodes(recorded: tuple[int, int] | None, hosts: int) -> str | None:
