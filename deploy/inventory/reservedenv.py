@@ -5,11 +5,13 @@ The inventory's `env` reaches torchrun last and wins over meshrun's own variable
 its own names for every worker over whatever it was given, so one written there is silently ignored.
 Both are refused at load, in one line (`refused`).
 
-CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER are meshrun's only where `gpus:` (or a `--hosts NAME:0,1`
-GPU list) selects the host's GPUs: there `CUDA_VISIBLE_DEVICES: "2,3"` beside `gpus: [0, 1]` trained on
+CUDA_VISIBLE_DEVICES is meshrun's only where `gpus:` (or a `--hosts NAME:0,1` GPU list) selects the
+host's GPUs: there `CUDA_VISIBLE_DEVICES: "2,3"` beside `gpus: [0, 1]` trained on
 GPU 2 while the pre-flight had checked GPU 0, so that pair is refused (`gpus_conflict`, checked by the
-plan, deploy/run/plan.py, where `--hosts` has been applied). Without `gpus:` meshrun sets neither, and
-the inventory's value is the only way to say a MIG slice, a GPU UUID, or `""` (a GPU host on CPU). Pure.
+plan, deploy/run/plan.py, where `--hosts` has been applied). Without `gpus:` meshrun sets none, and
+the inventory's value is the only way to say a MIG slice, a GPU UUID, or `""` (a GPU host on CPU).
+CUDA_DEVICE_ORDER beside `gpus:` stays the user's to override, as it always was (tests/test_gpu_order.py):
+`gpus:` then counts in that order. Pure.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ TORCHRUN_NAMES = frozenset({
     "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"})
 # meshrun's variables that another field of the inventory decides: that field is the place to say it.
 FROM_FIELD = {ENV_BATCH_SIZE: "batch_size", ENV_SITE: "site", NOTIFY_KEY: "notify"}
-GPU_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # meshrun's to set where `gpus:` is given
+GPU_NAMES = ("CUDA_VISIBLE_DEVICES",)  # meshrun's alone to set where `gpus:` is given
 GPU_LIST_RE = re.compile(r"[0-9]+(,[0-9]+)*")
 
 
