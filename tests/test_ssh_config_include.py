@@ -133,18 +133,29 @@ def test_rsyncs_ssh_is_told_the_agent(home: Path) -> None:
     assert "IdentityAgent" not in " ".join(sshargv.hop_argv(Hop("g", "10.0.0.1", "a", 22, (), ""), (), []))
 
 
-def fake_agent(path: Path, blob: bytes) -> threading.Thread:
-    """An agent at `path` that lists one key (`blob`) to one client."""
+def listening(path: Path) -> socket.socket:
+    """A unix socket at `path` that takes one client: the agents below."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(1)
+    return server
+
+
+def identities(blob: bytes, comment: bytes) -> bytes:
+    """An agent's SSH2_AGENT_IDENTITIES_ANSWER listing one key, framed."""
+    body = bytes([12]) + struct.pack(">II", 1, len(blob)) + blob + struct.pack(">I", len(comment)) + comment
+    return struct.pack(">I", len(body)) + body
+
+
+def fake_agent(path: Path, blob: bytes) -> threading.Thread:
+    """An agent at `path` that lists one key (`blob`) to one client."""
+    server = listening(path)
 
     def serve() -> None:
         conn, _ = server.accept()
         with conn, server:
             conn.recv(4096)  # SSH2_AGENTC_REQUEST_IDENTITIES
-            body = bytes([12]) + struct.pack(">II", 1, len(blob)) + blob + struct.pack(">I", 4) + b"1pwd"
-            conn.sendall(struct.pack(">I", len(body)) + body)
+            conn.sendall(identities(blob, b"1pwd"))
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -174,17 +185,14 @@ def test_paramiko_is_handed_the_identity_agents_keys(tmp_path: Path) -> None:
 def silent_agent(path: Path, blob: bytes | None) -> threading.Thread:
     """An agent at `path` that accepts one client and never answers (`blob` None), or lists one key
     (`blob`) and then never answers the signing request; it lets go when the client closes."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(1)
+    server = listening(path)
 
     def serve() -> None:
         conn, _ = server.accept()
         with conn, server:
             conn.recv(4096)
             if blob is not None:
-                body = bytes([12]) + struct.pack(">II", 1, len(blob)) + blob + struct.pack(">I", 0)
-                conn.sendall(struct.pack(">I", len(body)) + body)
+                conn.sendall(identities(blob, b""))
             while conn.recv(4096):  # the request is read and never answered, until the client closes
                 pass
 
