@@ -210,13 +210,14 @@ def leave(c, run="", hosts="", project="", runs_dir="", debug=False):
 
 @task(name="fetch-checkpoints", help={**PROJECT_FLAGS, 
     "run": RUN_HELP, "dest": "where runs live locally (default: where this controller records them)",
-    "force": "overwrite local files you changed that differ from the hosts' copies", "debug": DEBUG_HELP})
+    "force": "overwrite local files you changed that differ from the hosts' copies",
+    "every_copy": "bring every host's copy of the checkpoints, not only the newest holder's", "debug": DEBUG_HELP})
 @guarded
-def fetch_checkpoints(c, run="", dest="", force=False, project="", runs_dir="", debug=False):
+def fetch_checkpoints(c, run="", dest="", force=False, every_copy=False, project="", runs_dir="", debug=False):
     """Bring a run home: verified checkpoints + manifest, and every host's logs and metrics."""
     from meshrun.deploy.commands.fetch import main
 
-    _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir)))
+    _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir), bool(every_copy)))
 
 
 @task(help={**PROJECT_FLAGS, "run": RUN_HELP, "json": "print JSON for scripts", "debug": DEBUG_HELP})

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from meshrun.deploy.commands.fetch import main
 from meshrun.deploy.edges import fetch as fetch_module
-from meshrun.deploy.edges.fetch import fetch_argv
+from meshrun.deploy.edges.fetch import BUT_CHECKPOINTS, ONLY_CHECKPOINTS, fetch_argv
+from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.staging import MAX_DEPTH, Staging, fetch_basis
 from meshrun.deploy.edges.sync import ssh_argv
 from meshrun.deploy.inventory.model import Host, Network
@@ -95,6 +96,13 @@ class Rsyncs:
     argvs: list[list[str]] = field(default_factory=list)
     literal: list[int] = field(default_factory=list)  # bytes rsync sent as data, per run
 
+    def fetch(self, k: int) -> tuple[list[list[str]], int]:
+        """The k-th fetch's rsyncs (its first part, the host's small files, then its checkpoints
+        and their retries) and the bytes they sent as data together."""
+        starts = [i for i, argv in enumerate(self.argvs) if BUT_CHECKPOINTS[-1] in argv] + [len(self.argvs)]
+        span = range(starts[k], starts[k + 1])
+        return [self.argvs[i] for i in span], sum(self.literal[i] for i in span)
+
     def install(self, monkeypatch) -> None:
         real = fetch_module.run_rsync
 
@@ -152,14 +160,16 @@ def test_a_second_fetch_sends_only_the_new_checkpoint_and_what_the_logs_grew_by(
     _append(run / "train.log", MIB)
     _append(run / "metrics.rank0.jsonl", 64 << 10)
     assert main(RUN, None, False, project) == 0
-    assert rsyncs.literal[0] > 4 * MIB and not any(a.startswith("--copy-dest") for a in rsyncs.argvs[0])
+    argvs, sent = rsyncs.fetch(0)
+    assert sent > 4 * MIB and not any(a.startswith("--copy-dest") for a in argvs[0])
     digests = _save(run, [400, 500, 600])
     _append(run / "train.log", 10 << 10)
     _append(run / "metrics.rank0.jsonl", 10 << 10)
     assert main(RUN, None, False, project) == 0
     home = project.runs / RUN
-    assert MIB <= rsyncs.literal[1] < MIB + (64 << 10), rsyncs.literal
-    assert f"--copy-dest={home / 'hosts/h2'}" in rsyncs.argvs[1]
+    argvs, sent = rsyncs.fetch(1)
+    assert MIB <= sent < MIB + (64 << 10), rsyncs.literal
+    assert all(f"--copy-dest={home / 'hosts/h2'}" in argv for argv in argvs) and len(argvs) == 2
     for name in ("train.log", "metrics.rank0.jsonl", "checkpoints/ckpt-step000000600.pt",
                  "checkpoints/ckpt-step000000400.pt", "checkpoints/MANIFEST.sha256"):
         assert (home / "hosts/h2" / name).read_bytes() == (run / name).read_bytes(), name
@@ -180,8 +190,9 @@ def test_a_link_you_made_in_the_hosts_tree_means_no_basis_but_the_fetch_still_wo
     (project.runs / RUN / "hosts/h2/mine").symlink_to(tmp_path / "elsewhere")
     digests = _save(run, [300, 400])
     assert main(RUN, None, False, project) == 0
-    assert not any(a.startswith("--copy-dest") for a in rsyncs.argvs[1])
-    assert rsyncs.literal[1] >= 2 * MIB  # everything again: the first fetch's behaviour
+    argvs, sent = rsyncs.fetch(1)
+    assert not any(a.startswith("--copy-dest") for argv in argvs for a in argv)
+    assert sent >= 2 * MIB  # everything again: the first fetch's behaviour
     assert parse_manifest((project.runs / RUN / "checkpoints/MANIFEST.sha256").read_bytes()).digests() == digests
 
 
@@ -206,7 +217,8 @@ def test_a_file_here_the_quick_check_takes_for_the_hosts_is_fetched_whole_on_the
     os.utime(best, ns=(os.stat(landed).st_atime_ns, os.stat(landed).st_mtime_ns))
     _write_manifest(run)
     assert main(RUN, None, False, project) == 0
-    assert [any(a.startswith("--copy-dest") for a in argv) for argv in rsyncs.argvs] == [False, True, False]
+    # The second fetch: its small files and its checkpoints with the basis, then the retry without.
+    assert [any(a.startswith("--copy-dest") for a in argv) for argv in rsyncs.fetch(1)[0]] == [True, True, False]
     assert landed.read_bytes() == b"B" * 4096 and (home / "checkpoints/best.pt").read_bytes() == b"B" * 4096
 
 
@@ -258,5 +270,38 @@ def test_force_fetches_without_a_basis_and_replaces_a_changed_file_with_the_host
     landed.write_bytes(b"damaged!!\n" * 100)
     os.utime(landed, ns=(os.stat(run / "train.log").st_atime_ns, os.stat(run / "train.log").st_mtime_ns))
     assert main(RUN, None, True, project) == 0
-    assert not any(a.startswith("--copy-dest") for a in rsyncs.argvs[1])
+    assert not any(a.startswith("--copy-dest") for argv in rsyncs.fetch(1)[0] for a in argv)
     assert landed.read_bytes() == b"host line\n" * 100
+
+
+def test_a_trainer_run_sends_its_checkpoints_once_and_a_script_run_sends_all_it_wrote(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """The built-in trainer's run: the first transfer brings the logs and the manifest, no
+    checkpoint (every host holds the same copy: only the newest holder's come, in the second).
+    A `--script` run: the script's own files in its run directory's checkpoints/, listed in no
+    manifest, come home in the one transfer (before the fix a script's checkpoints stayed on the
+    hosts, if the two parts had applied to it)."""
+    rsyncs = Rsyncs()
+    rsyncs.install(monkeypatch)
+    project = _project(tmp_path)
+    run = tmp_path / "w2/runs" / RUN
+    digests = _save(run, [300])
+    (run / "train.log").write_bytes(b"line\n")
+    assert main(RUN, None, False, project) == 0
+    argvs, _ = rsyncs.fetch(0)
+    assert len(argvs) == 2 and set(BUT_CHECKPOINTS) <= set(argvs[0]) and set(ONLY_CHECKPOINTS) <= set(argvs[1])
+    home = project.runs / RUN
+    assert parse_manifest((home / "checkpoints/MANIFEST.sha256").read_bytes()).digests() == digests
+    assert (home / "hosts/h2/train.log").read_bytes() == b"line\n"
+
+    scripted = RunRecord("20260101-000000-scri", str(tmp_path / "inventory/hosts.yaml"), ("h2",), 1.0, True,
+                         "h2:29500", workload={"script": "train_mine.py", "config": None, "args": []})
+    scripted.save(project.runs)
+    mine = tmp_path / "w2/runs" / scripted.run_id / "checkpoints"
+    mine.mkdir(parents=True)
+    (mine / "model_epoch3.pt").write_bytes(b"the script's own")
+    calls = len(rsyncs.argvs)
+    assert main(scripted.run_id, None, False, project) == 0
+    assert len(rsyncs.argvs) == calls + 1 and not any(a.startswith("--exclude") for a in rsyncs.argvs[-1])
+    landed = project.runs / scripted.run_id / "hosts/h2/checkpoints/model_epoch3.pt"
+    assert landed.read_bytes() == b"the script's own"

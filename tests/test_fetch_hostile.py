@@ -117,6 +117,10 @@ def test_huge_manifest_is_refused_whole(testbed, inventory: Path) -> None:
         assert "host 'h2': checkpoints/MANIFEST.sha256 is larger than 1048576 bytes; ignored" in done.stderr
         assert done.stderr.count("ignored") == 1
         assert not (home / "checkpoints").exists()
+        # No usable line: the host claims nothing, so its checkpoints stay there, unless asked for.
+        assert sorted(tree(home / "hosts/h2/checkpoints")) == ["MANIFEST.sha256"]
+        every = fab("fetch-checkpoints", "--run", run_id, "--every-copy", timeout=120)
+        assert every.returncode == 1 and not (home / "checkpoints").exists()
         assert tree(home / "hosts/h2/checkpoints")[GOOD_NAME] == GOOD  # the host's files, as data
     finally:
         remove_run(testbed, 2, run_id)
@@ -170,7 +174,8 @@ def test_fetch_killed_mid_transfer_resumes_cleanly(testbed, inventory: Path) -> 
                 proc.finish(10)
             finally:
                 proc.close()
-        assert not (ROOT / "runs" / run_id / "hosts").exists()
+        # Cut in the second part (the checkpoints): only the first part's small files are placed.
+        assert sorted(tree(ROOT / "runs" / run_id / "hosts/h2")) == ["checkpoints/MANIFEST.sha256", "metrics.jsonl"]
         refetch_is_clean(run_id, name, digest)
     finally:
         remove_run(testbed, 2, run_id)

@@ -80,10 +80,11 @@ def _fetched_then_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: st
 def test_files_placed_before_a_cut_are_still_meshruns_at_the_next_fetch(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture) -> None:
-    """Fetched at step 500; cut at step 700 after the host's manifest and best.pt were moved into
-    hosts/h2/checkpoints/ (they come first); fetched again at step 900: both are replaced, nothing
-    is "not overwritten", and the assembled best.pt is the host's newest."""
-    project, home = _fetched_then_cut(tmp_path, monkeypatch, "hosts/h2", 3)
+    """Fetched at step 500; cut at step 700 after the host's manifest (with its small files) and
+    best.pt (the first of its checkpoints) were moved into hosts/h2/checkpoints/; fetched again at
+    step 900: both are replaced, nothing is "not overwritten", and the assembled best.pt is the
+    host's newest."""
+    project, home = _fetched_then_cut(tmp_path, monkeypatch, "hosts/h2/checkpoints", 3)
     assert (home / "hosts/h2/checkpoints/best.pt").read_bytes() == b"best at 650"  # moved in before the cut
     newest = _trained_to(tmp_path, 900)
     capsys.readouterr()

@@ -53,12 +53,20 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     assert sha256(home / "checkpoints" / newest) == manifest[newest]
     state = load_file(home / "checkpoints" / newest)  # weights_only: runs no code
     assert state["world_size"] == 3 and "model" in state
-    for host in ("h1", "h2", "h3"):  # every host wrote a complete, byte-identical copy
-        assert sha256(home / "hosts" / host / "checkpoints" / newest) == manifest[newest]
+    # Every host wrote a complete, byte-identical copy: one host's crossed the link, the others'
+    # manifests (and logs) only.
+    assert sha256(home / "hosts/h1/checkpoints" / newest) == manifest[newest]
+    assert "checkpoints: taken from h1 (every host holds the same copy" in fetched.stdout
+    for host in ("h2", "h3"):
+        assert sorted(p.name for p in (home / "hosts" / host / "checkpoints").iterdir()) == ["MANIFEST.sha256"]
     assert (home / "hosts/h2").is_dir() and (home / "hosts/h1/metrics.jsonl").exists()
     assert "fab train --resume" in fetched.stdout
 
     assert_a_damaged_copy_is_not_kept(testbed, run_id, newest, manifest)
+    every = fab("fetch-checkpoints", "--run", run_id, "--every-copy")
+    assert every.returncode == 1 and f"checksum mismatch, not kept: h1:checkpoints/{newest}" in every.stderr
+    for host in ("h2", "h3"):
+        assert sha256(home / "hosts" / host / "checkpoints" / newest) == manifest[newest]
 
     # The hosts lose every copy; `fab train --resume` pushes the fetched, verified checkpoints to the
     # rendezvous host with the controller's manifest, and the run continues from that step.
@@ -80,8 +88,9 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
 
 
 def assert_a_damaged_copy_is_not_kept(testbed, run_id: str, newest: str, manifest: dict[str, str]) -> None:
-    """A damaged copy on the host is caught and not kept (another host's verified copy is taken);
-    a differing local file is not overwritten."""
+    """A damaged copy on the host whose checkpoints the fetch takes (h1: most of them are home
+    already) is caught and not kept, and the next holder's verified copy is taken; a differing
+    local file is not overwritten."""
     home = ROOT / "runs" / run_id
     (home / "checkpoints" / newest).unlink()
     (home / "hosts/h1/checkpoints" / newest).unlink()
@@ -93,6 +102,7 @@ def assert_a_damaged_copy_is_not_kept(testbed, run_id: str, newest: str, manifes
     assert f"checksum mismatch, not kept: h1:checkpoints/{newest}" in again.stderr
     assert not (home / "hosts/h1/checkpoints" / newest).exists()
     assert sha256(home / "checkpoints" / newest) == manifest[newest]  # h2's copy
+    assert "checkpoints: taken from h1, h2 (" in again.stdout
     assert (home / "hosts/h2/metrics.rank1.jsonl").read_text() == "edited locally\n"
     assert "metrics.rank1.jsonl" in again.stdout  # listed as not overwritten
 

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from stat import S_ISDIR, S_ISREG
 from pathlib import Path
@@ -14,17 +14,19 @@ from pathlib import Path
 from meshrun.fsutil import FileRefused, atomic_write_bytes, atomic_write_json, read_regular, sha256_file
 from meshrun.layout import BEST_CHECKPOINT, CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
-from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.project import Project
-from meshrun.deploy.edges.fetch import FETCH_ATTEMPTS, FETCH_TIMEOUT_S, FetchReport, fetch_argv, fetch_lock, \
-    fetch_verified, place, prepare_staging, read_host_manifest, remove_staging, skip_lines, stage_verified
-from meshrun.deploy.edges.staging import Staging, fetch_basis
+from meshrun.deploy.edges.fetch import BUT_CHECKPOINTS, EVERYTHING, FETCH_ATTEMPTS, FETCH_TIMEOUT_S, \
+    ONLY_CHECKPOINTS, FetchReport, fetch_argv, fetch_lock, fetch_verified, place, prepare_staging, read_host_manifest, \
+    remove_staging, skip_lines, stage_verified
+from meshrun.deploy.edges.staging import Staging, fetch_basis, is_regular
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.render.console import HostProgress, Renderer
+from meshrun.deploy.run.fetchplan import Claim, holder_order, newest_listed, worth_trying
 from meshrun.deploy.run.manifest import manifest_text
 from meshrun.deploy.run.shell import local_workdir
 
@@ -40,44 +42,122 @@ class Fetched:
     reports: list[FetchReport]  # the hosts whose files came home, in the run's host order
     failed: dict[str, MeshrunError]  # host -> why nothing of it came home this time (unreachable, say)
     newest_step: int  # the newest step `runs/<id>/checkpoints/`'s manifest lists (-1: none)
+    copies_from: list[str] = dataclasses.field(default_factory=list)  # the hosts whose checkpoints came, in order
 
 
-def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer) -> Fetched:
-    """Fetch every host of the run in parallel, then assemble the newest checkpoints from the
-    hosts that answered: a host that is gone for good (a lost rendezvous host) is named in
-    `failed`, never a reason to leave the others' newest work on the hosts."""
-    hosts, inventory, missing = run_hosts(record, root)  # a bad ssh_config: one line before any host
-    home = dest / record.run_id
+@dataclass
+class _Transfers:
+    """One fetch's transfers from its hosts into `home` (`runs/<id>/` here)."""
 
-    def one(host: Host, bars: HostProgress) -> FetchReport:
+    record: RunRecord
+    root: Path
+    home: Path
+    known_hosts: Path | None
+    force: bool
+    renderer: Renderer
+
+    def each(self, part: tuple[str, ...], chosen: list[Host], what: str) -> HostResults[FetchReport]:
+        """`part` of each chosen host's run directory, in parallel, with a progress bar per host."""
+        with HostProgress(self.renderer, what, [h.name for h in chosen]) as bars:
+            deadline = FETCH_ATTEMPTS * FETCH_TIMEOUT_S + PLACE_S
+            return on_each(chosen, lambda h: self.one(h, part, bars), timeout=deadline)
+
+    def one(self, host: Host, part: tuple[str, ...], bars: HostProgress) -> FetchReport:
+        home, run_id = self.home, self.record.run_id
         report = FetchReport(host.name, home / HOSTS / host.name)
-        if host.is_local and (local_workdir(host.workdir, root) / run_dir(record.run_id)).resolve() == home.resolve():
+        if host.is_local and (local_workdir(host.workdir, self.root) / run_dir(run_id)).resolve() == home.resolve():
             report.landed = home  # the local default: the run already lives here
+            report.claimed = read_host_manifest(home / CHECKPOINTS).digests()
             bars.update(host.name, 100)
             return report
         staging = Staging(home / INCOMING / host.name)
         prepare_staging(staging)
         # The staging tree is emptied after each fetch: the host's tree here is rsync's basis instead.
         # --force replaces what differs here, even with the host's size and time: no basis then.
-        basis = None if force else fetch_basis(report.landed)
-        argv = fetch_argv(host, record.run_id, staging, root, inventory.known_hosts, basis)
+        basis = None if self.force else fetch_basis(report.landed)
+        argv = fetch_argv(host, run_id, staging, self.root, self.known_hosts, basis, part)
         fetch_verified(argv, staging, report, bars.update)
         ours = read_placed(home, host.name)
-        place(staging.tree, report.landed, report, force, ours=ours, on_placed=journal_to(home, host.name))
+        place(staging.tree, report.landed, report, self.force, ours=ours, on_placed=journal_to(home, host.name))
         save_placed(home, host.name, placed_after(ours, report))
         remove_staging(staging)
         return report
 
-    with HostProgress(renderer, "fetch", list(record.hosts)) as bars:
-        deadline = FETCH_ATTEMPTS * FETCH_TIMEOUT_S + PLACE_S
-        results = on_each(hosts, lambda h: one(h, bars), timeout=deadline)
+
+def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer,
+              every_copy: bool = False) -> Fetched:
+    """Fetch every host of the run in parallel: its logs, metrics and checkpoint manifest, and
+    with `every_copy` its checkpoints too. Then the checkpoints of one host, the one whose
+    manifest lists the newest step (`deploy.run.fetchplan`: every host holds the same copy), and
+    the newest verified ones are assembled from the hosts that answered: a host that is gone for
+    good (a lost rendezvous host) is named in `failed`, never a reason to leave the others' newest
+    work on the hosts. A `--script` run's hosts each send everything: what a script writes in
+    its run directory's `checkpoints/` is its own, listed in no manifest."""
+    hosts, inventory, missing = run_hosts(record, root)  # a bad ssh_config: one line before any host
+    home = dest / record.run_id
+    every_copy = every_copy or isinstance(record.workload.get("script"), str)
+    transfers = _Transfers(record, root, home, inventory.known_hosts, force, renderer)
+    results = transfers.each(EVERYTHING if every_copy else BUT_CHECKPOINTS, hosts, "fetch")
+    failed = with_missing(results, missing, record.hosts).failed
     reports = list(results.ok.values())
+    copies_from = [r.host for r in reports] if every_copy else []
+    if not every_copy:
+        by_name = {h.name: h for h in hosts}
+        newest = _newest_copies(reports, home, lambda h: transfers.each(ONLY_CHECKPOINTS, [by_name[h]], "checkpoints"))
+        for host, got in newest:
+            if isinstance(got, MeshrunError):
+                failed.setdefault(host, got)
+            else:
+                _merge(reports, got)
+                copies_from.append(host)
     _assemble_checkpoints(home, reports, force)
     incoming = home / INCOMING
     if incoming.is_dir() and not any(incoming.iterdir()):
         incoming.rmdir()
     steps = (checkpoint_step(name) for name in read_host_manifest(home / CHECKPOINTS).digests())
-    return Fetched(reports, with_missing(results, missing, record.hosts).failed, max((s for s in steps if s is not None), default=-1))
+    return Fetched(reports, failed, max((s for s in steps if s is not None), default=-1), copies_from)
+
+
+def _newest_copies(reports: list[FetchReport], home: Path, fetch: Callable[[str], HostResults[FetchReport]]
+                   ) -> Iterator[tuple[str, FetchReport | MeshrunError]]:
+    """The checkpoints of the holders `holder_order` ranks, one after the other, until no holder
+    left claims a step newer than one that came home verified (or that the local host's folder,
+    the run's own here, holds): a host whose copy fails its checksum or that stops answering
+    costs only the time to try the next."""
+    claims = [Claim(r.host, newest_listed(r.claimed), r.landed == home, _at_home(r), len(r.claimed)) for r in reports]
+    verified: int | None = None  # the newest step home and verified (-1: only best.pt); None: nothing yet
+    for claim in holder_order(claims):
+        if not worth_trying(claim, verified):
+            return
+        if claim.here:
+            verified = claim.newest
+            continue
+        results = fetch(claim.host)
+        if claim.host in results.failed:
+            yield claim.host, results.failed[claim.host]
+            continue
+        got = results.ok[claim.host]
+        if got.verified:
+            verified = max(-1 if verified is None else verified, got.newest_step)
+        yield claim.host, got
+
+
+def _at_home(report: FetchReport) -> int:
+    """How many of the files a host's manifest lists an earlier fetch left under hosts/<host>/."""
+    return sum(is_regular(report.landed / CHECKPOINTS / name) for name in report.claimed)
+
+
+def _merge(reports: list[FetchReport], extra: FetchReport) -> None:
+    """Fold a host's checkpoint transfer into its report of the first part."""
+    report = next(r for r in reports if r.host == extra.host)
+    for listed in ("new", "unchanged", "conflicts", "corrupt", "updated"):
+        getattr(report, listed).extend(getattr(extra, listed))
+    report.refused += [line for line in extra.refused if line not in report.refused]  # the manifest's, again
+    report.placed.update(extra.placed)
+    report.verified, report.newest_step, report.claimed = extra.verified, extra.newest_step, extra.claimed
+    for name in extra.skipped.names:
+        report.skipped.add(name)
+    report.skipped.total += extra.skipped.total - len(extra.skipped.names)
 
 
 def read_placed(home: Path, host: str) -> dict[str, str]:
@@ -228,7 +308,7 @@ def _regular(path: Path) -> bool:
         return False
 
 
-def main(run: str | None, dest: str | None, force: bool, project: Project) -> int:
+def main(run: str | None, dest: str | None, force: bool, project: Project, every_copy: bool = False) -> int:
     """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum, its
     manifest had lines meshrun does not accept, or a host could not be fetched (down, say); what
     did pass, from the hosts that answered, is fetched and assembled all the same."""
@@ -240,9 +320,12 @@ def main(run: str | None, dest: str | None, force: bool, project: Project) -> in
         raise InputError(with_path("--dest ", destination, ": exists and is not a directory; name a directory to "
                                    "fetch runs into"))
     with fetch_lock(destination / record.run_id, record.run_id):  # one fetch of the run here at a time
-        fetched = fetch_run(record, project.root, destination, force, renderer)
+        fetched = fetch_run(record, project.root, destination, force, renderer, every_copy)
     reports = fetched.reports
     script = record.workload.get("script")
+    if fetched.copies_from and not every_copy:
+        renderer.info(f"checkpoints: taken from {', '.join(fetched.copies_from)} (every host holds the same copy; "
+                      "--every-copy brings each host's)")
     renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports,
                            script if isinstance(script, str) else None)
     for line in [line for r in reports for line in skip_lines(r.host, r.skipped)]:

@@ -81,17 +81,26 @@ class FetchReport:
     updated: list[str] = field(default_factory=list)  # replaced a local file: grown, ours, or --force
     kept_home: list[str] = field(default_factory=list)  # as conflicts, but in runs/<id>/ (the assembled checkpoints/)
     placed: dict[str, str] = field(default_factory=dict)  # relative name -> sha256 of what is here now as the host sent it
+    claimed: dict[str, str] = field(default_factory=dict)  # the host's manifest as it came (unverified: files may not)
+
+
+# What one transfer brings of a host's run directory (rsync filter rules, first match wins; a
+# partial dir the host serves is never taken, which rsync's own rule for it, added after these, would not hold).
+EVERYTHING: tuple[str, ...] = ()
+BUT_CHECKPOINTS = (f"--include=/{CHECKPOINTS}/{CHECKPOINT_MANIFEST}", f"--exclude=/{CHECKPOINTS}/*")
+ONLY_CHECKPOINTS = (f"--exclude={PARTIAL_DIR}/", f"--include=/{CHECKPOINTS}/", f"--include=/{CHECKPOINTS}/**", "--exclude=*")
 
 
 def fetch_argv(host: Host, run_id: str, staging: Staging, root: Path, known_hosts: Path | None,
-               basis: Path | None = None) -> list[str]:
-    """rsync the host's run directory into the staging tree: regular files only, resumable. With
-    `basis` (`fetch_basis`: the host's tree as the last fetch left it, absolute), a file unchanged
-    there is copied from it here and a changed one (a log that grew) comes as its differences:
-    without it, the emptied staging tree would make every fetch send every byte again."""
+               basis: Path | None = None, part: tuple[str, ...] = EVERYTHING) -> list[str]:
+    """rsync the host's run directory (of it, what the `part` filter keeps) into the staging
+    tree: regular files only, resumable. With `basis` (`fetch_basis`: the host's tree as the last
+    fetch left it, absolute), a file unchanged there is copied from it here and a changed one (a
+    log that grew) comes as its differences: without it, the emptied staging tree would make
+    every fetch send every byte again."""
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--recursive", "--times", "--no-links", "--no-devices",
             "--no-specials", "--chmod=D755,F644", f"--partial-dir={PARTIAL_DIR}", f"--temp-dir={staging.tmp}",
-            "--info=progress2", "--no-inc-recursive"]
+            "--info=progress2", "--no-inc-recursive", *part]
     if basis is not None:  # times to the nanosecond: a file rewritten within a second at its size is not "unchanged"
         argv += ["--modify-window=-1", f"{BASIS_OPTION}{basis}"]
     if host.is_local:
@@ -187,6 +196,7 @@ def verify_checkpoints(tree: Path, report: FetchReport) -> None:
     differs is deleted from staging (corrupt); refused manifest lines are reported only."""
     directory = tree / CHECKPOINTS
     manifest = read_host_manifest(directory)
+    report.claimed = manifest.digests()
     report.refused += refusal_lines(report.host, manifest, f"{CHECKPOINTS}/{CHECKPOINT_MANIFEST}")
     for name, digest in manifest.digests().items():
         path = directory / name  # a checkpoint name has no '/': it stays in the directory
