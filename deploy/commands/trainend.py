@@ -1,5 +1,5 @@
 """The end of an attached `fab train`: what the hosts answer once the job has ended (the trainer's
-result.json, or a --script run's start counts, the comm record, provenance, the newest checkpoint),
+result.json, else the hosts' start counts, the comm record, provenance, the newest checkpoint),
 read into the run's summary."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def script_resume_hint(run_id: str) -> str:
             f"them and reloads what it saved under $MESHRUN_RUN_DIR there (docs/scripts.md)")
 
 
-RESULT_TIMEOUT_S = 20  # each host's answer after the run: result.json, or a script run's start count
+RESULT_TIMEOUT_S = 20  # each host's answer after the run: result.json, or its start count
 
 
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
@@ -51,14 +51,15 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
                        lambda result: trainer_result(result.stdout))
 
 
-def read_starts(sessions: Mapping[str, Session], plan: LaunchPlan, rdzv_id: str) -> list[int]:
-    """A --script run's worker-group starts as each answering host counted them (deploy/host/runscript.py
-    writes starts.json; the trainer's agreed count is in result.json instead): every host at once, one
-    bounded read each, of that host's own count (hosts sharing a workdir share the file); a host that does
-    not answer, or answers out of shape, counts no start."""
+def read_starts(sessions: Mapping[str, Session], plan: LaunchPlan, rdzv_id: str, script: bool = True) -> list[int]:
+    """The launch's worker-group starts as each answering host counted them in starts.json: a --script
+    run's runner's own count on that host (deploy/host/runscript.py; hosts sharing a workdir share the
+    file), or, `script` False, the count the trainer's ranks agreed (train/starts.py), read only when
+    no result.json holds it: every host at once, one bounded read each; a host that does not answer,
+    or answers out of shape, counts no start."""
     names = [h.host.name for h in plan.hosts]
     argv = ["head", "-c", str(STARTS_READ_MAX + 1), f"{run_dir(plan.run_id)}/{STARTS_FILE}"]
-    counts = (host_starts(result.stdout, rdzv_id, name) if result.ok else None
+    counts = (host_starts(result.stdout, rdzv_id, name if script else None) if result.ok else None
               for name, result in reachable_results(sessions, names, argv, RESULT_TIMEOUT_S))
     return [n for n in counts if n is not None]
 
@@ -79,11 +80,15 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     made = launched(origin, renderer)
     if made is not None:
         made = {**made, **provenance.at_end(answering, names, plan.run_id, saved_plan)}
+    rdzv_id = record.rdzv_id or plan.run_id
     if record.workload.get("script"):
         # A script writes no result.json (docs/scripts.md): its hosts' round is the start counts instead.
-        starts = read_starts(answering, plan, record.rdzv_id or plan.run_id)
-        return build_summary(plan, outcome, None, comm, made, starts=starts)
-    return build_summary(plan, outcome, read_result(answering, plan), comm, made)
+        return build_summary(plan, outcome, None, comm, made, starts=read_starts(answering, plan, rdzv_id))
+    result = read_result(answering, plan)
+    # result.json is written at success only: a failed or stopped trainer run's restarts (torchrun's
+    # restarts of failed workers among them, which no timeline shows) are in its hosts' starts.json.
+    starts = read_starts(answering, plan, rdzv_id, script=False) if "restarts" not in (result or {}) else []
+    return build_summary(plan, outcome, result, comm, made, starts=starts)
 
 
 def launched(origin: Beside[dict], renderer: Renderer) -> dict | None:

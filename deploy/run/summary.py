@@ -70,16 +70,18 @@ def _last_world_size(plan: LaunchPlan, outcome: JobOutcome) -> int:
     return changes[-1] if changes else plan.world_size
 
 
-def starts_key(rdzv_id: str, host: str) -> str:
-    """A host's key in starts.json (deploy/host/runscript.py writes it): hosts sharing a workdir share the file."""
-    return f"{rdzv_id}@{host}"
+def starts_key(rdzv_id: str, host: str | None) -> str:
+    """A host's key in starts.json for the launch: a --script run's runner (deploy/host/runscript.py) counts
+    under `<rdzv id>@<host>`, as hosts sharing a workdir share the file; the trainer's host leaders
+    (train/starts.py, `host` None) under the rdzv id alone, as they write the count the group agreed."""
+    return rdzv_id if host is None else f"{rdzv_id}@{host}"
 
 
-def host_starts(text: str, rdzv_id: str, host: str) -> int | None:
-    """`host`'s count of the launch's worker-group starts, from its starts.json as it answered (a --script
-    run's runner writes it: deploy/host/runscript.py), under its own `starts_key` only (another host sharing
-    the workdir counts under its own); None unless a whole JSON object (not cut at STARTS_READ_MAX) holds a
-    whole number >= 1 there. The host wrote it, so it is data: how large it may be is `restarts_of`'s to judge."""
+def host_starts(text: str, rdzv_id: str, host: str | None) -> int | None:
+    """`host`'s count of the launch's worker-group starts, from its starts.json as it answered, under its
+    `starts_key` only (another host sharing the workdir counts under its own; `host` None: the trainer's
+    key); None unless a whole JSON object (not cut at STARTS_READ_MAX) holds a whole number >= 1 there.
+    The host wrote it, so it is data: how large it may be is `restarts_of`'s to judge."""
     if len(text) > STARTS_READ_MAX:
         return None
     raw = from_json(text)
@@ -149,7 +151,8 @@ def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, An
                   comm: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None,
                   starts: Iterable[int] = ()) -> RunSummary:
     """Combine what the controller saw with what the trainer reported (result.json), if any, and the
-    hosts' counts of the worker group's starts (`starts`: a --script run's, read after it)."""
+    hosts' counts of the worker group's starts (`starts`, read after the run: a --script run's, or a
+    trainer run's that wrote no result.json: it failed or was stopped)."""
     result = result or {}
     return RunSummary(
         run_id=plan.run_id,
