@@ -166,7 +166,10 @@ def test_the_resume_refusal_of_a_detached_run_whose_hosts_say_running_is_one_exa
     assert str(info.value) == (f"--resume {RUN}: the run is still running (its agents still run on h1, h3); stop it "
                                f"first with fab stop --run {RUN}, or check with fab status --run {RUN}")
     refuse_running(project.runs, saved, lambda: [HostState(RUN, "h1", "stopped"), HostState(RUN, "h2", "unreachable")])
-    (project.run_home(RUN) / SUMMARY).write_text("{}\n")
+    (project.run_home(RUN) / SUMMARY).write_text('{"best_loss": 0.33}\n')  # a script's file of that name
+    with pytest.raises(InputError):
+        refuse_running(project.runs, saved, lambda: states)
+    (project.run_home(RUN) / SUMMARY).write_text(json.dumps({"run_id": RUN, "status": "succeeded"}))
     refuse_running(project.runs, saved, never_asked)  # ended: nobody is asked
 
 

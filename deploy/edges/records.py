@@ -292,8 +292,9 @@ def refuse_running(runs: Path, record: RunRecord, ask_hosts: Callable[[], list[H
     (`stop` by run id on every host) reach the old one's processes. A summary means it ended. An
     attached run runs while its controller does (refused with no host asked); once that is gone its
     agents stop within HEARTBEAT_TIMEOUT_S, and a new one refuses while one holds its host's lock.
-    A detached run never gets a summary: `ask_hosts()` asks its hosts, as `fab status --run` does."""
-    if (runs / record.run_id / SUMMARY).exists():
+    A detached run never gets a summary: `ask_hosts()` asks its hosts, as `fab status --run` does.
+    Only the controller's own summary counts (`has_own_summary`): a script's file of that name is no end."""
+    if has_own_summary(runs / record.run_id, record.run_id):
         return
     if controller_alive(record):
         why = f"its controller, pid {record.controller_pid} on this machine, still watches it"
