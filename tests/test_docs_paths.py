@@ -1,7 +1,10 @@
 """Every file and function the docs name exists: README.md and docs/*.md point readers at code
 (`deploy/run/plan.py`, `deploy/run/plan.host_env`, `deploy/run/commplan.py::hook_floor`,
 `common.layout.host_dir`, `meshrun.deploy.host.agent`), and a name left behind by a rename or a
-move sends them nowhere. Pure: the files are read with `ast`, nothing is imported."""
+move sends them nowhere. The other way round, every module of deploy/, common/ and train/ is on
+the map (docs/architecture.md, or docs/trainer.md's module list): a new module no doc names leaves
+a reader who meets it in a traceback nowhere to look. Pure: the files are read with `ast`, nothing
+is imported."""
 
 from __future__ import annotations
 
@@ -186,3 +189,36 @@ def test_a_name_that_is_gone_is_named() -> None:
         "architecture.md:1: meshrun.deploy.host.gone: deploy/host/__init__.py defines no gone"]
     assert check("| `deploy/run/` | the plan (`plan.py`), (`gone.py`) | controller | yes |") == [
         None, "architecture.md:1: gone.py: no file deploy/run/gone.py"]
+
+
+# The map: every module of these folders is named in these docs, by its path or, in
+# architecture.md, as a bare `name.py` in its package's row. A package's __init__.py and a
+# __main__.py are named by their package.
+MAPPED = ("deploy", "common", "train")
+MAP_DOCS = (REPO / "docs" / "architecture.md", REPO / "docs" / "trainer.md")
+
+
+def modules() -> list[str]:
+    return sorted(str(p.relative_to(REPO)) for root in MAPPED for p in (REPO / root).rglob("*.py")
+                  if p.name not in ("__init__.py", "__main__.py"))
+
+
+def unnamed(docs: dict[Path, str]) -> list[str]:
+    """The modules none of `docs` names (each doc's text given)."""
+    named = {r.path for doc, text in docs.items() for r in refs(doc, text)}
+    return [m for m in modules() if m not in named]
+
+
+def test_every_module_is_on_the_map() -> None:
+    assert unnamed({doc: doc.read_text(encoding="utf-8") for doc in MAP_DOCS}) == []
+
+
+def test_a_module_counts_as_named_by_its_path_or_in_its_own_row() -> None:
+    arch, trainer = MAP_DOCS
+    everything = unnamed({})
+    assert {"deploy/check/zerotier.py", "common/layout.py", "train/starts.py", "train/data/cifar.py"} <= set(everything)
+    # a path anywhere, or a bare name in its own package's row of the map
+    assert unnamed({arch: "| `deploy/check/` | parsing (`zerotier.py`) |", trainer: "`train/starts.py`"}) == [
+        m for m in everything if m not in ("deploy/check/zerotier.py", "train/starts.py")]
+    # a bare name in another package's row, or outside the map, names nothing
+    assert unnamed({arch: "| `deploy/run/` | (`zerotier.py`) |\n`starts.py`", trainer: "`cifar.py`"}) == everything
