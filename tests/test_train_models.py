@@ -23,6 +23,26 @@ def test_ball_query_stays_within_radius_and_pads_with_first() -> None:
     assert (gather(xyz, idx)[0, 0] - xyz[0, 0]).norm(dim=-1).max() <= 1.0
 
 
+def _ball_query_by_sort(radius: float, nsample: int, xyz: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+    """The definition: every index in radius, sorted, the first nsample; short groups padded."""
+    n = xyz.shape[1]
+    order = torch.arange(n).expand(centers.shape[0], centers.shape[1], n)
+    idx = torch.where(torch.cdist(centers, xyz).pow(2) <= radius ** 2, order, torch.full_like(order, n))
+    idx = idx.sort(dim=-1).values[..., :nsample]
+    return torch.where(idx == n, idx[..., :1].expand_as(idx), idx)
+
+
+@pytest.mark.parametrize("batch, points, centers, nsample, radius", [
+    (4, 256, 64, 16, 0.2), (2, 1024, 128, 32, 0.4), (2, 64, 32, 128, 0.5), (3, 10, 5, 16, 10.0)])
+def test_ball_query_is_the_sorted_definition(batch: int, points: int, centers: int, nsample: int,
+                                             radius: float) -> None:
+    """ball_query takes the nsample smallest indices with topk: the same groups as sorting all of
+    them, nsample past the cloud's size included."""
+    xyz = torch.rand(batch, points, 3, generator=torch.Generator().manual_seed(points))
+    assert torch.equal(ball_query(radius, nsample, xyz, xyz[:, :centers]),
+                       _ball_query_by_sort(radius, nsample, xyz, xyz[:, :centers]))
+
+
 @pytest.mark.parametrize("cfg, shape", [
     (ModelConfig(name=ModelKind.TOY), (3, 32, 32)),
     (ModelConfig(name=ModelKind.TORCHVISION, arch="resnet18", small_stem=True), (3, 32, 32)),
