@@ -95,11 +95,13 @@ def test_the_advice_raises_a_default_timeout_and_only_warns_on_the_users() -> No
     assert timeout_advice(c, 418.0, False) == TimeoutAdvice(c, 418.0, False, 418, None)  # enough already
     assert timeout_line(timeout_advice(c, 418.0, True)) == ""
     huge = dataclasses.replace(c, seconds=40_000.0)
-    assert timeout_advice(huge, 60.0, False).raised_to == 86_400  # the trainer's bound on dist.timeout
+    # the need said (the trainer's bound), the controller's raise capped at AUTO_RAISE_MAX_S
+    assert timeout_advice(huge, 60.0, False) == TimeoutAdvice(huge, 60.0, False, 86_400, 1800)
 
 
 WHY = ("the largest collective, a powersgd warm-up step (full all-reduce), 346.3 MB over the slowest link "
        "(20.0 Mbit/s), takes about 139 s")
+NAMED = WHY.replace("(20.0 Mbit/s)", "(20.0 Mbit/s on h1 -> h2, h2 -> h1; round trip 40.0 ms on h1 -> h2, h2 -> h1)")
 
 
 def test_the_lines_say_why_and_name_the_number() -> None:
@@ -146,7 +148,7 @@ def test_a_resume_retimes_the_controllers_raise_and_keeps_the_users_own(monkeypa
     assert run_timeout(again.workload, again.pg_timeout_s, False) == RunTimeout(60.0, False, "--timeout ")
     assert chosen(monkeypatch, again.workload.args, timeout_s=60)[0].args == raised.args  # raised anew, as at first
     plain = resumed_work("R", raised, 60, Workload(), None, new_comm=False)
-    assert plain.workload.args == raised.args  # neither: the run's raise still stands
+    assert plain.workload.args == raised.args  # neither: the run's raise still stands (under the cap)
     own, _, _ = chosen(monkeypatch, ("dist.timeout=100",), timeout_s=60)  # the user's, never raised
     assert own.args == ("comm.hook=powersgd", "dist.timeout=100")
     for comm_again, timeout in ((True, None), (False, 900)):
@@ -157,7 +159,7 @@ def test_auto_on_vit_b_16_passes_a_raised_timeout_says_why_and_records_it(tmp_pa
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     workload, got, lines = chosen(monkeypatch, ("optim.lr=0.1",), timeout_s=60)
     assert workload.args == ("dist.timeout=418", "comm.hook=powersgd", "optim.lr=0.1")  # the raise before the hook
-    assert lines[-1] == f"comm: dist.timeout raised to 418 s: {WHY} (3x that; --timeout sets another)"
+    assert lines[-1] == f"comm: dist.timeout raised to 418 s: {NAMED} (3x that; --timeout sets another)"
     saved = json.loads(save_plan(tmp_path, "r1", got, "powersgd").read_text())  # type: ignore[arg-type]
     assert saved["timeout"] == {"collective": {"what": "a powersgd warm-up step (full all-reduce)", "nbytes": VIT,
                                                "bandwidth_bytes_s": HOME, "seconds": VIT / HOME + 14 * RTT},
@@ -169,7 +171,7 @@ def test_auto_on_vit_b_16_passes_a_raised_timeout_says_why_and_records_it(tmp_pa
 def test_a_users_own_timeout_is_kept_with_a_warn(monkeypatch: pytest.MonkeyPatch) -> None:
     workload, got, lines = chosen(monkeypatch, ("dist.timeout=100",))
     assert workload.args == ("comm.hook=powersgd", "dist.timeout=100")
-    assert lines[-1] == f"WARN comm: dist.timeout 100 s is under 3x {WHY}: the run may stop with a collective " \
+    assert lines[-1] == f"WARN comm: dist.timeout 100 s is under 3x {NAMED}: the run may stop with a collective " \
                         "timeout; set dist.timeout=418"
     workload, _, lines = chosen(monkeypatch, timeout_s=100, timeout_given=True)
     assert workload.args == ("comm.hook=powersgd",)

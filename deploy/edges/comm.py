@@ -6,8 +6,9 @@ answer is shape-checked; the bandwidth comes from check-network's link probe ove
 The math is deploy/run/commplan.py. The config's `sync_bn: true` refuses an explicit flat DiLoCo hook
 in one line (`check_comm`) and keeps `auto` from choosing one, as the trainer would refuse it on
 every rank. With a measured link, the trainer's `dist.timeout` is held against the chosen hook's
-largest collective (`timeout_advice`): raised by a `dist.timeout=` override, or, when the user set
-it, a WARN naming the value to set.
+largest collective (`timeout_advice`): raised by a `dist.timeout=` override, at most AUTO_RAISE_MAX_S
+(past it a WARN names the value to type), or, when the user set it, a WARN naming the value to set.
+Each line names the measured links that set the floor (`floor_links`): each host reports its own.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run.answers import from_json, is_int, is_real
 from meshrun.deploy.run.flags import MAX_PG_TIMEOUT_S
 from meshrun.deploy.run.plan import LaunchPlan, Workload
+from meshrun.deploy.run.workload import AUTO_RAISE_MAX_S
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.transport import Session, last_json_line
 
@@ -179,7 +181,8 @@ def choose(comm: str, selection: Selection, sessions: Mapping[str, Session], wor
 
 def _advised(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradients, renderer: Renderer,
              timeout: RunTimeout | None) -> CommPlan:
-    """The plan with its hints and dist.timeout advice, each said on the console."""
+    """The plan with its hints and dist.timeout advice, each said on the console: the advice as a WARN
+    when the run's timeout stays under what the collective needs (the user's own, or past the cap)."""
     advice = None if timeout is None else \
         timeout_advice(commplan.largest_collective(plan, hook, gradients.settings), timeout.seconds, timeout.user_set)
     plan = dataclasses.replace(plan, hint=commplan.wire_hint(hook, plan, gradients.shapes, gradients.settings),
@@ -188,8 +191,11 @@ def _advised(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradie
         renderer.info(f"comm: {plan.hint}")
     if plan.places_hint:
         renderer.warn(f"comm: {plan.places_hint}")
-    if advice is not None and timeout is not None and (line := timeout_line(advice, timeout.setting)):
-        (renderer.warn if advice.user_set else renderer.info)(f"comm: {line}")
+    if advice is not None and timeout is not None:
+        named = floor_links(plan, hook, advice.collective, site_map(selection))
+        if line := timeout_line(advice, timeout.setting, named):
+            short = max(advice.raised_to or 0, advice.timeout_s) < advice.needed_s
+            (renderer.warn if short else renderer.info)(f"comm: {line}")
     return plan
 
 
@@ -216,24 +222,70 @@ def run_timeout(workload: Workload, timeout_s: int | None, timeout_given: bool) 
 
 def timeout_advice(collective: Collective, timeout_s: float, user_set: bool) -> TimeoutAdvice:
     """dist.timeout against TIMEOUT_SAFETY × the collective, rounded up to whole seconds, at most
-    the trainer's bound: raised when it is below and not the user's own; the user's is only advised."""
+    the trainer's bound: raised when it is below and not the user's own, to AUTO_RAISE_MAX_S at most
+    (`needed_s` still says what it needs); the user's is only advised."""
     needed = min(math.ceil(TIMEOUT_SAFETY * collective.seconds), MAX_PG_TIMEOUT_S)
-    raised = needed if timeout_s < needed and not user_set else None
+    target = min(needed, AUTO_RAISE_MAX_S)
+    raised = target if timeout_s < target and not user_set else None
     return TimeoutAdvice(collective, timeout_s, user_set, needed, raised)
 
 
-def timeout_line(advice: TimeoutAdvice, setting: str = "--timeout ") -> str:
+def timeout_line(advice: TimeoutAdvice, setting: str = "--timeout ", links: str = "") -> str:
     """The console's line: why dist.timeout was raised, or the value to set (`setting`, as the user
-    set it) in place of a user's too low one; "" when it suffices."""
+    set it) in place of a user's too low one or past the cap; "" when it suffices. `links`: the
+    measured links that set the floor (`floor_links`), after the bandwidth."""
     c = advice.collective
     why = (f"the largest collective, {c.what}, {c.nbytes / 1e6:.1f} MB over the slowest link "
-           f"({c.bandwidth_bytes_s * 8 / 1e6:.1f} Mbit/s), takes about {round(c.seconds)} s")
-    if advice.raised_to is not None:
+           f"({_mbit(c.bandwidth_bytes_s * 8 / 1e6)} Mbit/s{links}), takes about {round(c.seconds)} s")
+    if advice.raised_to is not None and advice.raised_to >= advice.needed_s:
         return f"dist.timeout raised to {advice.raised_to} s: {why} ({TIMEOUT_SAFETY}x that; --timeout sets another)"
+    if advice.raised_to is not None:  # capped: a host may have misreported its link; a real one is the user's to type
+        return (f"dist.timeout raised to {advice.raised_to} s only, the most the controller sets on its own (each "
+                f"host reports its own link): under {TIMEOUT_SAFETY}x {why}; check that link, and if it really is "
+                f"that slow pass --timeout {advice.needed_s}")
     if advice.timeout_s >= advice.needed_s:
         return ""
     return (f"dist.timeout {advice.timeout_s:g} s is under {TIMEOUT_SAFETY}x {why}: the run may stop with a "
             f"collective timeout; set {setting}{advice.needed_s}")
+
+
+def _mbit(mbit: float) -> str:
+    """Mbit/s as the lines show it: 1 kbit/s (the least a link is held to) is not "0.0"."""
+    return f"{mbit:.1f}" if mbit >= 0.05 else f"{mbit:.2g}"
+
+
+def floor_links(plan: CommPlan, hook: Hook, collective: Collective, site_of: Mapping[str, str]) -> str:
+    """The measured links that set the collective's floor, as `timeout_line` names them: the slowest
+    host's best link(s) at its bandwidth (commplan.node_bandwidth), then the longest round trip when
+    the collective waits on one (the broadcast does not); for hier among the links between, then
+    inside sites (commplan.site_links), as its collectives are sized. "" when no link matches."""
+    def same(a: str, b: str) -> bool:
+        return site_of.get(a) == site_of.get(b)
+    groups = [lambda a, b: not same(a, b), same] if hook is Hook.HIER and plan.site_links is not None else []
+    for keep in [*groups, lambda a, b: True]:
+        links = [link for link in plan.links if keep(link[0], link[1])]
+        slowest = _at_bandwidth(links, collective.bandwidth_bytes_s)
+        if slowest:
+            break
+    else:
+        return ""
+    named = f" on {', '.join(slowest)}"
+    rtts = [(f"{a} -> {b}", min(r, commplan.MAX_RTT_MS)) for a, b, _, r in links if r is not None and r >= 0]
+    longest = max((r for _, r in rtts), default=0.0)
+    if longest <= 0 or collective.seconds == collective.nbytes / collective.bandwidth_bytes_s:
+        return named  # no round trip in the floor: the broadcast's is S / B exactly (commplan.largest_collective)
+    return f"{named}; round trip {longest:.1f} ms on {', '.join(n for n, r in rtts if r == longest)}"
+
+
+def _at_bandwidth(links: list[tuple[str, str, float | None, float | None]], bandwidth_bytes_s: float) -> list[str]:
+    """"a -> b" for each host's best link(s), held to range as commplan.node_bandwidth holds them, at exactly
+    that bandwidth (the same float arithmetic: the slowest host's)."""
+    held = [(a, b, min(max(m, commplan.MIN_MBIT_S), commplan.MAX_MBIT_S)) for a, b, m, _ in links
+            if m is not None and m > 0]
+    best: dict[str, float] = {}
+    for a, _, m in held:
+        best[a] = max(best.get(a, 0.0), m)
+    return [f"{a} -> {b}" for a, b, m in held if m == best[a] and m * 1e6 / 8 == bandwidth_bytes_s]
 
 
 def _places_hint(selection: Selection, hook: Hook, plan: CommPlan, gradients: Gradients) -> str:

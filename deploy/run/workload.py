@@ -7,7 +7,9 @@ the run's directory (a script's run became a digits run; `-- epochs=100` became 
 once). The resume may add to it: the built-in trainer's `key=value` overrides go after the
 recorded ones (the last of a key wins, so `-- epochs=200` extends a run), a script's arguments
 replace the recorded ones (they cannot be merged). Another script or config is refused: the
-run's checkpoints are that workload's.
+run's checkpoints are that workload's. `--comm`'s own raise of `dist.timeout` is carried over, at
+most AUTO_RAISE_MAX_S: it was sized on links measured at an earlier start, each reported by its host
+(a record from before the cap may hold a day's raise, one host's word).
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from meshrun.deploy.run.plan import Workload
 
 COMM_OVERRIDE = "comm.hook="  # --comm's override (deploy/edges/comm.py): a new --comm decides anew
 TIMEOUT_OVERRIDE = "dist.timeout="  # comm.py's too, when it raises the run's timeout (`controller_raise`)
+# The most the controller raises dist.timeout on its own (deploy/edges/comm.py), and keeps on a resume: 30 min,
+# gloo's own default. The honest cases measured need less: ViT-B/16's 346 MB on a 20 Mbit/s home link, 3x its
+# largest collective is 418 s on 2 nodes and 627 s for DiLoCo on 4 (docs/performance.md,
+# tests/test_comm_timeout.py), and a link 2.5x slower still fits. The link speeds are each host's own answer,
+# and a stalled collective holds every rank's GPU (and an attached `fab train`) for dist.timeout: one host
+# answering 1 kbit/s raised it to a day. Past this, only a typed --timeout raises it.
+AUTO_RAISE_MAX_S = 1800
 
 
 @dataclass(frozen=True)
@@ -60,20 +69,35 @@ def resumed_work(run_id: str, recorded: Workload, recorded_timeout: int, given: 
                  new_comm: bool) -> ResumedWork:
     """What the resume of run `run_id` runs (see the module doc). `new_comm`: the resume has --comm,
     which then chooses the hook instead of the record's `comm.hook=`, and the timeout anew; a typed
-    --timeout (`given_timeout`) is the run's timeout: neither keeps the record's `controller_raise`."""
+    --timeout (`given_timeout`) is the run's timeout: neither keeps the record's `controller_raise`,
+    which otherwise stays, held to AUTO_RAISE_MAX_S (the note says so when that lowers it)."""
     _refuse_another(run_id, recorded, given)
     timeout = given_timeout if given_timeout is not None else recorded_timeout
+    lowered = ""
     if recorded.script:
         args = given.args or recorded.args
     else:
-        anew = new_comm or given_timeout is not None
-        recorded_args = recorded.args[1:] if anew and controller_raise(recorded.args) else recorded.args
+        recorded_args = recorded.args
+        if controller_raise(recorded.args):
+            anew = new_comm or given_timeout is not None
+            held = _held_raise(recorded.args[0])
+            recorded_args = recorded.args[1:] if anew else (held, *recorded.args[1:])
+            lowered = "" if anew or held == recorded.args[0] else (
+                f"; {recorded.args[0]} (--comm's raise, from the links each host reported) is held to {held}: "
+                "pass --timeout N if the links really are that slow")
         kept = tuple(a for a in recorded_args if not (new_comm and a.startswith(COMM_OVERRIDE)))
         args = (*kept, *given.args)
     workload = dataclasses.replace(given, script=recorded.script, config=recorded.config, args=args)
     taken = workload != given and (recorded.script or recorded.config or recorded.args)
-    note = f"resume: run {run_id} runs as it ran: {described(workload)}" if taken else None
+    note = f"resume: run {run_id} runs as it ran: {described(workload)}{lowered}" if taken else None
     return ResumedWork(workload, timeout, note)
+
+
+def _held_raise(arg: str) -> str:
+    """A recorded `dist.timeout=N` raise, N held to AUTO_RAISE_MAX_S (a value not a whole number: the cap)."""
+    value = arg[len(TIMEOUT_OVERRIDE):]
+    seconds = int(value) if value.isascii() and value.isdigit() else AUTO_RAISE_MAX_S
+    return f"{TIMEOUT_OVERRIDE}{min(seconds, AUTO_RAISE_MAX_S)}"
 
 
 def controller_raise(args: tuple[str, ...]) -> bool:
