@@ -1,10 +1,10 @@
 """The one place that turns errors into what users read: a line, an exit status, no traceback.
 
-Every fab task is wrapped by `guarded`. A MeshrunError prints its one-line message and exits
-with its status (2 bad input, 1 failure; a bad input's line never passes 300 characters); anything
-else is a bug: with MESHRUN_DEBUG=1 or `--debug` the traceback is shown, otherwise it goes to
-`~/.cache/meshrun/debug.log` (a per-user file: the error may come before meshrun knows the project,
-and must not land in the current folder).
+Every fab task is wrapped by `guarded`. A MeshrunError prints its message as one line (a newline in
+it, from a host's text, is shown as `\\n`) and exits with its status (2 bad input, 1 failure; a bad
+input's line never passes 300 characters); anything else is a bug: with MESHRUN_DEBUG=1 or `--debug`
+the traceback is shown, otherwise it goes to `~/.cache/meshrun/debug.log` (a per-user file: the
+error may come before meshrun knows the project, and must not land in the current folder).
 
 SIGTERM (`timeout`, systemd, `kill`) and SIGHUP (a closed terminal, a dropped SSH session, a killed
 tmux) are taken as a Ctrl-C: their default action ended the process where it stood, and no cleanup
@@ -70,9 +70,11 @@ def _one_line_errors(fn: Callable[..., object], args: tuple, kwargs: dict) -> ob
     try:
         return fn(*args, **kwargs)
     except MeshrunError as err:
-        # Bad input gets one line of at most 300 characters, whatever formed the message; the inventory's
-        # own messages already fit (a long path loses its middle: deploy.inventory.shown.with_path).
-        Renderer().error(one_line(str(err)) if isinstance(err, InputError) else str(err))
+        # One line, whatever formed the message: a host's text in it (its answer, a pre-flight finding about
+        # it) must not start lines that read as meshrun's own. Bad input is also cut at 300 characters (the
+        # inventory's own messages already fit: a long path loses its middle, deploy.inventory.shown.with_path);
+        # a failure is not, its hosts' reasons all said. No MeshrunError is multi-line on purpose.
+        Renderer().error(one_line(str(err)) if isinstance(err, InputError) else one_line(str(err), sys.maxsize))
         raise Exit(code=err.exit_code) from None
     except Exit:
         raise
@@ -83,8 +85,8 @@ def _one_line_errors(fn: Callable[..., object], args: tuple, kwargs: dict) -> ob
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
             traceback.print_exc(file=log)
-        Renderer().error(f"internal error: {err.__class__.__name__}: {err}; traceback in {log_path} "
-                         "(rerun with --debug to see it here)")
+        Renderer().error(one_line(f"internal error: {err.__class__.__name__}: {err}; traceback in {log_path} "
+                                  "(rerun with --debug to see it here)", sys.maxsize))
         raise Exit(code=1) from None
 
 

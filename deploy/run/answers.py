@@ -20,9 +20,15 @@ SAID_CLIP = 240  # characters of a message a host wrote in its answer (its `erro
 PORTS = "a port number (1-65535)"
 
 
+def escaped(text: str) -> str:
+    """`text` with what does not print (newline, CR, ESC, a lone surrogate) written as Python writes it:
+    `\\n`, `\\x1b`. Printable text, all an honest host sends in a field, comes back unchanged."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 def said(text: str, limit: int = SAID_CLIP) -> str:
     """A message written by a host, quoted in ours: control characters escaped, clipped."""
-    text = text if text.isprintable() else repr(text)[1:-1]
+    text = escaped(text)
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -54,16 +60,26 @@ class Answer:
         return value
 
     def text(self, value: object, field: str, optional: bool = False, limit: int | None = SAID_CLIP) -> str | None:
+        """A text field. One clipped at SAID_CLIP or less is short (a version, a label, a name, a host's
+        one-line message) and goes into a line of ours, so what does not print in it is escaped: a newline
+        there would print a line that reads as meshrun's own about another host. Escaped, not refused:
+        an honest host's text is printable and comes back as it was, while an honest message may hold a
+        newline (an ImportError's) and is still said, as `said` says it. Longer or unclipped text (a
+        command's output, split into lines by its caller; a message the caller quotes with `said`; a
+        path `host_path` checks) comes back as sent."""
         if optional and value in (None, MISSING):
             return None
         if not isinstance(value, str):
             raise self.bad(field, value, "text or null" if optional else "text")
-        return value if limit is None else value[:limit]
+        if limit is None or limit > SAID_CLIP:
+            return value if limit is None else value[:limit]
+        return said(value[:limit], limit)
 
     def texts(self, value: object, field: str) -> tuple[str, ...]:
+        """A list of short texts (actions done, notes, an argv run): each escaped as `text` escapes one."""
         if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise self.bad(field, value, "a list of text")
-        return tuple(value)
+        return tuple(escaped(v) for v in value)
 
     def number(self, value: object, field: str) -> float | None:
         """A finite number >= 0, or None for null or a field left out."""
