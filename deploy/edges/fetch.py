@@ -265,22 +265,13 @@ def _grew(old: Path, new: Path) -> bool:
 
 
 def stage_verified(source: Path, digests: dict[str, str], out: Path) -> None:
-    """Put into `out` the checkpoints of `source` that still match their verified sha256: what
-    `runs/<id>/checkpoints/` is assembled from (its manifest the controller writes afterwards).
-    Each is a hard link where the filesystem allows (a copy where not): the host's tree and the
-    assembled folder then hold one checkpoint's bytes once on this disk, not twice. Safe because
-    meshrun never writes a placed file in place: a later fetch renames a new file over the name."""
+    """Copy into `out` the checkpoints of `source` that still match their verified sha256: what
+    `runs/<id>/checkpoints/` is assembled from (its manifest the controller writes afterwards)."""
     out.mkdir(parents=True, exist_ok=True)
     for name, digest in digests.items():
-        if not is_regular(source / name):
-            continue
-        try:
-            os.link(source / name, out / name, follow_symlinks=False)
-        except OSError:  # another filesystem, or one without hard links
+        if is_regular(source / name) and sha256_file(source / name) == digest:
             with open(source / name, "rb") as src, open(out / name, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        if sha256_file(out / name) != digest:  # changed here since it was verified: not assembled
-            (out / name).unlink()
 
 
 def remove_staging(staging: Staging) -> None:
