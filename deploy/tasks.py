@@ -211,13 +211,16 @@ def leave(c, run="", hosts="", project="", runs_dir="", debug=False):
 @task(name="fetch-checkpoints", help={**PROJECT_FLAGS, 
     "run": RUN_HELP, "dest": "where runs live locally (default: where this controller records them)",
     "force": "overwrite local files you changed that differ from the hosts' copies",
-    "every_copy": "bring every host's copy of the checkpoints, not only the newest holder's", "debug": DEBUG_HELP})
+    "every_copy": "bring every host's copy of the checkpoints, not only the newest holder's",
+    "prune": "then remove the checkpoints fetched earlier that are older than the oldest step the hosts' manifests "
+             "agree on (never a file you changed, never best.pt)", "debug": DEBUG_HELP})
 @guarded
-def fetch_checkpoints(c, run="", dest="", force=False, every_copy=False, project="", runs_dir="", debug=False):
+def fetch_checkpoints(c, run="", dest="", force=False, every_copy=False, prune=False, project="", runs_dir="",
+                      debug=False):
     """Bring a run home: verified checkpoints + manifest, and every host's logs and metrics."""
     from meshrun.deploy.commands.fetch import main
 
-    _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir), bool(every_copy)))
+    _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir), bool(every_copy), bool(prune)))
 
 
 @task(help={**PROJECT_FLAGS, "run": RUN_HELP, "json": "print JSON for scripts", "debug": DEBUG_HELP})

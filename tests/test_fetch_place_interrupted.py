@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from meshrun.deploy.commands.fetch import journal_to, main, read_journal, read_placed
+from meshrun.deploy.commands.fetch import main
+from meshrun.deploy.edges.placed import journal_to, read_journal, read_placed
 from meshrun.deploy.edges import fetch as fetch_edge
 from meshrun.deploy.project import Project
 from tests.localrun import local_h2_project

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from stat import S_ISDIR, S_ISREG
 from pathlib import Path
 
-from meshrun.fsutil import FileRefused, atomic_write_bytes, atomic_write_json, read_regular, sha256_file
+from meshrun.fsutil import atomic_write_bytes, sha256_file
 from meshrun.layout import BEST_CHECKPOINT, CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.fanout import HostResults, on_each
@@ -19,6 +18,7 @@ from meshrun.deploy.project import Project
 from meshrun.deploy.edges.fetch import BUT_CHECKPOINTS, EVERYTHING, FETCH_ATTEMPTS, FETCH_TIMEOUT_S, \
     ONLY_CHECKPOINTS, FetchReport, fetch_argv, fetch_lock, fetch_verified, place, prepare_staging, read_host_manifest, \
     remove_staging, skip_lines, stage_verified
+from meshrun.deploy.edges.placed import drop_journal, journal_to, placed_after, read_journal, read_placed, save_placed
 from meshrun.deploy.edges.staging import Staging, fetch_basis, is_regular
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError, MeshrunError
@@ -26,13 +26,11 @@ from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.render.console import HostProgress, Renderer
-from meshrun.deploy.run.fetchplan import Claim, holder_order, newest_listed, worth_trying
+from meshrun.deploy.run.fetchplan import Claim, agreed_floor, holder_order, newest_listed, prunable, worth_trying
 from meshrun.deploy.run.manifest import manifest_text
 from meshrun.deploy.run.shell import local_workdir
 
 INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) for the assembly
-PLACED = ".placed"  # per host, what the last fetch placed under hosts/<host>/ (read_placed)
-PLACED_MAX = 64 << 20  # a record of every file of a host's run folder: a sha256 and a name each
 ASSEMBLY = f".{CHECKPOINTS}"  # the journal of the assembled checkpoints/ (not a host name, as in INCOMING)
 PLACE_S = 600  # after the transfer: hashing and placing what came, on this machine's disk
 
@@ -160,74 +158,6 @@ def _merge(reports: list[FetchReport], extra: FetchReport) -> None:
     report.skipped.total += extra.skipped.total - len(extra.skipped.names)
 
 
-def read_placed(home: Path, host: str) -> dict[str, str]:
-    """What an earlier fetch placed under `hosts/<host>/` ({relative name: sha256}): a file still
-    so is meshrun's, and the next fetch may replace it (a host's manifest, `best.pt`, a pruned
-    log); one that differs is yours. Kept apart from the host's tree, which the host fills, so a
-    host cannot vouch for a file itself. Missing or unreadable: nothing vouched for. The journal
-    of a fetch cut off while placing (`journal_to`) counts too: its files are meshrun's as well."""
-    try:
-        data = json.loads(read_regular(home / PLACED / f"{host}.json", PLACED_MAX))
-    except (OSError, FileRefused, ValueError):
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
-    record = {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str) and len(v) == 64}
-    return {**record, **read_journal(home, host)}
-
-
-def _journal(home: Path, key: str) -> Path:
-    return home / PLACED / f"{key}.jsonl"
-
-
-def journal_to(home: Path, key: str) -> Callable[[str, str], None]:
-    """One line, `[name, sha256]`, per file as place() puts it here. The record is saved once the
-    whole host is placed; a fetch cut off before (Ctrl-C, a closed terminal: the worker threads
-    die mid-place) would leave the files it moved in vouched for by nobody, and the next fetch
-    would call them yours. Not fsynced: it outlives the process, which is what is cut here."""
-    path = _journal(home, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def add(name: str, digest: str) -> None:
-        with open(path, "a", encoding="ascii") as handle:  # json.dumps escapes any other character
-            handle.write(json.dumps([name, digest]) + "\n")
-    return add
-
-
-def read_journal(home: Path, key: str) -> dict[str, str]:
-    """A journal's entries, the later line winning; a line cut mid-write, or not meshrun's form, is skipped."""
-    try:
-        data = read_regular(_journal(home, key), PLACED_MAX)
-    except (OSError, FileRefused):
-        return {}
-    found: dict[str, str] = {}
-    for line in data.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry) \
-                and len(entry[1]) == 64:
-            found[entry[0]] = entry[1]
-    return found
-
-
-def placed_after(ours: Mapping[str, str], report: FetchReport) -> dict[str, str]:
-    """The record once this fetch is placed: what it placed, and what an earlier one placed that
-    this one did not bring (the host pruned it) while its file is still here. A file you changed
-    keeps the entry of what meshrun placed, which no longer matches it: it stays yours."""
-    merged = {**ours, **report.placed}
-    return {name: digest for name, digest in merged.items()
-            if name in report.placed or os.path.lexists(report.landed / name)}
-
-
-def save_placed(home: Path, host: str, placed: Mapping[str, str]) -> None:
-    """The record, atomically; then its journal goes (what it held, `placed` holds)."""
-    (home / PLACED).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(home / PLACED / f"{host}.json", dict(placed))
-    _journal(home, host).unlink(missing_ok=True)
-
-
 def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -> None:
     """`runs/<id>/checkpoints/`: the verified checkpoints of the host holding the newest one, and
     the controller's manifest of the verified ones there (nothing else a host put in its folder).
@@ -253,7 +183,7 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     if ours:
         present = _hashes(target, set(previous) | {n for r in reports for n in r.verified})
         _write_manifest(target, vouched(present, [r.verified for r in reports], previous), combined)
-        _journal(home, ASSEMBLY).unlink(missing_ok=True)
+        drop_journal(home, ASSEMBLY)
     best.kept_home += [c for c in combined.conflicts if c not in best.kept_home]  # relative to runs/<id>/
     best.refused += combined.refused
 
@@ -308,7 +238,8 @@ def _regular(path: Path) -> bool:
         return False
 
 
-def main(run: str | None, dest: str | None, force: bool, project: Project, every_copy: bool = False) -> int:
+def main(run: str | None, dest: str | None, force: bool, project: Project, every_copy: bool = False,
+         prune: bool = False) -> int:
     """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum, its
     manifest had lines meshrun does not accept, or a host could not be fetched (down, say); what
     did pass, from the hosts that answered, is fetched and assembled all the same."""
@@ -321,6 +252,7 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
                                    "fetch runs into"))
     with fetch_lock(destination / record.run_id, record.run_id):  # one fetch of the run here at a time
         fetched = fetch_run(record, project.root, destination, force, renderer, every_copy)
+        pruned = prune_home(destination / record.run_id, fetched.reports) if prune else None
     reports = fetched.reports
     script = record.workload.get("script")
     if fetched.copies_from and not every_copy:
@@ -328,6 +260,8 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
                       "--every-copy brings each host's)")
     renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports,
                            script if isinstance(script, str) else None)
+    if pruned is not None:
+        renderer.info(pruned.line())
     for line in [line for r in reports for line in skip_lines(r.host, r.skipped)]:
         renderer.warn(line)
     for line in [line for r in reports for line in r.refused]:
@@ -343,6 +277,67 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
     for line in failure_lines(dataclasses.replace(fetched, failed=failed), str(destination / record.run_id / CHECKPOINTS)):
         renderer.error(line)
     return 1 if corrupt or failed or any(r.refused for r in reports) else 0
+
+
+@dataclass
+class Pruned:
+    floor: int | None  # the oldest step the hosts agree on (agreed_floor); None: nothing pruned
+    removed: list[str]  # relative to runs/<id>/
+
+    def line(self) -> str:
+        if self.floor is None:
+            return "prune: no step two hosts' manifests list alike: nothing removed"
+        shown = ", ".join(self.removed[:6]) + (f" and {len(self.removed) - 6} more" if len(self.removed) > 6 else "")
+        return (f"prune: removed {len(self.removed)} checkpoint file(s) older than step {self.floor}, which the hosts "
+                f"no longer keep" + (f": {shown}" if self.removed else ""))
+
+
+def prune_home(home: Path, reports: list[FetchReport]) -> Pruned:
+    """`--prune`: the checkpoints an earlier fetch brought that are older than `agreed_floor`, each
+    still as meshrun placed it, go from the assembled `checkpoints/` (its manifest rewritten; not
+    when it is a local host's own run folder) and from each host's tree (its `.placed` record too).
+    Only through real folders: a folder on the way that is a link (yours) is passed over."""
+    floor = agreed_floor([r.claimed for r in reports])
+    if floor is None:
+        return Pruned(None, [])
+    removed: list[str] = []
+    target = home / CHECKPOINTS
+    if not any(r.landed == home for r in reports) and _real_dirs(home, target):
+        listed = read_host_manifest(target).digests()
+        gone = _unlink(target, prunable(listed, _hashes(target, listed), floor))
+        if gone:
+            _write_manifest(target, {n: d for n, d in listed.items() if n not in gone}, FetchReport("", target))
+        removed += [f"{CHECKPOINTS}/{name}" for name in gone]
+    for report in (r for r in reports if r.landed != home):
+        tree, prefix = report.landed / CHECKPOINTS, f"{CHECKPOINTS}/"
+        if not _real_dirs(home, tree):
+            continue
+        record = read_placed(home, report.host)
+        mine = {n.removeprefix(prefix): d for n, d in record.items() if n.startswith(prefix)}
+        gone = _unlink(tree, prunable(mine, _hashes(tree, mine), floor))
+        if gone:
+            save_placed(home, report.host, {n: d for n, d in record.items() if n.removeprefix(prefix) not in gone})
+        removed += [f"{HOSTS}/{report.host}/{CHECKPOINTS}/{name}" for name in gone]
+    return Pruned(floor, removed)
+
+
+def _real_dirs(home: Path, folder: Path) -> bool:
+    """Every folder from `home` down to `folder` is a real folder, none a link."""
+    try:
+        return all(S_ISDIR(os.lstat(d).st_mode) for d in [folder, *folder.parents] if d == home or d.is_relative_to(home))
+    except OSError:
+        return False
+
+
+def _unlink(folder: Path, names: list[str]) -> list[str]:
+    gone = []
+    for name in names:
+        try:
+            (folder / name).unlink()
+            gone.append(name)
+        except FileNotFoundError:
+            pass
+    return gone
 
 
 def failure_lines(fetched: Fetched, checkpoints: str) -> list[str]:

@@ -6,11 +6,17 @@ home upload. A fetch therefore brings every host's small files first, manifests 
 then the checkpoints of one host: the one whose manifest lists the newest step. Only when that
 host's copy fails its checksum, or it stops answering, is the next one tried, until no host left
 claims a step newer than what is home and verified.
+
+`--prune` removes what the hosts no longer keep: the checkpoints meshrun brought home earlier that
+are older than the oldest step the hosts' manifests agree on (`agreed_floor`: a step two hosts list
+with the same sha256, so one compromised host claiming newer steps cannot make home drop the honest
+ones), each still as meshrun placed it (`prunable`: never a file you changed, never `best.pt`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from meshrun.layout import checkpoint_step
@@ -45,3 +51,21 @@ def worth_trying(claim: Claim, verified_home: int | None) -> bool:
     claims a step newer than the newest one a holder before it delivered and verified: the order
     is by claim, so once this is False, it is False for every holder after it too."""
     return verified_home is None or claim.newest > verified_home
+
+
+def agreed_floor(manifests: Sequence[Mapping[str, str]]) -> int | None:
+    """The oldest step the hosts' manifests (name -> sha256 each, as they answered) agree on: a
+    step's file listed with the same sha256 by two of them, or by the only one that lists any
+    (a run on one host); None when they agree on none (nothing is pruned then)."""
+    listing = [m for m in manifests if m]
+    need = min(2, len(listing))
+    votes = Counter((name, digest) for m in listing for name, digest in m.items())
+    steps = [checkpoint_step(name) for (name, _), count in votes.items() if need and count >= need]
+    return min((s for s in steps if s is not None), default=None)
+
+
+def prunable(placed: Mapping[str, str], present: Mapping[str, str], floor: int) -> list[str]:
+    """Of the checkpoints meshrun placed (`placed`: name -> the sha256 it placed), those still so here
+    (`present`: name -> sha256 now) whose step is older than `floor`: what --prune removes."""
+    return sorted(name for name, digest in placed.items()
+                  if present.get(name) == digest and (step := checkpoint_step(name)) is not None and step < floor)
