@@ -212,8 +212,8 @@ def leave(c, run="", hosts="", project="", runs_dir="", debug=False):
     "run": RUN_HELP, "dest": "where runs live locally (default: where this controller records them)",
     "force": "overwrite local files you changed that differ from the hosts' copies",
     "every_copy": "bring every host's copy of the checkpoints, not only the newest holder's",
-    "prune": "then remove the checkpoints fetched earlier that are older than the oldest step the hosts' manifests "
-             "agree on (never a file you changed, never best.pt)", "debug": DEBUG_HELP})
+    "prune": "then remove the checkpoints fetched earlier that are older than every host's oldest (all hosts "
+             "answering; never a file you changed, never best.pt)", "debug": DEBUG_HELP})
 @guarded
 def fetch_checkpoints(c, run="", dest="", force=False, every_copy=False, prune=False, project="", runs_dir="",
                       debug=False):

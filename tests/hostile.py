@@ -97,14 +97,21 @@ def manifest(*lines: bytes) -> bytes:
 def plant_run(testbed, host: int, inventory: Path, run: HostileRun) -> str:
     """Write `run` as host `host`'s run directory and record the run on the controller
     (`ROOT/runs/<id>/launch.json`); returns the run id."""
+    return plant_runs(testbed, {host: run}, inventory)
+
+
+def plant_runs(testbed, runs: dict[int, HostileRun], inventory: Path) -> str:
+    """`plant_run` for several hosts of one run: each host's run directory, one record naming them all."""
     run_id = new_run_id()
-    spec = {"dir": f"{HOST_WORKDIR}/runs/{run_id}",
-            "files": {k: base64.b64encode(v).decode() for k, v in run.files.items()},
-            "big": run.big, "modes": run.modes, "owners": run.owners, "links": run.links, "fifos": run.fifos,
-            "devices": run.devices}
-    testbed.exec(host, ["python3", "-c", _PLANT], input=json.dumps(spec), timeout=120)
-    name = f"h{host}"
-    RunRecord(run_id, str(inventory), (name,), time.time() - 3600, False, f"10.77.0.1{host}:29400").save(ROOT / "runs")
+    for host, run in runs.items():
+        spec = {"dir": f"{HOST_WORKDIR}/runs/{run_id}",
+                "files": {k: base64.b64encode(v).decode() for k, v in run.files.items()},
+                "big": run.big, "modes": run.modes, "owners": run.owners, "links": run.links, "fifos": run.fifos,
+                "devices": run.devices}
+        testbed.exec(host, ["python3", "-c", _PLANT], input=json.dumps(spec), timeout=120)
+    first = min(runs)
+    RunRecord(run_id, str(inventory), tuple(f"h{h}" for h in sorted(runs)), time.time() - 3600, False,
+              f"10.77.0.1{first}:29400").save(ROOT / "runs")
     return run_id
 
 

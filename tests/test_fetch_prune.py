@@ -10,6 +10,7 @@ from meshrun.deploy.commands.fetch import main
 from meshrun.deploy.edges.placed import read_placed
 from meshrun.deploy.run.manifest import manifest_text, parse_manifest
 from tests.localrun import local_h2_project
+from tests.test_fetch_partial import DEAD, LIVE, RUN as PARTIAL_RUN, _project
 
 RUN = "20260101-000000-prun"
 
@@ -66,3 +67,18 @@ def test_prune_through_a_folder_you_linked_elsewhere_removes_nothing_there(tmp_p
     _trained_to(run, [400])
     main(RUN, None, False, project, prune=True)
     assert (elsewhere / "ckpt-step000000300.pt").read_bytes() == b"weights at 300"
+
+
+def test_prune_removes_nothing_while_a_host_of_the_run_does_not_answer(tmp_path: Path, capsys) -> None:
+    """h3 is down and may keep older checkpoints than h2 lists (or h2 lies about what it keeps): nothing goes."""
+    project = _project(tmp_path, LIVE + DEAD.replace("h1", "h3"), ("h2", "h3"))
+    run = tmp_path / "w2/runs" / PARTIAL_RUN
+    home = project.runs / PARTIAL_RUN
+    _trained_to(run, [300, 400, 500])
+    main(PARTIAL_RUN, None, False, project)
+    _trained_to(run, [900])
+    capsys.readouterr()
+    assert main(PARTIAL_RUN, None, False, project, prune=True) == 1  # h3 not fetched
+    assert "prune: nothing removed: h3 did not answer, and may keep older checkpoints" in capsys.readouterr().out
+    assert (home / "checkpoints/ckpt-step000000300.pt").read_bytes() == b"weights at 300"
+    assert (home / "hosts/h2/checkpoints/ckpt-step000000300.pt").read_bytes() == b"weights at 300"

@@ -63,10 +63,7 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     assert "fab train --resume" in fetched.stdout
 
     assert_a_damaged_copy_is_not_kept(testbed, run_id, newest, manifest)
-    every = fab("fetch-checkpoints", "--run", run_id, "--every-copy")
-    assert every.returncode == 1 and f"checksum mismatch, not kept: h1:checkpoints/{newest}" in every.stderr
-    for host in ("h2", "h3"):
-        assert sha256(home / "hosts" / host / "checkpoints" / newest) == manifest[newest]
+    assert_every_copy_brings_each_hosts(run_id, newest, manifest)
 
     # The hosts lose every copy; `fab train --resume` pushes the fetched, verified checkpoints to the
     # rendezvous host with the controller's manifest, and the run continues from that step.
@@ -105,6 +102,15 @@ def assert_a_damaged_copy_is_not_kept(testbed, run_id: str, newest: str, manifes
     assert "checkpoints: taken from h1, h2 (" in again.stdout
     assert (home / "hosts/h2/metrics.rank1.jsonl").read_text() == "edited locally\n"
     assert "metrics.rank1.jsonl" in again.stdout  # listed as not overwritten
+
+
+def assert_every_copy_brings_each_hosts(run_id: str, newest: str, manifest: dict[str, str]) -> None:
+    """--every-copy: each host's checkpoints, h1's damaged one named and not kept."""
+    home = ROOT / "runs" / run_id
+    every = fab("fetch-checkpoints", "--run", run_id, "--every-copy")
+    assert every.returncode == 1 and f"checksum mismatch, not kept: h1:checkpoints/{newest}" in every.stderr
+    for host in ("h2", "h3"):
+        assert sha256(home / "hosts" / host / "checkpoints" / newest) == manifest[newest]
 
 
 def test_uneven_processes_over_the_wireguard_overlay(testbed_wg, make_inventory) -> None:

@@ -26,7 +26,7 @@ from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.render.console import HostProgress, Renderer
-from meshrun.deploy.run.fetchplan import Claim, agreed_floor, holder_order, newest_listed, prunable, worth_trying
+from meshrun.deploy.run.fetchplan import Claim, agreed_floor, holder_order, prunable, worth_trying
 from meshrun.deploy.run.manifest import manifest_text
 from meshrun.deploy.run.shell import local_workdir
 
@@ -101,13 +101,21 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     copies_from = [r.host for r in reports] if every_copy else []
     if not every_copy:
         by_name = {h.name: h for h in hosts}
-        newest = _newest_copies(reports, home, lambda h: transfers.each(ONLY_CHECKPOINTS, [by_name[h]], "checkpoints"))
-        for host, got in newest:
+        home_pairs = _home_pairs(home, reports)
+        passed_over: dict[str, MeshrunError] = {}
+        for host, got in _copies(reports, home, home_pairs, lambda h: transfers.each(ONLY_CHECKPOINTS, [by_name[h]],
+                                                                                        "checkpoints")):
             if isinstance(got, MeshrunError):
-                failed.setdefault(host, got)
+                passed_over[host] = got
             else:
                 _merge(reports, got)
                 copies_from.append(host)
+        for host, err in passed_over.items():
+            if not worth_trying(Claim(host, next(r.claimed for r in reports if r.host == host)), home_pairs):
+                renderer.warn(f"{err}; every checkpoint {host} lists came from another host")
+                shutil.rmtree(home / INCOMING / host, ignore_errors=True)  # its partial file: never resumed now
+            else:
+                failed.setdefault(host, err)
     _assemble_checkpoints(home, reports, force)
     incoming = home / INCOMING
     if incoming.is_dir() and not any(incoming.iterdir()):
@@ -116,28 +124,35 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     return Fetched(reports, failed, max((s for s in steps if s is not None), default=-1), copies_from)
 
 
-def _newest_copies(reports: list[FetchReport], home: Path, fetch: Callable[[str], HostResults[FetchReport]]
-                   ) -> Iterator[tuple[str, FetchReport | MeshrunError]]:
-    """The checkpoints of the holders `holder_order` ranks, one after the other, until no holder
-    left claims a step newer than one that came home verified (or that the local host's folder,
-    the run's own here, holds): a host whose copy fails its checksum or that stops answering
-    costs only the time to try the next."""
-    claims = [Claim(r.host, newest_listed(r.claimed), r.landed == home, _at_home(r), len(r.claimed)) for r in reports]
-    verified: int | None = None  # the newest step home and verified (-1: only best.pt); None: nothing yet
+def _copies(reports: list[FetchReport], home: Path, home_pairs: set[tuple[str, str]],
+            fetch: Callable[[str], HostResults[FetchReport]]) -> Iterator[tuple[str, FetchReport | MeshrunError]]:
+    """The checkpoints of the holders `holder_order` ranks, one after the other, each only while it
+    lists a file not home yet (`worth_trying`; `home_pairs` grows with what each one verified): a
+    host whose copy fails its checksum or that stops answering costs only the time to try the next."""
+    claims = [Claim(r.host, r.claimed, r.landed == home, _at_home(r)) for r in reports]
     for claim in holder_order(claims):
-        if not worth_trying(claim, verified):
-            return
-        if claim.here:
-            verified = claim.newest
+        if claim.here or not worth_trying(claim, home_pairs):
             continue
         results = fetch(claim.host)
         if claim.host in results.failed:
             yield claim.host, results.failed[claim.host]
             continue
         got = results.ok[claim.host]
-        if got.verified:
-            verified = max(-1 if verified is None else verified, got.newest_step)
+        home_pairs |= set(got.verified.items())
         yield claim.host, got
+
+
+def _home_pairs(home: Path, reports: list[FetchReport]) -> set[tuple[str, str]]:
+    """The checkpoints home now, (name, sha256) each: what the assembled `checkpoints/` lists (or
+    the local host's own folder, where the run lives here) and what an earlier fetch placed under a
+    host's tree, each still there (a file you deleted is fetched again; one you edited in place
+    counts as it was: yours, never overwritten anyway)."""
+    target, prefix = home / CHECKPOINTS, f"{CHECKPOINTS}/"
+    pairs = {(n, d) for n, d in read_host_manifest(target).digests().items() if is_regular(target / n)}
+    for report in (r for r in reports if r.landed != home):
+        pairs |= {(n.removeprefix(prefix), d) for n, d in read_placed(home, report.host).items()
+                  if n.startswith(prefix) and is_regular(report.landed / n)}
+    return pairs
 
 
 def _at_home(report: FetchReport) -> int:
@@ -146,10 +161,12 @@ def _at_home(report: FetchReport) -> int:
 
 
 def _merge(reports: list[FetchReport], extra: FetchReport) -> None:
-    """Fold a host's checkpoint transfer into its report of the first part."""
+    """Fold a host's checkpoint transfer into its report of the first part (its manifest, which
+    both parts bring, counted once)."""
     report = next(r for r in reports if r.host == extra.host)
+    counted = {*report.new, *report.unchanged, *report.conflicts, *report.updated}
     for listed in ("new", "unchanged", "conflicts", "corrupt", "updated"):
-        getattr(report, listed).extend(getattr(extra, listed))
+        getattr(report, listed).extend(n for n in getattr(extra, listed) if n not in counted)
     report.refused += [line for line in extra.refused if line not in report.refused]  # the manifest's, again
     report.placed.update(extra.placed)
     report.verified, report.newest_step, report.claimed = extra.verified, extra.newest_step, extra.claimed
@@ -252,7 +269,7 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
                                    "fetch runs into"))
     with fetch_lock(destination / record.run_id, record.run_id):  # one fetch of the run here at a time
         fetched = fetch_run(record, project.root, destination, force, renderer, every_copy)
-        pruned = prune_home(destination / record.run_id, fetched.reports) if prune else None
+        pruned = prune_home(destination / record.run_id, fetched.reports, record.members) if prune else None
     reports = fetched.reports
     script = record.workload.get("script")
     if fetched.copies_from and not every_copy:
@@ -281,22 +298,30 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
 
 @dataclass
 class Pruned:
-    floor: int | None  # the oldest step the hosts agree on (agreed_floor); None: nothing pruned
+    floor: int | None  # the oldest step every host keeps (agreed_floor); None: nothing pruned
     removed: list[str]  # relative to runs/<id>/
+    silent: list[str] = dataclasses.field(default_factory=list)  # hosts of the run that did not answer
 
     def line(self) -> str:
+        if self.silent:
+            return f"prune: nothing removed: {', '.join(self.silent)} did not answer, and may keep older checkpoints"
         if self.floor is None:
-            return "prune: no step two hosts' manifests list alike: nothing removed"
+            return "prune: no host lists a checkpoint: nothing removed"
         shown = ", ".join(self.removed[:6]) + (f" and {len(self.removed) - 6} more" if len(self.removed) > 6 else "")
         return (f"prune: removed {len(self.removed)} checkpoint file(s) older than step {self.floor}, which the hosts "
                 f"no longer keep" + (f": {shown}" if self.removed else ""))
 
 
-def prune_home(home: Path, reports: list[FetchReport]) -> Pruned:
+def prune_home(home: Path, reports: list[FetchReport], members: tuple[str, ...]) -> Pruned:
     """`--prune`: the checkpoints an earlier fetch brought that are older than `agreed_floor`, each
     still as meshrun placed it, go from the assembled `checkpoints/` (its manifest rewritten; not
     when it is a local host's own run folder) and from each host's tree (its `.placed` record too).
-    Only through real folders: a folder on the way that is a link (yours) is passed over."""
+    Only through real folders: a folder on the way that is a link (yours) is passed over. Only
+    when every host of the run's latest attempt answered: the floor is the oldest step any of
+    them keeps, and a host that did not answer may keep older ones."""
+    silent = [m for m in members if m not in {r.host for r in reports}]
+    if silent:
+        return Pruned(None, [], silent)
     floor = agreed_floor([r.claimed for r in reports])
     if floor is None:
         return Pruned(None, [])
