@@ -35,6 +35,16 @@ def _testbed_unavailable(reason: str) -> None:
     pytest.skip(f"simulated cluster unavailable: {reason}")
 
 
+
+@pytest.fixture(autouse=True)
+def _hints_repeat_no_flags_after_a_test() -> Iterator[None]:
+    """A task called through `guarded` (deploy/cli.py) makes later hints repeat its --inventory and
+    --project (deploy/render/console.repeat_in_hints): one process's state, so a test calling a task
+    would change the hints of the tests after it in the same worker."""
+    yield
+    from meshrun.deploy.render.console import repeat_in_hints
+    repeat_in_hints({})
+
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[SimCluster]:
     """3 simulated hosts h1..h3 (no overlay), up for the whole session.
