@@ -5,6 +5,7 @@ and that nothing is left once a profile is removed."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -12,8 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -29,6 +33,25 @@ H2 = "10.77.0.12"
 # iperf3 (seconds, omitted first seconds): at 150 ms RTT slow start needs ~1 s
 # to fill 50 Mbit/s; the omitted seconds keep it out of the figure.
 IPERF = {"lan": (2, 0), "home": (5, 2), "far": (8, 3)}
+# iperf3's send rate on an unshaped LAN (-b): its transfers assert "far above any profile" (> 1 Gbit/s on
+# `lan`, > 10x two-site's WAN). Bare veth: 4-25 Gbit/s for 1.3-2.8 CPU-s a 2 s transfer (ends + softirq); paced
+# 0.25-0.5. Not via tbf: the test bed's 64 kB burst splits GSO packets into MTU ones, as costly as bare. iperf3
+# (3.12) paces by its average since the start: a starved client catches up, reading min(this, the link's).
+LAN_PACE = "2G"
+
+
+@dataclass(frozen=True)
+class Paced:
+    """The cluster as measure.iperf drives it (measure.Runs), its iperf3 clients sending at most `rate`."""
+    bed: measure.Runs
+    rate: str
+
+    def exec(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        paced = [*argv, "-b", self.rate] if list(argv[:2]) == ["iperf3", "-c"] else list(argv)
+        return self.bed.exec(i, paced, **kwargs)
+
+    def popen(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        return self.bed.popen(i, argv, **kwargs)
 
 
 # ------------------------------------------------------------ pure parts ----
@@ -120,6 +143,17 @@ def test_two_sites_shape_only_the_traffic_between_sites() -> None:
          "ip", "src", "10.77.0.12/32", "flowid", "1:21"]] and len(near) == 10
 
 
+def test_paced_caps_only_measure_iperfs_client() -> None:
+    """On measure.iperf's own argv: a client not started as `iperf3 -c` would silently go unpaced."""
+    calls: list[tuple[int, list[str]]] = []
+    report = json.dumps({"end": {"sum_received": {"bits_per_second": 2e9}, "sum_sent": {}}})
+    bed = SimpleNamespace(
+        popen=lambda i, argv, **_: calls.append((i, list(argv))) or SimpleNamespace(poll=lambda: 0, wait=lambda _: 0),
+        exec=lambda i, argv, **_: calls.append((i, list(argv))) or subprocess.CompletedProcess(argv, 0, report, ""))
+    assert measure.iperf(Paced(bed, "2G"), 2, 1, H2, seconds=2) == measure.Transfer(2e9, 0)
+    assert calls == [(2, ["iperf3", "-s", "-1", "-B", H2]), (1, ["iperf3", "-c", H2, "-t", "2", "-O", "0", "-J", "-b", "2G"])]
+
+
 # ------------------------------------------------------- real namespaces ----
 @pytest.fixture
 def profiled_bed(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
@@ -172,11 +206,11 @@ def test_profile_rtt_and_throughput(profiled_bed: SimCluster, name: str) -> None
         assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in delayers if pid} <= {NETWORK_NICE}
         assert bed.processes(1, sessions=False) == []  # the delayer is infrastructure
         peers, controller = measure.ping(bed, 1, H2), measure.ping(None, 0, H2)
-        transfer = measure.iperf(bed, 2, 1, H2, seconds=seconds, omit=omit)
+        transfer = measure.iperf(bed if profile.rate_mbit else Paced(bed, LAN_PACE), 2, 1, H2, seconds=seconds, omit=omit)
     assert (peers.lost, controller.lost) == (0, 0)
     if profile.rate_mbit is None:
         assert peers.median_ms < 1.0 and controller.median_ms < 1.0
-        assert transfer.received_bits_per_second > 1e9  # unshaped: far above any profile
+        assert transfer.received_bits_per_second > 1e9  # unshaped: far above any profile (sent at LAN_PACE)
     else:
         assert_delay(peers, profile.rtt_ms, "RTT h1 <-> h2 (ms)")
         assert_delay(controller, profile.rtt_ms, "RTT controller <-> h2 (ms)")
@@ -193,7 +227,7 @@ def test_two_site_profile_shapes_and_delays_only_between_sites(profiled_bed: Sim
     with bed.profile("two-site") as profile:
         inside, between = measure.ping(bed, 1, H2), measure.ping(bed, 1, h3)
         controller_near, controller_far = measure.ping(None, 0, H2), measure.ping(None, 0, h3)
-        lan = measure.iperf(bed, 2, 1, H2, seconds=2, omit=0)
+        lan = measure.iperf(Paced(bed, LAN_PACE), 2, 1, H2, seconds=2, omit=0)
         # h1's packets to h2 took htb's direct queue: no class, no rate accounting on the LAN
         qdisc = bed.exec(1, ["tc", "-s", "qdisc", "show", "dev", "eth0"]).stdout
         wan = measure.iperf(bed, 3, 1, h3, seconds=5, omit=2)
