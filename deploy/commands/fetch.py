@@ -101,17 +101,17 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     copies_from = [r.host for r in reports] if every_copy else []
     if not every_copy:
         by_name = {h.name: h for h in hosts}
-        home_pairs = _home_pairs(home, reports)
+        home_pairs, trees = _assembled_pairs(home), {r.host: _tree_pairs(home, r) for r in reports}
         passed_over: dict[str, MeshrunError] = {}
-        for host, got in _copies(reports, home, home_pairs, lambda h: transfers.each(ONLY_CHECKPOINTS, [by_name[h]],
-                                                                                        "checkpoints")):
+        for host, got in _copies(reports, home, home_pairs, trees, lambda h: transfers.each(ONLY_CHECKPOINTS, [by_name[h]],
+                                                                                               "checkpoints")):
             if isinstance(got, MeshrunError):
                 passed_over[host] = got
             else:
                 _merge(reports, got)
                 copies_from.append(host)
         for host, err in passed_over.items():
-            if not worth_trying(Claim(host, next(r.claimed for r in reports if r.host == host)), home_pairs):
+            if not worth_trying(Claim(host, next(r.claimed for r in reports if r.host == host)), home_pairs | trees[host]):
                 renderer.warn(f"{err}; every checkpoint {host} lists came from another host")
                 shutil.rmtree(home / INCOMING / host, ignore_errors=True)  # its partial file: never resumed now
             else:
@@ -125,13 +125,20 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
 
 
 def _copies(reports: list[FetchReport], home: Path, home_pairs: set[tuple[str, str]],
-            fetch: Callable[[str], HostResults[FetchReport]]) -> Iterator[tuple[str, FetchReport | MeshrunError]]:
+            trees: Mapping[str, set[tuple[str, str]]], fetch: Callable[[str], HostResults[FetchReport]]
+            ) -> Iterator[tuple[str, FetchReport | MeshrunError]]:
     """The checkpoints of the holders `holder_order` ranks, one after the other, each only while it
-    lists a file not home yet (`worth_trying`; `home_pairs` grows with what each one verified): a
-    host whose copy fails its checksum or that stops answering costs only the time to try the next."""
+    lists a file not home (`worth_trying`): a host whose copy fails its checksum or that stops
+    answering costs only the time to try the next. Home for a holder of the newest step is the
+    assembled `checkpoints/` (`home_pairs`, growing with what each holder verified), which is what
+    it is fetched for; for another, its own tree here too (`trees`: it is fetched for what only it
+    holds, and a file an earlier fetch brought it is home)."""
     claims = [Claim(r.host, r.claimed, r.landed == home, _at_home(r)) for r in reports]
-    for claim in holder_order(claims):
-        if claim.here or not worth_trying(claim, home_pairs):
+    order = holder_order(claims)
+    top = max((c.newest for c in order), default=-1)
+    for claim in order:
+        have = home_pairs if claim.newest == top else home_pairs | trees.get(claim.host, set())
+        if claim.here or not worth_trying(claim, have):
             continue
         results = fetch(claim.host)
         if claim.host in results.failed:
@@ -142,17 +149,21 @@ def _copies(reports: list[FetchReport], home: Path, home_pairs: set[tuple[str, s
         yield claim.host, got
 
 
-def _home_pairs(home: Path, reports: list[FetchReport]) -> set[tuple[str, str]]:
-    """The checkpoints home now, (name, sha256) each: what the assembled `checkpoints/` lists (or
-    the local host's own folder, where the run lives here) and what an earlier fetch placed under a
-    host's tree, each still there (a file you deleted is fetched again; one you edited in place
-    counts as it was: yours, never overwritten anyway)."""
-    target, prefix = home / CHECKPOINTS, f"{CHECKPOINTS}/"
-    pairs = {(n, d) for n, d in read_host_manifest(target).digests().items() if is_regular(target / n)}
-    for report in (r for r in reports if r.landed != home):
-        pairs |= {(n.removeprefix(prefix), d) for n, d in read_placed(home, report.host).items()
-                  if n.startswith(prefix) and is_regular(report.landed / n)}
-    return pairs
+def _assembled_pairs(home: Path) -> set[tuple[str, str]]:
+    """The checkpoints the assembled `checkpoints/` holds, (name, sha256) each: what its manifest
+    lists (or the local host's own, where the run lives here), each still there (a file you
+    deleted is fetched again; one you edited in place counts as it was: yours, never overwritten)."""
+    target = home / CHECKPOINTS
+    return {(n, d) for n, d in read_host_manifest(target).digests().items() if is_regular(target / n)}
+
+
+def _tree_pairs(home: Path, report: FetchReport) -> set[tuple[str, str]]:
+    """The checkpoints an earlier fetch placed under this host's tree here and still there."""
+    if report.landed == home:
+        return set()
+    prefix = f"{CHECKPOINTS}/"
+    return {(n.removeprefix(prefix), d) for n, d in read_placed(home, report.host).items()
+            if n.startswith(prefix) and is_regular(report.landed / n)}
 
 
 def _at_home(report: FetchReport) -> int:
