@@ -3,6 +3,7 @@ world size; config validation. Local torchrun, gloo on CPU, 2 ranks."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,12 +31,21 @@ def test_config_rejects_start_iter_of_one_and_unknown_hooks() -> None:
 
 
 @pytest.mark.slow
-def test_powersgd_resumes_with_its_state_exactly(tmp_path: Path) -> None:
-    straight, broken = tmp_path / "straight", tmp_path / "broken"
+def test_powersgd_resumes_with_its_state_exactly_and_resets_it_on_a_new_world_size(
+        tmp_path: Path) -> None:
+    """One run stopped at step 30, resumed from two copies of it: on the same 2 processes (exact,
+    with the saved state) and on 3 (state reset). A copy, not a second stopped run: seeds are
+    fixed, so a second run with the same arguments writes the same checkpoints."""
+    straight, broken, wider = tmp_path / "straight", tmp_path / "broken", tmp_path / "wider"
     assert train(straight, *POWERSGD).returncode == 0
     stopped = train(broken, *POWERSGD, "debug.stop_after_step=30")
     assert stopped.returncode != 0 and "debug.stop_after_step=30" in stopped.stderr
+    shutil.copytree(broken, wider)
+    check_powersgd_resumes_with_its_state_exactly(straight, broken)
+    check_new_world_size_resets_the_hook_state(wider)
 
+
+def check_powersgd_resumes_with_its_state_exactly(straight: Path, broken: Path) -> None:
     saved = load_file(broken / "checkpoints" / checkpoint_name(30))["comm"]
     assert (saved["hook"], saved["world_size"], len(saved["ranks"])) == ("powersgd", 2, 2)
     ranks = [r["powersgd"] for r in saved["ranks"]]
@@ -52,10 +62,7 @@ def test_powersgd_resumes_with_its_state_exactly(tmp_path: Path) -> None:
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
-@pytest.mark.slow
-def test_new_world_size_resets_the_hook_state(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    assert train(run, *POWERSGD, "debug.stop_after_step=30").returncode != 0
+def check_new_world_size_resets_the_hook_state(run: Path) -> None:
     resumed = train(run, *POWERSGD, nproc=3)
     assert resumed.returncode == 0, resumed.stderr
     assert ("comm: world size changed (2 -> 3): powersgd hook state reset (per-rank error "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,20 @@ def final_model(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_mid_epoch_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
-    straight, broken = tmp_path / "straight", tmp_path / "broken"
+def test_mid_epoch_resume_is_exact_and_fewer_processes_use_each_sample_once(tmp_path: Path) -> None:
+    """One run stopped at step 30, resumed from two copies of it: on the same 2 processes (exact)
+    and on one. A copy, not a second stopped run: seeds are fixed, so a second run with the same
+    arguments writes the same checkpoints, and each stopped run costs a torchrun start."""
+    straight, broken, fewer = tmp_path / "straight", tmp_path / "broken", tmp_path / "fewer"
     assert train(straight, *COMMON).returncode == 0
     stopped = train(broken, *COMMON, "debug.stop_after_step=30")
     assert stopped.returncode != 0 and "debug.stop_after_step=30" in stopped.stderr
+    shutil.copytree(broken, fewer)
+    check_mid_epoch_resume_matches_uninterrupted_run(straight, broken)
+    check_resume_on_fewer_processes_uses_each_sample_once(fewer)
+
+
+def check_mid_epoch_resume_matches_uninterrupted_run(straight: Path, broken: Path) -> None:
     resumed = train(broken, *COMMON)
     assert resumed.returncode == 0, resumed.stderr
 
@@ -39,10 +49,7 @@ def test_mid_epoch_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert abs(eb[1]["train_loss"] - ea[1]["train_loss"]) <= 1e-6
 
 
-@pytest.mark.slow
-def test_resume_on_fewer_processes_uses_each_sample_once(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    assert train(run, *COMMON, "debug.stop_after_step=30").returncode != 0  # torchrun: 1
+def check_resume_on_fewer_processes_uses_each_sample_once(run: Path) -> None:
     resumed = train(run, *COMMON, nproc=0)  # plain process: world size 1, no process group
     assert resumed.returncode == 0, resumed.stderr
     resume = records(run, kind="resume")[0]
