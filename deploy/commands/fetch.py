@@ -38,7 +38,7 @@ PLACE_S = 600  # after the transfer: hashing and placing what came, on this mach
 @dataclass
 class Fetched:
     reports: list[FetchReport]  # the hosts whose files came home, in the run's host order
-    failed: dict[str, MeshrunError]  # host -> why nothing of it came home this time (unreachable, say)
+    failed: dict[str, MeshrunError]  # host -> why it (or the checkpoints only it lists) did not come home this time
     newest_step: int  # the newest step `runs/<id>/checkpoints/`'s manifest lists (-1: none)
     copies_from: list[str] = dataclasses.field(default_factory=list)  # the hosts whose checkpoints came, in order
 
