@@ -82,3 +82,4 @@ def test_prune_removes_nothing_while_a_host_of_the_run_does_not_answer(tmp_path:
     assert "prune: nothing removed: h3 did not answer, and may keep older checkpoints" in capsys.readouterr().out
     assert (home / "checkpoints/ckpt-step000000300.pt").read_bytes() == b"weights at 300"
     assert (home / "hosts/h2/checkpoints/ckpt-step000000300.pt").read_bytes() == b"weights at 300"
+

@@ -115,7 +115,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
                 renderer.warn(f"{err}; every checkpoint {host} lists came from another host")
                 shutil.rmtree(home / INCOMING / host, ignore_errors=True)  # its partial file: never resumed now
             else:
-                failed.setdefault(host, err)
+                failed.setdefault(host, MeshrunError(f"{err}; its logs and metrics came home, its checkpoints did not"))
     _assemble_checkpoints(home, reports, force)
     incoming = home / INCOMING
     if incoming.is_dir() and not any(incoming.iterdir()):
