@@ -277,7 +277,7 @@ def test_force_fetches_without_a_basis_and_replaces_a_changed_file_with_the_host
 def test_a_trainer_run_sends_its_checkpoints_once_and_a_script_run_sends_all_it_wrote(tmp_path: Path,
                                                                                     monkeypatch) -> None:
     """The built-in trainer's run: the first transfer brings the logs and the manifest, no
-    checkpoint (every host holds the same copy: only the newest holder's come, in the second).
+    checkpoint (the hosts hold the same copy: only the newest holder's come, in the second).
     A `--script` run: the script's own files in its run directory's checkpoints/, listed in no
     manifest, come home in the one transfer (before the fix a script's checkpoints stayed on the
     hosts, if the two parts had applied to it)."""

@@ -45,23 +45,7 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
         assert testbed.exec(int(host[1]), ["test", "-f", "/root/meshrun/deploy/host/agent.py"], check=False).returncode == 0
     assert not run_processes(run_id)
 
-    fetched = fab("fetch-checkpoints", "--run", run_id)
-    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
-    home = ROOT / "runs" / run_id
-    manifest = dict(reversed(line.split("  ")) for line in (home / "checkpoints/MANIFEST.sha256").read_text().splitlines())
-    newest = sorted(n for n in manifest if n.startswith("ckpt-step"))[-1]
-    assert sha256(home / "checkpoints" / newest) == manifest[newest]
-    state = load_file(home / "checkpoints" / newest)  # weights_only: runs no code
-    assert state["world_size"] == 3 and "model" in state
-    # Every host wrote a complete, byte-identical copy: one host's crossed the link, the others'
-    # manifests (and logs) only.
-    assert sha256(home / "hosts/h1/checkpoints" / newest) == manifest[newest]
-    assert "checkpoints: taken from h1 (every host holds the same copy" in fetched.stdout
-    for host in ("h2", "h3"):
-        assert sorted(p.name for p in (home / "hosts" / host / "checkpoints").iterdir()) == ["MANIFEST.sha256"]
-    assert (home / "hosts/h2").is_dir() and (home / "hosts/h1/metrics.jsonl").exists()
-    assert "fab train --resume" in fetched.stdout
-
+    manifest, newest = assert_one_holders_copy_comes_home(run_id)
     assert_a_damaged_copy_is_not_kept(testbed, run_id, newest, manifest)
     assert_every_copy_brings_each_hosts(run_id, newest, manifest)
 
@@ -82,6 +66,26 @@ def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path
     lines = testbed.exec(1, ["cat", f"/root/meshrun/runs/{run_id}/metrics.jsonl"]).stdout.splitlines()
     resumes = [r for r in map(json.loads, lines) if r.get("kind") == "resume"]
     assert resumes and resumes[-1]["from_step"] == step
+
+
+def assert_one_holders_copy_comes_home(run_id: str) -> tuple[dict[str, str], str]:
+    """The fetch: verified checkpoints assembled, h1's copy of them home (every host wrote a
+    complete, byte-identical one: one crossed the link, the others' manifests and logs only)."""
+    fetched = fab("fetch-checkpoints", "--run", run_id)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    home = ROOT / "runs" / run_id
+    manifest = dict(reversed(line.split("  ")) for line in (home / "checkpoints/MANIFEST.sha256").read_text().splitlines())
+    newest = sorted(n for n in manifest if n.startswith("ckpt-step"))[-1]
+    assert sha256(home / "checkpoints" / newest) == manifest[newest]
+    state = load_file(home / "checkpoints" / newest)  # weights_only: runs no code
+    assert state["world_size"] == 3 and "model" in state
+    assert sha256(home / "hosts/h1/checkpoints" / newest) == manifest[newest]
+    assert "checkpoints: taken from h1 (the hosts hold the same copy" in fetched.stdout
+    for host in ("h2", "h3"):
+        assert sorted(p.name for p in (home / "hosts" / host / "checkpoints").iterdir()) == ["MANIFEST.sha256"]
+    assert (home / "hosts/h2").is_dir() and (home / "hosts/h1/metrics.jsonl").exists()
+    assert "fab train --resume" in fetched.stdout
+    return manifest, newest
 
 
 def assert_a_damaged_copy_is_not_kept(testbed, run_id: str, newest: str, manifest: dict[str, str]) -> None:

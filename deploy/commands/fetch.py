@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from stat import S_ISDIR, S_ISREG
+from stat import S_ISDIR
 from pathlib import Path
 
-from meshrun.fsutil import atomic_write_bytes, sha256_file
-from meshrun.layout import BEST_CHECKPOINT, CHECKPOINT_MANIFEST, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
+from meshrun.layout import BEST_CHECKPOINT, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.fetch import BUT_CHECKPOINTS, EVERYTHING, FETCH_ATTEMPTS, FETCH_TIMEOUT_S, \
-    ONLY_CHECKPOINTS, FetchReport, fetch_argv, fetch_lock, fetch_verified, place, prepare_staging, read_host_manifest, \
+    ONLY_CHECKPOINTS, RESUMES, FetchReport, fetch_argv, fetch_lock, fetch_verified, place, prepare_staging, read_host_manifest, \
     remove_staging, skip_lines, stage_verified
-from meshrun.deploy.edges.placed import drop_journal, journal_to, placed_after, read_journal, read_placed, save_placed
+from meshrun.deploy.edges.prune import prune_home
+from meshrun.deploy.edges.placed import drop_journal, hashes_of, journal_to, placed_after, read_journal, read_placed, \
+    save_placed, write_assembled_manifest
 from meshrun.deploy.edges.staging import Staging, fetch_basis, is_regular
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError, MeshrunError
@@ -26,8 +26,7 @@ from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.render.console import HostProgress, Renderer
-from meshrun.deploy.run.fetchplan import Claim, agreed_floor, holder_order, prunable, worth_trying
-from meshrun.deploy.run.manifest import manifest_text
+from meshrun.deploy.run.fetchplan import Claim, holder_order, newest_listed, worth_trying
 from meshrun.deploy.run.shell import local_workdir
 
 INCOMING = ".incoming"  # staging, per host; `.checkpoints` (not a host name) for the assembly
@@ -102,17 +101,20 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     if not every_copy:
         by_name = {h.name: h for h in hosts}
         home_pairs, trees = _assembled_pairs(home), {r.host: _tree_pairs(home, r) for r in reports}
+        top = max((newest_listed(r.claimed) for r in reports), default=-1)
         passed_over: dict[str, MeshrunError] = {}
-        for host, got in _copies(reports, home, home_pairs, trees, lambda h: transfers.each(ONLY_CHECKPOINTS, [by_name[h]],
-                                                                                               "checkpoints")):
+        for host, got in _copies(reports, home, _HomeRule(home_pairs, trees, top),
+                                 lambda h: transfers.each(ONLY_CHECKPOINTS, [by_name[h]], "checkpoints")):
             if isinstance(got, MeshrunError):
                 passed_over[host] = got
             else:
                 _merge(reports, got)
                 copies_from.append(host)
         for host, err in passed_over.items():
-            if not worth_trying(Claim(host, next(r.claimed for r in reports if r.host == host)), home_pairs | trees[host]):
-                renderer.warn(f"{err}; every checkpoint {host} lists came from another host")
+            claim = Claim(host, next(r.claimed for r in reports if r.host == host))
+            if not worth_trying(claim, _HomeRule(home_pairs, trees, top).of(claim)):
+                renderer.warn(f"{str(err).replace(f'; {RESUMES}', '')}; every checkpoint {host} lists came from "
+                              "another host")
                 shutil.rmtree(home / INCOMING / host, ignore_errors=True)  # its partial file: never resumed now
             else:
                 failed.setdefault(host, MeshrunError(f"{err}; its logs and metrics came home, its checkpoints did not"))
@@ -124,28 +126,36 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     return Fetched(reports, failed, max((s for s in steps if s is not None), default=-1), copies_from)
 
 
-def _copies(reports: list[FetchReport], home: Path, home_pairs: set[tuple[str, str]],
-            trees: Mapping[str, set[tuple[str, str]]], fetch: Callable[[str], HostResults[FetchReport]]
+@dataclass
+class _HomeRule:
+    """What counts as home for a holder: for one of the newest step, the assembled `checkpoints/`
+    (`assembled`, growing with what each holder verified), which is what it is fetched for; for
+    another, its own tree here too (`trees`: it is fetched for what only it holds, and a file an
+    earlier fetch brought it is home)."""
+
+    assembled: set[tuple[str, str]]
+    trees: Mapping[str, set[tuple[str, str]]]
+    top: int  # the newest step any host lists
+
+    def of(self, claim: Claim) -> set[tuple[str, str]]:
+        return self.assembled if claim.newest == self.top else self.assembled | self.trees.get(claim.host, set())
+
+
+def _copies(reports: list[FetchReport], home: Path, rule: _HomeRule, fetch: Callable[[str], HostResults[FetchReport]]
             ) -> Iterator[tuple[str, FetchReport | MeshrunError]]:
     """The checkpoints of the holders `holder_order` ranks, one after the other, each only while it
-    lists a file not home (`worth_trying`): a host whose copy fails its checksum or that stops
-    answering costs only the time to try the next. Home for a holder of the newest step is the
-    assembled `checkpoints/` (`home_pairs`, growing with what each holder verified), which is what
-    it is fetched for; for another, its own tree here too (`trees`: it is fetched for what only it
-    holds, and a file an earlier fetch brought it is home)."""
+    lists a file not home (`worth_trying`, by `rule`): a host whose copy fails its checksum or that
+    stops answering costs only the time to try the next."""
     claims = [Claim(r.host, r.claimed, r.landed == home, _at_home(r)) for r in reports]
-    order = holder_order(claims)
-    top = max((c.newest for c in order), default=-1)
-    for claim in order:
-        have = home_pairs if claim.newest == top else home_pairs | trees.get(claim.host, set())
-        if claim.here or not worth_trying(claim, have):
+    for claim in holder_order(claims):
+        if claim.here or not worth_trying(claim, rule.of(claim)):
             continue
         results = fetch(claim.host)
         if claim.host in results.failed:
             yield claim.host, results.failed[claim.host]
             continue
         got = results.ok[claim.host]
-        home_pairs |= set(got.verified.items())
+        rule.assembled |= set(got.verified.items())
         yield claim.host, got
 
 
@@ -209,8 +219,8 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
           on_placed=journal_to(home, ASSEMBLY) if ours else None, grow=False)
     shutil.rmtree(assembly)
     if ours:
-        present = _hashes(target, set(previous) | {n for r in reports for n in r.verified})
-        _write_manifest(target, vouched(present, [r.verified for r in reports], previous), combined)
+        present = hashes_of(target, set(previous) | {n for r in reports for n in r.verified})
+        write_assembled_manifest(target, vouched(present, [r.verified for r in reports], previous), combined)
         drop_journal(home, ASSEMBLY)
     best.kept_home += [c for c in combined.conflicts if c not in best.kept_home]  # relative to runs/<id>/
     best.refused += combined.refused
@@ -238,34 +248,6 @@ def vouched(present: Mapping[str, str], verified: Iterable[Mapping[str, str]],
     return {name: digest for name, digest in present.items() if (name, digest) in now or previous.get(name) == digest}
 
 
-def _hashes(directory: Path, names: Iterable[str]) -> dict[str, str]:
-    """{name: sha256} of the regular files of `directory` among `names` (links not followed)."""
-    return {name: sha256_file(directory / name) for name in sorted(names) if _regular(directory / name)}
-
-
-def _write_manifest(directory: Path, entries: dict[str, str], report: FetchReport) -> None:
-    """Write the assembled manifest atomically (never through a link, as os.replace swaps the
-    name itself), unless the folder is not a real one (place said so) or the manifest's name is
-    a folder or link of yours (a conflict, as place would call it)."""
-    try:
-        if not S_ISDIR(os.lstat(directory).st_mode):
-            return
-    except FileNotFoundError:
-        return  # nothing was placed
-    path, text = directory / CHECKPOINT_MANIFEST, manifest_text(entries).encode()
-    if os.path.lexists(path) and not _regular(path):
-        report.conflicts.append(f"{CHECKPOINTS}/{CHECKPOINT_MANIFEST}")
-    elif not _regular(path) or os.lstat(path).st_size != len(text) or path.read_bytes() != text:
-        atomic_write_bytes(path, text)
-
-
-def _regular(path: Path) -> bool:
-    try:
-        return S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def main(run: str | None, dest: str | None, force: bool, project: Project, every_copy: bool = False,
          prune: bool = False) -> int:
     """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum, its
@@ -284,8 +266,10 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
     reports = fetched.reports
     script = record.workload.get("script")
     if fetched.copies_from and not every_copy:
-        renderer.info(f"checkpoints: taken from {', '.join(fetched.copies_from)} (every host holds the same copy; "
-                      "--every-copy brings each host's)")
+        renderer.info(f"checkpoints: taken from {fetched.copies_from[0]} (the hosts hold the same copy; --every-copy "
+                      "brings each host's)" if len(fetched.copies_from) == 1 else
+                      f"checkpoints: taken from {', '.join(fetched.copies_from)} (each for what the hosts before it "
+                      "did not deliver: a file only it holds, or one whose copy failed)")
     renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports,
                            script if isinstance(script, str) else None)
     if pruned is not None:
@@ -300,90 +284,29 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
     # A host only an earlier attempt used (left out by --resume, often dead) costs a warning.
     failed = {h: err for h, err in fetched.failed.items() if h not in record.earlier}
     for host in [h for h in fetched.failed if h not in failed]:
-        renderer.warn(f"{fetched.failed[host]}; {host} is a host of an earlier attempt of this run: its files stay "
-                      "there until it answers")
+        renderer.warn(f"{fetched.failed[host]}; {host} is a host of an earlier attempt of this run: what did not "
+                      "come stays there until a fetch reaches it")
     for line in failure_lines(dataclasses.replace(fetched, failed=failed), str(destination / record.run_id / CHECKPOINTS)):
         renderer.error(line)
     return 1 if corrupt or failed or any(r.refused for r in reports) else 0
 
 
-@dataclass
-class Pruned:
-    floor: int | None  # the oldest step every host keeps (agreed_floor); None: nothing pruned
-    removed: list[str]  # relative to runs/<id>/
-    silent: list[str] = dataclasses.field(default_factory=list)  # hosts of the run that did not answer
-
-    def line(self) -> str:
-        if self.silent:
-            return f"prune: nothing removed: {', '.join(self.silent)} did not answer, and may keep older checkpoints"
-        if self.floor is None:
-            return "prune: no host lists a checkpoint: nothing removed"
-        shown = ", ".join(self.removed[:6]) + (f" and {len(self.removed) - 6} more" if len(self.removed) > 6 else "")
-        return (f"prune: removed {len(self.removed)} checkpoint file(s) older than step {self.floor}, which the hosts "
-                f"no longer keep" + (f": {shown}" if self.removed else ""))
-
-
-def prune_home(home: Path, reports: list[FetchReport], members: tuple[str, ...]) -> Pruned:
-    """`--prune`: the checkpoints an earlier fetch brought that are older than `agreed_floor`, each
-    still as meshrun placed it, go from the assembled `checkpoints/` (its manifest rewritten; not
-    when it is a local host's own run folder) and from each host's tree (its `.placed` record too).
-    Only through real folders: a folder on the way that is a link (yours) is passed over. Only
-    when every host of the run's latest attempt answered: the floor is the oldest step any of
-    them keeps, and a host that did not answer may keep older ones."""
-    silent = [m for m in members if m not in {r.host for r in reports}]
-    if silent:
-        return Pruned(None, [], silent)
-    floor = agreed_floor([r.claimed for r in reports])
-    if floor is None:
-        return Pruned(None, [])
-    removed: list[str] = []
-    target = home / CHECKPOINTS
-    if not any(r.landed == home for r in reports) and _real_dirs(home, target):
-        listed = read_host_manifest(target).digests()
-        gone = _unlink(target, prunable(listed, _hashes(target, listed), floor))
-        if gone:
-            _write_manifest(target, {n: d for n, d in listed.items() if n not in gone}, FetchReport("", target))
-        removed += [f"{CHECKPOINTS}/{name}" for name in gone]
-    for report in (r for r in reports if r.landed != home):
-        tree, prefix = report.landed / CHECKPOINTS, f"{CHECKPOINTS}/"
-        if not _real_dirs(home, tree):
-            continue
-        record = read_placed(home, report.host)
-        mine = {n.removeprefix(prefix): d for n, d in record.items() if n.startswith(prefix)}
-        gone = _unlink(tree, prunable(mine, _hashes(tree, mine), floor))
-        if gone:
-            save_placed(home, report.host, {n: d for n, d in record.items() if n.removeprefix(prefix) not in gone})
-        removed += [f"{HOSTS}/{report.host}/{CHECKPOINTS}/{name}" for name in gone]
-    return Pruned(floor, removed)
-
-
-def _real_dirs(home: Path, folder: Path) -> bool:
-    """Every folder from `home` down to `folder` is a real folder, none a link."""
-    try:
-        return all(S_ISDIR(os.lstat(d).st_mode) for d in [folder, *folder.parents] if d == home or d.is_relative_to(home))
-    except OSError:
-        return False
-
-
-def _unlink(folder: Path, names: list[str]) -> list[str]:
-    gone = []
-    for name in names:
-        try:
-            (folder / name).unlink()
-            gone.append(name)
-        except FileNotFoundError:
-            pass
-    return gone
-
-
 def failure_lines(fetched: Fetched, checkpoints: str) -> list[str]:
-    """One line per host that sent nothing (its own error), then what is home all the same. A
-    host that answered but sent damaged files is not here: it is a checksum mismatch."""
+    """One line per host that sent nothing, or whose checkpoints did not come (its own error), then
+    what is home all the same. A host that answered but sent damaged files is not here: it is a
+    checksum mismatch."""
     if not fetched.failed:
         return []
-    names, one = ", ".join(fetched.failed), len(fetched.failed) == 1
-    home = (f"the other hosts' files are home and {checkpoints}/ lists verified checkpoints up to step "
-            f"{fetched.newest_step}" if fetched.newest_step >= 0 else "no verified checkpoint of this run is home")
-    return [str(err) for err in fetched.failed.values()] + [
-        f"not fetched: {names}; {home}; fetch again when {names} {'is' if one else 'are'} back to bring "
-        f"{'its' if one else 'their'} files home"]
+    answered = {r.host for r in fetched.reports}
+    gone = [h for h in fetched.failed if h not in answered]
+    listed = f"{checkpoints}/ lists verified checkpoints up to step {fetched.newest_step}"
+    errors = [str(err) for err in fetched.failed.values()]
+    if not gone:  # each answered: its logs came, its checkpoints did not
+        names = ", ".join(fetched.failed)
+        return errors + [f"{listed if fetched.newest_step >= 0 else 'no verified checkpoint of this run is home'}; "
+                         f"fetch again to bring {names}'s checkpoints"]
+    names, one = ", ".join(gone), len(gone) == 1
+    home = (f"the other hosts' files are home and {listed}" if fetched.newest_step >= 0
+            else "no verified checkpoint of this run is home")
+    return errors + [f"not fetched: {names}; {home}; fetch again when {names} {'is' if one else 'are'} back to bring "
+                     f"{'its' if one else 'their'} files home"]

@@ -49,6 +49,7 @@ SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')
 REPORTED_SKIPS = 20
 FETCH_TIMEOUT_S = 3600  # one host's whole transfer (checkpoints of a large model over a slow link)
 BASIS_OPTION = "--copy-dest="  # rsync reads unchanged files from the basis, changed ones as its differences
+RESUMES = "the transfer resumes where it stopped"  # a failed transfer's hint: its partial file stays in staging
 FETCH_ATTEMPTS = 2  # transfers of a host whose checkpoints fail their checksum, before they are called damaged
 
 
@@ -157,7 +158,7 @@ def transfer(argv: list[str], host: str, progress: Callable[[str, int], None],
     skipped = Skips()
     # No promise that a retry works now: the host may be down for good (a lost rendezvous host).
     run_rsync(argv, host=host, what="fetch", timeout=timeout,
-              hint="fetch again once the host answers; the transfer resumes where it stopped",
+              hint=f"fetch again once the host answers; {RESUMES}",
               on_line=lambda line: _read_line(line, host, progress, skipped), success=(0, RSYNC_VANISHED_EXIT))
     progress(host, 100)
     return skipped

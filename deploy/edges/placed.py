@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from stat import S_ISDIR
 
-from meshrun.fsutil import FileRefused, atomic_write_json, read_regular
+from meshrun.fsutil import FileRefused, atomic_write_bytes, atomic_write_json, read_regular, sha256_file
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS
 from meshrun.deploy.edges.fetch import FetchReport
+from meshrun.deploy.edges.staging import is_regular
+from meshrun.deploy.run.manifest import manifest_text
 
 PLACED = ".placed"  # per host, what the last fetch placed under hosts/<host>/ (read_placed)
 PLACED_MAX = 64 << 20  # a record of every file of a host's run folder: a sha256 and a name each
@@ -92,3 +96,24 @@ def save_placed(home: Path, host: str, placed: Mapping[str, str]) -> None:
     (home / PLACED).mkdir(parents=True, exist_ok=True)
     atomic_write_json(home / PLACED / f"{host}.json", dict(placed))
     drop_journal(home, host)
+
+
+def hashes_of(directory: Path, names: Iterable[str]) -> dict[str, str]:
+    """{name: sha256} of the regular files of `directory` among `names` (links not followed)."""
+    return {name: sha256_file(directory / name) for name in sorted(names) if is_regular(directory / name)}
+
+
+def write_assembled_manifest(directory: Path, entries: dict[str, str], report: FetchReport) -> None:
+    """Write the assembled manifest atomically (never through a link, as os.replace swaps the
+    name itself), unless the folder is not a real one (place said so) or the manifest's name is
+    a folder or link of yours (a conflict, as place would call it)."""
+    try:
+        if not S_ISDIR(os.lstat(directory).st_mode):
+            return
+    except FileNotFoundError:
+        return  # nothing was placed
+    path, text = directory / CHECKPOINT_MANIFEST, manifest_text(entries).encode()
+    if os.path.lexists(path) and not is_regular(path):
+        report.conflicts.append(f"{CHECKPOINTS}/{CHECKPOINT_MANIFEST}")
+    elif not is_regular(path) or os.lstat(path).st_size != len(text) or path.read_bytes() != text:
+        atomic_write_bytes(path, text)
