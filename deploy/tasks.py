@@ -215,8 +215,8 @@ def leave(c, run="", hosts="", project="", runs_dir="", debug=False):
     "prune": "then remove the checkpoints fetched earlier that are older than every host's oldest (all hosts "
              "answering; never a file you changed, never best.pt)", "debug": DEBUG_HELP})
 @guarded
-def fetch_checkpoints(c, run="", dest="", force=False, every_copy=False, prune=False, project="", runs_dir="",
-                      debug=False):
+def fetch_checkpoints(c, run="", dest="", force=False, project="", runs_dir="", debug=False, every_copy=False,
+                      prune=False):  # new flags last: the older ones keep their short forms (-p is --project)
     """Bring a run home: verified checkpoints + manifest, and every host's logs and metrics."""
     from meshrun.deploy.commands.fetch import main
 
