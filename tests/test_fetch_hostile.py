@@ -157,6 +157,15 @@ def refetch_is_clean(run_id: str, name: str, digest: str) -> None:
     assert not (home / ".incoming").exists(), sorted(str(p.relative_to(home)) for p in (home / ".incoming").rglob("*"))
 
 
+def staged_over(staging: Path, size: int) -> bool:
+    """A file over `size` bytes is in the staging folder: the checkpoint part is crossing. The
+    folder goes and comes back between the fetch's two parts, so one missing mid-walk is "not yet"."""
+    try:
+        return any(f.stat().st_size > size for f in staging.rglob("*") if f.is_file() and not f.is_symlink())
+    except FileNotFoundError:
+        return False
+
+
 def test_fetch_killed_mid_transfer_resumes_cleanly(testbed, inventory: Path) -> None:
     """SIGKILL to fab and its rsync while a 24 MiB checkpoint crosses a 20 Mbit/s link: no
     partial or temp file is ever placed, and the next fetch ends without a conflict."""
@@ -168,8 +177,7 @@ def test_fetch_killed_mid_transfer_resumes_cleanly(testbed, inventory: Path) -> 
         with testbed.shaped("20mbit"):
             proc = FabProcess("fetch-checkpoints", "--run", run_id)
             try:
-                wait_for(lambda: any(f.stat().st_size > 2 << 20 for f in staging.rglob("*")
-                                     if f.is_file() and not f.is_symlink()), 60, proc)
+                wait_for(lambda: staged_over(staging, 2 << 20), 60, proc)
                 proc.signal_group(signal.SIGKILL)
                 proc.finish(10)
             finally:
