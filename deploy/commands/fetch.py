@@ -84,9 +84,10 @@ class _Transfers:
 def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: Renderer,
               every_copy: bool = False) -> Fetched:
     """Fetch every host of the run in parallel: its logs, metrics and checkpoint manifest, and
-    with `every_copy` its checkpoints too. Then the checkpoints of one host, the one whose
-    manifest lists the newest step (`deploy.run.fetchplan`: every host holds the same copy), and
-    the newest verified ones are assembled from the hosts that answered: a host that is gone for
+    with `every_copy` its checkpoints too. Then the checkpoints of the host whose manifest lists
+    the newest step, and of another only while it lists a file not home (`deploy.run.fetchplan`:
+    the hosts hold the same copy unless an elastic run changed who saved what), and the newest
+    verified ones are assembled from the hosts that answered: a host that is gone for
     good (a lost rendezvous host) is named in `failed`, never a reason to leave the others' newest
     work on the hosts. A `--script` run's hosts each send everything: what a script writes in
     its run directory's `checkpoints/` is its own, listed in no manifest."""
