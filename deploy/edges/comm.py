@@ -35,7 +35,7 @@ from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run.answers import from_json, is_int, is_real
 from meshrun.deploy.run.flags import MAX_PG_TIMEOUT_S
 from meshrun.deploy.run.plan import LaunchPlan, Workload
-from meshrun.deploy.run.workload import AUTO_RAISE_MAX_S
+from meshrun.deploy.run.workload import AUTO_RAISE_MAX_S, COMM_OVERRIDE, TIMEOUT_OVERRIDE
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.transport import Session, last_json_line
 
@@ -44,7 +44,6 @@ BANDWIDTH_S = 2.0  # per link; the probe reports the steady rate of its second h
 # dist.timeout is at least this many times the largest collective's floor: the floor is the probe's
 # steady rate, and a saturated uplink's queue, loss or a slower hour of the link stretch it.
 TIMEOUT_SAFETY = 3
-TIMEOUT_OVERRIDE = "dist.timeout="
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,7 +320,7 @@ def plan_json(plan: CommPlan) -> dict[str, Any]:
 
 def applied_hook(workload: Workload) -> str:
     """The `comm.hook=` override that takes effect (the last one)."""
-    found = [a.split("=", 1)[1] for a in workload.args if a.startswith("comm.hook=")]
+    found = [a.split("=", 1)[1] for a in workload.args if a.startswith(COMM_OVERRIDE)]
     return found[-1] if found else Hook.NONE.value
 
 
