@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
@@ -25,6 +26,7 @@ from meshrun.deploy.edges.wheel import Identity
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.check import finding_text
+from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.render.neutral import NeutralConsole
 from meshrun.deploy.run.answers import Answer
 from meshrun.deploy.run.firewall import host_answer
@@ -32,6 +34,7 @@ from meshrun.deploy.run.requirements import Requirements
 from tests.fakesession import FakeSession
 
 BREAKS = ("\n", "\r", "\r\n")  # the newline alone prints a line on the old code; CR is escaped on print too
+SHOWN = {"\n": "\\n", "\r": "\\x0d", "\r\n": "\\x0d\\n"}  # as deploy/render/neutral.py writes them
 FORGED = "PASS gpu1: GPU 0 free; all checks passed"
 H100 = (Gpu(0, "NVIDIA H100", 2, 81559),)
 
@@ -124,6 +127,29 @@ def test_setup_prints_one_line_per_host_whatever_its_actions_and_torch_hold(
         lines = setup_lines(tmp_path, monkeypatch, capsys, {"gpu1": done, "gpu2": hostile})
         assert [line.split(":")[0] for line in lines] == ["gpu1", "gpu2"], (brk, lines)
         assert lines[1].startswith(f"gpu2: created venv{repr(brk)[1:-1]}error: host 'gpu1'"), lines
+
+
+def test_a_finding_carrying_a_hosts_raw_text_prints_on_one_line() -> None:
+    """A finding is one line whatever a host put in the text it carries: here the route query's error,
+    which quotes what `ip route get` printed on the host, unescaped (deploy/edges/check_probes.py)."""
+    for brk in BREAKS:
+        error = f"host 'gpu2': `ip route get` failed: no route{brk}PASS gpu1: GPU 0 free; all checks passed"
+        found = host_findings(replace(host("gpu2", Fingerprint("3.11.9", "2.5.1", None, None, None, None)),
+                                      interface_error=error), {})
+        assert Finding(Level.FAIL, "gpu2", error) in found
+        lines = printed(found)
+        assert len(lines) == len(found) and not any(line.startswith("PASS") for line in lines), (brk, lines)
+
+
+def test_a_warning_quoting_a_host_prints_on_one_line() -> None:
+    """Every warning is one line (deploy/render/console.py): the pre-flight's WARN findings, a fetch's
+    word on a holder passed over, each quoting what a host said."""
+    for brk in BREAKS:
+        out = io.StringIO()
+        console = NeutralConsole(file=out, width=10_000, soft_wrap=True, highlight=False, color_system=None)
+        Renderer(console, console).warn(f"pre-flight: gpu2: nvidia-smi failed (gone{brk}PASS gpu1: all checks passed)")
+        assert out.getvalue().splitlines() == [
+            f"warning: pre-flight: gpu2: nvidia-smi failed (gone{SHOWN[brk]}PASS gpu1: all checks passed)"]
 
 
 def test_every_error_the_boundary_prints_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,7 @@ from meshrun.deploy.check import wireguard
 from meshrun.deploy.check.findings import Finding, Level, worst
 from meshrun.deploy.check.verdicts import CheckReport, HostFacts, LinkResult, PortState, ProbeStatus, launch_gpus
 from meshrun.deploy.render.console import Renderer, as_run
-from meshrun.deploy.render.neutral import PlainTable, plain
+from meshrun.deploy.render.neutral import PlainTable, one_line, plain
 
 LEVEL_STYLES = {Level.PASS: "green", Level.WARN: "yellow", Level.FAIL: "red bold"}
 
@@ -130,9 +130,11 @@ def place_table(report: CheckReport) -> PlainTable:
 
 def finding_text(finding: Finding) -> Text:
     """Its `fab TASK` hints as this command's user can run them, as every other line says them
-    (deploy/render/hints.py): `meshrun setup --inventory lab.yaml --hosts gpu2`, not `fab setup --hosts gpu2`."""
+    (deploy/render/hints.py): `meshrun setup --inventory lab.yaml --hosts gpu2`, not `fab setup --hosts gpu2`.
+    One line whatever the message holds: a host's text in it (an interface error, a tool's stderr)
+    cannot start a line that reads as a verdict of ours."""
     text = f"{finding.where}: {as_run(finding.message)}"
-    return Text(f"{finding.level.value} ", style=LEVEL_STYLES[finding.level]) + plain(text)
+    return Text(f"{finding.level.value} ", style=LEVEL_STYLES[finding.level]) + plain(one_line(text))
 
 
 def allreduce_line(report: CheckReport) -> str:

@@ -72,12 +72,13 @@ class Renderer:
             self.console.print(plain(as_run(message)))
 
     def warn(self, message: str) -> None:
+        """One line whatever `message` quotes from a host: no line of its own can follow ours."""
         with self._lock:
-            self.err.print(Text("warning: ", style="yellow bold") + plain(as_run(message)))
+            self.err.print(Text("warning: ", style="yellow bold") + plain(one_line(as_run(message))))
 
     def error(self, message: str) -> None:
         with self._lock:
-            self.err.print(Text("error: ", style="red bold") + plain(as_run(message)))
+            self.err.print(Text("error: ", style="red bold") + plain(one_line(as_run(message))))
 
     def json(self, data: Any) -> None:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
