@@ -230,7 +230,7 @@ def _detached(plan: LaunchPlan, sessions: Mapping[str, Session], urls: tuple[str
     try:
         start_detached(plan, sessions, urls, every_checkpoint)
     except StartInterrupted as interrupted:
-        stop_started(plan.run_id, interrupted.started, project, renderer)
+        stop_started(plan.run_id, interrupted.started, project, renderer, interrupted.unsure)
         raise
     provenance.save_at_launch(project.runs, plan.run_id, origin.result())
     renderer.info(f"run {plan.run_id} is running detached; follow it: fab logs --run {plan.run_id} -f; "

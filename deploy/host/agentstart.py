@@ -22,6 +22,11 @@ from meshrun.deploy.host.procs import lock_holder
 # The agent could not write its run's files (EX_CANTCREAT): it started nothing, or stopped what it had.
 CANNOT_WRITE_EXIT = 73
 START_WINDOW_S = 10.0  # how long a detached start waits for its copy's pidfile
+# A copy TERMed after its window stops what it started with its own grace: waited for this much longer,
+# then KILLed (its torchrun then gets PDEATHSIG). Window, grace (5 s), margin and KILL_WAIT_S together
+# (22 s) leave the answer time to reach the controller within its 30 s (deploy/edges/agents.py).
+COPY_STOP_MARGIN_S = 5.0
+KILL_WAIT_S = 2.0  # after SIGKILL: only a process stuck in the kernel (a hung NFS read) outlives this
 EARLY_STDERR_MAX = 64 << 10  # what of the copy's stderr is read: its last line is the answer's reason
 PREFIX = "meshrun-agent: "
 
@@ -61,7 +66,9 @@ def quiet_stderr() -> None:
 def start_detached(args: argparse.Namespace) -> int:
     """Re-run ourselves in a new session with no controller; print its pidfile, or {"error"} with the
     copy's own reason when it ended without one (its stderr, read over a pipe: a full disk's ENOSPC
-    must reach the controller, not the train.log that was never written)."""
+    must reach the controller, not the train.log that was never written). A copy still without its
+    pidfile when the window ends is stopped before the answer: it was reported as not started while it
+    went on to start torchrun, detached, on the host's GPUs, where a Ctrl-C or `fab stop` found nothing."""
     pidfile = Path(host_dir(args.run_id, args.host)) / AGENT_PIDFILE
     # The secrets pass on as they came: through a pipe, never argv or a file.
     child = subprocess.Popen(detached_argv(args, sys.executable), stdin=subprocess.PIPE,
@@ -83,8 +90,31 @@ def start_detached(args: argparse.Namespace) -> int:
             break
         time.sleep(0.1)
     said = (said + _early_stderr(child.stderr))[-EARLY_STDERR_MAX:]
+    if child.poll() is None:
+        print(json.dumps({"error": _stopped_late(args, child, pidfile)}))
+        return 1
     print(json.dumps(failed_start(args, child.returncode, said, pidfile)))
     return 1
+
+
+def _stopped_late(args: argparse.Namespace, child: subprocess.Popen, pidfile: Path) -> str:
+    """Stop a copy that wrote no pidfile within the window, and say so. TERM first: its handler is in
+    place before it starts anything, and stops all of that with its grace (a TERM before the handler
+    ends it with nothing started). KILL only a copy that outlives that grace."""
+    assert child.stderr is not None
+    child.terminate()
+    deadline = time.monotonic() + args.grace + COPY_STOP_MARGIN_S
+    while child.poll() is None and time.monotonic() < deadline:
+        _early_stderr(child.stderr)  # read on: a copy blocked on a full pipe would never end
+        time.sleep(0.1)
+    if child.poll() is None:
+        child.kill()
+        try:
+            child.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return (f"agent did not start within {START_WINDOW_S:g} s, and its copy (pid {child.pid}) outlived "
+                    f"SIGKILL; see {pidfile.parent / TRAIN_LOG}")
+    return f"agent did not start within {START_WINDOW_S:g} s, so its copy was stopped; see {pidfile.parent / TRAIN_LOG}"
 
 
 def failed_start(args: argparse.Namespace, rc: int | None, stderr: bytes, pidfile: Path) -> dict:
