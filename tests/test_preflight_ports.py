@@ -246,7 +246,7 @@ def test_fab_train_asks_the_preflight_for_its_successors_ports_when_elastic(monk
     itself is tested above); the route query beside it stands in (it needs hosts)."""
     from meshrun.deploy.commands import train
     asked: list = []
-    monkeypatch.setattr(train, "preflight", lambda selection, sessions, renderer, elastic=False: asked.append(elastic))
+    monkeypatch.setattr(train, "preflight", lambda selection, sessions, renderer, elastic=False, root=None: asked.append(elastic))
     monkeypatch.setattr(train, "training_interfaces", lambda hosts, head, sessions: {"h1": "eth0"})
     assert train._checked_routes(False, THREE, {}, Renderer(), elastic) == {"h1": "eth0"}
     assert asked == [elastic]

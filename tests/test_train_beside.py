@@ -56,7 +56,7 @@ class Steps:
             raise MeshrunError(self.sync_fails)
         return {}
 
-    def preflight(self, *_args: object, elastic: bool = False) -> bool:
+    def preflight(self, *_args: object, elastic: bool = False, root: object = None) -> bool:
         self.preflight_started.set()
         self.sync_seen_by_preflight = self.sync_started.wait(WAIT_S)
         self.routes_seen_by_preflight = self.routes_asked.wait(WAIT_S)

@@ -14,6 +14,7 @@ from meshrun.deploy.check.exposure import exposure_findings, with_findings
 from meshrun.deploy.check.findings import Level
 from meshrun.deploy.check.gpus import busy_findings
 from meshrun.deploy.check.ports import store_hosts, successor_findings, successor_names
+from meshrun.deploy.check.sincesetup import requirements_finding
 from meshrun.deploy.check.sites import place_links, site_findings
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.edges.wheel import controller_identity
@@ -26,8 +27,10 @@ from meshrun.deploy.check.verdicts import (AllReduceResult, HostFacts, ProbeStat
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.check_probes import gather_facts, open_sessions, probe_network, run_allreduce
 from meshrun.deploy.edges.exposure import probe_exposure
-from meshrun.deploy.edges.preflightcache import StoredPass, cache_file, host_stamps, load_pass, save_pass
+from meshrun.deploy.edges.beside import Beside
+from meshrun.deploy.edges.preflightcache import StoredPass, cache_file, keyed_stamps, load_pass, save_pass, stamp_lines
 from meshrun.deploy.run.preflightkey import may_reuse, preflight_key
+from meshrun.deploy.run.requirements import declared
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import new_run_id
 from meshrun.deploy.render.check import print_check
@@ -54,6 +57,8 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     network = head.network.value
     sites = sites_of(hosts)
     sessions, unreachable = open_sessions(hosts, inventory, project.root, request.timeout)
+    # Each host's setup record of the project's requirements, read beside the facts (deploy/host/stamp.py).
+    stamps = Beside(stamp_lines, tuple(h for h in hosts if h.name in sessions), sessions, sys.executable)
     try:
         facts = with_processes(gather_facts(hosts, head, sessions, unreachable, sys.executable), hosts)
         # An inventory with `elastic:` runs elastic: its successors' rendezvous port is checked too.
@@ -67,7 +72,9 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
             interfaces = {f.name: f.interface for f in facts if f.interface}
             allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable,
                                       allreduce_budget(facts))
+        since_setup = requirements_finding(hosts, stamps.result(), declared(project.root))
     finally:
+        stamps.settle()  # its commands end before their sessions close
         close_all(sessions)
     names = [h.name for h in hosts]
     matrix = [(k.source, k.target, k.mbit_s, k.connect_ms) for k in links if not k.rendezvous]
@@ -75,7 +82,8 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     places = site_findings(names, sites, matrix) if request.bandwidth else []
     report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started, sites),
                            meshrun_findings(facts, str(controller_identity())) + successor_findings(probed.successors)
-                           + busy_findings(facts) + exposure_findings(exposure) + places)
+                           + busy_findings(facts) + exposure_findings(exposure) + places
+                           + ([since_setup] if since_setup else []))
     report = replace(report, places=place_links(names, sites, matrix))
     if request.json:
         renderer.json(asdict(report))
@@ -92,7 +100,7 @@ def with_processes(facts: tuple[HostFacts, ...], hosts: tuple[Host, ...]) -> tup
 
 
 def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: Renderer,
-              cache: Path | None = None, elastic: bool = False) -> bool:
+              cache: Path | None = None, elastic: bool = False, root: Path | None = None) -> bool:
     """The fast part of check-network before a run: versions, torch, GPUs, the rendezvous port
     (for an `elastic` run on every host of its succession too: deploy/check/ports.py) and all-to-all
     ports (no all-reduce, no bandwidth). FAILs stop the run; WARNs are shown.
@@ -100,10 +108,16 @@ def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: R
     (deploy/run/preflightkey.py); returns True when this call reused one instead of checking. The
     stamps of the hosts that host the store say whether its port is free now: a busy one is no reuse.
     Every stamp lists its host's busy GPUs (deploy/host/stamp.py): a GPU that filled or freed since
-    is a new key, so a reused busy-GPU WARN names the GPUs busy now (its MiB figures are the pass's)."""
+    is a new key, so a reused busy-GPU WARN names the GPUs busy now (its MiB figures are the pass's).
+    With the project's `root`, hosts set up with other requirements than it declares now are warned
+    of from the same stamps, reuse or not (deploy/check/sincesetup.py): not part of the stored pass,
+    since the controller's requirements are not in its key."""
     path = cache or cache_file()
-    stamps = host_stamps(selection.hosts, sessions, sys.executable, selection.rendezvous.port,
-                         store_hosts(selection, elastic))
+    stores = store_hosts(selection, elastic)
+    lines = stamp_lines(selection.hosts, sessions, sys.executable, selection.rendezvous.port, stores)
+    if root is not None and (since_setup := requirements_finding(selection.hosts, lines, declared(root))):
+        renderer.warn(f"pre-flight: {since_setup.where}: {since_setup.message}")
+    stamps = keyed_stamps(lines, selection.hosts, selection.rendezvous.port, stores)
     # This controller's build is in the key: after an upgrade here the hosts' meshrun is checked again.
     # So is elasticity: a plain run's pass never checked the successors' port.
     what = repr((selection.hosts, selection.rendezvous, str(controller_identity())) + (("elastic",) if elastic else ()))

@@ -152,7 +152,7 @@ def train(request: TrainRequest, renderer: Renderer, project: Project) -> int:
         with sessions_to(hosts, inventory, project.root) as sessions:
             later.put(sessions)
             interfaces = _checked_routes(request.skip_checks, selection, sessions, renderer,  # as the code syncs
-                                         options.elastic is not None)
+                                         options.elastic is not None, project)
             options = _prepare_hosts(request, selection, inventory, sessions, options, project, renderer, syncing,
                                      gradients)
             plan = plan_launch(selection, options, interfaces, sys.executable)
@@ -199,14 +199,15 @@ def _comm_checked(request: TrainRequest, project: Project) -> comm_cmd.Gradients
 
 
 def _checked_routes(skip_checks: bool, selection: Selection, sessions: Mapping[str, Session],
-                    renderer: Renderer, elastic: bool = False) -> dict[str, str]:
+                    renderer: Renderer, elastic: bool = False, project: Project | None = None) -> dict[str, str]:
     """The pre-flight and, beside it, each host's route to the rendezvous host (the interfaces the
     launch names): neither needs the other's answer, and over a far link each is a round of
     commands (~0.5 s) before the agents can start. A failed pre-flight waits for the routes' end."""
     routes = Beside(training_interfaces, selection.hosts, selection.head, sessions)
     try:
         if not skip_checks:
-            preflight(selection, sessions, renderer, elastic=elastic)  # elastic: every successor's port too
+            # elastic: every successor's port too; the project: its requirements against each host's setup
+            preflight(selection, sessions, renderer, elastic=elastic, root=project.root if project else None)
     except BaseException:
         routes.settle()
         raise

@@ -1,4 +1,5 @@
-"""The controller's record of the last passed pre-flight, and the host stamps that key it.
+"""The controller's record of the last passed pre-flight, and the host stamps that key it (each
+also carries the host's setup record of the project's requirements: deploy/check/sincesetup.py).
 
 The rule (what is compared, for how long) is pure in deploy/run/preflightkey.py. The record is
 one small JSON file in the user's cache folder, written atomically; a missing or unreadable
@@ -40,29 +41,41 @@ def cache_file() -> Path:
     return Path(base) / "meshrun" / "preflight.json"
 
 
+def stamp_lines(hosts: tuple[Host, ...], sessions: Mapping[str, Session], local_python: str,
+                rdzv_port: int | None = None, stores: tuple[Host, ...] = ()) -> dict[str, str]:
+    """Each host's stamp line as it answered (deploy/host/stamp.py); a host that gave none (a failed
+    or hung nvidia-smi there, a lost session) is left out. The `stores` (the hosts that host the
+    run's store, deploy/check/ports.py) also try to bind `rdzv_port`."""
+    asked = {h.name for h in stores} if rdzv_port is not None else set()
+
+    def one(host: Host) -> str:
+        port = [host.address, str(rdzv_port)] if host.name in asked else []
+        # create_workdir: the pre-flight runs first on a fresh host, whose workdir sync has yet to make.
+        result = sessions[host.name].run(probe_argv(python_of(host, local_python), "stamp", *port),
+                                         timeout=FACTS_TIMEOUT_S, create_workdir=True)
+        return result.stdout.strip() if result.ok else ""
+
+    results = on_each(hosts, one, timeout=FACTS_TIMEOUT_S * 2)
+    return {name: line for name, line in results.ok.items() if line}
+
+
+def keyed_stamps(lines: Mapping[str, str], hosts: tuple[Host, ...], rdzv_port: int | None = None,
+                 stores: tuple[Host, ...] = ()) -> dict[str, str] | None:
+    """The stamps that key a pass (deploy/run/preflightkey.py): every host's, or None when any host
+    gave none, or a store host's does not say its port is "free" (the pre-flight then runs, with its FAIL)."""
+    asked = {h.name for h in stores} if rdzv_port is not None else set()
+    if any(h.name not in lines for h in hosts) or any(stamp_port(lines.get(name, "")) != FREE for name in asked):
+        return None
+    return {h.name: lines[h.name] for h in hosts}
+
+
 def host_stamps(hosts: tuple[Host, ...], sessions: Mapping[str, Session], local_python: str,
                 rdzv_port: int | None = None, stores: tuple[Host, ...] = ()) -> dict[str, str] | None:
     """Each host's stamp (deploy/host/stamp.py, its busy GPUs included); None when any host cannot
     give one (an nvidia-smi there that fails or hangs, too). The `stores`
     (the hosts that host the run's store, deploy/check/ports.py) also try to bind `rdzv_port`: a
     store host whose stamp does not say "free" gives none, so the pre-flight runs with its FAIL."""
-    asked = {h.name for h in stores} if rdzv_port is not None else set()
-
-    def one(host: Host) -> str | None:
-        port = [host.address, str(rdzv_port)] if host.name in asked else []
-        # create_workdir: the pre-flight runs first on a fresh host, whose workdir sync has yet to make.
-        result = sessions[host.name].run(probe_argv(python_of(host, local_python), "stamp", *port),
-                                         timeout=FACTS_TIMEOUT_S, create_workdir=True)
-        stamp = result.stdout.strip() if result.ok else ""
-        if not stamp or host.name in asked and stamp_port(stamp) != FREE:
-            return None
-        return stamp
-
-    results = on_each(hosts, one, timeout=FACTS_TIMEOUT_S * 2)
-    stamps = {name: value for name, value in results.ok.items()}
-    if results.failed or any(v is None for v in stamps.values()) or len(stamps) != len(hosts):
-        return None
-    return stamps  # type: ignore[return-value]
+    return keyed_stamps(stamp_lines(hosts, sessions, local_python, rdzv_port, stores), hosts, rdzv_port, stores)
 
 
 def load_pass(path: Path) -> StoredPass:

@@ -17,6 +17,13 @@ A GPU that fills or frees changes the stamp, so a reuse never hides a newly busy
 WARN about one that is free again. Without nvidia-smi the list is empty (no GPU to fill); an
 nvidia-smi that fails or gives no answer in SMI_TIMEOUT_S leaves this probe without a stamp (exit
 status 1): what the GPUs hold is unknown, so the pre-flight runs.
+
+Also `"requirements"`: the digest of the project's requirements that `fab setup` last installed in
+this workdir's venv (its record, deploy/host/setup.py's STAMP), or null. The controller compares
+it with the digest of its own requirements on every launch, reused pass or not, and warns of a
+requirements.txt changed since setup (deploy/check/sincesetup.py). Only when this interpreter is
+that venv's: a host whose inventory `python:` runs another environment did not get its packages
+from that setup, so the record says nothing of it. A `setup` rerun changes it, and so the stamp.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import os
 import shutil
 import site
 import socket
+import stat
 import subprocess
 import sys
 
@@ -36,6 +44,9 @@ EXTRA_PATH = ("~/bin", "/usr/sbin", "/usr/local/sbin", "/sbin")  # deploy/host/f
 SMI_QUERY = ("--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
 SMI_TIMEOUT_S = 10  # a hung driver: no stamp, the pre-flight runs and says what nvidia-smi did
 SMI_READ = 1 << 16  # a few dozen bytes per GPU
+VENV = ".venv"  # deploy/host/setup.py's VENV and STAMP, in the workdir this runs in; tests hold them equal
+SETUP_RECORD = os.path.join(VENV, "meshrun-installed")
+RECORD_READ = 1 << 12  # setup's record is one short JSON object
 
 
 def _mtime(path: str) -> int | None:
@@ -95,13 +106,32 @@ def busy_gpus() -> list[int]:
     return sorted(busy)
 
 
+def setup_requirements() -> str | None:
+    """The `requirements` digest setup recorded for the workdir's venv, as written (the controller
+    checks its shape); None when this python is not that venv's, or there is no readable record.
+    Opened without blocking and read only if a regular file: a FIFO there must not hang the stamp."""
+    try:
+        if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
+            return None
+        fd = os.open(SETUP_RECORD, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, RECORD_READ) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        record = json.loads(data)
+    except (OSError, ValueError, RecursionError):
+        return None
+    found = record.get("requirements") if isinstance(record, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def main(argv: list[str]) -> None:
     spec = importlib.util.find_spec("torch")
     torch_dir = os.path.dirname(spec.origin) if spec and spec.origin else ""
     folders = sorted(set(site.getsitepackages() + [site.getusersitepackages()]))
     stamp = {"boot": _boot_id(), "python": os.path.realpath(sys.executable), "version": sys.version,
              "site": [[p, _mtime(p)] for p in folders], "torch": [torch_dir, _mtime(torch_dir) if torch_dir else None],
-             "gpus_busy": busy_gpus()}
+             "gpus_busy": busy_gpus(), "requirements": setup_requirements()}
     if len(argv) == 2:
         stamp["rdzv"] = port_state(argv[0], int(argv[1]))
     print(json.dumps(stamp, sort_keys=True))

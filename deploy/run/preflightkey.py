@@ -9,12 +9,16 @@ changed, so a PASS is reused when all of this is unchanged (the key) and it is r
 - each host's stamp: its boot id, its python's path and version, and the modification times
   of its site-packages folders and of torch's own folder (any install or removal changes
   them), and which of its GPUs have over GPU_BUSY_MIB in use (the pre-flight's busy-GPU WARN:
-  a GPU that fills or frees since is a new key, no reuse); read by one cheap command per host
+  a GPU that fills or frees since is a new key, no reuse), and the requirements digest `fab setup`
+  recorded in the venv (a setup since is a new key); read by one cheap command per host
   (deploy/host/stamp.py: no torch import); on the hosts that will hold the rendezvous store
   (the head, every successor when elastic), whether its port is free now: only `free` allows a
   reuse (another run's store there must FAIL by name);
 - whether the run is elastic (its successors' ports are then part of what passed);
 - at most PREFLIGHT_REUSE_S seconds since that PASS.
+
+The controller's own requirements are not in the key: whether a host was set up with them is
+said on every launch from the same stamps, reused or not (deploy/check/sincesetup.py).
 
 A failed pre-flight is never reused: it stops the run and nothing is stored. A pass with
 warnings is stored with them, and a reuse shows them again. Host keys are
