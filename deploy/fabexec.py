@@ -89,12 +89,24 @@ def _shown_as(program: Any) -> str:
 
 
 @dataclass(frozen=True)
+class ReadAs:
+    """One of meshrun's one-letter flags near a script's misplaced words: a script's own `-b` or `-p`
+    (seed 004's) clashes with meshrun's `-b` (--debug) and `-p` (--project), so the line says how
+    meshrun reads each. Moved ones go after `--` with the script's words; kept ones stay meshrun's."""
+
+    short: str  # as typed: -b
+    long: str  # what meshrun takes it for: --debug
+    kept: bool = False  # left before `--` in the fixed command: it may be meshrun's (`-h gpu1`)
+
+
+@dataclass(frozen=True)
 class Typed:
     """The command line around the words to move (`misplaced_argument_hint`), each word as the shell split it."""
 
     before: tuple[str, ...]  # after the program's name: options before the task, the task, its flags so far
     after: tuple[str, ...] = ()  # meshrun's flags after the moved words, up to any `--`
     given: tuple[str, ...] = ()  # what was already after `--`: it stays after the moved words
+    read: tuple[ReadAs, ...] = ()  # meshrun's one-letter flags around the moved words, in the order typed
 
 
 def misplaced_argument_hint(token: str, task: str, script: str, rest: list[str], program: str,
@@ -109,7 +121,9 @@ def misplaced_argument_hint(token: str, task: str, script: str, rest: list[str],
     typed = typed or Typed(("train", "--script", script) if script else ("train",))
     fixed = shlex.join([program, *typed.before, *typed.after, "--", *(rest or [token]), *typed.given])
     if script:
-        line = f"'{token}' is not a meshrun flag; put the script's own arguments after --: {fixed}"
+        kept = " (a kept flag too, if it is the script's)" if any(r.kept for r in typed.read) else ""
+        line = f"'{token}' is not a meshrun flag; {_read_as_words(typed.read)}put the script's own arguments after --"
+        line += f"{kept}: {fixed}"
     elif "=" in token and not token.startswith("-"):
         line = f"'{token}' is not a meshrun flag; the trainer's key=value overrides go after --: {fixed}"
     else:
@@ -129,16 +143,60 @@ def _unknown_token_line(err: ParseError, argv: list[str], unparsed: list[str], p
         return None
     script = context.args["script"].value if "script" in context.args else ""
     # `--epochs=3` reaches invoke's error as `--epochs`: move the whole word the user typed, and what
-    # follows it up to the next of meshrun's own flags (`--hosts gpu1` after it stays meshrun's)
+    # follows it (`_moved_span` says how far)
     start = next((i for i, word in enumerate(unparsed) if word == token or word.startswith(f"{token}=")), None)
     if start is None:
         return misplaced_argument_hint(str(token), context.name, script or "", [], program)
-    rest = unparsed[start:]
-    end = start + next((i for i, word in enumerate(rest) if i and word.split("=", 1)[0] in context.flags), len(rest))
+    end, start, read = _moved_span(unparsed, start, context, bool(script), str(token).startswith("-"))
     body = argv[1:argv.index("--")] if "--" in argv else argv[1:]
     core = body[:len(body) - len(unparsed)] if body[len(body) - len(unparsed):] == unparsed else []
-    typed = Typed((*core, *unparsed[:start]), tuple(unparsed[end:]), tuple(argv[len(body) + 2:]))
+    typed = Typed((*core, *unparsed[:start]), tuple(unparsed[end:]), tuple(argv[len(body) + 2:]), read)
     return misplaced_argument_hint(str(token), context.name, script or "", unparsed[start:end], program, typed)
+
+
+def _moved_span(words: list[str], start: int, context: Any, script: bool,
+                dashed: bool) -> tuple[int, int, tuple[ReadAs, ...]]:
+    """Where the words to move after `--` end and start in `words` (the task's words, the unknown one at
+    `start`), and meshrun's one-letter flags the line names. A trainer's overrides (`epochs=2`) end at any
+    flag of meshrun's. A script's words end only at a long one (`--hosts gpu1` stays meshrun's): its own
+    short flags clash with meshrun's (`-b 128 -p 20`: meshrun's --debug and --project). A one-letter switch
+    just before an unknown value (`-b 128`) was the script's (a switch takes no value), so it moves too;
+    one-letter flags before that are kept, named: `-h gpu1` there is as likely meshrun's as the script's."""
+    def ends(word: str) -> bool:
+        return word.split("=", 1)[0] in context.flags and (word.startswith("--") or not script)
+
+    end = start + next((i for i, word in enumerate(words[start:]) if i and ends(word)), len(words) - start)
+    if not script:
+        return end, start, ()
+    switch = _short_flag(words[start - 1], context) if start > 1 else None
+    if switch is not None and not switch.takes_value and not dashed:
+        start -= 1
+    kept, i = [], start
+    while i > 1:  # words[0] is the task's name
+        flag, valued = _short_flag(words[i - 1], context), _short_flag(words[i - 2], context) if i > 2 else None
+        if flag is not None and not flag.takes_value:
+            kept, i = [i - 1, *kept], i - 1
+        elif valued is not None and valued.takes_value and valued.name != "script":  # the hint names the script
+            kept, i = [i - 2, *kept], i - 2
+        else:
+            break
+    named = [(at, True) for at in kept] + [(at, False) for at in range(start, end) if _short_flag(words[at], context)]
+    return end, start, tuple(ReadAs(words[at], "--" + _short_flag(words[at], context).name.replace("_", "-"), keep)
+                             for at, keep in named)
+
+
+def _short_flag(word: str, context: Any) -> Any:
+    """The task's argument that `word` names as a one-letter flag (`-b`), else None."""
+    one_letter = len(word) == 2 and word[0] == "-" and word[1] != "-"
+    return context.flags[word] if one_letter and word in context.flags else None
+
+
+def _read_as_words(read: tuple[ReadAs, ...]) -> str:
+    """The line's `meshrun read -b as --debug and -p as --project; `, or nothing when none was typed."""
+    if not read:
+        return ""
+    said = [f"{r.short} as {r.long}{' (kept)' if r.kept else ''}" for r in read]
+    return "meshrun read " + (f"{', '.join(said[:-1])} and {said[-1]}" if len(said) > 1 else said[0]) + "; "
 
 
 def _is_meshrun_task(collection: Any, name: str) -> bool:

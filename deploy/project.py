@@ -9,10 +9,12 @@ Found once per command: `--project DIR`, else the git root of the current direct
 from __future__ import annotations
 
 import os
+import posixpath
+import re
 import stat
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from meshrun.layout import RUNS_DIR
 from meshrun.deploy.errors import InputError
@@ -93,7 +95,82 @@ def relative_to_project(path: str, project: Project, flag: str, packaged_ok: boo
         if module is not None:
             raise InputError(_module_message(path, module, project.root))
         raise InputError(f"{flag} {path}: no such file in the project {project.root}")
+    if flag == "--script" and not is_python_source(path, _first_line(full)):
+        raise InputError(f"--script {path}: meshrun runs a Python file under torchrun; put the environment in the "
+                         "inventory's `env:` and pass the Python script it runs (docs/scripts.md)")
     return inside.as_posix()
+
+
+def script_arg_warnings(args: tuple[str, ...], project: Project, cwd: Path | None = None) -> tuple[str, ...]:
+    """`arg_path_warnings` for a script's `args` typed in `cwd` (default: the current directory): the
+    facts it needs, read from the disk here. None from the project root itself, or from outside it."""
+    here = Path(cwd or os.getcwd()).resolve()
+    below = _inside(here, project.root)
+    if below is None or below == Path("."):
+        return ()
+    words = path_words(args)
+    return arg_path_warnings(words, PurePosixPath(below.as_posix()), frozenset(w for w in words if _exists(here / w)),
+                             frozenset(w for w in words if _exists(project.root / w)))
+
+
+def path_words(args: tuple[str, ...]) -> tuple[str, ...]:
+    """The words of a script's arguments that may be relative paths: a word that is not a flag, and the
+    value of `--opt=value` or `key=value` (once each, in order). Absolute and `~` paths mean the same
+    from anywhere."""
+    words: list[str] = []
+    for arg in args:
+        value = arg.split("=", 1)[1] if "=" in arg else None
+        words += [w for w in (None if arg.startswith("-") else arg, value) if w and not w.startswith(("/", "~"))]
+    return tuple(dict.fromkeys(words))
+
+
+def arg_path_warnings(words: tuple[str, ...], here: PurePosixPath, found_here: frozenset[str],
+                      found_at_root: frozenset[str]) -> tuple[str, ...]:
+    """The WARNING lines for a script's path `words` typed in `here` (the current directory, from the
+    project root): each one that names something from `here` (`found_here`) but not from the root
+    (`found_at_root`), where every rank runs, and so would fail there with FileNotFoundError after the
+    connect, sync and pre-flight. A warning, not a refusal: `--data` may put it there on the hosts."""
+    lines = []
+    for word in words:
+        shown = posixpath.normpath((here / word).as_posix())
+        if word in found_here and word not in found_at_root and not shown.startswith("../") and shown != "..":
+            lines.append(f"script argument {word}: the ranks run in the project root, where it does not exist; "
+                         f"from here it is {shown}")
+    return tuple(lines)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long for the system: nothing there
+        return False
+
+
+SHELL_SUFFIXES = (".sh", ".bash", ".zsh")
+# What a Python file's `#!` may name: python3, python3.11, pypy3, or uv (`uv run --script`: PEP 723 scripts)
+_PYTHON_PROGRAM = re.compile(r"(python|pypy)[0-9.]*|uv")
+
+
+def is_python_source(path: str, first_line: bytes) -> bool:
+    """Whether --script `path`, whose file starts with `first_line`, can be the Python file the runner
+    compiles: a wrapper `run.sh` (`export OMP_NUM_THREADS=4; python train.py`) would fail on every rank
+    with a SyntaxError, after the connect, sync and pre-flight. No `#!` line: Python, as `python FILE` takes it."""
+    if path.lower().endswith(SHELL_SUFFIXES):
+        return False
+    if not first_line.startswith(b"#!"):
+        return True
+    words = [PurePosixPath(word).name for word in first_line[2:].decode("utf-8", "replace").split()]
+    # `/usr/bin/env [-S] [-u NAME] [NAME=value] python3 -u`: env's own words come before the program's
+    named = words[1:] if words[:1] == ["env"] else words[:1]
+    return any(_PYTHON_PROGRAM.fullmatch(word) for word in named)
+
+
+def _first_line(full: Path) -> bytes:
+    try:
+        with open(full, "rb") as source:
+            return source.readline(4096)
+    except OSError:  # unreadable here: the hosts' copy will say so in Python's own words
+        return b""
 
 
 def _module_named(path: str, root: Path) -> str | None:

@@ -18,7 +18,7 @@ from meshrun.deploy.commands.report import NO_METRICS, script_outcome, script_ru
 from meshrun.deploy.edges.datasync import DataSpec, build_manifest, rsync_data_argv
 from meshrun.deploy.edges.sync import ssh_argv
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.fabexec import Typed, misplaced_argument_hint
+from meshrun.deploy.fabexec import ReadAs, Typed, misplaced_argument_hint
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.project import Project, relative_to_project
 
@@ -142,6 +142,79 @@ def test_the_real_command_says_where_the_scripts_arguments_go(project: Path) -> 
     done = run_meshrun(project, "train", "--script", "t.py", "--epochs=3")
     assert done.stderr.endswith("meshrun train --script t.py -- --epochs=3\n")
     assert run_meshrun(project, "status", "--bogus").stderr == "error: No idea what '--bogus' is; see --help\n"
+
+
+# --- user-script 1: a script's short flags (seed 004's -a -b -p -e) clash with meshrun's ------------
+
+# Runs meshrun's real parsing and prints the request `train` would get, instead of training.
+SHOW_REQUEST = """import json, sys
+import meshrun.deploy.commands.train as train
+train.main = lambda r, project: print(json.dumps({"detach": r.detach, "firewall": r.firewall, "hosts": r.hosts,
+    "skip_checks": r.skip_checks, "no_sync": r.no_sync, "script": r.workload.script, "args": r.workload.args})) or 0
+from meshrun.deploy.program import program
+program.run(["meshrun", *sys.argv[1:]])
+"""
+
+
+def pasted(cwd: Path, hint: str) -> dict:
+    """What the command the hint prints asks of `train`, pasted as printed."""
+    argv = shlex.split(hint.split(": meshrun ", 1)[1])
+    done = subprocess.run([sys.executable, "-c", SHOW_REQUEST, *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_line_names_the_short_flags_meshrun_read_and_which_it_keeps() -> None:
+    read = (ReadAs("-b", "--debug"), ReadAs("-p", "--project"))
+    typed = Typed(("train", "--script", "main.py"), (), ("-a", "r"), read)
+    assert misplaced_argument_hint("128", "train", "main.py", ["-b", "128", "-p", "20"], "meshrun", typed) == (
+        "'128' is not a meshrun flag; meshrun read -b as --debug and -p as --project; put the script's own "
+        "arguments after --: meshrun train --script main.py -- -b 128 -p 20 -a r")
+    read = (ReadAs("-h", "--hosts", kept=True), ReadAs("-k", "--skip-checks", kept=True), ReadAs("-d", "--detach"))
+    typed = Typed(("train", "--script", "main.py", "-h", "gpu1", "-k"), (), (), read)
+    assert misplaced_argument_hint("x", "train", "main.py", ["x", "-d"], "meshrun", typed) == (
+        "'x' is not a meshrun flag; meshrun read -h as --hosts (kept), -k as --skip-checks (kept) and -d as "
+        "--detach; "
+        "put the script's own arguments after -- (a kept flag too, if it is the script's): meshrun train --script "
+        "main.py -h gpu1 -k -- x -d")
+
+
+def test_a_scripts_short_flags_go_after_the_double_dash_and_are_named(project: Path) -> None:
+    """Seed 004 typed without `--`: the old line left -b and -p before `--` as meshrun's --debug and
+    --project, and its pasted command failed again (or ran with --detach: `./data -d`)."""
+    done = run_meshrun(project, "train", "--script", "main.py", "-a", "r", "-b", "128", "-p", "20", "./data")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("error: '-a' is not a meshrun flag; meshrun read -b as --debug and -p as --project; put "
+                           "the script's own arguments after --: meshrun train --script main.py -- -a r -b 128 -p 20 "
+                           "./data\n")
+    assert pasted(project, done.stderr)["args"] == ["-a", "r", "-b", "128", "-p", "20", "./data"]
+    # The old line's own "fix", typed: -b was taken as --debug, so 128 was the unknown word; -b goes too.
+    done = run_meshrun(project, "train", "--script", "main.py", "-b", "128", "-p", "20", "./data", "--", "-a", "r")
+    assert (done.returncode, done.stderr) == (2, "error: '128' is not a meshrun flag; meshrun read -b as --debug and "
+                                              "-p as --project; put the script's own arguments after --: meshrun "
+                                              "train --script main.py -- -b 128 -p 20 ./data -a r\n")
+    assert pasted(project, done.stderr)["args"] == ["-b", "128", "-p", "20", "./data", "-a", "r"]
+    done = run_meshrun(project, "train", "--script", "main.py", "./data", "-d", "--hosts", "gpu1")
+    assert (done.returncode, done.stderr) == (2, "error: './data' is not a meshrun flag; meshrun read -d as --detach; "
+                                              "put the script's own arguments after --: meshrun train --script "
+                                              "main.py --hosts gpu1 -- ./data -d\n")  # a long flag stays meshrun's
+    request = pasted(project, done.stderr)
+    assert (request["detach"], request["hosts"], request["args"]) == (False, "gpu1", ["./data", "-d"])
+
+
+def test_short_flags_before_the_scripts_words_stay_meshruns_and_are_named(project: Path) -> None:
+    done = run_meshrun(project, "train", "-s", "main.py", "-h", "gpu1", "-k", "--epochs", "3")
+    assert (done.returncode, done.stderr) == (2, "error: '--epochs' is not a meshrun flag; meshrun read -h as --hosts "
+                                              "(kept) and -k as --skip-checks (kept); put the script's own arguments "
+                                              "after -- (a kept flag too, if it is the script's): meshrun train -s "
+                                              "main.py -h gpu1 -k -- --epochs 3\n")
+    request = pasted(project, done.stderr)
+    assert (request["hosts"], request["skip_checks"], request["args"]) == ("gpu1", True, ["--epochs", "3"])
+    # The trainer's key=value overrides are no script's: meshrun's short flags after them stay its own.
+    done = run_meshrun(project, "train", "--hosts", "gpu1", "epochs=2", "-d")
+    assert done.stderr == ("error: 'epochs=2' is not a meshrun flag; the trainer's key=value overrides go after --: "
+                           "meshrun train --hosts gpu1 -d -- epochs=2\n")
 
 
 # --- F9: `--script "-m pkg.train"` -------------------------------------------------------------------

@@ -29,7 +29,7 @@ from meshrun import events
 from meshrun.deploy.errors import InputError, MeshrunError, interrupted_status
 from meshrun.deploy.edges.detachedstart import StartInterrupted, start_detached, stop_started
 from meshrun.deploy.inventory.load import load_inventory, inventory_path
-from meshrun.deploy.project import Project, relative_to_project
+from meshrun.deploy.project import Project, relative_to_project, script_arg_warnings
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.agents import host_states
@@ -77,6 +77,8 @@ def _with_project_paths(request: TrainRequest, project: Project) -> TrainRequest
     cwd = project.root if request.resume else None
     script = relative_to_project(work.script, project, "--script", cwd=cwd) if work.script else None
     config = relative_to_project(work.config, project, "--config", packaged_ok=True, cwd=cwd) if work.config else None
+    for line in script_arg_warnings(work.args if script else (), project, cwd):  # the ranks run in the root
+        Renderer().warn(line)
     return dataclasses.replace(request, workload=dataclasses.replace(work, script=script, config=config))
 
 
