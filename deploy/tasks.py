@@ -7,14 +7,20 @@ host and run one host after another, which would start torchrun on gpu1 and neve
 
 Every flag is text or a switch: invoke would convert a number flag itself and end a bad value in a
 traceback, so numbers are read by `deploy/run/flags.py` (one line, exit status 2, before any host).
+A text flag left out is None, never "": `--inventory "$LAB_INV"` with the variable unset is refused
+(`refuse_empty`), not read as "not given" (the project's own inventory, another cluster's).
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable, Mapping, TypeVar
 
 import fabric
 from invoke.exceptions import Exit
 
 from meshrun.deploy.cli import guarded, remainder
+from meshrun.deploy.errors import InputError
 from meshrun.deploy.fabexec import adopt_running_fab
 from meshrun.layout import DEFAULT_PG_TIMEOUT_S
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S
@@ -57,12 +63,49 @@ DEFAULT_LOG_LINES = 50
 PROJECT_FLAGS = {"project": PROJECT_HELP, "runs_dir": RUNS_DIR_HELP}
 
 
+# What to give instead of an empty value, per flag (the line that refuses `--inventory ''` says what to do).
+EMPTY_FIX = {
+    "hosts": "name hosts or groups", "inventory": "name the inventory file", "project": "name the project's folder",
+    "runs_dir": "name the folder of the runs", "config": "name the trainer config", "script": "name the script",
+    "nnodes": "give MIN:MAX", "timeout": "give the seconds", "resume": "give the id of the run to resume",
+    "comm": "name the hook (or auto)", "notify": "give the http(s) URL", "idle_warn": "give the minutes",
+    "idle_stop": "give the minutes", "idle_below": "give the percent", "run": "give the run id",
+    "frames": "give the number of frames", "lines": "give the number of lines", "dest": "name the folder",
+    "data": "give SRC:DEST", "base": "name the interpreter", "reuse_site": "name the interpreter",
+}
+POSITIONAL = {"action": ("firewall action", "give up, down or status")}  # firewall's
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def refuse_empty(given: Mapping[str, object]) -> None:
+    """An explicitly empty value (`--resume ""`: a script's unset variable) is refused in one line: read
+    as "not given", it would fall back to the project's inventory or start a fresh run, unsaid."""
+    for name, value in given.items():
+        if value != "" and not (isinstance(value, list) and "" in value):  # a repeatable flag: each value
+            continue
+        if name in POSITIONAL:
+            what, fix = POSITIONAL[name]
+            raise InputError(f"{what} '': empty; {fix}, or leave it out")
+        fix = EMPTY_FIX.get(name, "give a value")
+        raise InputError(f"--{name.replace('_', '-')} '': empty; {fix}, or leave the flag out")
+
+
+def _guarded(fn: F) -> F:
+    """`guarded` (one line, exit status 2) around the task, which first refuses an empty flag value."""
+    @functools.wraps(fn)
+    def body(*args: object, **kwargs: object) -> object:
+        refuse_empty(kwargs)
+        return fn(*args, **kwargs)
+
+    return guarded(body)  # type: ignore[arg-type]
+
+
 def _exit(code: int) -> None:
     if code:
         raise Exit(code=code)
 
 
-def _project(project: str, runs_dir: str) -> Project:
+def _project(project: str | None, runs_dir: str | None) -> Project:
     return find_project(project or None, runs_dir or None)
 
 
@@ -72,8 +115,8 @@ def _project(project: str, runs_dir: str) -> Project:
     "timeout": f"SSH connect timeout per host in seconds (default {DEFAULT_CONNECT_TIMEOUT_S:g}): what a dead host costs",
     "debug": DEBUG_HELP,
 })
-@guarded
-def check_network(c, hosts="", inventory="", json=False, bandwidth=False, timeout="", project="", runs_dir="", debug=False):
+@_guarded
+def check_network(c, hosts=None, inventory=None, json=False, bandwidth=False, timeout=None, project=None, runs_dir=None, debug=False):
     """Pre-flight check: SSH, versions, GPUs, overlay, all-to-all ports, MTU, and a gloo all-reduce."""
     from meshrun.deploy.commands.check import CheckRequest, main
 
@@ -85,8 +128,8 @@ def check_network(c, hosts="", inventory="", json=False, bandwidth=False, timeou
     "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP, "yes": "trust new keys without asking (check the fingerprints!)",
     "timeout": f"connect timeout per host in seconds (default {DEFAULT_CONNECT_TIMEOUT_S:g})", "debug": DEBUG_HELP,
 })
-@guarded
-def trust(c, hosts="", inventory="", yes=False, timeout="", project="", runs_dir="", debug=False):
+@_guarded
+def trust(c, hosts=None, inventory=None, yes=False, timeout=None, project=None, runs_dir=None, debug=False):
     """Show each host's SSH key fingerprint and add new keys to the inventory's known_hosts (asks first)."""
     from meshrun.deploy.commands.trust import TrustRequest, main
 
@@ -98,8 +141,8 @@ def trust(c, hosts="", inventory="", yes=False, timeout="", project="", runs_dir
             "base": "interpreter on the host that creates the venv (default python3)",
             "reuse_site": "let the venv also see this interpreter's packages (e.g. a shared env with torch)",
             "debug": DEBUG_HELP})
-@guarded
-def setup(c, hosts="", inventory="", base="python3", reuse_site="", project="", runs_dir="", debug=False):
+@_guarded
+def setup(c, hosts=None, inventory=None, base="python3", reuse_site=None, project=None, runs_dir=None, debug=False):
     """Prepare each remote host's Python: <workdir>/.venv with this meshrun and the project's requirements (idempotent)."""
     from meshrun.deploy.commands.setup import main
 
@@ -110,8 +153,8 @@ def setup(c, hosts="", inventory="", base="python3", reuse_site="", project="", 
 @task(help={**PROJECT_FLAGS, "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP,
             "data": "also a dataset: SRC:DEST (local dir : dir on each host, relative to its workdir or absolute)",
             "debug": DEBUG_HELP})
-@guarded
-def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=False):
+@_guarded
+def sync(c, hosts=None, inventory=None, data=None, project=None, runs_dir=None, debug=False):
     """Copy the project's code (git-tracked and untracked-not-ignored files), and --data, to each host."""
     from meshrun.deploy.commands.sync import main
 
@@ -124,7 +167,8 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
               "of a shipped one (default digits.yaml)",
     "script": "run this torchrun-compatible script of the project instead of the trainer (its path relative to the "
               "project root, not the current directory); its arguments go after --",
-    "nnodes": "elastic bounds MIN:MAX (default: the inventory's `elastic`, else fixed)",
+    "nnodes": "elastic bounds MIN:MAX (default: the inventory's `elastic`, else fixed; a plain N, fixed, must be "
+              "the number of hosts selected)",
     "timeout": f"the built-in trainer's process-group timeout in whole seconds (default {DEFAULT_PG_TIMEOUT_S}; a "
                "resume: the run's): how long a lost peer may stall a collective",
     "detach": "start the run and return its id", "skip_checks": "skip the pre-flight checks",
@@ -139,10 +183,10 @@ def sync(c, hosts="", inventory="", data="", project="", runs_dir="", debug=Fals
     "idle_below": "idle means under this many percent of GPU use (CPU hosts: of a core), default 10",
     "every_checkpoint": "with --notify: also an event for each newer checkpoint a host lists (checked every few seconds)",
 }, iterable=["notify"])
-@guarded
-def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout="",
-          detach=False, skip_checks=False, no_sync=False, resume="", comm="", firewall=False, notify=None,
-          idle_warn="", idle_stop="", idle_below="", every_checkpoint=False, project="", runs_dir="", debug=False):
+@_guarded
+def train(c, hosts=None, inventory=None, config=None, script=None, nnodes=None, timeout=None,
+          detach=False, skip_checks=False, no_sync=False, resume=None, comm=None, firewall=False, notify=None,
+          idle_warn=None, idle_stop=None, idle_below=None, every_checkpoint=False, project=None, runs_dir=None, debug=False):
     """Train on the selected hosts: one synchronized torchrun per host, live logs, summary."""
     from meshrun.deploy.commands.train import TrainRequest, main
     from meshrun.deploy.run.idle import policy_from_flags
@@ -162,8 +206,8 @@ def train(c, hosts="", inventory="", config="", script="", nnodes="", timeout=""
             "watch": "a live view of the run (default: the newest that may still be running), every 2 s; Ctrl-C leaves it",
             "frames": "with --watch: print this many frames, then exit (for scripts; default: until Ctrl-C)",
             "debug": DEBUG_HELP})
-@guarded
-def status(c, run="", json=False, watch=False, frames="", project="", runs_dir="", debug=False):
+@_guarded
+def status(c, run=None, json=False, watch=False, frames=None, project=None, runs_dir=None, debug=False):
     """Runs, hosts, state, epoch/step and uptime, read from the hosts."""
     from meshrun.deploy.commands.status import main
     from meshrun.deploy.run.watchview import parse_frames
@@ -173,8 +217,8 @@ def status(c, run="", json=False, watch=False, frames="", project="", runs_dir="
 
 @task(help={**PROJECT_FLAGS, "run": LIVE_RUN_HELP, "follow": "keep printing new lines until Ctrl-C", "lines": f"lines per host (default {DEFAULT_LOG_LINES})",
             "debug": DEBUG_HELP})
-@guarded
-def logs(c, run="", follow=False, lines="", project="", runs_dir="", debug=False):
+@_guarded
+def logs(c, run=None, follow=False, lines=None, project=None, runs_dir=None, debug=False):
     """Show a run's logs from every host, prefixed [host:rank]."""
     from meshrun.deploy.commands.logs import main
 
@@ -182,8 +226,8 @@ def logs(c, run="", follow=False, lines="", project="", runs_dir="", debug=False
 
 
 @task(help={**PROJECT_FLAGS, "run": LIVE_RUN_HELP, "debug": DEBUG_HELP})
-@guarded
-def stop(c, run="", project="", runs_dir="", debug=False):
+@_guarded
+def stop(c, run=None, project=None, runs_dir=None, debug=False):
     """Stop a run on every host (TERM, grace, KILL) and confirm no run process is left."""
     from meshrun.deploy.commands.stop import main
 
@@ -191,8 +235,8 @@ def stop(c, run="", project="", runs_dir="", debug=False):
 
 
 @task(help={**PROJECT_FLAGS, "run": "the elastic run's id", "hosts": "hosts to add", "debug": DEBUG_HELP})
-@guarded
-def join(c, run="", hosts="", project="", runs_dir="", debug=False):
+@_guarded
+def join(c, run=None, hosts=None, project=None, runs_dir=None, debug=False):
     """Add hosts to a running elastic run: same rendezvous, the world grows."""
     from meshrun.deploy.commands.membership import main
 
@@ -200,8 +244,8 @@ def join(c, run="", hosts="", project="", runs_dir="", debug=False):
 
 
 @task(help={**PROJECT_FLAGS, "run": "the elastic run's id", "hosts": "hosts to remove", "debug": DEBUG_HELP})
-@guarded
-def leave(c, run="", hosts="", project="", runs_dir="", debug=False):
+@_guarded
+def leave(c, run=None, hosts=None, project=None, runs_dir=None, debug=False):
     """Remove hosts from a running elastic run gracefully; it goes on while its minimum holds."""
     from meshrun.deploy.commands.membership import main
 
@@ -214,8 +258,8 @@ def leave(c, run="", hosts="", project="", runs_dir="", debug=False):
     "every_copy": "bring every host's copy of the checkpoints, not only the newest holder's",
     "prune": "then remove the checkpoints fetched earlier that are older than every host's oldest (all hosts "
              "answering; never a file you changed, never best.pt)", "debug": DEBUG_HELP})
-@guarded
-def fetch_checkpoints(c, run="", dest="", force=False, project="", runs_dir="", debug=False, every_copy=False,
+@_guarded
+def fetch_checkpoints(c, run=None, dest=None, force=False, project=None, runs_dir=None, debug=False, every_copy=False,
                       prune=False):  # new flags last: the older ones keep their short forms (-p is --project)
     """Bring a run home: verified checkpoints + manifest, and every host's logs and metrics."""
     from meshrun.deploy.commands.fetch import main
@@ -224,8 +268,8 @@ def fetch_checkpoints(c, run="", dest="", force=False, project="", runs_dir="", 
 
 
 @task(help={**PROJECT_FLAGS, "run": RUN_HELP, "json": "print JSON for scripts", "debug": DEBUG_HELP})
-@guarded
-def report(c, run="", json=False, project="", runs_dir="", debug=False):
+@_guarded
+def report(c, run=None, json=False, project=None, runs_dir=None, debug=False):
     """Throughput per host and rank, step-time breakdown, final and best accuracy, and a PNG of the curves."""
     from meshrun.deploy.commands.report import main
 
@@ -235,8 +279,8 @@ def report(c, run="", json=False, project="", runs_dir="", debug=False):
 # `action` defaults to None: invoke fills a positional argument only while its value is still None.
 @task(positional=["action"], help={**PROJECT_FLAGS, "action": "up | down | status (default status)", "hosts": HOSTS_HELP,
                                    "inventory": INVENTORY_HELP, "debug": DEBUG_HELP})
-@guarded
-def firewall(c, action=None, hosts="", inventory="", project="", runs_dir="", debug=False):
+@_guarded
+def firewall(c, action=None, hosts=None, inventory=None, project=None, runs_dir=None, debug=False):
     """Each host's own iptables: allow SSH and the member hosts on the training interface, refuse other TCP."""
     from meshrun.deploy.commands.firewall import FirewallRequest, main
 

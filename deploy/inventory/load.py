@@ -139,6 +139,9 @@ def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object],
             raise at.fail("no `address`", "add `address: <overlay, LAN or public IP>` (or `address: local`)")
         _check_gpus_or_nproc(own, at)
         merged = {**defaults, "ssh_address": None, **own}
+        # `env` is layered key by key, the host's keys winning: `defaults: env:` is "for every host", and a
+        # host adding `NCCL_DEBUG` must not lose the defaults' WANDB_API_KEY. Every other field is replaced whole.
+        merged["env"] = _merged_env(defaults["env"], own.get("env", ()))  # type: ignore[arg-type]
         if "gpus" in own:
             merged["nproc"] = None
         elif "nproc" in own:
@@ -152,6 +155,11 @@ def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object],
     if not hosts:
         raise where.at(node).fail("`hosts:` is empty", "list at least one host")
     return tuple(hosts)
+
+
+def _merged_env(defaults: tuple[tuple[str, str], ...], own: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The defaults' variables in their order, each the host's value where it sets one, then the host's own."""
+    return tuple({**dict(defaults), **dict(own)}.items())
 
 
 def _check_local_workdirs(hosts: tuple[Host, ...], sections: Mapping[str, tuple[yaml.Node, yaml.Node]], where: Where,

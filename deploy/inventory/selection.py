@@ -101,17 +101,29 @@ def _spec(name: str, raw: list[str]) -> HostSpec:
 
 
 def select_hosts(inventory: Inventory, value: str | None) -> Selection:
-    """The hosts a task acts on, in inventory order of first mention; all hosts if `value` is empty."""
+    """The hosts a task acts on, in order of first mention; all hosts if `value` is empty. A GPU
+    override (`gpu1:0`) holds against a plain mention of the same host, before or after it (its bare
+    name, or a group holding it): `gpu1:0,lab` leaves the other GPUs of gpu1 to whoever kept them
+    out. Two different overrides for one host are refused: which one was meant is not ours to guess."""
     if not value:
         return Selection(inventory.hosts, inventory.rendezvous)
     chosen: dict[str, Host] = {}
+    overrides: dict[str, tuple[int, ...]] = {}
     for spec in parse_hosts_flag(value):
         for name in _expand(inventory, spec.name):
-            host = inventory.host(name)
-            if spec.gpus is not None:
-                host = dataclasses.replace(host, gpus=spec.gpus, nproc=None)
-            chosen[name] = host
+            if spec.gpus is None:
+                chosen.setdefault(name, inventory.host(name))  # an earlier override stays
+                continue
+            if overrides.get(name, spec.gpus) != spec.gpus:
+                raise InputError(f"--hosts: {clip(name)} is given GPUs {_gpu_list(overrides[name])} and then "
+                                 f"{_gpu_list(spec.gpus)}; give it once")
+            overrides[name] = spec.gpus
+            chosen[name] = dataclasses.replace(inventory.host(name), gpus=spec.gpus, nproc=None)  # keeps its place
     return Selection(tuple(chosen.values()), inventory.rendezvous)
+
+
+def _gpu_list(gpus: tuple[int, ...]) -> str:
+    return ",".join(map(str, gpus))
 
 
 def _expand(inventory: Inventory, name: str) -> tuple[str, ...]:
@@ -125,7 +137,9 @@ def _expand(inventory: Inventory, name: str) -> tuple[str, ...]:
 
 
 def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> ElasticBounds | None:
-    """`--nnodes MIN:MAX` wins over the inventory's `elastic:`; a plain count means no elasticity."""
+    """`--nnodes MIN:MAX` wins over the inventory's `elastic:`; a plain count means no elasticity, and
+    must be the number of selected hosts (torchrun's `--nnodes N` is how many take part: fewer would be
+    silently ignored, as every selected host is launched)."""
     if not value:
         return inventory.elastic
     low, colon, high = value.partition(":")
@@ -135,6 +149,9 @@ def parse_nnodes(value: str | None, inventory: Inventory, host_count: int) -> El
     bounds = ElasticBounds(low_n, high_n)
     if not 1 <= bounds.min <= bounds.max:
         raise InputError(f"--nnodes {shown(value)}: need 1 <= MIN <= MAX")
+    if not colon and bounds.min != host_count:  # a fixed run is on every selected host: the count can only agree
+        raise InputError(f"--nnodes {shown(value)}: {host_count} host{' is' if host_count == 1 else 's are'} "
+                         f"selected; select {shown(bounds.min)} with --hosts, or give MIN:MAX for an elastic run")
     if bounds.min > host_count:
         raise InputError(f"--nnodes {shown(value)}: MIN {shown(bounds.min)} is more than the {host_count} "
                          "selected host(s)")
