@@ -18,7 +18,7 @@ from meshrun.deploy.render.neutral import NeutralConsole, PlainTable, neutral, o
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import SCRIPT_OUTPUT
 from meshrun.deploy.run.summary import RunSummary
-from meshrun.layout import HOSTS
+from meshrun.layout import HOSTS, STARTS_FILE
 
 HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta")
 _HINT_FLAGS: dict[str, str] = {}  # this command's --inventory, --project, --runs-dir, repeated in hints
@@ -39,14 +39,32 @@ def as_run(message: str) -> str:
 def script_files_lines(script: str, home: str, reports: list) -> list[str]:
     """Where a --script run's own files are after a fetch: a host fetched into `hosts/<host>/` had them
     in its run directory; a local host whose workdir is this project (its report landed in the run's
-    own folder) gave the script a folder of its own beside the agent's files (deploy/run/plan.py `script_run_dir`)."""
+    own folder) gave the script a folder of its own beside the agent's files (deploy/run/plan.py `script_run_dir`).
+    A host that sent files, all of them meshrun's, is named: its script saved nothing there, likely by a
+    relative path into the host's workdir, which no fetch brings (a user saw no checkpoint, and no word why)."""
     local = [r.host for r in reports if str(r.landed) == home]
     lines = [f"what {script} wrote under $MESHRUN_RUN_DIR on {name}: {home}/{HOSTS}/{name}/{SCRIPT_OUTPUT}/; "
              f"its logs: {home}/{HOSTS}/{name}/ (docs/scripts.md)" for name in local]
-    if len(local) < len(reports) or not reports:
+    fetched = [r for r in reports if str(r.landed) != home]
+    silent = [r.host for r in fetched if _sent_only_meshruns(r)]
+    if len(silent) < len(fetched) or not reports:
         lines.insert(0, f"what {script} wrote under $MESHRUN_RUN_DIR, and the logs: {home}/{HOSTS}/<host>/ "
                         "(as each host had it; docs/scripts.md)")
+    if silent:
+        lines.append(f"{script} wrote nothing under $MESHRUN_RUN_DIR on {', '.join(silent)}: files it saved by a "
+                     "relative path stay in each host's workdir, which fetch does not bring; save them under "
+                     f"$MESHRUN_RUN_DIR (docs/scripts.md). The logs: {home}/{HOSTS}/<host>/")
     return lines
+
+
+def _sent_only_meshruns(report: Any) -> bool:
+    """The host's run directory held files, and only meshrun's of a script run: the runner's starts.json and
+    the agents' `hosts/` (every host's, where hosts share a workdir). A host that sent nothing at all (its run
+    directory gone) or held files the fetch could not bring (links, too deep a folder) is not said to be empty."""
+    names = [*report.new, *report.updated, *report.unchanged, *report.conflicts, *report.corrupt, *report.kept_home]
+    if not names or report.skipped.total or report.refused:
+        return False
+    return all(name == STARTS_FILE or name.startswith(f"{HOSTS}/") for name in names)
 
 
 class Renderer:
