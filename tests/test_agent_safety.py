@@ -3,6 +3,8 @@ hole 8). Real processes on this machine: the agent, real torchrun, real process 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.host.procs import alive, start_time, terminate_run
-from meshrun.layout import TORCHRUN_MODULE
+from meshrun.layout import EXIT_RECORD, TORCHRUN_MODULE, host_dir
 from tests.testbed.proc import argv_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,29 +208,126 @@ def process_states(pids: list[int]) -> str:
     return "\n".join(lines)
 
 
-def test_signal_handlers_are_in_place_before_torchrun_is_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+STOPS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@pytest.mark.parametrize("ignored", [(), (signal.SIGHUP,), (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)],
+                         ids=["none", "nohup", "all"])
+def test_signal_handlers_are_in_place_before_torchrun_is_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 ignored: tuple[signal.Signals, ...]) -> None:
     """A TERM that lands between Popen and the handlers would kill the agent and orphan torchrun:
-    at the moment Popen is called, TERM, HUP and INT must already be the agent's own."""
+    at the moment Popen is called, the agent's stop signals must already be its own. A SIGHUP or
+    SIGINT it was started ignoring (`nohup`) stays ignored, as the controller's does; SIGTERM, how
+    `fab stop` asks it to stop, is its own whatever it inherited."""
     from meshrun.deploy.host import agent
 
     seen: dict[str, object] = {}
 
     def popen(*_args: object, **_kwargs: object) -> None:
-        seen.update({sig.name: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)})
+        seen.update({sig.name: signal.getsignal(sig) for sig in STOPS})
         raise OSError("not started in this test")
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(agent.subprocess, "Popen", popen)
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    before = {sig: signal.getsignal(sig) for sig in STOPS}
     args = agent.parse(["run", "--run-id", "r1", "--host", "h1", "--heartbeat-timeout", "0", "--quiet", "--", "true"])
     args.secret_env = {}
     try:
+        for sig in STOPS:  # as the agent's parent left them
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
         assert agent.Supervisor(args).run() == 127
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
     assert set(seen) == {"SIGTERM", "SIGHUP", "SIGINT"}
-    assert all(callable(h) and h not in before.values() for h in seen.values()), seen
+    own = {name for name, h in seen.items() if callable(h) and h not in before.values()}
+    assert own == {"SIGTERM"} | {sig.name for sig in STOPS if sig not in ignored}, seen
+    assert all(seen[sig.name] is signal.SIG_IGN for sig in ignored if sig != signal.SIGTERM), seen
+
+
+def agent_started_ignoring(tmp_path: Path, run_id: str, ignored: str) -> subprocess.Popen:
+    """An attached agent (heartbeats on stdin) started as `nohup` starts it, with `ignored` signals
+    ignored (sh's `trap ''`, inherited through exec), in a process group of its own: a shell job's,
+    which is where an `address: local` host's agent is, beside its controller (deploy/edges/transport.py)."""
+    agent = [sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", run_id, "--host", "local",
+             "--heartbeat-timeout", "600", "--grace", "2", "--", sys.executable, "-c", "import time; time.sleep(600)"]
+    return subprocess.Popen(["sh", "-c", f"trap '' {ignored}; exec \"$0\" \"$@\"", *agent], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def signal_sets(pid: int) -> dict[str, set[int]]:
+    """The signals `pid` ignores and catches, from /proc/PID/status's SigIgn and SigCgt masks."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {k: {n for n in range(1, 65) if int(status[k], 16) >> (n - 1) & 1} for k in ("SigIgn", "SigCgt")}
+
+
+def exit_reason(tmp_path: Path, run_id: str) -> str:
+    return json.loads((tmp_path / host_dir(run_id, "local") / EXIT_RECORD).read_text())["reason"]
+
+
+def test_an_agent_started_under_nohup_outlives_the_terminals_hangup(tmp_path: Path) -> None:
+    """`nohup fab train` with an `address: local` host: the closed terminal's SIGHUP to the job's group
+    stopped the local agent's run (it replaced the SIG_IGN it inherited), and with it the run the
+    controller, ignoring the SIGHUP, went on with (a review of orphans, finding 5). The agent keeps the
+    SIG_IGN and its run; the controller's end (EOF) still stops it."""
+    run_id = "nohup-" + os.urandom(3).hex()
+    agent = agent_started_ignoring(tmp_path, run_id, "HUP")
+    assert agent.stdin is not None
+    try:
+        started = time.monotonic()
+        while not tagged(run_id) and time.monotonic() - started < 60:
+            time.sleep(0.1)
+        assert tagged(run_id), "the command never started"
+        # Its handlers are set before the command starts: what it does with SIGHUP is settled now.
+        assert signal.SIGHUP in signal_sets(agent.pid)["SigIgn"], signal_sets(agent.pid)
+        os.killpg(agent.pid, signal.SIGHUP)  # the terminal closes: the shell hangs up the job's group
+        for _ in range(10):  # the controller ignored it: its heartbeats go on
+            with contextlib.suppress(BrokenPipeError):  # an agent that stopped: said below
+                agent.stdin.write(b"\n")
+                agent.stdin.flush()
+            time.sleep(0.2)
+        assert agent.poll() is None and tagged(run_id), "the run stopped on a SIGHUP its agent was started ignoring"
+        agent.stdin.close()
+        assert agent.wait(timeout=60) == 128 + signal.SIGTERM
+        assert exit_reason(tmp_path, run_id) == "the controller's connection closed"
+        assert not tagged(run_id)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        for pid in tagged(run_id):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_fab_stop_stops_an_agent_started_ignoring_every_stop_signal(tmp_path: Path) -> None:
+    """SIGTERM is the agent's own whatever it inherited: `agent stop` (`fab stop`) asks with it. SIGHUP
+    and SIGINT, inherited ignored, stay ignored and stop nothing."""
+    run_id = "trapped-" + os.urandom(3).hex()
+    agent = agent_started_ignoring(tmp_path, run_id, "HUP INT TERM")
+    assert agent.stdin is not None
+    try:
+        started = time.monotonic()
+        while not tagged(run_id) and time.monotonic() - started < 60:
+            time.sleep(0.1)
+        assert tagged(run_id), "the command never started"
+        sets = signal_sets(agent.pid)
+        assert {signal.SIGHUP, signal.SIGINT} <= sets["SigIgn"] and signal.SIGTERM in sets["SigCgt"], sets
+        os.killpg(agent.pid, signal.SIGHUP)
+        os.killpg(agent.pid, signal.SIGINT)
+        stop = subprocess.run([sys.executable, "-m", "meshrun.deploy.host.agent", "stop", "--run-id", run_id, "--host",
+                               "local", "--grace", "2"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=120)
+        answer = json.loads(stop.stdout)
+        assert (stop.returncode, answer["was_running"], answer["remaining"]) == (0, True, []), stop
+        assert agent.wait(timeout=60) == 128 + signal.SIGTERM
+        assert exit_reason(tmp_path, run_id) == "signal SIGTERM"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        for pid in tagged(run_id):
+            os.kill(pid, signal.SIGKILL)
 
 
 def quiet_agent(tmp_path: Path, run_id: str, command: list[str]) -> subprocess.Popen:

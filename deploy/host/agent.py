@@ -4,14 +4,17 @@ python before anything else there is known to work.
 `run`    starts the command (torchrun) in its own session, records `agent.json` (the pidfile),
          tees output to `train.log` and to the controller, and watches the controller: every
          line on stdin is a heartbeat; EOF or silence past `--heartbeat-timeout` means the
-         controller is gone (killed, laptop closed, link cut), so the run is stopped. SIGTERM,
-         SIGHUP and SIGINT stop it too, with every process below the agent, tagged or not (it is
-         the run's subreaper: deploy/host/procs.py). Exits with the command's status, or
-         AGENT_BUSY_EXIT, having started nothing, while another agent of the run holds the host's lock.
+         controller is gone (killed, laptop closed, link cut), so the run is stopped. SIGTERM
+         stops it too, and SIGHUP and SIGINT unless it was started ignoring them (`nohup`), with
+         every process below the agent, tagged or not (it is the run's subreaper:
+         deploy/host/procs.py). A worker group restarted (by torch, or on the controller's
+         `restart`) takes the orphans it left along (deploy/host/stopping.py). Exits with the
+         command's status, or AGENT_BUSY_EXIT, having started nothing, while another agent of
+         the run holds the host's lock.
 `stop`   stops a run found through its pidfile and run id: TERM the process group, a grace
          period, KILL; then every process tagged with the run's MESHRUN_RUN_ID and
          MESHRUN_HOST (torchrun starts each worker in a session of its own, out of reach of
-         the group). Never by name. Prints JSON.
+         the group). Never by name. Prints JSON (deploy/host/stopping.py).
 `status` prints JSON: state, exit status, progress, uptime.
 """
 
@@ -36,12 +39,12 @@ from meshrun.deploy.host.agentstart import (CANNOT_WRITE_EXIT, busy_line, cannot
 from meshrun.deploy.host.exitbarrier import ExitBarrier
 from meshrun.deploy.host.idle import HostIdle, UsageFeed
 from meshrun.deploy.host.outpipe import ControllerPipe, RunLog
-from meshrun.deploy.host.procs import (POLL_S, alive, become_subreaper, die_with_parent, hold_lock,
-                                       is_agent, program_at_home, reap_adopted, signal_all, start_time,
-                                       tagged_pids, tagged_runs, terminate_run, with_offspring)
+from meshrun.deploy.host.procs import (POLL_S, become_subreaper, die_with_parent, hold_lock, program_at_home,
+                                       start_time, tagged_pids, tagged_runs, terminate_run)
 from meshrun.deploy.host.succession import WORKERS_DONE_GRACE_S, Generation, HeadWatcher, PeerWatcher, \
     parse_generations, parse_peers
 from meshrun.deploy.host.usage import newest_checkpoint
+from meshrun.deploy.host.stopping import GroupWatch, cmd_stop, restart_group, stop_signals, swept_line
 from meshrun.fsutil import atomic_write_json
 from meshrun.idlerule import parse_policy
 
@@ -109,7 +112,7 @@ class Supervisor:
                                     self.args.host, lambda line: self.emit(f"meshrun-agent: {line}\n".encode()))
         # Before any child exists: a signal between Popen and here would kill us and orphan it.
         become_subreaper()  # orphans below us (a script's child that dropped the run's tags) come to us
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        for sig in stop_signals():
             signal.signal(sig, lambda signum, _f: self.request_stop(f"signal {signal.Signals(signum).name}"))
         if self.args.heartbeat_timeout > 0:
             threading.Thread(target=self.read_heartbeats, daemon=True).start()
@@ -162,6 +165,7 @@ class Supervisor:
             return 127
         self.torchrun_pid = child.pid
         self.torchrun_start = start_time(child.pid)
+        self.groups = GroupWatch(os.getpid(), child.pid)
         try:
             atomic_write_json(self.dir / AGENT_PIDFILE, {
                 "run_id": self.args.run_id, "host": self.args.host, "agent_pid": os.getpid(), "pgid": child.pid,
@@ -196,18 +200,8 @@ class Supervisor:
                 child.wait()
                 self.emit(f"meshrun-agent: stopped; {len(left)} processes left\n".encode())
                 return 128 + signal.SIGTERM
-            lost_peers = self.peers.take_lost() if self.peers is not None else []
-            if lost_peers:  # detached: no controller to send `restart` for a cut peer
-                self.emit(f"meshrun-agent: peer(s) {', '.join(lost_peers)} stopped answering\n".encode())
-                self.notices.lost(lost_peers, self.head)
-                self.journal("peers_lost", f"peer(s) {', '.join(lost_peers)} stopped answering")
-                self.barrier.peer_gone()
-                self.restart_workers()
-            back_peers = self.peers.take_back() if self.peers is not None else []
-            if back_peers:  # its link is back; its agent, if it still runs, rejoins at the next rendezvous
-                self.emit(f"meshrun-agent: peer(s) {', '.join(back_peers)} answer again\n".encode())
-                self.notices.back(back_peers, self.head)
-                self.journal("peers_back", f"peer(s) {', '.join(back_peers)} answer again")
+            if self.peers is not None:
+                self.take_peer_news(self.peers)
             for action, text, idle_s in self.idle.take() if self.idle is not None else []:
                 self.emit(f"meshrun-agent: {text}\n".encode())
                 self.journal("idle", text)
@@ -226,7 +220,9 @@ class Supervisor:
                 return 1
             if self.barrier.release():
                 return self.leave_exit_barrier(child)
-            reap_adopted(os.getpid(), child.pid)
+            if swept := self.groups.look():  # torch restarted the workers: the old group's orphans go
+                self.emit(f"meshrun-agent: {swept_line(swept)}\n".encode())
+                self.journal("workers_restarted", swept_line(swept))
             time.sleep(POLL_S)
         # The command is done; workers it left behind (own sessions) must not outlive it.
         self.end_all(child, 2)
@@ -235,6 +231,19 @@ class Supervisor:
         if child.returncode not in (0, STATE_REFUSED_EXIT) and watcher is not None:
             self.head_lost = watcher.confirm_lost()
         return child.returncode
+
+    def take_peer_news(self, peers: PeerWatcher) -> None:
+        """A detached run's peers, lost or back, said; a lost one restarts the workers here."""
+        if lost_peers := peers.take_lost():  # detached: no controller to send `restart` for a cut peer
+            self.emit(f"meshrun-agent: peer(s) {', '.join(lost_peers)} stopped answering\n".encode())
+            self.notices.lost(lost_peers, self.head)
+            self.journal("peers_lost", f"peer(s) {', '.join(lost_peers)} stopped answering")
+            self.barrier.peer_gone()
+            self.restart_workers()
+        if back_peers := peers.take_back():  # its link is back; its agent, if it runs, rejoins at the next rendezvous
+            self.emit(f"meshrun-agent: peer(s) {', '.join(back_peers)} answer again\n".encode())
+            self.notices.back(back_peers, self.head)
+            self.journal("peers_back", f"peer(s) {', '.join(back_peers)} answer again")
 
     def end_all(self, child: subprocess.Popen, grace_s: float) -> list[int]:
         """Stop torchrun's group, the run's tagged processes and all below this agent; the survivors."""
@@ -309,9 +318,7 @@ class Supervisor:
         workers = self.workers()
         self.emit(f"meshrun-agent: a peer was lost; restarting {len(workers)} worker(s)\n".encode())
         self.journal("workers_restarted", f"a peer was lost; {len(workers)} worker(s) restarted")
-        # With what they started, tags or not, and the orphans they left with us: a process of the old
-        # group that outlived it would hold its GPU's memory against the new one.
-        signal_all(None, with_offspring(workers, os.getpid(), self.torchrun_pid), signal.SIGKILL)
+        restart_group(workers, os.getpid(), self.torchrun_pid)
 
     def workers(self) -> list[int]:
         """This run's processes on this host but the agent and torchrun: its workers."""
@@ -345,21 +352,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.secret_env = read_env_block(sys.stdin.buffer) if args.env_stdin else {}
     # Detached: re-run ourselves in a new session with no controller, wait for the pidfile.
     return Supervisor(args).run() if not args.detach else start_detached(args)
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    run_id = args.run_id
-    record = read_json(Path(host_dir(run_id, args.host)) / AGENT_PIDFILE) or {}
-    agent_pid = record.get("agent_pid")
-    was_running = bool(tagged_pids(run_id, args.host))
-    if agent_pid and alive(agent_pid) and is_agent(agent_pid, run_id):
-        os.kill(agent_pid, signal.SIGTERM)  # it stops its own run gracefully
-        deadline = time.monotonic() + args.grace + 5
-        while alive(agent_pid) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-    left = terminate_run(run_id, args.host, record.get("pgid"), args.grace, record.get("pgid_start"))
-    print(json.dumps({"host": args.host, "run_id": run_id, "was_running": was_running, "remaining": left}))
-    return 0 if not left else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -149,12 +149,30 @@ def with_offspring(workers: list[int], agent: int, spared: int) -> list[int]:
     return sorted({*workers, *(p for w in workers for p in descendants(w)), *adopted_orphans(agent, spared)})
 
 
-def adopted_orphans(agent: int, spared: int) -> list[int]:
+def adopted_orphans(agent: int, spared: int, started_before: int | None = None) -> list[int]:
     """Orphans re-parented to the subreaper `agent`, and what they started: its children but
-    `spared` (torchrun) outside its own session (the agent's own helpers, nvidia-smi, run in it)."""
+    `spared` (torchrun) outside its own session (the agent's own helpers, nvidia-smi, run in it).
+    With `started_before` (clock ticks since boot, as `start_time`), only the orphans that started
+    earlier, each with all it started whenever that was: its tree is the same leftover."""
     mine = _field(agent, 3)
-    orphans = [p for p in descendants(agent) if p != spared and _field(p, 1) == agent and _field(p, 3) != mine]
+
+    def in_time(pid: int) -> bool:
+        began = start_time(pid)  # None: gone meanwhile
+        return started_before is None or (began is not None and began < started_before)
+
+    orphans = [p for p in descendants(agent)
+               if p != spared and _field(p, 1) == agent and _field(p, 3) != mine and in_time(p)]
     return [*orphans, *(p for o in orphans for p in descendants(o))]
+
+
+def session_leader_start(pid: int) -> int | None:
+    """`pid`'s start time (clock ticks since boot) if it is alive and leads a session of its own, as
+    torch starts each worker (its `SubprocessHandler`: `start_new_session`); else None. A child
+    forked but not yet past its `setsid` is None too: not a worker yet."""
+    fields = _stat(pid)
+    if fields is None or len(fields) <= 19 or fields[0] == b"Z" or int(fields[3]) != pid:
+        return None
+    return int(fields[19])
 
 
 def tagged_pids(run_id: str, host: str) -> list[int]:
