@@ -11,6 +11,7 @@ import yaml
 
 from meshrun.train.config import (DEFAULT_CONFIG, Backend, DatasetKind, OptimizerKind, TrainConfig,
                           load_config, to_dict)
+from meshrun.train.config_rules import shown
 from meshrun.train.errors import UsageError
 from tests.trainer.harness import REPO, clean_env
 
@@ -82,7 +83,7 @@ def test_out_of_range_value_names_key_and_range() -> None:
 ])
 def test_a_float_is_a_finite_decimal_number(override: str) -> None:
     key, text = override.split("=")
-    assert error_of(override) == f"override {override!r}: {key!r} must be a finite number; got {text!r}"
+    assert error_of(override) == f"override {shown(override)}: {key!r} must be a finite number; got {shown(text)}"
 
 
 @pytest.mark.parametrize("override", ["epochs=0x10", "epochs=010", "epochs=0o10", "epochs=0b11",
@@ -109,11 +110,23 @@ def test_decimal_forms_still_read() -> None:
     (("optim.grad_clip=-1",), "optim.grad_clip", ">= 0 (0: no clipping)", "-1.0"),
     (("model.dropout=1.5",), "model.dropout", "in [0, 1)", "1.5"),
     (("model.dropout=1",), "model.dropout", "in [0, 1)", "1.0"),
-    (("model.hidden=[64, 0]",), "model.hidden", "a list of widths >= 1", "(64, 0)"),
+    (("model.hidden=[64, 0]",), "model.hidden", "a list of widths in [1, 1048576]", "(64, 0)"),
+    (("model.hidden=[100000000000]",), "model.hidden", "a list of widths in [1, 1048576]", "(100000000000,)"),
+    (("model.hidden=[1048577]",), "model.hidden", "a list of widths in [1, 1048576]", "(1048577,)"),
     (("model.sa_points=[0]",), "model.sa_points", "a list of centroid counts >= 1", "(0,)"),
     (("model.sa_radius=[0.2, -0.4]",), "model.sa_radius", "a list of radii > 0", "(0.2, -0.4)"),
     (("model.sa_samples=0",), "model.sa_samples", ">= 1", "0"),
-    (("model.width=0",), "model.width", ">= 1", "0"),
+    (("model.width=0",), "model.width", "in [1, 1048576]", "0"),
+    (("model.width=1048577",), "model.width", "in [1, 1048576]", "1048577"),
+    (("data.batch_size=16777217",), "data.batch_size", "in [1, 16777216]", "16777217"),
+    (("data.eval_batch_size=9223372036854775808",), "data.eval_batch_size", "in [1, 16777216]",
+     "9223372036854775808"),
+    (("data.eval_batch_size=0",), "data.eval_batch_size", "in [1, 16777216]", "0"),
+    (("data.num_workers=100000",), "data.num_workers", "in [0, 1024] (0: load in the main process)", "100000"),
+    (("data.num_workers=99999999999999999999",), "data.num_workers", "in [0, 1024] (0: load in the main process)",
+     "99999999999999999999"),
+    (("model.hidden=[" + "1" * 200 + "]",), "model.hidden", "a list of widths in [1, 1048576]",
+     "(" + "1" * 28 + "..." + "1" * 29 + ",)"),  # a value is clipped to 80 characters
     (("seed=99999999999999999999999",), "seed", "in [0, 4294967295]", "99999999999999999999999"),
     (("seed=-1",), "seed", "in [0, 4294967295]", "-1"),
     (("data.split_seed=4294967296",), "data.split_seed", "in [0, 4294967295]", "4294967296"),

@@ -5,6 +5,8 @@ Contract:
   ``UsageError`` whose message is one line naming the source (file or override), the dotted key,
   what is allowed and, for typos, a did-you-mean.
 - Only ``train.__main__`` calls it; everything else receives the sub-config it needs.
+- The YAML, a file's and each override's value, is composed by ``config_rules.YamlLoader``: nesting and
+  alias expansion bounded, a duplicate key refused, each as one line with the file's line and the key.
 """
 
 from __future__ import annotations
@@ -26,28 +28,13 @@ from meshrun.fsutil import read_regular
 from meshrun.layout import DEFAULT_PG_TIMEOUT_S
 from meshrun.train.kinds import (Backend, CommHook, DatasetKind, ModelKind, OptimizerKind,  # noqa: F401 - re-exported
                          Precision, ScheduleKind, WireDtype)
-from meshrun.train.config_rules import check_ranges
+from meshrun.train.config_rules import (DECIMAL_FLOAT, DECIMAL_INT, SHOWN_MAX, Refused, YamlLoader,
+                                        check_ranges, shown)
 from meshrun.train.errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "digits.yaml"
 CONFIG_MAX = 1 << 20  # a config is a page of YAML; read as a regular file of at most this many bytes
-INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-DECIMAL_INT = r"[-+]?(?:0|[1-9][0-9]*)"
-DECIMAL_FLOAT = r"[-+]?(?:(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)"
-
-
-class _Loader(yaml.SafeLoader):
-    """``yaml.safe_load`` with plain decimal numbers: YAML 1.1 reads 0x10, 010 (octal), 0b1, 1_000
-    and 1:20 (base 60) as integers, .inf and .nan as floats; here they stay text, which a number
-    key refuses. 1e-4 is a float (PyYAML's own rule wants a dot and a signed exponent)."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in rules if tag not in (INT_TAG, FLOAT_TAG)]
-    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(INT_TAG, re.compile(DECIMAL_INT + r"\Z"), list("-+0123456789"))
-_Loader.add_implicit_resolver(FLOAT_TAG, re.compile(DECIMAL_FLOAT + r"\Z"), list("-+0123456789."))
 
 
 @dataclass(frozen=True)
@@ -202,12 +189,16 @@ def load_config(path: Path | None = None, overrides: tuple[str, ...] = ()) -> Tr
     if path.name == str(path) and not os.path.lexists(path) and (CONFIG_DIR / path.name).is_file():
         path = CONFIG_DIR / path.name
     try:
-        raw = yaml.load(read_regular(path, CONFIG_MAX).decode("utf-8"), Loader=_Loader) or {}
+        text = read_regular(path, CONFIG_MAX).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"config file {path} not found; ship-in configs: {_shipped()}") from None
     except (OSError, UnicodeDecodeError) as err:  # a FIFO, a device, too large, a name too long, not UTF-8
         raise UsageError(f"config file {path}: cannot be read ({err}); name a YAML file") from None
-    except yaml.YAMLError as err:
+    try:
+        raw = yaml.load(text, Loader=YamlLoader) or {}
+    except Refused as err:
+        raise UsageError(f"{path}:{err.line}: {err.problem}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as err:  # ValueError: e.g. `!!int` of 5000 digits
         raise UsageError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: top level must be a mapping of keys, got {type(raw).__name__}")
@@ -222,11 +213,15 @@ def apply_override(cfg: TrainConfig, item: str) -> TrainConfig:
     """Return ``cfg`` with one ``dotted.key=value`` override applied (value parsed as YAML)."""
     key, sep, text = item.partition("=")
     if not sep or not key:
-        raise UsageError(f"override {item!r} must look like key=value, e.g. optim.lr=0.05")
-    source = f"override {item!r}"
+        raise UsageError(f"override {shown(item)} must look like key=value, e.g. optim.lr=0.05")
+    source = f"override {shown(item)}"
     try:
-        value = yaml.load(text, Loader=_Loader) if text else ""
-    except yaml.YAMLError:
+        value = yaml.load(text, Loader=YamlLoader) if text else ""
+    except Refused as err:
+        raise UsageError(f"{source}: {err.problem}") from None
+    except RecursionError:
+        raise UsageError(f"{source}: nested too deeply; a config needs 4 levels") from None
+    except (yaml.YAMLError, ValueError):  # not YAML: the text itself, which a number key refuses
         value = text
     return _replace_path(cfg, key.split("."), value, "", source, text)
 
@@ -247,7 +242,8 @@ def _shipped() -> str:
 
 
 def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
+    text = " ".join(str(err).split()) or type(err).__name__  # PyYAML quotes the input: clip it
+    return text if len(text) <= 3 * SHOWN_MAX else text[:3 * SHOWN_MAX - 1] + "…"
 
 
 def _build(cls: type, raw: Mapping[str, Any], prefix: str, source: str) -> Any:
@@ -255,7 +251,7 @@ def _build(cls: type, raw: Mapping[str, Any], prefix: str, source: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     for key in raw:
         if key not in names:
-            _unknown(cls, prefix, str(key), source)
+            _unknown(cls, prefix, key if isinstance(key, str) else shown(key), source)
     kwargs = {}
     for name in names:
         if name in raw:
@@ -285,13 +281,13 @@ def _replace_path(obj: Any, parts: list[str], value: Any, prefix: str, source: s
 def _unknown(cls: type, prefix: str, key: str, source: str) -> typing.NoReturn:
     full = prefix + key
     allowed = sorted(f.name for f in dataclasses.fields(cls))
-    guess = difflib.get_close_matches(full, _all_keys(TrainConfig, ""), n=1, cutoff=0.6)
+    guess = difflib.get_close_matches(full[:100], _all_keys(TrainConfig, ""), n=1, cutoff=0.6)
     if not guess:
         tail = full.rsplit(".", 1)[-1]
         guess = [k for k in _all_keys(TrainConfig, "") if k.rsplit(".", 1)[-1] == tail][:1]
     hint = f" (did you mean {guess[0]!r}?)" if guess else ""
     where = f"under {prefix[:-1]!r}" if prefix else "at top level"
-    raise UsageError(f"{source}: unknown key {full!r}{hint}; allowed {where}: {', '.join(allowed)}")
+    raise UsageError(f"{source}: unknown key {shown(full)}{hint}; allowed {where}: {', '.join(allowed)}")
 
 
 def _all_keys(cls: type, prefix: str) -> list[str]:
@@ -308,7 +304,7 @@ def _coerce(kind: Any, value: Any, key: str, source: str, text: str | None) -> A
     """Check/convert one leaf value; ``text`` is the raw override text (None for YAML files)."""
     if dataclasses.is_dataclass(kind):
         if not isinstance(value, dict):
-            raise UsageError(f"{source}: {key!r} must be a mapping of keys, got {value!r}")
+            raise UsageError(f"{source}: {key!r} must be a mapping of keys, got {shown(value)}")
         return _build(kind, value, key + ".", source)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         choices = [m.value for m in kind]
@@ -316,10 +312,10 @@ def _coerce(kind: Any, value: Any, key: str, source: str, text: str | None) -> A
             value = text if text is not None else ("on" if value else "off")
         if value in choices:
             return kind(value)
-        guess = difflib.get_close_matches(str(value), choices, n=1)
+        guess = difflib.get_close_matches(value[:100] if isinstance(value, str) else shown(value), choices, n=1)
         hint = f" (did you mean {guess[0]!r}?)" if guess else ""
         raise UsageError(f"{source}: {key!r} must be one of {', '.join(choices)}; "
-                         f"got {value!r}{hint}")
+                         f"got {shown(value)}{hint}")
     if typing.get_origin(kind) is tuple:
         return _coerce_tuple(typing.get_args(kind)[0], value, key, source)
     return _coerce_scalar(kind, value, key, source, text)
@@ -331,7 +327,7 @@ def _coerce_tuple(item: type, value: Any, key: str, source: str) -> tuple:
         return tuple(_coerce_scalar(item, v, key, source, None) for v in values)
     except UsageError:
         raise UsageError(f"{source}: {key!r} must be a list of {item.__name__}s like [1, 2]; "
-                         f"got {value!r}") from None
+                         f"got {shown(value)}") from None
 
 
 def _coerce_scalar(kind: type, value: Any, key: str, source: str, text: str | None) -> Any:
@@ -353,8 +349,7 @@ def _coerce_scalar(kind: type, value: Any, key: str, source: str, text: str | No
     else:
         raise AssertionError(f"unsupported config field type {kind!r} for {key}")
     names = {str: "a string", bool: "true or false", int: "an integer", float: "a finite number"}
-    shown = text if text is not None else value
-    raise UsageError(f"{source}: {key!r} must be {names[kind]}; got {shown!r}")
+    raise UsageError(f"{source}: {key!r} must be {names[kind]}; got {shown(text if text is not None else value)}")
 
 
 def _finite(value: Any) -> float | None:

@@ -15,6 +15,9 @@ at most 1 MiB, and every value meshrun uses from it is checked as the inventory'
 address (never `-o…`, which ssh would read as an option), User a login name, Port ASCII digits from 1 to
 65535, IdentityFile printable, and each ProxyJump hop the same; a bad one is one line naming the file,
 the Host block and the field (exit status 2). `check_all` resolves every host before any is contacted.
+`CanonicalizeHostname` without `CanonicalDomains` changes nothing, as in ssh (paramiko would raise KeyError);
+any other error paramiko raises on the file (a Match line shlex cannot split, a CanonicalizeMaxDots that is no
+number) is one line naming the file and the Match line or Host looked up (exit status 2).
 
 `Include` is followed as ssh does (paramiko's parser would keep it as an option and ignore it): a
 relative path is under ~/.ssh, globs expand sorted, a missing file is skipped, nesting stops at 16. The
@@ -58,6 +61,7 @@ INCLUDE_DEPTH = 16  # as OpenSSH's READCONF_MAX_DEPTH
 AGENT_NONE = "none"  # IdentityAgent none: offer no agent's keys
 _INCLUDE = re.compile(r"\s*include(?:\s*=\s*|\s+)(.*)", re.IGNORECASE)
 _BLOCK = re.compile(r"\s*(?:host|match)(?:\s*=\s*|\s+)", re.IGNORECASE)
+_CANONICALIZE = re.compile(r"\s*canonicalizehostname(?:\s*=\s*|\s+).*", re.IGNORECASE)
 # A name no Host pattern but `*` (or a negation) can match: what ssh_config says about every host.
 _NOBODY = "meshrun-no-such-host.invalid"
 
@@ -88,6 +92,22 @@ class SshTarget:
         return (*self.jumps, self.target)
 
 
+class _Config(paramiko.SSHConfig):
+    """paramiko's lookup of a host that `CanonicalizeHostname yes` (or `always`) applies to raises KeyError
+    when no CanonicalDomains is set; ssh then has no domain to try and goes on with the name as given. Such a
+    lookup is answered as if the file had no CanonicalizeHostname line (`plain`), which is what ssh does."""
+
+    plain: paramiko.SSHConfig | None = None  # the file without its CanonicalizeHostname lines; None: it has none
+
+    def lookup(self, hostname: str) -> paramiko.config.SSHConfigDict:
+        try:
+            return super().lookup(hostname)
+        except KeyError as err:
+            if err.args != ("canonicaldomains",) or self.plain is None:
+                raise
+        return self.plain.lookup(hostname)
+
+
 def config_path() -> Path:
     return Path(os.environ.get(ENV_SSH_CONFIG) or "~/.ssh/config").expanduser()
 
@@ -105,9 +125,28 @@ def load_config(path: Path) -> paramiko.SSHConfig:
         raise InputError(with_path("ssh_config ", path, f" with its Include files is larger than "
                                    f"{SSH_CONFIG_MAX >> 20} MiB; {fix}"))
     try:
-        return paramiko.SSHConfig.from_text("\n".join(lines))
+        config = _Config.from_text("\n".join(lines))
     except paramiko.ConfigParseError as err:
         raise InputError(with_path("", path, f": cannot read ssh_config ({clip(str(err), 80)}); {fix}")) from None
+    except ValueError as err:  # paramiko splits a Match line with shlex at parse time and lets its error out
+        why = _unsplittable(lines, err)
+        raise InputError(with_path("", path, f": cannot read ssh_config ({why}); {fix}")) from None
+    if any(_CANONICALIZE.fullmatch(line) for line in lines):
+        config.plain = paramiko.SSHConfig.from_text("\n".join(x for x in lines if not _CANONICALIZE.fullmatch(x)))
+    return config
+
+
+def _unsplittable(lines: list[str], err: ValueError) -> str:
+    """Which Host/Match line shlex cannot split (an unclosed quote), for the message."""
+    for line in lines:
+        block = _BLOCK.match(line)
+        if block is None:
+            continue
+        try:
+            shlex.split(line[block.end():])
+        except ValueError:
+            return f"{clip(line.strip(), 60)!r}: {err}"
+    return clip(str(err), 80)
 
 
 def _expanded(path: Path, fix: str, depth: int) -> list[str] | None:
@@ -166,8 +205,8 @@ def resolve(host: Host, config: paramiko.SSHConfig | None = None, path: Path | N
     (meshrun cannot check the keys behind it) or a jump chain that loops or runs too long."""
     path = path or config_path()
     config = config if config is not None else load_config(path)
-    alias = _alias(host, config)
-    options = config.lookup(alias)
+    alias = _alias(host, config, path)
+    options = _lookup(config, alias, host.name, path)
     _refuse_proxycommand(host.name, alias, options, path)
     said = Said(host.name, alias, path)
     hostname = options["hostname"]
@@ -192,10 +231,22 @@ def _refuse_proxycommand(host_name: str, alias: str, options: paramiko.config.SS
                          "behind it: use ProxyJump instead")
 
 
-def _alias(host: Host, config: paramiko.SSHConfig) -> str:
+def _lookup(config: paramiko.SSHConfig, alias: str, host_name: str, path: Path) -> paramiko.config.SSHConfigDict:
+    """`config.lookup(alias)`, whose errors on values the file holds are one line: a CanonicalizeMaxDots that is
+    no number (ValueError), CanonicalDomains none of which resolves with CanonicalizeFallbackLocal no
+    (paramiko's CouldNotCanonicalize, ssh's "Could not resolve host")."""
+    try:
+        return config.lookup(alias)
+    except (KeyError, ValueError, paramiko.SSHException) as err:
+        why = clip(" ".join(f"{type(err).__name__}: {err}".split()), 80)
+        raise InputError(with_path(f"host '{host_name}': ", path, f": ssh_config cannot be applied to Host "
+                                   f"{shown(alias)} ({why}); fix the file or set {ENV_SSH_CONFIG}")) from None
+
+
+def _alias(host: Host, config: paramiko.SSHConfig, path: Path) -> str:
     if host.ssh_address:
         return host.ssh_address
-    named, everyone = config.lookup(host.name), config.lookup(_NOBODY)
+    named, everyone = _lookup(config, host.name, host.name, path), _lookup(config, _NOBODY, host.name, path)
     named_says = {k: v for k, v in named.items() if k != "hostname"} != \
         {k: v for k, v in everyone.items() if k != "hostname"} or named["hostname"] != host.name
     return host.name if named_says else host.address
@@ -275,7 +326,7 @@ def _jump(host_name: str, spec: str, config: paramiko.SSHConfig, path: Path, tar
     """`[user@]host[:port]` (or ssh://...) of a ProxyJump list, itself looked up in ssh_config.
     A jump host's own ProxyJump is not followed: list every hop in the target's ProxyJump."""
     user, name, port = _split_spec(spec.removeprefix("ssh://"), Said(host_name, target.label, path))
-    options = config.lookup(name)
+    options = _lookup(config, name, host_name, path)
     _refuse_proxycommand(host_name, name, options, path)
     said = Said(host_name, name, path)
     keys = _config_keys(options, said)
