@@ -33,7 +33,7 @@ from pathlib import Path
 from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, EVENTS,
                            EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT, TRAIN_LOG,
                            host_dir, run_dir)
-from meshrun.deploy.host.agentargs import parse, ranks_run_dir, read_env_block, run_env
+from meshrun.deploy.host.agentargs import parse, ranks_run_dir, read_env_block, run_env, runs_trainer
 from meshrun.deploy.host.agentstart import (CANNOT_WRITE_EXIT, busy_line, cannot_write_line, quiet_stderr,
                                             read_json, start_detached)
 from meshrun.deploy.host.exitbarrier import ExitBarrier
@@ -51,11 +51,13 @@ from meshrun.idlerule import parse_policy
 CHECKPOINT_LOOK_S = 2.0  # a detached run with receivers: how often the agent reads its checkpoint manifest
 
 
-def forget_last_attempt(directory: Path, run_id: str) -> None:
-    """A resumed run reuses its directories: the last attempt's exit status, and rank 0's result of it
-    (the trainer writes result.json only at a successful end), must not pass for this attempt's."""
+def forget_last_attempt(directory: Path, run_id: str, trainer: bool) -> None:
+    """A resumed run reuses its directories: the last attempt's exit status, and in a run of the built-in
+    trainer rank 0's result of it (written only at a successful end), must not pass for this attempt's.
+    A --script run's runs/<id>/result.json is the script's own ($MESHRUN_RUN_DIR on a remote host): kept."""
     (directory / EXIT_RECORD).unlink(missing_ok=True)
-    (Path(run_dir(run_id)) / RESULT).unlink(missing_ok=True)
+    if trainer:
+        (Path(run_dir(run_id)) / RESULT).unlink(missing_ok=True)
 
 
 class Supervisor:
@@ -94,7 +96,7 @@ class Supervisor:
             self.dir.mkdir(parents=True, exist_ok=True)
             if self.busy():
                 return AGENT_BUSY_EXIT
-            forget_last_attempt(self.dir, self.args.run_id)
+            forget_last_attempt(self.dir, self.args.run_id, runs_trainer(self.args.command))
             # A script writes into $MESHRUN_RUN_DIR as given: a folder of its own (--run-dir) must exist first.
             Path(ranks_run_dir(self.args)).mkdir(parents=True, exist_ok=True)
             self.log = RunLog(self.dir / TRAIN_LOG, lambda text: self.send(f"meshrun-agent: {text}\n".encode()))

@@ -10,8 +10,8 @@ import json
 import os
 
 from meshrun.events import NOTIFY_KEY
-from meshrun.layout import (AGENT_MODULE, ENV_HOST, ENV_RUN_DIR, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S, STOP_GRACE_S,
-                            TORCHRUN_EXIT_MARK_ENV, run_dir)
+from meshrun.layout import (AGENT_MODULE, ENV_HOST, ENV_RUN_DIR, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE,
+                            STOP_GRACE_S, TORCHRUN_EXIT_MARK_ENV, TRAINER_MODULE, run_dir)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -49,6 +49,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if not args.command:
             parser.error("run needs a command after --")
     return args
+
+
+def runs_trainer(command: list[str]) -> bool:
+    """Whether the run's command (torchrun's argv, deploy/run/plan.py `_workload_argv`) starts the built-in
+    trainer rather than a --script: the first `-m` that names either decides, so a script's own arguments
+    (after the runner's `-m`) cannot pass for the trainer. Anything else is not the trainer."""
+    for flag, module in zip(command, command[1:]):
+        if flag == "-m" and module in (TRAINER_MODULE, SCRIPT_RUNNER_MODULE):
+            return module == TRAINER_MODULE
+    return False
 
 
 def detached_argv(args: argparse.Namespace, python: str) -> list[str]:

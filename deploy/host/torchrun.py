@@ -29,7 +29,10 @@ reads every rank's log file in a thread of its own that looks for new lines ever
 a rank (stdout, stderr). Idle, that polling costs a host about 2.5 ms of CPU a second (measured: a
 torchrun with a sleeping worker, 0.1 s against 0.5 s), as much as the rest of torchrun's watching;
 with many hosts on one machine (the test bed) or many ranks on one host, it adds up. `slow_tails`
-makes it every `TAIL_EVERY_S`: a line reaches `fab logs` at most that much later.
+makes it every `TAIL_EVERY_S`: a line reaches `fab logs` at most that much later. And torch's tail
+writes the unfinished end of a rank's output with a prefix of its own (every tqdm bar came out as
+`[gpu1:0]  25%|##  | 25/100[gpu1:0] `): `whole_line_tails` puts deploy/host/linetail.py's in its place,
+which writes whole lines only (where this file runs alone, without meshrun, torch's stays).
 
 Also: when this host's workers have succeeded, torchrun waits in its exit barrier until every
 other host's have ended, for up to 300 s (torch's default, not an option of torchrun). A host lost
@@ -56,6 +59,7 @@ whose main threads py-spy found in `inspect.stack`, had timed out after 600 s.
 Standard library and torch only, and self-contained: `fab check-network` ships this file to hosts
 that may not have meshrun yet (deploy/edges/check_probes.py), so `HOST_FLAG`,
 `STATE_REFUSED_EXIT` and `EXIT_MARK_ENV` are copies of common/layout.py's names (tests/test_rdzv_state.py holds them equal).
+Only `whole_line_tails` looks for meshrun (its own module), and goes without where there is none.
 """
 
 from __future__ import annotations
@@ -222,6 +226,17 @@ def slow_tails(api: Any) -> bool:
     return True
 
 
+def whole_line_tails(tail_log: Any) -> bool:
+    """torch's `--tee` tail replaced by one that writes each line once, with one prefix (why and how:
+    deploy/host/linetail.py). False: this file alone (`fab check-network` ships it to hosts that may
+    have no meshrun yet), or a torch whose tail takes other arguments: torch's tail, as it is."""
+    try:
+        from meshrun.deploy.host import linetail
+    except ImportError:
+        return False
+    return linetail.install(tail_log)
+
+
 def mark_exit_barrier(server_api: Any, path: str) -> bool:
     """Create `path` when torch's elastic agent enters its exit barrier (its workers succeeded; it
     waits for the other hosts). A torch without `SimpleElasticAgent._exit_barrier` is left as it is
@@ -338,12 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == [HOST_FLAG] and len(args) > 1:
         head, args = f"host {args[1]!r}", args[2:]
     from torch.distributed import run
-    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing import api, tail_log
     from torch.distributed.elastic.agent.server import api as server_api
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     slow_tails(api)
+    whole_line_tails(tail_log)
     workers_die_with_torchrun(subprocess_handler)
     mark = os.environ.pop(EXIT_MARK_ENV, "")  # popped: the workers inherit torchrun's environment
     if mark:
