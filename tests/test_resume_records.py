@@ -165,13 +165,15 @@ def test_retiring_twice_keeps_the_newest_previous_and_needs_no_files(tmp_path: P
 
 def test_the_agent_removes_the_last_attempts_result_as_it_starts(tmp_path: Path) -> None:
     """rank 0's result.json of the attempt before must be gone before this attempt's command runs:
-    read_result reads it whatever this attempt's outcome."""
+    read_result reads it whatever this attempt's outcome. The built-in trainer's run only (a script's
+    result.json is its own: tests/test_script_result_kept.py); the agent tells them apart by the
+    `-m meshrun.train` in its command (agentargs.runs_trainer), here words `python -c` passes on unread."""
     result = tmp_path / "runs" / RUN / "result.json"
     result.parent.mkdir(parents=True)
     result.write_text('{"epochs_completed": 3}')
     check = f"import os, sys; sys.exit(3 if os.path.exists({str(result)!r}) else 0)"
     done = subprocess.run([sys.executable, "-m", "meshrun.deploy.host.agent", "run", "--run-id", RUN, "--host", "h1",
-                           "--heartbeat-timeout", "0", "--quiet", "--", sys.executable, "-c", check],
+                           "--heartbeat-timeout", "0", "--quiet", "--", sys.executable, "-c", check, "-m", "meshrun.train"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
                           capture_output=True, timeout=60)
     assert done.returncode == 0, done
