@@ -7,18 +7,25 @@ read back, unsplit and unjoined, by `deploy.cli.remainder()`.
 
 Fabric's own options before the task (`-H`, `-i`, `-S`, ...) configure the Connections and commands
 Fabric makes itself; meshrun makes its own from the inventory, so they are refused (`guard_parsing`).
+A task flag invoke cannot place is one line naming the flag and the fix (`_flag_line`), not invoke's words.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import importlib.util
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from fabric.executor import Executor
 from invoke.exceptions import Exit, ParseError
+
+from meshrun.layout import TRAINER_MODULE
+from meshrun.deploy.inventory.shown import shown
 
 # invoke's words for a flag given without its value: "Flag <Argument: lines (l)> needed value and was not given one!"
 _NEEDED_VALUE = re.compile(r"Flag <Argument: ([A-Za-z0-9_]+)[^>]*> needed value")
@@ -134,24 +141,37 @@ def misplaced_argument_hint(token: str, task: str, script: str, rest: list[str],
 def _unknown_token_line(err: ParseError, argv: list[str], unparsed: list[str], program: str) -> str | None:
     """`misplaced_argument_hint` for invoke's "No idea what X is" in a task's flags; else None. `argv`: the
     whole command line; `unparsed`: its task words (invoke's), which end where `--` starts the rest."""
-    found, context = _NO_IDEA.fullmatch(str(err)), getattr(err, "context", None)
-    if found is None or context is None or not getattr(context, "name", None):
-        return None
-    try:
-        token = ast.literal_eval(found.group(1))  # invoke shows the token as its repr
-    except (ValueError, SyntaxError):
+    token, context = _unknown_token(err)
+    if token is None:
         return None
     script = context.args["script"].value if "script" in context.args else ""
     # `--epochs=3` reaches invoke's error as `--epochs`: move the whole word the user typed, and what
     # follows it (`_moved_span` says how far)
     start = next((i for i, word in enumerate(unparsed) if word == token or word.startswith(f"{token}=")), None)
     if start is None:
-        return misplaced_argument_hint(str(token), context.name, script or "", [], program)
-    end, start, read = _moved_span(unparsed, start, context, bool(script), str(token).startswith("-"))
+        return misplaced_argument_hint(token, context.name, script or "", [], program)
+    end, start, read = _moved_span(unparsed, start, context, bool(script), token.startswith("-"))
+    typed = _typed(argv, unparsed, start, end, read)
+    return misplaced_argument_hint(token, context.name, script or "", unparsed[start:end], program, typed)
+
+
+def _unknown_token(err: ParseError) -> tuple[str | None, Any]:
+    """The word invoke's "No idea what X is" names, and the task's parser context; else (None, None)."""
+    found, context = _NO_IDEA.fullmatch(str(err)), getattr(err, "context", None)
+    if found is None or context is None or not getattr(context, "name", None):
+        return None, None
+    try:
+        token = ast.literal_eval(found.group(1))  # invoke shows the token as its repr
+    except (ValueError, SyntaxError):
+        return None, None
+    return (str(token), context) if isinstance(token, str) else (None, None)
+
+
+def _typed(argv: list[str], unparsed: list[str], start: int, end: int, read: tuple[ReadAs, ...] = ()) -> Typed:
+    """The command line as typed around the task's words `unparsed[start:end]`, which move after `--`."""
     body = argv[1:argv.index("--")] if "--" in argv else argv[1:]
     core = body[:len(body) - len(unparsed)] if body[len(body) - len(unparsed):] == unparsed else []
-    typed = Typed((*core, *unparsed[:start]), tuple(unparsed[end:]), tuple(argv[len(body) + 2:]), read)
-    return misplaced_argument_hint(str(token), context.name, script or "", unparsed[start:end], program, typed)
+    return Typed((*core, *unparsed[:start]), tuple(unparsed[end:]), tuple(argv[len(body) + 2:]), read)
 
 
 def _moved_span(words: list[str], start: int, context: Any, script: bool,
@@ -199,6 +219,139 @@ def _read_as_words(read: tuple[ReadAs, ...]) -> str:
     return "meshrun read " + (f"{', '.join(said[:-1])} and {said[-1]}" if len(said) > 1 else said[0]) + "; "
 
 
+@dataclass(frozen=True)
+class FlagSpec:  # one of a task's flags, as invoke reads it
+    long: str  # its long spelling, whichever was typed: --hosts for -h
+    takes_value: bool
+    repeatable: bool = False  # a list flag (--notify): each mention adds a value
+
+
+@dataclass(frozen=True)
+class Stray:  # the first of a task's words that invoke places nowhere
+    word: str  # as invoke names it: `yes` of `--detach=yes`
+    at: int  # the index of the word it is in, among the task's words
+    after: str | None = None  # the flag typed right before it (`--hosts`), if it came right after one
+    glued: bool = False  # typed as `--flag=word`
+    earlier: str | None = None  # `after` given twice: the value its first mention took
+
+
+def find_stray(words: Sequence[str], flags: Mapping[str, FlagSpec], positional: int = 0) -> Stray | None:
+    """The first of a task's `words` (after its name; the first `positional` words without a flag are its own:
+    firewall's `up`) that invoke places nowhere, read as invoke does: `--flag=value` split, a flag's value the
+    next word unless that is a flag, and a flag given again taking none (invoke keeps the first and stops at the
+    next word: "No idea what 'gpu2' is"). None when every word has its place."""
+    tokens = [(at, part, glued and i == 1) for at, word in enumerate(words)
+              for glued in [word.startswith("-") and "=" in word]
+              for i, part in enumerate(word.split("=", 1) if glued else [word])]
+    values: dict[str, str] = {}
+    waiting, after = None, None
+    for at, part, glued in tokens:
+        if part in flags:
+            spec = flags[part]
+            fresh = spec.repeatable or spec.long not in values
+            waiting, after = (spec if spec.takes_value and fresh else None), part
+        elif waiting is not None:
+            values.setdefault(waiting.long, part)
+            waiting, after = None, None
+        elif positional > 0:  # a word the task takes without a flag
+            positional, after = positional - 1, None
+        else:
+            return Stray(part, at, after, glued, values.get(flags[after].long) if after is not None else None)
+    return None
+
+
+def stray_line(stray: Stray, flags: Mapping[str, FlagSpec], task: str) -> str | None:
+    """The line for a flag given twice, or a value given to a switch (`--detach=yes`); None for another stray."""
+    spec, word = flags[stray.after] if stray.after is not None else None, shown(stray.word)
+    if spec is None or (spec.takes_value and stray.earlier is None):
+        return None
+    if spec.takes_value:  # it took its value at its first mention: this is a second one
+        hosts = list(dict.fromkeys([*str(stray.earlier).split(","), *stray.word.split(",")]))
+        fix = f": --hosts {shlex.quote(','.join(hosts))}" if spec.long == "--hosts" else ""
+        fix = f", several hosts comma-separated{fix}" if fix and len(hosts) > 1 else fix
+        return f"{spec.long} is given twice ({shown(stray.earlier)}, then {word}); give it once{fix}"
+    if stray.glued:
+        return f"{spec.long} is a switch and takes no value ({word}); give {spec.long} alone"
+    return (f"{spec.long} takes no value, so {word} after it is no flag's; give {spec.long} alone, and {word} "
+            f"after the flag it is for (`{task} --help` lists them)")
+
+
+def unknown_flag_line(token: str, flags: Mapping[str, FlagSpec], task: str) -> str | None:
+    """`did you mean --hosts?` for a misspelt flag (`--host`), from the task's long flags; None if none is near."""
+    near = difflib.get_close_matches(token, sorted({spec.long for spec in flags.values()}), n=1, cutoff=0.75)
+    return f"{shown(token)} is not a flag of {task}; did you mean {near[0]}?" if near else None
+
+
+def trainer_keys(source: str) -> dict[str, str]:
+    """The built-in trainer's config keys (`optim.lr`), each with its type as written (`float`), read from
+    the source of train/config.py: the controller never imports the trainer (docs/architecture.md)."""
+    classes = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
+
+    def fields(name: str, prefix: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for item in classes[name].body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                kind, key = ast.unparse(item.annotation), prefix + item.target.id
+                nested = kind in classes and key.count(".") < 4  # a section, as the trainer's `_all_keys` reads it
+                found |= fields(kind, key + ".") if nested else {key: kind}
+        return found
+
+    return fields("TrainConfig", "") if "TrainConfig" in classes else {}
+
+
+def as_overrides(words: Sequence[str], keys: Mapping[str, str],
+                 flags: Mapping[str, FlagSpec]) -> tuple[tuple[str, ...], int]:
+    """`--epochs 3 --lr=0.1` (the trainer's keys as flags, from the start of `words`: a key, or a last part only it
+    has) as `epochs=3 optim.lr=0.1`, and how many words they were. No value: `true` for a yes/no key, else `VALUE`."""
+    overrides, at = [], 0
+    while at < len(words) and words[at].startswith("--") and words[at].split("=", 1)[0] not in flags:
+        name = words[at][2:].split("=", 1)[0].replace("-", "_")
+        ending = [k for k in keys if k.rsplit(".", 1)[-1] == name]
+        key = name if name in keys else ending[0] if len(ending) == 1 else None
+        if key is None:
+            break
+        if "=" in words[at]:
+            value, at = words[at].split("=", 1)[1], at + 1
+        elif at + 1 < len(words) and not words[at + 1].startswith("-"):
+            value, at = words[at + 1], at + 2
+        else:
+            value, at = ("true" if keys[key] == "bool" else "VALUE"), at + 1
+        overrides.append(f"{key}={value}")
+    return tuple(overrides), at
+
+
+def _trainer_source() -> str:
+    """train/config.py of this meshrun as text ("" if it cannot be read): finding the package imports none of it."""
+    try:
+        folders = importlib.util.find_spec(TRAINER_MODULE).submodule_search_locations  # type: ignore[union-attr]
+        return (Path(list(folders or [])[0]) / "config.py").read_text()
+    except (ImportError, AttributeError, IndexError, OSError, UnicodeDecodeError):
+        return ""
+
+
+def _flag_line(err: ParseError, argv: list[str], unparsed: list[str], program: Any) -> str | None:
+    """The one line for a flag given twice, a value given to a switch, a misspelt flag, or the trainer's key
+    typed as a flag (`--epochs 3`), ahead of `_unknown_token_line`'s where it knows better; else None."""
+    token, context = _unknown_token(err)
+    spelt = {s: context.flags[s] for s in [*context.flags.keys(), *context.flags.aliases]} if token else {}  # -h too
+    flags = {s: FlagSpec("--" + a.name.replace("_", "-"), a.takes_value, a.kind is list) for s, a in spelt.items()}
+    stray = find_stray(unparsed[1:], flags, len(context.positional_args)) if flags else None
+    if stray is None or stray.word != token:  # read otherwise than invoke did (`-kd`): keep invoke's words
+        return None
+    twice = stray.after is not None and stray.after.startswith("--") and flags[stray.after].takes_value
+    hint = None if twice or stray.glued else _unknown_token_line(err, argv, unparsed, _shown_as(program))
+    if hint is not None or not token.startswith("-"):  # a long flag's second value, `--detach=yes`: meshrun's
+        return hint or stray_line(stray, flags, f"{_shown_as(program)} {context.name}")
+    start, given = stray.at + 1, {flags[w.split("=", 1)[0]].long for w in unparsed if w.split("=", 1)[0] in flags}
+    trainer = context.name == "train" and "--script" not in given and _is_meshrun_task(program.collection, "train")
+    overrides, count = as_overrides(unparsed[start:], trainer_keys(_trainer_source()), flags) if trainer else ((), 0)
+    if not overrides:
+        return unknown_flag_line(token, flags, context.name)
+    typed = _typed(argv, unparsed, start, start + count)
+    fixed = shlex.join([_shown_as(program), *typed.before, *typed.after, "--", *overrides, *typed.given])
+    return f"{shown(token)} is not a meshrun flag but a key of the trainer's config; set it after --: {fixed}"
+
+
 def _is_meshrun_task(collection: Any, name: str) -> bool:
     try:
         body = getattr(collection[name], "body", None)
@@ -217,9 +370,11 @@ def guard_parsing(program: Any) -> None:
         try:
             parse_tasks()
         except ParseError as err:
-            hint = _unknown_token_line(err, list(program.argv), list(program.core.unparsed), _shown_as(program))
+            argv, unparsed = list(program.argv), list(program.core.unparsed)
+            hint = _flag_line(err, argv, unparsed, program) or _unknown_token_line(err, argv, unparsed,
+                                                                                   _shown_as(program))
             if hint is not None:
-                raise Exit(f"error: {hint}", code=2) from None
+                raise Exit(f"error: {hint}".replace("\n", "\\n"), code=2) from None  # one line, whatever was typed
             needed = _NEEDED_VALUE.match(str(err))
             text = f"--{needed.group(1).replace('_', '-')} needs a value" if needed else str(err).rstrip("!")
             raise Exit(f"error: {text}; see --help", code=2) from None

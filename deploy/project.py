@@ -13,12 +13,14 @@ import posixpath
 import re
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from meshrun.layout import RUNS_DIR
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inputfiles import flag_path_stat
+from meshrun.deploy.inventory.shown import PATH_MAX, shown_path, with_path
 
 PROJECT_HELP = "the project to run (default: the git repository holding the current directory)"
 RUNS_DIR_HELP = "where this controller records runs (default: the project's runs/)"
@@ -33,8 +35,13 @@ class Project:
         return self.runs / run_id
 
 
-def find_project(project_arg: str | None, runs_arg: str | None, cwd: Path | None = None) -> Project:
-    """The project from the flags (paths relative to `cwd`), else the git root of `cwd`."""
+def find_project(project_arg: str | None, runs_arg: str | None, cwd: Path | None = None,
+                 writes: bool = False) -> Project:
+    """The project from the flags (paths relative to `cwd`), else the git root of `cwd`. A runs folder that
+    can never exist (a file on its path) is refused for every task; with `writes` (a task that records runs:
+    train, join, leave, fetch-checkpoints), one this controller cannot create or write in too: found only
+    at the first record, it failed after every host was connected and synced. Without `writes` nothing
+    is created: status, logs and report only read."""
     here = Path(cwd or os.getcwd())
     if project_arg:
         root = (here / Path(project_arg).expanduser()).resolve()
@@ -44,10 +51,50 @@ def find_project(project_arg: str | None, runs_arg: str | None, cwd: Path | None
     else:
         root = git_root(here)
     runs = (here / Path(runs_arg).expanduser()).resolve() if runs_arg else root / RUNS_DIR
-    found = flag_path_stat("--runs-dir", runs)
-    if found is not None and not stat.S_ISDIR(found.st_mode):
-        raise InputError(f"--runs-dir {runs}: exists and is not a directory; name a directory for run records")
+    subject, fix = _runs_words(runs_arg is not None)
+    blocker = _not_a_directory(runs)
+    if blocker == runs:
+        raise InputError(with_path(subject, runs, f": exists and is not a directory; {fix}"))
+    if blocker is not None:
+        raise InputError(with_path(subject, runs, f": {shown_path(blocker, PATH_MAX)} is not a directory, so "
+                                   f"nothing can be made under it; {fix}"))
+    problem = _write_problem(runs) if writes else None
+    if problem is not None:
+        raise InputError(with_path(subject, runs, f": {problem}; {fix}"))
     return Project(root, runs)
+
+
+def _runs_words(given: bool) -> tuple[str, str]:
+    """How a refusal names the runs folder, and what to do: the flag as typed, or the default it stands for."""
+    if given:
+        return "--runs-dir ", "name a directory this controller can write run records in"
+    return "runs folder ", "pass --runs-dir DIR, a directory this controller can write run records in"
+
+
+def _not_a_directory(runs: Path) -> Path | None:
+    """The path nearest to `runs` (itself, else one of its folders) that exists and is no directory: a
+    file where a folder must be (`notes.txt/runs`). None when the nearest that exists is a directory."""
+    for place in (runs, *runs.parents):
+        found = flag_path_stat("--runs-dir", place)
+        if found is not None:
+            return None if stat.S_ISDIR(found.st_mode) else place
+    return None
+
+
+def _write_problem(runs: Path) -> str | None:
+    """Why this controller cannot record runs in `runs`: made here (as the first record would make it; a
+    runs folder is never removed again), then a file created in it and removed. `os.access` would not
+    do: it says yes to root where the file system itself refuses (/proc), and over NFS the server decides."""
+    existed = runs.is_dir()
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=".meshrun-write-check-", dir=runs)
+    except OSError as err:
+        reason = os.strerror(err.errno).lower() if err.errno else type(err).__name__
+        return f"cannot write in it ({reason})" if existed else f"cannot create it ({reason})"
+    os.close(handle)
+    os.unlink(name)
+    return None
 
 
 def git_root(here: Path) -> Path:

@@ -105,8 +105,8 @@ def _exit(code: int) -> None:
         raise Exit(code=code)
 
 
-def _project(project: str | None, runs_dir: str | None) -> Project:
-    return find_project(project or None, runs_dir or None)
+def _project(project: str | None, runs_dir: str | None, writes: bool = False) -> Project:
+    return find_project(project or None, runs_dir or None, writes=writes)
 
 
 @task(help={**PROJECT_FLAGS, 
@@ -199,7 +199,7 @@ def train(c, hosts=None, inventory=None, config=None, script=None, nnodes=None, 
                            detach=detach, skip_checks=skip_checks, no_sync=no_sync, resume=resume or None,
                            comm=comm or None, firewall=firewall, notify=tuple(notify or ()), idle=idle,
                            every_checkpoint=bool(every_checkpoint))
-    _exit(main(request, _project(project, runs_dir)))  # --firewall's bracket: deploy/commands/train.main
+    _exit(main(request, _project(project, runs_dir, writes=True)))  # --firewall's bracket: deploy/commands/train.main
 
 
 @task(help={**PROJECT_FLAGS, "run": "run id (default: every recorded run that may still be running)", "json": "print JSON for scripts",
@@ -240,7 +240,7 @@ def join(c, run=None, hosts=None, project=None, runs_dir=None, debug=False):
     """Add hosts to a running elastic run: same rendezvous, the world grows."""
     from meshrun.deploy.commands.membership import main
 
-    main("join", run, hosts, _project(project, runs_dir))
+    main("join", run, hosts, _project(project, runs_dir, writes=True))
 
 
 @task(help={**PROJECT_FLAGS, "run": "the elastic run's id", "hosts": "hosts to remove", "debug": DEBUG_HELP})
@@ -249,7 +249,7 @@ def leave(c, run=None, hosts=None, project=None, runs_dir=None, debug=False):
     """Remove hosts from a running elastic run gracefully; it goes on while its minimum holds."""
     from meshrun.deploy.commands.membership import main
 
-    main("leave", run, hosts, _project(project, runs_dir))
+    main("leave", run, hosts, _project(project, runs_dir, writes=True))
 
 
 @task(name="fetch-checkpoints", help={**PROJECT_FLAGS, 
@@ -264,7 +264,8 @@ def fetch_checkpoints(c, run=None, dest=None, force=False, project=None, runs_di
     """Bring a run home: verified checkpoints + manifest, and every host's logs and metrics."""
     from meshrun.deploy.commands.fetch import main
 
-    _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir), bool(every_copy), bool(prune)))
+    _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir, writes=not dest), bool(every_copy),
+               bool(prune)))
 
 
 @task(help={**PROJECT_FLAGS, "run": RUN_HELP, "json": "print JSON for scripts", "debug": DEBUG_HELP})

@@ -208,7 +208,7 @@ def test_the_train_task_puts_each_flag_in_its_field(monkeypatch: pytest.MonkeyPa
     seen: list = []
     monkeypatch.setattr(train, "main", lambda request, project: seen.append(request) or 0)
     monkeypatch.setattr(tasks, "remainder", lambda: ())
-    monkeypatch.setattr(tasks, "_project", lambda project, runs_dir: None)
+    monkeypatch.setattr(tasks, "_project", lambda project, runs_dir, writes=False: None)
     monkeypatch.setattr(tasks, "_exit", lambda code: None)
     tasks.train.body(None, hosts="h1,h2", inventory="inv.yaml", nnodes="1:2", timeout="120", detach=True,
                      skip_checks=True, no_sync=True, resume="R", comm="auto", firewall=True, notify=["n"],

@@ -79,7 +79,7 @@ def test_flags_left_out_still_reach_the_request_as_not_given(monkeypatch: pytest
     seen: list = []
     monkeypatch.setattr(train, "main", lambda request, project: seen.append(request) or 0)
     monkeypatch.setattr(tasks, "remainder", lambda: ())
-    monkeypatch.setattr(tasks, "_project", lambda project, runs_dir: seen.append((project, runs_dir)))
+    monkeypatch.setattr(tasks, "_project", lambda project, runs_dir, writes=False: seen.append((project, runs_dir)))
     tasks.train.body(None)
     where, request = seen
     assert where == (None, None)
