@@ -72,12 +72,17 @@ TORCHRUN_MODULE = "meshrun.deploy.host.torchrun"
 TORCHRUN_RDZV_HOST_FLAG = "--meshrun-rdzv-host"  # its own first option: the rendezvous host's inventory name
 STATE_REFUSED_EXIT = 65  # its exit status when the store held a rendezvous state no torchrun of the run wrote
 TORCHRUN_EXIT_MARK_ENV = "MESHRUN_EXIT_BARRIER_MARK"  # the file it creates when its workers succeeded (its exit barrier)
+# An attached run's torchrun waits this long in its exit barrier, not torch's 300 s, after which torch exits 0
+# as if every peer had arrived and the controller stops a peer still saving (deploy/host/torchrun.py).
+TORCHRUN_EXIT_TIMEOUT_ENV = "MESHRUN_EXIT_BARRIER_TIMEOUT_S"
+ATTACHED_EXIT_BARRIER_S = 24 * 3600  # a bound, not a wait: a peer reported gone ends it (deploy/host/exitbarrier.py)
 
 # The controller's lines to an agent's stdin: any line is a heartbeat; this one also asks the agent
 # to restart its worker group (a peer was cut off, see deploy/edges/launcher.py).
 AGENT_RESTART_LINE = b"restart\n"
 # This one tells it a peer ended without finishing (lost or left): a torchrun of its host waiting
-# for that peer in torch's exit barrier is ended at once (deploy/host/exitbarrier.py), not in 300 s.
+# for that peer in torch's exit barrier is ended at once (deploy/host/exitbarrier.py), not after the
+# barrier's bound (ATTACHED_EXIT_BARRIER_S in an attached run, torch's 300 s in a detached one).
 AGENT_PEER_GONE_LINE = b"peer-gone\n"
 # An attached run's agent to the controller: its host's usage for the idle rule, one JSON object
 # after this prefix, on the stream that carries the run's output (deploy/host/idle.py UsageFeed);

@@ -10,8 +10,9 @@ import json
 import os
 
 from meshrun.events import NOTIFY_KEY
-from meshrun.layout import (AGENT_MODULE, ENV_HOST, ENV_RUN_DIR, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S, SCRIPT_RUNNER_MODULE,
-                            STOP_GRACE_S, TORCHRUN_EXIT_MARK_ENV, TRAINER_MODULE, run_dir)
+from meshrun.layout import (AGENT_MODULE, ATTACHED_EXIT_BARRIER_S, ENV_HOST, ENV_RUN_DIR, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S,
+                            SCRIPT_RUNNER_MODULE, STOP_GRACE_S, TORCHRUN_EXIT_MARK_ENV, TORCHRUN_EXIT_TIMEOUT_ENV,
+                            TRAINER_MODULE, run_dir)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -113,4 +114,7 @@ def run_env(args: argparse.Namespace, exit_mark: str) -> tuple[dict[str, str], s
     env.update(args.secret_env)
     env.update({ENV_RUN_ID: args.run_id, ENV_HOST: args.host, ENV_RUN_DIR: ranks_run_dir(args),
                 TORCHRUN_EXIT_MARK_ENV: exit_mark})
+    env.pop(TORCHRUN_EXIT_TIMEOUT_ENV, None)
+    if args.heartbeat_timeout > 0:  # a controller watches: it stops a peer that looks finished too early
+        env[TORCHRUN_EXIT_TIMEOUT_ENV] = str(ATTACHED_EXIT_BARRIER_S)  # detached: torch's 300 s harm no peer
     return env, spec

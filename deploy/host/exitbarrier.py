@@ -1,10 +1,12 @@
 """When a torchrun whose workers are done waits for a peer that is gone.
 
 At the end of a run each host's torchrun, its workers finished, waits in torch's exit barrier
-until every other host's have ended, for up to 300 s (torch's default; torchrun has no option for
-it). A host lost right at the end (killed after this host's workers' last collective, or while
-they wrote their last files) never arrives: the survivors sat there the whole 300 s, and so did
-`fab train` (CI saw it: a run done at two hosts, the other killed, `fab` still running after 300 s).
+until every other host's have ended: for up to 24 h in an attached run (common/layout.py
+`ATTACHED_EXIT_BARRIER_S`; torch's own 300 s let a host exit 0 while a peer still worked). A host
+lost right at the end (killed after this host's workers' last collective, or while they wrote
+their last files) never arrives: without this module the survivors would sit there until that
+timeout, and so would `fab train` (CI saw it with torch's 300 s: a run done at two hosts, the
+other killed, `fab` still running after 300 s).
 
 meshrun's torchrun creates a mark file as its barrier starts (deploy/host/torchrun.py
 `mark_exit_barrier`); the controller tells every agent when a peer ends without finishing

@@ -35,11 +35,14 @@ writes the unfinished end of a rank's output with a prefix of its own (every tqd
 which writes whole lines only (where this file runs alone, without meshrun, torch's stays).
 
 Also: when this host's workers have succeeded, torchrun waits in its exit barrier until every
-other host's have ended, for up to 300 s (torch's default, not an option of torchrun). A host lost
-in that time (killed at the very end of a run) keeps the survivors there for the whole 300 s.
-`mark_exit_barrier` creates the file named by `EXIT_MARK_ENV` as the barrier starts, so the agent
-knows its torchrun waits there and ends it when the controller reports a peer gone
-(deploy/host/exitbarrier.py). Workers do not inherit the variable.
+other host's have ended. torch gives up after 300 s (its default, not an option of torchrun), logs
+it and exits 0 as if every peer had arrived: a peer whose rank 0 still evaluates or saves then
+looked finished, and the controller, taking the first status 0 for the end of training, stopped it
+30 s later (docs/elastic.md). `mark_exit_barrier` raises that timeout to `EXIT_TIMEOUT_ENV`'s
+seconds (24 h, set by an attached run's agent), so status 0 means every peer arrived, and creates
+the file named by `EXIT_MARK_ENV` as the barrier starts: the agent ends torchrun there when a peer
+is reported gone (deploy/host/exitbarrier.py), so the long wait lasts only while a peer still works
+(or hangs, in sight of `fab status` and `fab stop`). Workers inherit neither variable.
 
 Also: torch starts each worker in a session of its own, so a torchrun killed outright (SIGKILL by
 hand, the OOM killer) leaves its workers running, holding their GPUs, with nobody to stop them.
@@ -80,6 +83,8 @@ from typing import Any, Callable
 HOST_FLAG = "--meshrun-rdzv-host"  # this module's own option, first on its argv; the rest is torchrun's
 STATE_REFUSED_EXIT = 65  # sysexits' EX_DATAERR: the store held a state nobody of this run wrote
 EXIT_MARK_ENV = "MESHRUN_EXIT_BARRIER_MARK"  # the file to create when this host's workers succeeded
+EXIT_TIMEOUT_ENV = "MESHRUN_EXIT_BARRIER_TIMEOUT_S"  # that barrier's bound; absent (a detached run): torch's
+EXIT_BARRIER_TIMEOUT_ATTR = "_exit_barrier_timeout"  # what torch's `_exit_barrier` reads (torch 1.9 to 2.14)
 REFUSAL_LINGER_S = 5.0  # members read the state every second or two (torch's cache, keep-alives every 2 s)
 TAIL_EVERY_S = 0.5  # torch's --tee reads the ranks' log files every 0.1 s; a human reading logs needs no less
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -237,10 +242,11 @@ def whole_line_tails(tail_log: Any) -> bool:
     return linetail.install(tail_log)
 
 
-def mark_exit_barrier(server_api: Any, path: str) -> bool:
+def mark_exit_barrier(server_api: Any, path: str, timeout_s: float | None = None) -> bool:
     """Create `path` when torch's elastic agent enters its exit barrier (its workers succeeded; it
-    waits for the other hosts). A torch without `SimpleElasticAgent._exit_barrier` is left as it is
-    (False): its hosts wait out the barrier as before."""
+    waits for the other hosts), and give that barrier `timeout_s` (None: torch's 300 s). A torch
+    without `SimpleElasticAgent._exit_barrier` is left as it is (False): its hosts wait out the
+    barrier as before; one whose agent keeps no `EXIT_BARRIER_TIMEOUT_ATTR` keeps its own timeout."""
     agent_class = getattr(server_api, "SimpleElasticAgent", None)
     shipped = getattr(agent_class, "_exit_barrier", None)
     if shipped is None:
@@ -254,6 +260,8 @@ def mark_exit_barrier(server_api: Any, path: str) -> bool:
                 pass
         except OSError:
             pass  # no mark: this host waits out the barrier, as torch does
+        if timeout_s is not None and hasattr(self, EXIT_BARRIER_TIMEOUT_ATTR):  # torch's barrier reads it
+            setattr(self, EXIT_BARRIER_TIMEOUT_ATTR, timeout_s)
         return shipped(self)
 
     exit_barrier.meshrun_mark = True  # type: ignore[attr-defined]
@@ -361,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     slow_tails(api)
     whole_line_tails(tail_log)
     workers_die_with_torchrun(subprocess_handler)
-    mark = os.environ.pop(EXIT_MARK_ENV, "")  # popped: the workers inherit torchrun's environment
+    mark, bound = os.environ.pop(EXIT_MARK_ENV, ""), os.environ.pop(EXIT_TIMEOUT_ENV, "")  # workers inherit the rest
     if mark:
-        mark_exit_barrier(server_api, mark)
+        mark_exit_barrier(server_api, mark, float(bound) if bound.isdigit() else None)
 
     quick_event_names(dynamic_rendezvous)
     try:
