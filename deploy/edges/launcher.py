@@ -17,13 +17,13 @@ from meshrun.deploy.stopsignals import interrupts_while
 from meshrun.deploy.errors import MeshrunError, interrupted_by
 from meshrun.deploy.edges.fanout import on_each, start_each
 from meshrun.deploy.edges.records import append_event
-from meshrun.deploy.run.answers import remaining_pids, said
 from meshrun.deploy.run.membership import (Change, MembershipEvent, Verdict, how_it_ended, judge, next_head, outlived,
-                                           world_size)
+                                           stop_detail, stops_after, world_size)
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.plan import HostLaunch, LaunchPlan, agent_verb_argv, at_generation
 from meshrun.deploy.edges.agents import start_agent
+from meshrun.deploy.edges.hoststop import Leftovers, stop_beside, stop_host
 from meshrun.deploy.edges.hostlines import LineSink, read_host
 from meshrun.deploy.edges.livehost import LiveHost as _Live
 from meshrun.deploy.edges.transport import Session
@@ -74,6 +74,7 @@ class JobRunner:
         self.claims: set[str] = set()  # hosts being started (a join, a return) and not yet running: under lock
         self.stopping = threading.Event()
         self.interrupted: int | None = None  # the signal that stopped the run (SIGINT: any KeyboardInterrupt)
+        self.leftovers = Leftovers(plan.run_id, self._stop_host, PING_TIMEOUT_S, sink, self.unclaim)
 
     def run(self) -> JobOutcome:
         """Start, watch and conclude the job. A Ctrl-C (SIGTERM, SIGHUP: deploy/cli.py) at any moment of
@@ -90,12 +91,14 @@ class JobRunner:
                 if verdict.failed:
                     status = JobStatus.FAILED
                     remaining = self.stop_all()
+                self.leftovers.settle(self.events, self.lock)  # summary.json says what became of each such stop
             except KeyboardInterrupt:
                 self.interrupted = self.interrupted or signal.SIGINT
                 with contextlib.suppress(OSError):  # a terminal gone before its SIGHUP: the stop matters, not the line
                     self.sink("meshrun", f"meshrun: stopping every host (TERM, {STOP_GRACE_S:g} s grace, KILL) and "
                                          f"checking that each is clean; {NOT_CUT_SHORT}")
                 remaining = self.stop_all()
+                self.leftovers.settle(self.events, self.lock)  # stopping is set: no Ctrl-C raises in its wait
         finally:
             put_back()
         if self.interrupted:
@@ -181,7 +184,7 @@ class JobRunner:
             live.lost = live.seen_down = True
             live.done.set()
 
-    def _record(self, change: Change, host: str, detail: str | None = None) -> None:
+    def _record(self, change: Change, host: str, detail: str | None = None) -> MembershipEvent:
         with self.lock:
             size = world_size([h.view() for h in self.hosts])
             event = MembershipEvent(time.time(), change, host, size, detail)
@@ -190,6 +193,7 @@ class JobRunner:
                                       "world_size": size, "detail": detail})
         if self.notify is not None and change is not Change.STARTED:
             self.notify(event)
+        return event
 
     def _read(self, live: _Live) -> None:
         read_host(live, self.sink, self.on_usage)  # sets live.done however the reading ends
@@ -297,20 +301,11 @@ class JobRunner:
                 self.poll_requests(self)
             with self.lock:
                 hosts = list(self.hosts)
-            for live in hosts:
-                if live.done.is_set() and not live.recorded:
-                    live.recorded = True
-                    change, detail = how_it_ended(live.rc, live.leaving, live.outlived, self.finished_at is not None)
-                    self._record(change, live.name, detail)
-                    if change is Change.FINISHED and detail is None and self.finished_at is None and self.plan.elastic:
-                        self.finished_at = time.monotonic()  # training is over (membership.outlived)
-                    if change is not Change.FINISHED:
-                        self._tell_survivors(live.name, AGENT_PEER_GONE_LINE)
-                    # A refused rendezvous state fails the run: the agents do not move it on (deploy/host/agent.py).
-                    if change is not Change.FINISHED and live.name == self.head and live.rc != STATE_REFUSED_EXIT:
-                        self._succeed(live, hosts)
             views = [h.view() for h in hosts]
-            verdict = judge(views, self.plan.elastic)
+            verdict = judge(views, self.plan.elastic)  # before the ends are recorded: whether stop_all follows
+            for live, view in zip(hosts, views):
+                if not view.running and not live.recorded:
+                    self._ended(live, hosts, verdict.failed)
             if verdict.done:
                 return verdict
             late = outlived(views, self.plan.elastic, self.finished_at, time.monotonic())
@@ -323,6 +318,31 @@ class JobRunner:
                     if not live.was_head:  # the agents themselves move off a lost rendezvous host
                         self._tell_survivors(live.name, AGENT_RESTART_LINE)
             time.sleep(0.2)
+
+    def _ended(self, live: _Live, hosts: list[_Live], failed: bool) -> None:
+        """Records a host's end. A host of an elastic run whose agent ended by itself without finishing
+        is stopped beside the loop (membership.stops_after), unless the run `failed`: stop_all stops
+        every host then. Claimed meanwhile, so no `fab join` starts it for the stop to end; a join
+        already under way starts it afresh, and the stop would end that agent: none then."""
+        live.recorded = True
+        # A host the probe lost has its stream dropped, which SSH may then end with rc -1: it is unreachable.
+        rc = None if live.lost else live.rc
+        change, detail = how_it_ended(rc, live.leaving, live.outlived, self.finished_at is not None)
+        clean_up = not failed and self.plan.elastic is not None and stops_after(rc, live.leaving, live.outlived)
+        with self.lock:
+            clean_up = clean_up and live.name not in self.claims and not live.replaced
+            if clean_up:
+                self.claims.add(live.name)
+        event = self._record(change, live.name, stop_detail(detail, None, self.plan.run_id) if clean_up else detail)
+        if clean_up:
+            self.leftovers.start(live, event, detail)
+        if change is Change.FINISHED and detail is None and self.finished_at is None and self.plan.elastic:
+            self.finished_at = time.monotonic()  # training is over (membership.outlived)
+        if change is not Change.FINISHED:
+            self._tell_survivors(live.name, AGENT_PEER_GONE_LINE)
+        # A refused rendezvous state fails the run: the agents do not move it on (deploy/host/agent.py).
+        if change is not Change.FINISHED and live.name == self.head and live.rc != STATE_REFUSED_EXIT:
+            self._succeed(live, hosts)
 
     def stop_all(self) -> dict[str, object]:
         """Stop the run on every host and confirm it. Returns {host: remaining pids or error}."""
@@ -343,33 +363,11 @@ class JobRunner:
                 continue  # a second Ctrl-C must not leave hosts half-stopped
 
     def _stop_beside(self, live: _Live) -> None:
-        """Stop one host beside the watch loop (`fab leave`, or it outlived the training). A stop that
-        fails drops the agent's connection: its agent reads EOF and stops the run by itself (heartbeats
-        would have kept it going). Its log says why, and names what outlived a stop."""
-        def stop() -> None:
-            try:
-                left = self._stop_host(live)
-            except MeshrunError as err:
-                self.sink(live.name, f"[{live.name}] meshrun: stopping it failed: {err}; its agent's connection is "
-                                     "closed, so it stops the run itself")
-                if live.stream is not None:
-                    live.stream.abandon()
-                return
-            if left:
-                self.sink(live.name, f"[{live.name}] meshrun: {len(left)} process(es) of the run outlived the stop: "
-                                     f"{', '.join(map(str, left))}")
-        threading.Thread(target=stop, daemon=True, name=f"stop-{live.name}").start()
+        """Stop one host beside the watch loop (`fab leave`, or it outlived the training)."""
+        stop_beside(live, self._stop_host, self.sink)
 
     def _stop_host(self, live: _Live) -> tuple[int, ...]:
-        host = live.launch.host
-        argv = agent_verb_argv(host, "stop", self.plan.run_id, self.local_python, STOP_GRACE_S)
-        result = live.session.run(argv, timeout=STOP_GRACE_S + 25)
-        try:
-            report = result.last_json()
-        except (ValueError, IndexError):
-            raise MeshrunError(f"host '{host.name}': stop gave no report (rc {result.rc}): "
-                               f"{said(result.stderr.strip()[-200:])}") from None
-        return remaining_pids(host.name, report)
+        return stop_host(live, self.plan.run_id, self.local_python)
 
     def _live(self, name: str) -> _Live:
         """The host's current entry: a host that came back or rejoined has a newer one after the
@@ -380,7 +378,8 @@ class JobRunner:
         outcomes, deadline = [], time.monotonic() + 5  # one wait for all: hosts whose streams hang must not add up
         for live in self.hosts:
             live.done.wait(timeout=max(0.0, deadline - time.monotonic()))
-            left = remaining.get(live.name, ())
+            # stop_all's word, the newest on the host; else that of the stop of what this entry's agent left
+            left = remaining[live.name] if live.name in remaining else self.leftovers.left(live)
             error = str(left) if isinstance(left, MeshrunError) else None
             pids = tuple(left) if isinstance(left, tuple) else ()
             outcomes.append(HostOutcome(live.name, live.rc, live.log, tuple(live.tail), pids, error,

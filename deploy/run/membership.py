@@ -58,6 +58,9 @@ class Verdict:
 
 
 OUTLIVED_DETAIL = "stopped: training had finished before it was admitted"
+# An agent that ended with no exit status of its own: SSH's exit-signal is dropped by paramiko (rc -1),
+# a local agent killed by a signal ends with -N. The OOM killer's SIGKILL, most often.
+KILLED_DETAIL = "its agent ended without an exit status (killed?)"
 
 
 def how_it_ended(rc: int | None, leaving: bool, outlived: bool,
@@ -80,11 +83,46 @@ def how_it_ended(rc: int | None, leaving: bool, outlived: bool,
 def _end_detail(rc: int | None) -> str:
     if rc is None:
         return "unreachable"
+    if rc < 0:
+        return KILLED_DETAIL
     if rc == STATE_REFUSED_EXIT:  # deploy/host/torchrun.py said which store, in the host's log
         return "it refused the rendezvous state: a member of the run may be compromised"
     if rc == AGENT_BUSY_EXIT:  # deploy/host/agent.py said whose, in the host's log
         return "another agent of this run already runs there; it started nothing"
     return f"exit status {rc}"
+
+
+@dataclass(frozen=True)
+class LeftStop:
+    """How the stop of what a host's agent left went (deploy/edges/hoststop.py `Leftovers`)."""
+
+    remaining: tuple[int, ...] = ()  # run pids still alive after it
+    error: str | None = None  # why it did not run, or gave no report
+
+
+def stops_after(rc: int | None, leaving: bool, outlived: bool) -> bool:
+    """Whether a host of an elastic run that went on without it is stopped after it ended: its agent
+    ended by itself without finishing (killed, or a non-zero status), and what its ranks started in
+    sessions of their own still runs, tagged with the run, where only a stop by run id finds it (a
+    fixed run's failure stops every host anyway). Not a host that left or outlived the training (it
+    was stopped), nor one lost unreachable (rc None: its agent lives and stops itself once the
+    heartbeats stop, and a host that comes back is stopped before it starts again), nor one whose
+    agent found another agent of the run there: a stop by run id would end that one's run."""
+    return not leaving and not outlived and rc is not None and rc not in (0, AGENT_BUSY_EXIT)
+
+
+def stop_detail(detail: str | None, stop: LeftStop | None, run_id: str) -> str:
+    """A host's end (`detail`) with what became of the stop after it: None while it runs."""
+    ended = f"{detail}; " if detail else ""
+    again = f"once the run has ended, run fab stop --run {run_id}"
+    if stop is None:
+        return f"{ended}stopping what it left"
+    if stop.error is not None:
+        return f"{ended}stopping what it left failed: {stop.error}; {again}"
+    if stop.remaining:
+        return (f"{ended}{len(stop.remaining)} process(es) of the run outlived the stop of what it left "
+                f"({', '.join(map(str, stop.remaining))}); {again}")
+    return f"{ended}stopped what it left"
 
 
 def world_size(hosts: list[HostView]) -> int:
