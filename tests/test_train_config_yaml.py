@@ -50,7 +50,7 @@ def test_deep_nesting_in_a_file_or_an_override_is_one_line_not_a_recursion_error
     path = written(tmp_path, DEEP)
     assert error_of(path) == f"{path}:2: {DEPTH_LINE}"
     override = "model.hidden=" + "[" * 3000 + "]" * 3000
-    assert error_of(None, override) == (f"override 'model.hidden=" + "[" * 14 + "..." + "]" * 28
+    assert error_of(None, override) == ("override 'model.hidden=" + "[" * 14 + "..." + "]" * 28
                                         + "': values nested more than 20 levels deep; a config needs 4 (section, "
                                         "key, list, value): check the brackets")
 
