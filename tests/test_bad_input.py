@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +22,9 @@ from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run import flags
 from meshrun.train.config import CONFIG_DIR
+from tests.clirun import git_project, run_meshrun
 from tests.trap import dialled, listening_trap
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 TRAINER = CONFIG_DIR.parent
 
 
@@ -86,9 +85,8 @@ def trap() -> Iterator[socket.socket]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Path:
-    root = tmp_path_factory.mktemp("bad-input") / "proj"
-    (root / "inventory").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path_factory.mktemp("bad-input"))
+    (root / "inventory").mkdir()
     key = root.parent / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     port = trap.getsockname()[1]
@@ -102,12 +100,6 @@ def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Pa
     (root / "ssh_config").write_text("Host 127.0.0.9\n  Port abc\n")
     (root / "a-file").write_text("not a directory\n")
     return root
-
-
-def run_meshrun(project: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"MESHRUN_SSH_CONFIG": os.devnull}
-    return subprocess.run([MESHRUN, *args], cwd=project, capture_output=True, text=True, timeout=120,
-                          env=base | (env or {}))
 
 
 LONG = "p" * 300
@@ -148,8 +140,8 @@ CASES = [
 @pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a)[:40] for a, _ in CASES])
 def test_the_real_command_refuses_in_one_line_and_dials_no_host(project: Path, trap: socket.socket,
                                                                  args: tuple[str, ...], expected: str) -> None:
-    env = {"MESHRUN_SSH_CONFIG": str(project / "ssh_config")} if "two.yaml" in args else None
-    done = run_meshrun(project, *args, env=env)
+    ssh_config = str(project / "ssh_config") if "two.yaml" in args else os.devnull
+    done = run_meshrun(project, *args, ssh_config=ssh_config, stdin=None)
     long_project = with_path("--project ", project / LONG, ": file name too long; name another path")
     message = expected.format(root=project, trainer=TRAINER, long_project=long_project)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {message}\n")
@@ -161,5 +153,5 @@ def test_controls_good_input_does_dial_the_host(project: Path, trap: socket.sock
     host (the trap hangs up: the host is unreachable, exit status 1)."""
     dialled(trap)
     for args in (("check-network", "--timeout", "5"), ("train", "--skip-checks", "--timeout", "30", "--", "epochs=1")):
-        done = run_meshrun(project, *args)
+        done = run_meshrun(project, *args, stdin=None)
         assert done.returncode == 1 and dialled(trap) >= 1, (args, done.stdout[-500:], done.stderr[-500:])

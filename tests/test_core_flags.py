@@ -6,7 +6,6 @@ project's own Fabric tasks in the same fabfile keep them."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.fabexec import fabric_option_problem
+from tests.clirun import MESHRUN, git_project, meshrun_env
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 FAB = [sys.executable, "-m", "fabric"]
 BEFORE = "before the task is Fabric's own option, which meshrun does not use; "
 
@@ -54,16 +53,13 @@ def test_each_option_gets_what_meshrun_reads_instead() -> None:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    return root
+    return git_project(tmp_path)
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+    """`meshrun` or `fab`, run alike (MESHRUN_SSH_CONFIG as this process has it)."""
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=meshrun_env(ssh_config=None), stdin=subprocess.DEVNULL)
 
 
 NO_RUNS = "no runs recorded under"  # what `status` prints in a project without runs: the task ran

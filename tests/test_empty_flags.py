@@ -11,10 +11,8 @@ test owns: tests/trap.py).
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +20,9 @@ import pytest
 from invoke.exceptions import Exit
 
 from meshrun.deploy import tasks
+from tests.clirun import git_project, run_meshrun
 from tests.trap import dialled, listening_trap
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 TASKS = [getattr(tasks, name) for name in tasks.__all__]
 TEXT_FLAGS = [(task, arg.attr_name or arg.name) for task in TASKS for arg in task.get_arguments()
               if arg.kind in (str, list)]
@@ -95,9 +93,8 @@ def trap() -> Iterator[socket.socket]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Path:
     """A project whose own inventory leads to the trap: the fallback `--inventory ''` used to take."""
-    root = tmp_path_factory.mktemp("empty-flags") / "proj"
-    (root / "inventory").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path_factory.mktemp("empty-flags"))
+    (root / "inventory").mkdir()
     key = root.parent / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     (root / "inventory" / "hosts.yaml").write_text(
@@ -105,12 +102,6 @@ def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Pa
         f"    identity: {key}\nknown_hosts: known_hosts\n")
     (root / "inventory" / "known_hosts").write_text("")
     return root
-
-
-def run_meshrun(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"MESHRUN_SSH_CONFIG": os.devnull}
-    return subprocess.run([MESHRUN, *args], cwd=project, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("args,line", [

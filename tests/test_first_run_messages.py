@@ -21,8 +21,8 @@ from meshrun.deploy.errors import InputError
 from meshrun.deploy.fabexec import ReadAs, Typed, misplaced_argument_hint
 from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.project import Project, relative_to_project
+from tests.clirun import git_project, run_meshrun
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 RUN = "20261206-093525-9a0c"
 
 
@@ -33,16 +33,7 @@ def host(address: str = "10.0.0.2", workdir: str = "~/meshrun") -> Host:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    return root
-
-
-def run_meshrun(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"MESHRUN_SSH_CONFIG": os.devnull}
-    return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+    return git_project(tmp_path)
 
 
 # --- slow-links 6: `fab sync --data` resumes a file cut mid-transfer ---------------------------------

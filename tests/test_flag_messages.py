@@ -7,7 +7,6 @@ value instead: `--hosts gpu1 --hosts gpu1` was "No idea what 'gpu1' is", `--deta
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -18,8 +17,8 @@ import pytest
 from meshrun.deploy.fabexec import (FlagSpec, Stray, as_overrides, find_stray, stray_line, trainer_keys,
                                     unknown_flag_line)
 from meshrun.train.config import TrainConfig, _all_keys
+from tests.clirun import git_project, run_meshrun
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 CONFIG_SOURCE = Path(__file__).resolve().parents[1] / "train" / "config.py"
 FLAGS = {"--hosts": FlagSpec("--hosts", True), "-h": FlagSpec("--hosts", True),
          "--lines": FlagSpec("--lines", True), "-l": FlagSpec("--lines", True),
@@ -76,16 +75,7 @@ def test_the_trainer_keys_typed_as_flags_become_overrides() -> None:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    return root
-
-
-def run_meshrun(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"MESHRUN_SSH_CONFIG": os.devnull}
-    return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+    return git_project(tmp_path)
 
 
 CASES = [

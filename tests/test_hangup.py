@@ -31,8 +31,8 @@ import pytest
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.errors import interrupted_by, interrupted_status
 from meshrun.layout import log_path
+from tests.clirun import MESHRUN, git_project, meshrun_env
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 TERM, HUP, INT = signal.SIGTERM, signal.SIGHUP, signal.SIGINT
 
 
@@ -52,9 +52,8 @@ def wait_until(condition: Callable[[], bool], proc: subprocess.Popen, what: str,
 @pytest.fixture
 def followed(tmp_path: Path) -> tuple[Path, RunRecord, dict[str, str]]:
     """A project whose run is on h1 (this machine, workdir `hostdir/`), with a line in its log."""
-    root = tmp_path / "proj"
-    (root / "inventory").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path)
+    (root / "inventory").mkdir()
     inventory = root / "inventory" / "hosts.yaml"
     inventory.write_text("hosts:\n  h1:\n    address: local\n    workdir: hostdir\n")
     record = RunRecord(f"20261201-000000-{uuid.uuid4().hex[:4]}", str(inventory), ("h1",), time.time(), True,
@@ -63,8 +62,7 @@ def followed(tmp_path: Path) -> tuple[Path, RunRecord, dict[str, str]]:
     log = root / "hostdir" / log_path(record.run_id, "h1")
     log.parent.mkdir(parents=True)
     log.write_text("[h1:0] epoch 1\n")
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    env |= {"PYTHONUNBUFFERED": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = meshrun_env({"PYTHONUNBUFFERED": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}, ssh_config=None)
     return root, record, env
 
 
@@ -233,12 +231,11 @@ def test_an_attached_run_ended_by_sigterm_is_stopped_and_summarised_and_exits_14
     (the terminal closing as well) neither cuts it short nor turns writing into an error."""
     from tests.fabrun import run_id_of, run_processes, wait_no_run_processes
 
-    root = tmp_path / "proj"
-    (root / "inventory").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path)
+    (root / "inventory").mkdir()
     (root / "inventory" / "hosts.yaml").write_text("hosts:\n  local:\n    address: local\n    nproc: 1\n    workdir: .\n")
     (root / "sleeper.py").write_text(SLEEPER)
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"XDG_CACHE_HOME": str(tmp_path)}
+    env = meshrun_env({"XDG_CACHE_HOME": str(tmp_path)}, ssh_config=None)
     out = tmp_path / "out"
     with out.open("w") as stdout:  # a pipe's reader could go with the terminal; a file keeps what came before
         train = subprocess.Popen([MESHRUN, "train", "--inventory", "inventory/hosts.yaml", "--skip-checks", "--no-sync",

@@ -5,9 +5,7 @@ resolution by exact equality, then the real `meshrun` from a subfolder and from 
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,7 @@ import pytest
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.localpaths import controller_file, workdir_outside
-
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
+from tests.clirun import git_project, run_meshrun
 
 
 def files(root: Path, *names: str) -> None:
@@ -95,23 +92,23 @@ def test_a_local_workdir_outside_the_project_is_one_line_at_its_line(tmp_path: P
     assert load_inventory(inventory, project).hosts[0].workdir == "../../.."
 
 
-def git_project(root: Path, inventory: str) -> Path:
+def inventory_project(parent: Path, inventory: str) -> Path:
+    """`parent/proj`, a git project with `train.py`, `sub/notes.txt` and `inventory` as its inventory/hosts.yaml."""
+    root = git_project(parent)
     files(root, "train.py", "sub/notes.txt")
-    (root / "inventory").mkdir(exist_ok=True)
+    (root / "inventory").mkdir()
     (root / "inventory" / "hosts.yaml").write_text(inventory)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     return root
 
 
 def meshrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    return run_meshrun(cwd, *args, ssh_config=None, stdin=None)
 
 
 def test_meshrun_sync_refuses_a_local_workdir_of_dot_dot_dot_dot_dot_dot(tmp_path: Path) -> None:
     """`../../..` from a project three folders down is tmp_path: the old loader let `sync` copy the
     project there. Now: one line, exit 2, nothing written outside the project."""
-    project = git_project(tmp_path / "a" / "b" / "proj", "hosts:\n  me:\n    address: local\n    workdir: ../../..\n")
+    project = inventory_project(tmp_path / "a" / "b", "hosts:\n  me:\n    address: local\n    workdir: ../../..\n")
     done = meshrun("sync", cwd=project / "sub")
     assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
     assert done.stderr == (f"error: {project}/inventory/hosts.yaml:4: host 'me', field 'workdir': '../../..' leads "
@@ -125,7 +122,7 @@ def test_meshrun_sync_from_a_subfolder_keeps_the_inventorys_own_files_home(tmp_p
     home) are found, beside the inventory or (an older inventory's `conf/pins`) in the project: they
     stay home, everything else ships. The old loader read them from the cwd: it refused the key as
     missing (and with no key it shipped the pinned host keys)."""
-    project = git_project(tmp_path / "proj", "")
+    project = inventory_project(tmp_path, "")
     files(project, "conf/pins", "conf/keys/rented")
     (project / ".gitignore").write_text("shipped*/\n")
     for n, inventory in enumerate((

@@ -4,7 +4,6 @@ before touching any host (no inventory is even needed for these)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +11,15 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.inventory.shown import shown_path
+from tests.clirun import git_project, run_meshrun
 from tests.fabrun import REPO
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 TASKS = ["check-network", "fetch-checkpoints", "firewall", "join", "leave", "logs", "report", "setup", "status",
          "stop", "sync", "train", "trust"]
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    return run_meshrun(cwd, *args, ssh_config=None, stdin=None)
 
 
 def listed(output: str) -> list[str]:
@@ -31,10 +29,9 @@ def listed(output: str) -> list[str]:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    (root / "sub").mkdir(parents=True)
+    root = git_project(tmp_path)
+    (root / "sub").mkdir()
     (root / "main.py").write_text("print('hi')\n")
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     return root
 
 
@@ -71,9 +68,7 @@ def test_script_and_config_must_lie_inside_the_project(project: Path, tmp_path: 
 
 def test_no_inventory_anywhere_names_the_lookup_order(project: Path, tmp_path: Path) -> None:
     env_home = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": ""}
-    done = subprocess.run([MESHRUN, "train", "--script", "main.py"], cwd=project, capture_output=True, text=True,
-                          timeout=120, env={**{k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"},
-                                            **env_home})
+    done = run_meshrun(project, "train", "--script", "main.py", env=env_home, ssh_config=None, stdin=None)
     assert done.returncode == 2
     before = ("error: no inventory found (looked for --inventory, $MESHRUN_INVENTORY, the project's "
               "inventory/hosts.yaml or inventory/local.yaml, ~/.config/meshrun/inventory.yaml); write ")

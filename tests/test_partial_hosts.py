@@ -34,9 +34,8 @@ from meshrun.deploy.inventory.model import Host, Rendezvous
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.run.plan import LaunchOptions, plan_launch
 from meshrun.layout import ENV_HOST, ENV_RUN_ID, HEARTBEAT_TIMEOUT_S, log_path
+from tests.clirun import MESHRUN, git_project, meshrun_env, run_meshrun
 from tests.fakesession import FakeSession, host
-
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 
 
 def closed_port() -> int:
@@ -49,9 +48,8 @@ def closed_port() -> int:
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[tuple[Path, RunRecord]]:
     """A project whose detached run is on h1 (this machine, workdir `hostdir/`) and h2 (down)."""
-    root = tmp_path / "proj"
-    (root / "inventory").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path)
+    (root / "inventory").mkdir()
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     inventory = root / "inventory" / "hosts.yaml"
@@ -67,8 +65,7 @@ def run(tmp_path: Path) -> Iterator[tuple[Path, RunRecord]]:
 
 
 def meshrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    return run_meshrun(cwd, *args, ssh_config=None, stdin=None)
 
 
 def run_process(record: RunRecord, name: str) -> subprocess.Popen[bytes]:
@@ -181,7 +178,7 @@ def test_logs_follow_the_hosts_it_reaches(run: tuple[Path, RunRecord]) -> None:
     root, record = run
     log = host_log(root, record)
     log.write_text("[h1:0] epoch 1\n")
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"PYTHONUNBUFFERED": "1"}
+    env = meshrun_env({"PYTHONUNBUFFERED": "1"}, ssh_config=None)
     # SIGINT as a terminal's Ctrl-C finds it: a runner started in the background (CI's) ignores
     # SIGINT, and Python leaves an ignored SIGINT ignored, so the command would never see it.
     follow = subprocess.Popen([MESHRUN, "logs", "-f", "--run", record.run_id], cwd=root, env=env, text=True,

@@ -5,7 +5,6 @@ host's meshrun compares with the controller's (version skew), and what a host ma
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.project import Project, find_project, relative_to_project
 from meshrun.deploy.run.plan import Workload
 from meshrun.deploy.run.requirements import Requirements, project_requirements
+from tests.clirun import git_project
 
 MINE = "0.1.0 (build 0123456789ab)"
 
@@ -54,11 +54,10 @@ def test_a_broken_pyproject_is_one_line_naming_the_file(tmp_path: Path, text: st
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = (tmp_path / "repo").resolve()
+    root = git_project(tmp_path, "repo").resolve()
     (root / "src/deep").mkdir(parents=True)
     (root / "main.py").write_text("")
     (root / "cfg.yaml").write_text("")
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     return root
 
 

@@ -7,7 +7,6 @@ may ever reach it."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,9 +19,9 @@ import pytest
 
 from meshrun.deploy.edges.records import RunRecord, may_be_running
 from meshrun.layout import HEARTBEAT_TIMEOUT_S, LAUNCH_RECORD, SUMMARY
+from tests.clirun import git_project, run_meshrun
 from tests.trap import dialled, listening_trap
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 NOW = 1_800_000_000.0
 
 
@@ -62,9 +61,7 @@ def dead_pid() -> int:
 def project(tmp_path: Path, trap: socket.socket) -> Path:
     """A project whose runs/ holds a finished detached run and a stale attached one (its `fab train`
     is gone, no summary), both on a host that is the trap."""
-    root = tmp_path / "proj"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path)
     port = trap.getsockname()[1]
     inventory = root / "inventory" / "hosts.yaml"
     inventory.parent.mkdir()
@@ -85,8 +82,7 @@ def project(tmp_path: Path, trap: socket.socket) -> Path:
 
 
 def meshrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    return run_meshrun(cwd, *args, ssh_config=None, stdin=None)
 
 
 def test_status_logs_and_stop_leave_finished_and_stale_runs_alone(project: Path, trap: socket.socket) -> None:

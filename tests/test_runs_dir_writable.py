@@ -10,18 +10,16 @@ never exist, instead of suggesting a `meshrun train --runs-dir` that would fail 
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.project import Project, find_project
+from tests.clirun import git_project, run_meshrun
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 FIX = "name a directory this controller can write run records in"
 needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 
@@ -35,9 +33,8 @@ def closed_port() -> int:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = (tmp_path / "proj").resolve()
-    (root / "inventory").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path).resolve()
+    (root / "inventory").mkdir()
     (root / "notes.txt").write_text("a file, not a folder\n")
     key = tmp_path / "id_ed25519"  # a key to offer: without one, a train stops before it dials
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -90,11 +87,9 @@ def test_reading_creates_nothing_and_recording_leaves_only_the_folder(repo: Path
     assert list((repo / "records/lab").iterdir()) == [] and list((repo / "runs").iterdir()) == []  # no check file left
 
 
-def run_meshrun(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    env |= {"MESHRUN_SSH_CONFIG": os.devnull, "HOME": str(root.parent), "XDG_CACHE_HOME": str(root.parent / "cache")}
-    return subprocess.run([MESHRUN, *args], cwd=root, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+def meshrun(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`meshrun` with HOME and XDG_CACHE_HOME beside the project: none of the user's own."""
+    return run_meshrun(root, *args, env={"HOME": str(root.parent), "XDG_CACHE_HOME": str(root.parent / "cache")})
 
 
 @needs_proc
@@ -111,15 +106,15 @@ def test_the_real_tasks_refuse_before_any_host_and_status_suggests_no_failing_tr
         (("leave", "--run", "20261206-150012-9b64", "--hosts", "gpu1", "--runs-dir", "/proc/x"), cannot),
         (("status", "--runs-dir", "notes.txt/runs"), under_file),
     ]:
-        done = run_meshrun(repo, *args)
+        done = meshrun(repo, *args)
         assert (done.returncode, done.stdout, done.stderr) == (2, "", stderr), args
-    assert run_meshrun(repo, "status").returncode == 0
+    assert meshrun(repo, "status").returncode == 0
     assert not (repo / "runs").exists()  # reading made no runs folder
 
 
 def test_control_a_writable_runs_folder_goes_on_to_the_host(repo: Path) -> None:
     """The other side, so the refusals above cannot pass by never reaching a host: the same command with a
     folder it can make gets as far as gpu1, whose port refuses (exit status 1)."""
-    done = run_meshrun(repo, "train", "--runs-dir", "records", "--skip-checks", "--no-sync", "--", "epochs=1")
+    done = meshrun(repo, "train", "--runs-dir", "records", "--skip-checks", "--no-sync", "--", "epochs=1")
     assert done.returncode == 1 and "gpu1" in done.stderr, done.stderr[-500:]
     assert (repo / "records").is_dir()

@@ -5,16 +5,14 @@ FileNotFoundError after the connect, sync and pre-flight. meshrun warns before a
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 from meshrun.deploy.project import Project, arg_path_warnings, path_words, script_arg_warnings
+from tests.clirun import git_project, run_meshrun
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 EXP = PurePosixPath("experiments")
 
 
@@ -42,12 +40,11 @@ def test_only_a_path_found_here_and_not_at_the_root_is_warned_of() -> None:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
+    root = git_project(tmp_path)
     (root / "experiments/configs").mkdir(parents=True)
     (root / "experiments/train.py").write_text("")
     (root / "experiments/configs/exp1.yaml").write_text("")
     (root / "data").mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     return root
 
 
@@ -62,10 +59,7 @@ def test_the_facts_are_read_from_the_disk_here(project: Path) -> None:
 
 
 def meshrun(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"MESHRUN_SSH_CONFIG": os.devnull,
-                                                                                "HOME": str(cwd)}
-    return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+    return run_meshrun(cwd, *args, env={"HOME": str(cwd)})
 
 
 def test_train_from_a_subfolder_warns_before_any_host(project: Path) -> None:

@@ -4,17 +4,14 @@ It is refused here, before any host, in one line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.project import Project, is_python_source, relative_to_project
+from tests.clirun import git_project, run_meshrun
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 RUN_SH = b"#!/bin/bash\nexport OMP_NUM_THREADS=4\npython train.py --epochs 90 \"$@\"\n"
 
 
@@ -38,10 +35,7 @@ def test_what_counts_as_a_python_file() -> None:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    return root
+    return git_project(tmp_path)
 
 
 def test_relative_to_project_refuses_a_shell_script_and_keeps_a_python_one(project: Path) -> None:
@@ -60,7 +54,5 @@ def test_relative_to_project_refuses_a_shell_script_and_keeps_a_python_one(proje
 def test_the_cli_refuses_run_sh_before_reading_any_inventory(project: Path) -> None:
     """No inventory exists: the refusal is the first thing meshrun says, so no host was looked up."""
     (project / "run.sh").write_bytes(RUN_SH)
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {"MESHRUN_SSH_CONFIG": os.devnull}
-    done = subprocess.run([MESHRUN, "train", "--script", "run.sh", "--", "--epochs", "3"], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    done = run_meshrun(project, "train", "--script", "run.sh", "--", "--epochs", "3")
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {refusal('run.sh')}\n")

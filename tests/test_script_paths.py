@@ -5,27 +5,23 @@ a relative path that names another project file from the current directory is re
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.project import Project, relative_to_project
-
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
+from tests.clirun import git_project, run_meshrun
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "my-research"
-    (root / "experiments").mkdir(parents=True)
+    root = git_project(tmp_path, "my-research")
+    (root / "experiments").mkdir()
     (root / "experiments/train.py").write_text("print('experiment')\n")
     (root / "experiments/exp.yaml").write_text("")
     (root / "main.py").write_text("")
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     return root.resolve()
 
 
@@ -83,8 +79,7 @@ def test_the_current_directory_is_the_default(repo: Path, monkeypatch: pytest.Mo
 
 
 def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"}
-    return subprocess.run([MESHRUN, "train", *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    return run_meshrun(cwd, "train", *args, ssh_config=None, stdin=None)
 
 
 def test_the_real_command_from_a_subfolder(repo: Path) -> None:

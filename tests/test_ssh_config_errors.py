@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +20,9 @@ from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.sshtarget import Hop
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.model import Host, Network
+from tests.clirun import git_project, run_meshrun
 from tests.trap import dialled, listening_trap
 
-MESHRUN = str(Path(sys.executable).parent / "meshrun")
 NAMED = "Host gpu1\n  HostName 203.0.113.7\n  User ubuntu\n  Port 2200\n"
 
 
@@ -89,9 +87,8 @@ def trap() -> Iterator[socket.socket]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Path:
-    root = tmp_path_factory.mktemp("ssh-config-errors") / "proj"
-    (root / "inventory").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = git_project(tmp_path_factory.mktemp("ssh-config-errors"))
+    (root / "inventory").mkdir()
     key = root.parent / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     port = trap.getsockname()[1]
@@ -105,10 +102,8 @@ def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Pa
 
 
 def check_network(project: Path, ssh_config: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MESHRUN_INVENTORY"} | {
-        "MESHRUN_SSH_CONFIG": str(project / ssh_config), "HOME": str(project.parent)}
-    return subprocess.run([MESHRUN, "check-network", "--timeout", "5"], cwd=project, capture_output=True, text=True,
-                          timeout=120, env=env)
+    return run_meshrun(project, "check-network", "--timeout", "5", env={"HOME": str(project.parent)},
+                       ssh_config=str(project / ssh_config), stdin=None)
 
 
 def test_the_real_command_refuses_the_bad_file_in_one_line_and_dials_no_host(project: Path,
