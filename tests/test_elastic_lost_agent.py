@@ -70,6 +70,7 @@ class Member(FakeSession):
         self.agent_rc, self.gate, self.answer, self.reachable = rc, gate, answer, reachable
         self.ran: list[tuple[str, ...]] = []
         self.claim_meanwhile: str | None = "not asked"
+        self.other_claim_meanwhile: str | None = "not asked"
         self.runner: JobRunner | None = None
 
     def start(self, argv: Sequence[str]):  # type: ignore[no-untyped-def,override]
@@ -84,6 +85,9 @@ class Member(FakeSession):
         self.ran.append(tuple(argv))
         if self.runner is not None and self.agent_rc is not None:
             self.claim_meanwhile = self.runner.claim(self.host.name)  # a `fab join` of it while it is being stopped
+            # A join of another host meanwhile: this one, being stopped, takes no place under the maximum.
+            self.other_claim_meanwhile = self.runner.claim("h4")
+            self.runner.unclaim("h4")
         self.gate.set()  # the others finish only now: the run went on while this host was lost
         if isinstance(self.answer, MeshrunError):
             raise self.answer
@@ -129,7 +133,8 @@ def test_a_host_whose_agent_ended_by_itself_is_stopped_while_the_others_go_on(
     assert outcome.status is JobStatus.SUCCEEDED
     assert sessions["h2"].ran == [stop_argv("h2")]
     assert sessions["h1"].ran == sessions["h3"].ran == []
-    assert sessions["h2"].claim_meanwhile == "host 'h2' is already in run r1, or being started"
+    assert sessions["h2"].claim_meanwhile == "host 'h2' is being stopped (what its last agent left); try again in a minute"
+    assert sessions["h2"].other_claim_meanwhile is None  # 2 running of at most 3: room for h4
     said = f"{why}; stopped what it left"
     assert ends(outcome) == [("lost", "h2", said), ("finished", "h1", None), ("finished", "h3", None)]
     assert f"[h2] meshrun: {said}" in lines

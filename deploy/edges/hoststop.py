@@ -79,7 +79,7 @@ class Leftovers:
     def __init__(self, run_id: str, stop: Callable[[LiveHost], tuple[int, ...]], ping_timeout: float,
                  sink: LineSink, release: Callable[[str], None]) -> None:
         self.run_id, self.stop, self.ping_timeout, self.sink = run_id, stop, ping_timeout, sink
-        self.release = release  # the host's claim (JobRunner.claim): no join starts it while the stop runs
+        self.release = release  # ends the host's reservation (JobRunner.cleaning): no join starts it meanwhile
         self.cleanups: list[Cleanup] = []
 
     def start(self, live: LiveHost, event: MembershipEvent, ended: str | None) -> None:

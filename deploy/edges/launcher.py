@@ -74,7 +74,10 @@ class JobRunner:
         self.claims: set[str] = set()  # hosts being started (a join, a return) and not yet running: under lock
         self.stopping = threading.Event()
         self.interrupted: int | None = None  # the signal that stopped the run (SIGINT: any KeyboardInterrupt)
-        self.leftovers = Leftovers(plan.run_id, self._stop_host, PING_TIMEOUT_S, sink, self.unclaim)
+        # Hosts whose last agent's leftovers are being stopped (hoststop.Leftovers): no start there meanwhile,
+        # but no place under the elastic maximum either: they are not joining.
+        self.cleaning: set[str] = set()
+        self.leftovers = Leftovers(plan.run_id, self._stop_host, PING_TIMEOUT_S, sink, self._cleaned)
 
     def run(self) -> JobOutcome:
         """Start, watch and conclude the job. A Ctrl-C (SIGTERM, SIGHUP: deploy/cli.py) at any moment of
@@ -129,6 +132,8 @@ class JobRunner:
             running = [h.name for h in self.hosts if not h.done.is_set()]
             if name in self.claims or name in running:
                 return f"host '{name}' is already in run {self.plan.run_id}, or being started"
+            if name in self.cleaning:
+                return f"host '{name}' is being stopped (what its last agent left); try again in a minute"
             if bounds is not None and len(running) + len(self.claims) >= bounds.max:
                 return f"run {self.plan.run_id} already has its maximum of {bounds.max} hosts"
             self.claims.add(name)
@@ -137,6 +142,10 @@ class JobRunner:
     def unclaim(self, name: str) -> None:
         with self.lock:
             self.claims.discard(name)
+
+    def _cleaned(self, name: str) -> None:
+        with self.lock:
+            self.cleaning.discard(name)
 
     def add_host(self, launch: HostLaunch, session: Session) -> None:
         """A host joining the running job (`fab join`), at the current generation (claimed first)."""
@@ -330,9 +339,9 @@ class JobRunner:
         change, detail = how_it_ended(rc, live.leaving, live.outlived, self.finished_at is not None)
         clean_up = not failed and self.plan.elastic is not None and stops_after(rc, live.leaving, live.outlived)
         with self.lock:
-            clean_up = clean_up and live.name not in self.claims and not live.replaced
+            clean_up = clean_up and live.name not in self.claims | self.cleaning and not live.replaced
             if clean_up:
-                self.claims.add(live.name)
+                self.cleaning.add(live.name)
         event = self._record(change, live.name, stop_detail(detail, None, self.plan.run_id) if clean_up else detail)
         if clean_up:
             self.leftovers.start(live, event, detail)
