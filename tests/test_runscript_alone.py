@@ -138,3 +138,53 @@ def test_a_real_torch_script_that_inits_a_group_says_nothing(tmp_path: Path) -> 
     done = run_rank(script)
     assert (done.returncode, done.stdout) == (0, "joined\n")
     assert "meshrun:" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("start", [
+    "multiprocessing.Process(target=rank, args=(0,))",  # the ranks started by the script: they may join
+    "multiprocessing.get_context('spawn').Process(target=rank, args=(0,))",
+])
+def test_a_script_that_starts_its_ranks_as_processes_is_not_judged(tmp_path: Path, start: str) -> None:
+    """A rank that starts processes (torch.multiprocessing.Process or a Pool, PyTorch's tutorial way) may
+    have them join: its own calls say nothing of theirs (deploy/host/alonewatch.py)."""
+    done = run_rank(write(tmp_path / "starts.py", f"""\
+        import multiprocessing
+
+        def rank(i):
+            print("child", i, flush=True)
+
+        if __name__ == "__main__":
+            child = {start}
+            child.start()
+            child.join()
+    """))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "child 0\n", "")
+
+
+def test_a_dataloaders_workers_are_no_ranks(tmp_path: Path) -> None:
+    """A process whose target is torch's DataLoader worker loop is no rank: the script still trained alone."""
+    write(tmp_path / "torch/utils/data/_utils/worker.py", "def _worker_loop(i):\n    print('worker', i, flush=True)\n")
+    for package in ("torch/utils", "torch/utils/data", "torch/utils/data/_utils"):
+        write(tmp_path / package / "__init__.py", "")
+    done = run_rank(with_fake_torch(tmp_path, """\
+        import multiprocessing
+        from torch.utils.data._utils.worker import _worker_loop
+
+        if __name__ == "__main__":
+            worker = multiprocessing.Process(target=_worker_loop, args=(0,))
+            worker.start()
+            worker.join()
+    """))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "worker 0\n", ALONE)
+
+
+def test_torch_imported_before_the_runner_is_watched_all_the_same(tmp_path: Path) -> None:
+    """A sitecustomize that imports torch runs before the runner: its init_process_group is wrapped at
+    the runner's start, so a script that calls it is not said to have trained alone."""
+    write(tmp_path / "site/sitecustomize.py", "import torch.distributed\n")
+    script = with_fake_torch(tmp_path, "import torch.distributed as dist\nprint(dist.init_process_group('gloo'))\n")
+    environ = ranks_env("2") | {"PYTHONPATH": f"{tmp_path / 'site'}:{tmp_path}:{REPO}"}
+    done = subprocess.run(argv(script, runner=True), cwd=REPO, env=environ, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout == "('joined', 'gloo', {})\n"

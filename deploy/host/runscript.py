@@ -30,9 +30,9 @@ under meshrun's torchrun (MESHRUN_RUN_ID and TORCHELASTIC_RUN_ID set); a failure
 silent, and nothing is fsynced: the count must never stop or slow the script.
 
 Added, under WORLD_SIZE > 1: a rank that never calls `torch.distributed.init_process_group` trained alone (a script
-for `mp.spawn` and `--dist-url`/`--rank` run without them) yet reads as succeeded. As the script imports torch, a
-post-import hook (`AfterImport`) wraps that and `mp.spawn`'s `start_processes` (its children may join: not judged);
-having called neither, a script that exits 0 ends with ALONE_LINE on stderr, its status unchanged.
+for `mp.spawn` and `--dist-url`/`--rank` run without them) yet reads as succeeded; deploy/host/alonewatch.py watches
+for that call (and for child processes that may make it) and the runner ends such a rank with its line on stderr,
+the status unchanged. Without meshrun (this file shipped alone as check-network's probe) there is no watch.
 
 Exit status, as the interpreter gives it: 0 when the script returns or calls `sys.exit()`/`sys.exit(0)`;
 `sys.exit(n)` gives n (mod 256); `sys.exit("msg")` prints msg on stderr and gives 1; an uncaught
@@ -73,6 +73,11 @@ from importlib.machinery import SourceFileLoader
 from types import CodeType, ModuleType, TracebackType
 from typing import Mapping, NoReturn
 
+try:  # absent where this file runs alone, without meshrun (check-network's probe): no watch there
+    from meshrun.deploy.host import alonewatch
+except ImportError:
+    alonewatch = None  # type: ignore[assignment]
+
 USAGE = "usage: python -m meshrun.deploy.host.runscript SCRIPT [ARG ...]"
 FLUSH_FAILED_STATUS = 120  # CPython's status when flushing stdout/stderr fails at exit
 SIGINT_STATUS = 128 + signal.SIGINT  # a shell's status for a death by SIGINT
@@ -87,10 +92,6 @@ ENV_RUN_ID = "MESHRUN_RUN_ID"
 ENV_HOST = "MESHRUN_HOST"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", re.ASCII)
 STARTS_READ_MAX = 64 << 10  # a starts.json past this is damaged: counted afresh
-WATCHED = {"torch.distributed": "init_process_group", "torch.multiprocessing": "start_processes"}  # 2nd: mp.spawn's
-CALLED: set[str] = set()  # the WATCHED functions the script called
-ALONE_LINE = ("meshrun: rank {rank} of {world} never called torch.distributed.init_process_group: it trained alone "
-              '(docs/scripts.md, "Scripts written for mp.spawn")')
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,8 @@ def main(argv: list[str]) -> NoReturn:
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     record_start(os.environ)  # first: a script that cannot even be opened was still a start
-    if _world(os.environ) > 1:  # the runner never imports torch: it wraps as the script imports it
-        sys.meta_path.insert(0, AfterImport())
+    if alonewatch is not None and alonewatch.world(os.environ) > 1:  # never imports torch: wraps as the script does
+        alonewatch.watch()
     path = _absolute(argv[0])
     try:
         with io.open_code(path) as file:  # what the interpreter itself opens scripts with
@@ -189,67 +190,6 @@ def launch_rdzv_id(rdzv_id: str) -> str:
     """The launch's own rendezvous id, from any succession generation's (meshrun.layout's, copied)."""
     base, sep, gen = rdzv_id.rpartition("-g")
     return base if sep and gen.isdigit() and gen.isascii() else rdzv_id
-
-
-def _world(environ: Mapping[str, str]) -> int:
-    size = environ.get("WORLD_SIZE", "")
-    return int(size) if size.isdigit() and size.isascii() else 0
-
-
-def alone_line(environ: Mapping[str, str], outcome: Outcome, called: set[str]) -> str | None:
-    """ALONE_LINE for a rank of a world > 1 that exited 0 having called no WATCHED function, else None: a failed
-    rank's own error is what to read, and one that failed before it could init (a bad argument) trained not at all."""
-    if _world(environ) <= 1 or outcome != Outcome(0) or called:
-        return None
-    return ALONE_LINE.format(rank=environ.get("RANK", "?"), world=environ["WORLD_SIZE"])
-
-
-class AfterImport:
-    """A meta path finder that wraps a WATCHED function once its module has run: it asks the finders after it, then
-    wraps that loader's exec_module for one call; module, spec and loader stay what the import system gives."""
-
-    def find_spec(self, fullname: str, path: object, target: object = None) -> object:
-        for finder in [f for f in sys.meta_path if f is not self] if fullname in WATCHED else ():
-            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
-            if spec is not None:
-                _wrap_after_exec(spec.loader, fullname)
-                return spec
-        return None
-
-
-def _wrap_after_exec(loader: object, package: str) -> None:
-    held, exec_module = getattr(loader, "__dict__", None), getattr(loader, "exec_module", None)
-    if not isinstance(held, dict) or "exec_module" in held or exec_module is None:
-        return  # no room for a wrapper of this loader's own: left unwatched
-
-    def exec_then_wrap(module: ModuleType) -> None:
-        try:
-            exec_module(module)
-        finally:
-            held.pop("exec_module", None)  # the loader's own method again
-        _wrap(package)
-
-    held["exec_module"] = exec_then_wrap
-
-
-def _wrap(package: str) -> None:
-    """Wrap `WATCHED[package]` wherever a loaded torch module holds it: torch's own modules bind it by name as they
-    import (device_mesh's init_device_mesh calls init_process_group so)."""
-    try:
-        import functools  # torch imported it already
-        name = WATCHED[package]
-        original = vars(sys.modules[package])[name]  # absent from a torch.distributed whose is_available() is False
-
-        def noted(*args: object, **kwargs: object) -> object:
-            CALLED.add(name)
-            return original(*args, **kwargs)
-
-        functools.update_wrapper(noted, original)
-        for module in [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "torch"]:
-            if getattr(module, "__dict__", {}).get(name) is original:
-                setattr(module, name, noted)
-    except Exception:  # the script's import must never fail for the runner's sake: left unwatched
-        pass
 
 
 def _absolute(path: str) -> str:
@@ -336,8 +276,8 @@ def _finish(outcome: Outcome) -> NoReturn:
         logging.shutdown()
     _flush_open_files()
     status = outcome.status if _flush_std() else FLUSH_FAILED_STATUS
-    if (alone := alone_line(os.environ, outcome, CALLED)) is not None:  # last, once the status is set
-        _say(alone + "\n")
+    if alonewatch is not None and (alone := alonewatch.alone_line(os.environ, outcome == Outcome(0))) is not None:
+        _say(alone + "\n")  # last, once the status is set
     if outcome.interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.raise_signal(signal.SIGINT)  # the calling thread, so it is delivered before this returns
