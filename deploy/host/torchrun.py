@@ -39,10 +39,10 @@ other host's have ended. torch gives up after 300 s (its default, not an option 
 it and exits 0 as if every peer had arrived: a peer whose rank 0 still evaluates or saves then
 looked finished, and the controller, taking the first status 0 for the end of training, stopped it
 30 s later (docs/elastic.md). `mark_exit_barrier` raises that timeout to `EXIT_TIMEOUT_ENV`'s
-seconds (24 h, set by an attached run's agent), so status 0 means every peer arrived, and creates
-the file named by `EXIT_MARK_ENV` as the barrier starts: the agent ends torchrun there when a peer
-is reported gone (deploy/host/exitbarrier.py), so the long wait lasts only while a peer still works
-(or hangs, in sight of `fab status` and `fab stop`). Workers inherit neither variable.
+seconds (24 h, set by an attached run's agent), so status 0 means every peer arrived (or a peer was
+reported gone: the agent then ends torchrun there, deploy/host/exitbarrier.py, as the mark file
+named by `EXIT_MARK_ENV` tells it the barrier started): the long wait lasts only while a peer still
+works (or hangs, in sight of `fab status` and `fab stop`). Workers inherit neither variable.
 
 Also: torch starts each worker in a session of its own, so a torchrun killed outright (SIGKILL by
 hand, the OOM killer) leaves its workers running, holding their GPUs, with nobody to stop them.
