@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from meshrun.deploy.fabexec import (FlagSpec, Stray, as_overrides, find_stray, stray_line, trainer_keys,
-                                    unknown_flag_line)
+from meshrun.deploy.flagwords import (FlagSpec, Stray, as_overrides, find_stray, stray_line, trainer_keys,
+                                     unknown_flag_line)
 from meshrun.train.config import TrainConfig, _all_keys
 from tests.clirun import git_project, run_meshrun
 
@@ -120,3 +120,11 @@ def test_the_fixed_command_runs_as_meant(project: Path) -> None:
     assert pasted.returncode == 0, pasted.stderr
     assert json.loads(pasted.stdout) == {"hosts": "gpu1", "skip_checks": True, "args": ["epochs=3", "optim.lr=0.1",
                                                                                          "seed=1"]}
+
+
+@pytest.mark.parametrize("args", [("firewall", "--help"), ("firewall", "up", "--help"), ("train", "--help")])
+def test_a_task_with_a_positional_argument_answers_help_too(project: Path, args: tuple[str, ...]) -> None:
+    """invoke gave `--help` to firewall's positional `action`, and the task ran with the action '--help'."""
+    done = run_meshrun(project, *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: meshrun [--core-opts] {args[0]} [--options]"), done.stdout[:200]
