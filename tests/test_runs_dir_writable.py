@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.shown import shown_path, with_path
 from meshrun.deploy.project import Project, find_project
 from tests.clirun import git_project, run_meshrun
 
@@ -51,21 +52,26 @@ def refusal(root: Path, runs: str, writes: bool) -> str:
 
 
 def test_a_runs_folder_under_a_file_is_refused_by_every_task(repo: Path) -> None:
-    expected = (f"--runs-dir {repo}/notes.txt/runs: {repo}/notes.txt is not a directory, so nothing can be made "
-                f"under it; {FIX}")
+    expected = under_a_file(repo, "notes.txt/runs")
     assert refusal(repo, "notes.txt/runs", writes=True) == expected
     assert refusal(repo, "notes.txt/runs", writes=False) == expected  # status would suggest a failing train
-    assert refusal(repo, "notes.txt/a/b", writes=False) == expected.replace("notes.txt/runs", "notes.txt/a/b")
-    assert refusal(repo, "notes.txt", writes=False) == (f"--runs-dir {repo}/notes.txt: exists and is not a "
-                                                        f"directory; {FIX}")
+    assert refusal(repo, "notes.txt/a/b", writes=False) == under_a_file(repo, "notes.txt/a/b")
+    assert refusal(repo, "notes.txt", writes=False) == with_path("--runs-dir ", repo / "notes.txt",
+                                                                 f": exists and is not a directory; {FIX}")
+
+
+def under_a_file(repo: Path, runs: str) -> str:
+    """The refusal of `runs` under the file notes.txt: a long temporary path is shortened in its middle."""
+    return with_path("--runs-dir ", repo / runs, f": {shown_path(repo / 'notes.txt')} is not a directory, so "
+                                                 f"nothing can be made under it; {FIX}")
 
 
 def test_the_default_runs_folder_is_named_with_the_flag_that_moves_it(repo: Path) -> None:
     (repo / "runs").write_text("")
     with pytest.raises(InputError) as info:
         find_project(None, None, repo, writes=True)
-    assert str(info.value) == (f"runs folder {repo}/runs: exists and is not a directory; pass --runs-dir DIR, a "
-                               "directory this controller can write run records in")
+    assert str(info.value) == with_path("runs folder ", repo / "runs", ": exists and is not a directory; pass "
+                                        "--runs-dir DIR, a directory this controller can write run records in")
 
 
 @needs_proc
@@ -95,8 +101,7 @@ def meshrun(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @needs_proc
 def test_the_real_tasks_refuse_before_any_host_and_status_suggests_no_failing_train(repo: Path) -> None:
     """gpu1's port refuses connections: a task that reached a host would say `cannot connect`, exit status 1."""
-    under_file = (f"error: --runs-dir {repo}/notes.txt/runs: {repo}/notes.txt is not a directory, so nothing can be "
-                  f"made under it; {FIX}\n")
+    under_file = f"error: {under_a_file(repo, 'notes.txt/runs')}\n"
     cannot = f"error: --runs-dir /proc/x: cannot create it (no such file or directory); {FIX}\n"
     for args, stderr in [
         (("train", "--runs-dir", "notes.txt/runs", "--skip-checks", "--", "epochs=1"), under_file),

@@ -115,6 +115,6 @@ def run_env(args: argparse.Namespace, exit_mark: str) -> tuple[dict[str, str], s
     env.update({ENV_RUN_ID: args.run_id, ENV_HOST: args.host, ENV_RUN_DIR: ranks_run_dir(args),
                 TORCHRUN_EXIT_MARK_ENV: exit_mark})
     env.pop(TORCHRUN_EXIT_TIMEOUT_ENV, None)
-    if args.heartbeat_timeout > 0:  # a controller watches: it stops a peer that looks finished too early
+    if getattr(args, "heartbeat_timeout", 0) > 0:  # a controller watches: it stops a peer that looks finished too early
         env[TORCHRUN_EXIT_TIMEOUT_ENV] = str(ATTACHED_EXIT_BARRIER_S)  # detached: torch's 300 s harm no peer
     return env, spec

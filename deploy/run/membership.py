@@ -102,13 +102,14 @@ class LeftStop:
 
 def stops_after(rc: int | None, leaving: bool, outlived: bool) -> bool:
     """Whether a host of an elastic run that went on without it is stopped after it ended: its agent
-    ended by itself without finishing (killed, or a non-zero status), and what its ranks started in
-    sessions of their own still runs, tagged with the run, where only a stop by run id finds it (a
-    fixed run's failure stops every host anyway). Not a host that left or outlived the training (it
-    was stopped), nor one lost unreachable (rc None: its agent lives and stops itself once the
-    heartbeats stop, and a host that comes back is stopped before it starts again), nor one whose
-    agent found another agent of the run there: a stop by run id would end that one's run."""
-    return not leaving and not outlived and rc is not None and rc not in (0, AGENT_BUSY_EXIT)
+    ended with no exit status of its own (killed: -1 over SSH, -N for a local agent), so it stopped
+    nothing, and what its ranks started in sessions of their own still runs, tagged with the run, where
+    only a stop by run id finds it (a fixed run's failure stops every host anyway). Not an agent that
+    ended by itself with a status, however bad (it swept its run's processes as it ended: a refused
+    rendezvous state, workers that failed, its own SIGTERM), nor a host that left or outlived the
+    training (it was stopped), nor one lost unreachable (rc None: its agent lives and stops itself once
+    the heartbeats stop, and a host that comes back is stopped before it starts again)."""
+    return not leaving and not outlived and rc is not None and rc < 0
 
 
 def stop_detail(detail: str | None, stop: LeftStop | None, run_id: str) -> str:
