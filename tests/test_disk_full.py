@@ -137,6 +137,7 @@ def test_a_reading_that_ends_in_error_still_ends_the_host_as_lost(tmp_path: Path
     reader = threading.Thread(target=read_host, args=(live, broken_sink, None), daemon=True)
     reader.start()
     assert live.done.wait(30)
+    reader.join(30)  # its exception is raised here, under this test's filter, not during the next test
     assert live.lost and live.rc is None
     agent = live.stream.proc  # type: ignore[union-attr]  # unread now: it would wait on its full pipe
     agent.kill()
