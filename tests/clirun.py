@@ -40,3 +40,17 @@ def run_meshrun(cwd: Path, *args: str, env: dict[str, str] | None = None, ssh_co
     /dev/null unless given (None: this process's, as some tests always had it)."""
     return subprocess.run([MESHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env=meshrun_env(env, ssh_config=ssh_config), stdin=stdin)
+
+
+def trap_project(parent: Path, port: int) -> tuple[Path, Path, str]:
+    """A git project under `parent` whose inventory's one host, gpu1, is 127.0.0.1:`port` (a listening
+    trap: a task that dials a host lands there), with a fresh key and an empty known_hosts. Returns the
+    project, the key, and gpu1's YAML lines, for inventories of the test's own."""
+    root = git_project(parent)
+    (root / "inventory").mkdir()
+    key = root.parent / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    host = f"    address: 127.0.0.1\n    port: {port}\n    user: nobody\n    identity: {key}\n"
+    (root / "inventory" / "hosts.yaml").write_text(f"hosts:\n  gpu1:\n{host}known_hosts: known_hosts\n")
+    (root / "inventory" / "known_hosts").write_text("")
+    return root, key, host

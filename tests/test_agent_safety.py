@@ -266,6 +266,14 @@ def exit_reason(tmp_path: Path, run_id: str) -> str:
     return json.loads((tmp_path / host_dir(run_id, "local") / EXIT_RECORD).read_text())["reason"]
 
 
+def wait_until_started(run_id: str) -> None:
+    """Until the agent's command runs (a process tagged with the run), 60 s at most."""
+    started = time.monotonic()
+    while not tagged(run_id) and time.monotonic() - started < 60:
+        time.sleep(0.1)
+    assert tagged(run_id), "the command never started"
+
+
 def test_an_agent_started_under_nohup_outlives_the_terminals_hangup(tmp_path: Path) -> None:
     """`nohup fab train` with an `address: local` host: the closed terminal's SIGHUP to the job's group
     stopped the local agent's run (it replaced the SIG_IGN it inherited), and with it the run the
@@ -275,10 +283,7 @@ def test_an_agent_started_under_nohup_outlives_the_terminals_hangup(tmp_path: Pa
     agent = agent_started_ignoring(tmp_path, run_id, "HUP")
     assert agent.stdin is not None
     try:
-        started = time.monotonic()
-        while not tagged(run_id) and time.monotonic() - started < 60:
-            time.sleep(0.1)
-        assert tagged(run_id), "the command never started"
+        wait_until_started(run_id)
         # Its handlers are set before the command starts: what it does with SIGHUP is settled now.
         assert signal.SIGHUP in signal_sets(agent.pid)["SigIgn"], signal_sets(agent.pid)
         os.killpg(agent.pid, signal.SIGHUP)  # the terminal closes: the shell hangs up the job's group
@@ -307,10 +312,7 @@ def test_fab_stop_stops_an_agent_started_ignoring_every_stop_signal(tmp_path: Pa
     agent = agent_started_ignoring(tmp_path, run_id, "HUP INT TERM")
     assert agent.stdin is not None
     try:
-        started = time.monotonic()
-        while not tagged(run_id) and time.monotonic() - started < 60:
-            time.sleep(0.1)
-        assert tagged(run_id), "the command never started"
+        wait_until_started(run_id)
         sets = signal_sets(agent.pid)
         assert {signal.SIGHUP, signal.SIGINT} <= sets["SigIgn"] and signal.SIGTERM in sets["SigCgt"], sets
         os.killpg(agent.pid, signal.SIGHUP)

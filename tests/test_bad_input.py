@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run import flags
 from meshrun.train.config import CONFIG_DIR
-from tests.clirun import git_project, run_meshrun
+from tests.clirun import run_meshrun, trap_project
 from tests.trap import dialled, listening_trap
 
 TRAINER = CONFIG_DIR.parent
@@ -85,14 +84,7 @@ def trap() -> Iterator[socket.socket]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Path:
-    root = git_project(tmp_path_factory.mktemp("bad-input"))
-    (root / "inventory").mkdir()
-    key = root.parent / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port = trap.getsockname()[1]
-    host = f"    address: 127.0.0.1\n    port: {port}\n    user: nobody\n    identity: {key}\n"
-    (root / "inventory" / "hosts.yaml").write_text(f"hosts:\n  gpu1:\n{host}known_hosts: known_hosts\n")
-    (root / "inventory" / "known_hosts").write_text("")
+    root, key, host = trap_project(tmp_path_factory.mktemp("bad-input"), trap.getsockname()[1])
     # gpu1 is the trap; gpu2 has no port of its own, so ssh_config's is used (a bad one in the cases below)
     (root / "two.yaml").write_text(f"hosts:\n  gpu1:\n{host}  gpu2: {{address: 127.0.0.9, identity: {key}}}\n")
     (root / "kh-fifo.yaml").write_text(f"hosts:\n  gpu1:\n{host}known_hosts: fifo\n")

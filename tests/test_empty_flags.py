@@ -12,7 +12,6 @@ test owns: tests/trap.py).
 from __future__ import annotations
 
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 from invoke.exceptions import Exit
 
 from meshrun.deploy import tasks
-from tests.clirun import git_project, run_meshrun
+from tests.clirun import run_meshrun, trap_project
 from tests.trap import dialled, listening_trap
 
 TASKS = [getattr(tasks, name) for name in tasks.__all__]
@@ -93,15 +92,7 @@ def trap() -> Iterator[socket.socket]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Path:
     """A project whose own inventory leads to the trap: the fallback `--inventory ''` used to take."""
-    root = git_project(tmp_path_factory.mktemp("empty-flags"))
-    (root / "inventory").mkdir()
-    key = root.parent / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    (root / "inventory" / "hosts.yaml").write_text(
-        f"hosts:\n  gpu1:\n    address: 127.0.0.1\n    port: {trap.getsockname()[1]}\n    user: nobody\n"
-        f"    identity: {key}\nknown_hosts: known_hosts\n")
-    (root / "inventory" / "known_hosts").write_text("")
-    return root
+    return trap_project(tmp_path_factory.mktemp("empty-flags"), trap.getsockname()[1])[0]
 
 
 @pytest.mark.parametrize("args,line", [

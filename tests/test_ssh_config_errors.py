@@ -20,7 +20,7 @@ from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.sshtarget import Hop
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.model import Host, Network
-from tests.clirun import git_project, run_meshrun
+from tests.clirun import run_meshrun, trap_project
 from tests.trap import dialled, listening_trap
 
 NAMED = "Host gpu1\n  HostName 203.0.113.7\n  User ubuntu\n  Port 2200\n"
@@ -87,15 +87,7 @@ def trap() -> Iterator[socket.socket]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, trap: socket.socket) -> Path:
-    root = git_project(tmp_path_factory.mktemp("ssh-config-errors"))
-    (root / "inventory").mkdir()
-    key = root.parent / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port = trap.getsockname()[1]
-    (root / "inventory" / "hosts.yaml").write_text(
-        f"hosts:\n  gpu1:\n    address: 127.0.0.1\n    port: {port}\n    user: nobody\n    identity: {key}\n"
-        "known_hosts: known_hosts\n")
-    (root / "inventory" / "known_hosts").write_text("")
+    root = trap_project(tmp_path_factory.mktemp("ssh-config-errors"), trap.getsockname()[1])[0]
     (root / "canon").write_text("Host *\n  CanonicalizeHostname yes\n")
     (root / "exec").write_text('Match exec "test -e /nonexistent\n  Port 2222\n')
     return root
