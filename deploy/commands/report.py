@@ -7,6 +7,8 @@ none of those is refused.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.inventory.shown import shown_path
+from meshrun.deploy.inventory.shown import shown_path, with_path
 from meshrun.deploy.render.console import Renderer
 
 from meshrun.deploy.render.png import write_png
@@ -55,11 +57,19 @@ def metrics_root(runs: Path, run_id: str, script: str | None = None) -> Path:
                      f"fab fetch-checkpoints --run {run_id}")
 
 
-def build_report(runs: Path, run_id: str, script: str | None = None) -> tuple[RunReport, Path]:
-    """The report and the PNG written next to the run (`runs/<id>/report.png`)."""
+def build_report(runs: Path, run_id: str, script: str | None = None,
+                 warn: Callable[[str], None] = print) -> tuple[RunReport, Path | None]:
+    """The report and the PNG written next to the run (`runs/<id>/report.png`). `report` only reads
+    otherwise: a run folder it cannot write in (a colleague's runs, read-only media) costs the picture,
+    said in one `warn` line, never the table (the PNG is None then)."""
     report = load_report(metrics_root(runs, run_id, script))
-    png = write_png(report, runs / run_id / "report.png")
-    return report, png
+    path = runs / run_id / "report.png"
+    try:
+        return report, write_png(report, path)
+    except OSError as err:
+        reason = os.strerror(err.errno).lower() if err.errno else type(err).__name__
+        warn(with_path("plot not written: ", path, f": {reason}; the table below is complete"))
+        return report, None
 
 
 def comm_beside_floor(runs: Path, run_id: str, report: RunReport) -> dict | None:
@@ -147,9 +157,9 @@ def script_run_lines(run_id: str, script: str, outcome: ScriptOutcome, hosts: tu
     return lines
 
 
-def report_json(run_id: str, report: RunReport, png: Path, comm: dict | None = None,
+def report_json(run_id: str, report: RunReport, png: Path | None, comm: dict | None = None,
                 provenance: dict | None = None) -> dict:
-    return {"comm": comm, "provenance": provenance, "run_id": run_id, "png": str(png),
+    return {"comm": comm, "provenance": provenance, "run_id": run_id, "png": str(png) if png is not None else None,
             "final_test_acc": report.final_test_acc,
             "best_test_acc": report.best_test_acc, "total_samples_per_s": report.total_samples_per_s,
             "resumes": report.resumes, "ranks": [asdict(r) for r in report.ranks],
@@ -184,15 +194,15 @@ def main(run: str | None, as_json: bool, project: Project) -> None:
     if isinstance(script, str):  # never the trainer's records: a script's own metrics.jsonl is not one (stop51 #5)
         script_report(runs, record, script, as_json)
         return
-    result, png = build_report(runs, run_id)
+    renderer = Renderer()
+    result, png = build_report(runs, run_id, warn=renderer.warn)
     comm = comm_beside_floor(runs, run_id, result)
     provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
-    renderer = Renderer()
     if as_json:
         renderer.json(report_json(run_id, result, png, comm, provenance))
         for line in result.skipped:
             renderer.warn(line)
     else:
-        renderer.run_report(run_id, result, str(png), comm)
+        renderer.run_report(run_id, result, str(png) if png is not None else "not written", comm)
         for line in report_lines(provenance):
             renderer.info(line)
