@@ -170,6 +170,10 @@ def is_checkpoint_name(name: str) -> bool:
 # The owner mark of a host's workdir: one line, `<project id> <project directory name>`, written by the
 # first code sync of a project into it; another project's sync there is refused (deploy/edges/sync.py).
 WORKDIR_OWNER = ".meshrun-project"
+# Of a host's workdir too: the names the last code sync sent there, one a line (deploy/host/codestat.py `record_of`,
+# which keeps a copy of this name: it travels alone). The next sync removes there the names it holds that the project
+# no longer ships, and nothing else (deploy/edges/sync.py); the code check trusts a digest only beside it.
+SHIPPED_LIST = ".meshrun-files"
 # Of a run directory on the controller: flock held by a `fab fetch-checkpoints` of the run for its whole
 # fetch, its pid written in it; a second one into the same runs dir refuses (its staging tree is the same).
 FETCH_LOCK = ".fetch.lock"

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import pytest
 
-from meshrun.layout import WORKDIR_OWNER
+from meshrun.layout import SHIPPED_LIST, WORKDIR_OWNER
 from meshrun.deploy.commands import sync as sync_cmd
 from meshrun.deploy.edges import sync
 from meshrun.deploy.edges.check_probes import PROBE_DIR
@@ -164,7 +164,7 @@ def test_the_claim_runs_in_rsync_s_own_command_on_the_host(tmp_path: Path, stand
     claim_a = Claim(ID_A, "projA", "inv.yaml")
     push(a, workdir, claim_a)
     assert (workdir / WORKDIR_OWNER).read_text() == f"{ID_A} projA\n"
-    assert sorted(os.listdir(workdir)) == [WORKDIR_OWNER, "train.py"]  # nothing else left beside it
+    assert sorted(os.listdir(workdir)) == [SHIPPED_LIST, WORKDIR_OWNER, "train.py"]  # nothing else left beside it
     with pytest.raises(WorkdirTaken) as refused:
         push(b, workdir, CLAIM_B)
     assert (refused.value.host, refused.value.other, refused.value.exit_code) == ("gpu2", "projA", 2)
@@ -186,7 +186,7 @@ def test_rsync_s_claim_takes_a_mark_of_this_checkout_s_earlier_id_and_rewrites_i
         push(b, workdir, CLAIM_B)
     push(b, workdir, Claim(ID_B, "projB", "i", also=("c" * 32, ID_A)))
     assert (workdir / WORKDIR_OWNER).read_text() == f"{ID_B} projB\n"
-    assert sorted(os.listdir(workdir)) == [WORKDIR_OWNER, "train.py"]
+    assert sorted(os.listdir(workdir)) == [SHIPPED_LIST, WORKDIR_OWNER, "train.py"]
 
 
 def test_a_hostile_mark_is_read_capped_never_run_and_shown_only_in_meshrun_s_form(
@@ -254,6 +254,7 @@ def codestat_answer(workdir: Path, *args: str) -> str:
 
 def test_a_host_asked_whether_it_holds_the_code_says_no_unless_the_mark_is_this_project_s(tmp_path: Path) -> None:
     (tmp_path / "a.py").write_text("x")
+    (tmp_path / SHIPPED_LIST).write_bytes(codestat.record_of([b"a.py"]))  # what the sync that sent a.py records
     digest = codestat.digest(os.fsencode(tmp_path), [b"a.py"])
     assert codestat_answer(tmp_path) == digest  # as before, without the claim's arguments
     assert codestat_answer(tmp_path, ID_A, WORKDIR_OWNER) == codestat.NOT_OURS  # no mark yet: synced, then marked

@@ -6,9 +6,14 @@ known_hosts plus the system one, StrictHostKeyChecking=yes, never a prompt. Ever
 in `datasync`/`fetch` sends its paths through rsync's protocol (`PROTECT_ARGS`), never through
 the remote shell's command line, and names the host with `remote_spec` (IPv6 in brackets).
 
+A workdir holds more than the code (a venv, runs, data), so a sync deletes nothing it did not send:
+it sends its list of names with the code (SHIPPED_NEW, in the same rsync: `sent_list`), and once
+rsync succeeded the names the workdir's record (SHIPPED_LIST) holds and this list lacks are removed
+there (`PRUNE_SH`: a renamed module's old copy would shadow the new one), and the list is the record.
+
 One workdir holds one project's code. Every project's hosts default to the same `~/meshrun`, and
-a second project's sync would replace the first one's files under its running run (and, never
-deleting, leave its own to shadow them). So the first sync leaves an owner mark in the workdir
+a second project's sync would replace the first one's files under its running run (and leave its
+own to shadow them). So the first sync leaves an owner mark in the workdir
 (`common/layout.py` WORKDIR_OWNER: the project's id and its directory name), and a sync whose
 project is not the one the mark names is refused in one line. The claim (make the mark when there
 is none, else compare it) runs in the command rsync's ssh already starts (`--rsync-path`), so it
@@ -26,33 +31,36 @@ import posixpath
 import re
 import secrets
 import shlex
+import shutil
+import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from meshrun.layout import WORKDIR_OWNER
-from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from meshrun.deploy.edges.transport import Session
-from meshrun.deploy.host.codestat import MARK_MAX, is_ours, mark_line
+from meshrun.deploy.host.codestat import MARK_MAX, is_ours, mark_line, record_of
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.shell import local_workdir, make_workdir, shell_path
-from meshrun.deploy.run.syncset import shippable
+from meshrun.deploy.run.syncset import (  # noqa: F401 (the owner mark's names, here too for callers and tests)
+    NAME_RE, OWNER_SAID, PRUNE_SH, SAID_RE, SHIPPED_NEW, WORKDIR_FILES, Claim, WorkdirTaken, mark_name, new_workdir,
+    relative_name, remote_path, remote_spec, sent_list, shippable, taken_message)
 
 # The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
 # (3.2.7 renamed it --secluded-args and keeps this one as its alias).
 PROTECT_ARGS = "--protect-args"
 PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
 GIT_TIMEOUT_S = 120  # `git ls-files` of a large project on a slow disk
+NESTED_MAX, NESTED_DEPTH = 256, 8  # git repositories inside the project (clones, submodules, theirs) listed, at most
+PRUNE_TIMEOUT_S = 120  # a local workdir's removal of what the project no longer has (PRUNE_SH)
 PROJECT_ID_FILE = "meshrun-project-id"  # in the git dir: a random id, for a repository with no commit to name it
-OWNER_SAID = "meshrun-workdir-owner:"  # on the claim's stderr, before the first line of the mark it found
 OWNER_EXIT = 97  # the claim's exit status then
 OWNER_TIMEOUT_S = 60  # the data sync's claim, one short command over its open session
-NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a project's name in a mark, and the only one a message shows
-# What the claim said, as rsync's message or a command's output carries it: a name is shown only in this form.
-SAID_RE = re.compile(re.escape(OWNER_SAID) + r" ?(?:[0-9a-f]{32} (" + NAME_RE.pattern + r")(?![A-Za-z0-9._-]))?")
 # The claim, run by `sh -c` on the host with the mark's path, this project's id, its mark line and this checkout's
 # earlier ids (`Claim.also`): the mark is made whole when there is none (written aside, then linked: of two first
 # syncs at once, one makes it, and neither reads it half written), then its first line is compared, never run; one
@@ -68,30 +76,6 @@ CLAIM_SH = ('m=$1; [ -e "$m" ] || [ -L "$m" ] || { t="$m.$$"; printf \'%s\\n\' "
 
 
 @dataclass(frozen=True)
-class Claim:
-    """This project as a workdir's owner mark names it, and where the advice says to give it a workdir."""
-
-    project_id: str  # 32 hex digits
-    name: str  # the project's directory name, NAME_RE's characters only
-    inventory: str
-    also: tuple[str, ...] = ()  # this checkout's earlier ids (32 hex digits): a mark naming one is rewritten
-    shallow: bool = False  # a shallow clone: its root commits are not here, so its id is its own (`project_ids`)
-
-    @property
-    def mark(self) -> str:
-        return f"{self.project_id} {self.name}"
-
-
-class WorkdirTaken(InputError):
-    """A host's workdir holds another project's code; `other`: that project's name, None when its mark
-    names none in meshrun's form."""
-
-    def __init__(self, host: str, workdir: str, other: str | None, claim: Claim) -> None:
-        super().__init__(taken_message((host,), workdir, other, claim))
-        self.host, self.workdir, self.other, self.claim = host, workdir, other, claim
-
-
-@dataclass(frozen=True)
 class SyncResult:
     host: str
     skipped: bool  # a local host whose workdir is the project itself
@@ -102,60 +86,85 @@ class SyncResult:
 
 def project_files(root: Path, private: tuple[Path, ...] = (), private_dirs: tuple[Path, ...] = ()) -> bytes:
     """NUL-separated paths of tracked and untracked-not-ignored files (rsync --files-from --from0),
-    less inventories and SSH files (`deploy/run/syncset.py`), the `private` files given (the
-    inventory in use, its known_hosts and identity files) and all under the `private_dirs` (the
-    runs folder in use)."""
+    those of every git repository inside the project too (`_repository_files`), less inventories and
+    SSH files (`deploy/run/syncset.py`), the `private` files given (the inventory in use, its
+    known_hosts and identity files), all under the `private_dirs` (the runs folder in use) and
+    meshrun's own files of a workdir's top (WORKDIR_FILES)."""
+    names = sorted(set(_repository_files(root, 0, [0])), key=os.fsencode)
+    named = frozenset(relative_name(p, root) for p in private)
+    folders = frozenset(relative_name(p, root) for p in private_dirs)
+    shipped = [n for n in shippable(names, named, folders) if n not in WORKDIR_FILES]
+    return b"".join(os.fsencode(n) + b"\0" for n in shipped)
+
+
+def _repository_files(top: Path, depth: int, count: list[int]) -> list[str]:
+    """The files of the git repository at `top` (relative to it). git lists a repository inside it as one
+    entry, `sub` (a submodule) or `sub/` (an untracked clone), which rsync would send as an empty folder or
+    with its top level unfiltered (its SSH keys too): each is listed by its own git instead, its files
+    private by their names from its top as well as from the project's; one not checked out has none."""
+    found: list[str] = []
+    for name in _ls_files(top, nested=depth > 0):
+        path = top / name.rstrip("/")
+        try:
+            mode = os.lstat(path).st_mode  # a link is sent as a link, its target anywhere (on the hosts only, say)
+        except OSError:
+            continue  # a tracked file deleted since is still listed; rsync would fail on it
+        if stat.S_ISDIR(mode):  # a repository: git lists no other folder (a tracked file's, now one, lists its own)
+            if not os.path.lexists(path / ".git"):
+                continue  # a submodule not checked out, or such a folder (meshrun sends files, never a folder)
+            count[0] += 1
+            if depth >= NESTED_DEPTH or count[0] > NESTED_MAX:
+                raise MeshrunError(f"{path}: more git repositories inside the project than meshrun lists "
+                                   f"({NESTED_MAX}, {NESTED_DEPTH} deep at most); add those hosts need not get to "
+                                   ".gitignore")
+            found += (f"{name.rstrip('/')}/{n}" for n in _repository_files(path, depth + 1, count))
+        else:
+            found.append(name)
+    return shippable(found, frozenset()) if depth else found
+
+
+def _ls_files(top: Path, *, nested: bool) -> list[str]:
+    """`git ls-files` of the repository at `top`; a nested one's git never looks above it for a repository
+    (GIT_CEILING_DIRECTORIES), so it lists its own files or fails, never the project's."""
+    env = None
+    if nested:
+        env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
+        env["GIT_CEILING_DIRECTORIES"] = os.path.realpath(top.parent)
     try:
-        done = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                              capture_output=True, check=True, timeout=GIT_TIMEOUT_S)
+        done = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=top,
+                              capture_output=True, check=True, timeout=GIT_TIMEOUT_S, env=env)
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
-        raise MeshrunError(f"{root}: cannot list the project's files with git ({err}); "
+        if nested:
+            raise MeshrunError(f"{top}: a git repository inside the project whose files git cannot list ({err}); "
+                               "add it to .gitignore, or mend it") from None
+        raise MeshrunError(f"{top}: cannot list the project's files with git ({err}); "
                            "meshrun syncs a git checkout: run it from the repository") from None
-    # Deleted-but-tracked files are still listed by git; rsync would fail on them.
-    names = [os.fsdecode(n) for n in done.stdout.split(b"\0") if n and (root / os.fsdecode(n)).exists()]
-    named = frozenset(_relative(p, root) for p in private)
-    folders = frozenset(_relative(p, root) for p in private_dirs)
-    return b"".join(os.fsencode(n) + b"\0" for n in shippable(names, named, folders))
-
-
-def _relative(path: Path, root: Path) -> str:
-    """`path` as git names it under `root` ("" when it lies outside: nothing to leave out)."""
-    try:
-        return Path(os.path.realpath(path)).relative_to(os.path.realpath(root)).as_posix()
-    except ValueError:
-        return ""
-
-
-def remote_path(workdir: str) -> str:
-    """rsync's remote paths are relative to the login home, so `~/x` becomes `x`."""
-    if workdir == "~":
-        return "."
-    return workdir[2:] if workdir.startswith("~/") else workdir
-
-
-def remote_spec(address: str, path: str) -> str:
-    """rsync's `HOST:PATH`. An IPv6 address goes in brackets: bare, its colons would make rsync
-    read `fd00::1:x` as host `fd00` and a `::` daemon module."""
-    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    return f"{host}:{path}"
+    return [os.fsdecode(n) for n in done.stdout.split(b"\0") if n]
 
 
 def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None,
-               claim: Claim | None = None) -> list[str]:
+               claim: Claim | None = None, *, recorded: bool = False) -> list[str]:
     """Copy the files listed on stdin from `root` to the host's workdir (or `dest` there); with
-    `claim` (the code sync to a remote host), the workdir is claimed for the project first."""
+    `claim` (the code sync to a remote host), the workdir is claimed for the project first. With
+    `recorded` (the code sync), the list is `sent_list`'s, from `/`, and on a remote host its rsync
+    is followed by PRUNE_SH in the workdir (a local one's is run here: `sync_host`)."""
     target = dest if dest is not None else remote_path(host.workdir)
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--compress", "--mkpath", "--files-from=-",
             "--from0", "--info=progress2", "--no-inc-recursive"]
+    source = "/" if recorded else f"{root}/"
     if host.is_local:
-        return argv + [f"{root}/", f"{target}/"]
+        return argv + [source, f"{target}/"]
     # The workdir is made before the remote rsync looks at it: `fab train` runs commands beside the
     # sync that may make it too (deploy/commands/train.py), and rsync's own mkdir of a destination it
     # found missing fails if another makes it between rsync's stat and its mkdir. `mkdir -p` does not.
     claimed = f" && {claim_command(host.workdir, claim)}" if claim is not None else ""
-    made = ["--rsync-path", f"{make_workdir(host.workdir)}{claimed} && rsync"] if dest is None else []
+    # The prune runs after rsync, in the same command (rsync's arguments follow: `sh -c` takes them as "$@"),
+    # and only once it succeeded; its own trouble never fails the sync (rsync's exit is the command's).
+    pruned = f'rsync "$@" || exit; cd {shell_path(host.workdir)} && ({PRUNE_SH}); exit 0'
+    then = f"sh -c {shlex.quote(pruned)} meshrun-sync" if recorded else "rsync"
+    made = ["--rsync-path", f"{make_workdir(host.workdir)}{claimed} && {then}"] if dest is None else []
     # rsync splits -e itself and honours quotes, so a shlex-joined argv survives.
-    return argv + [*made, "-e", shlex.join(ssh_argv(host, known_hosts)), f"{root}/",
+    return argv + [*made, "-e", shlex.join(ssh_argv(host, known_hosts)), source,
                    remote_spec(host.ssh_host, f"{target}/")]
 
 
@@ -183,23 +192,51 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
         workdir.mkdir(parents=True, exist_ok=True)
         if claim is not None and (found := claim_local(workdir, claim)) is not None:
             raise WorkdirTaken(host.name, host.workdir, mark_name(found), claim)
-    argv = rsync_argv(host, root, known_hosts, str(local_workdir(host.workdir, root)) if host.is_local else None,
-                      None if host.is_local else claim)
+    dest = str(local_workdir(host.workdir, root)) if host.is_local else None
 
     def on_line(line: bytes) -> None:
         for match in PROGRESS_RE.finditer(line + b" "):
             progress(host.name, int(match.group(1)))
 
-    try:
-        run_rsync(argv, host=host.name, what="code sync", timeout=timeout, stdin=files, on_line=on_line,
-                  hint=f"check `fab check-network --hosts {host.name}`")
-    except MeshrunError as err:
-        said = SAID_RE.search(str(err)) if claim is not None else None
-        if said is not None:
-            raise WorkdirTaken(host.name, host.workdir, said.group(1), claim) from None  # type: ignore[arg-type]
-        raise
+    with staged_record(files) as staged:
+        argv = rsync_argv(host, root, known_hosts, dest, None if host.is_local else claim, recorded=True)
+        try:
+            run_rsync(argv, host=host.name, what="code sync", timeout=timeout, on_line=on_line,
+                      stdin=sent_list(os.fsencode(os.path.abspath(root)), files, os.fsencode(staged)),
+                      hint=f"check `fab check-network --hosts {host.name}`")
+        except MeshrunError as err:
+            said = SAID_RE.search(str(err)) if claim is not None else None
+            if said is not None:
+                raise WorkdirTaken(host.name, host.workdir, said.group(1), claim) from None  # type: ignore[arg-type]
+            raise
+    if dest is not None:  # a remote host's ran in rsync's own command (`rsync_argv`)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):  # left in the record: removed next time
+            subprocess.run(["sh", "-c", PRUNE_SH], cwd=dest, capture_output=True, timeout=PRUNE_TIMEOUT_S)
     progress(host.name, 100)
     return SyncResult(host.name, False, count)
+
+
+@contextlib.contextmanager
+def staged_record(files: bytes) -> Iterator[str]:
+    """This sync's record (codestat `record_of`) as a file named SHIPPED_NEW, for rsync to send with the
+    code, in a private temporary folder (mode 0700) removed after."""
+    folder, record = None, record_of([n for n in files.split(b"\0") if n])
+    # Its time is its content's: rsync's quick check (size and time) then never takes another list that a
+    # failed sync left on the host for this one.
+    stamp = 10**9 + int.from_bytes(hashlib.sha256(record).digest()[:8], "big") % 10**9
+    try:
+        folder = tempfile.mkdtemp(prefix="meshrun-files-")
+        with open(os.path.join(folder, SHIPPED_NEW), "xb") as handle:
+            handle.write(record)
+        os.utime(os.path.join(folder, SHIPPED_NEW), (stamp, stamp))
+    except OSError as err:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise MeshrunError(f"cannot write the code sync's file list in a temporary folder: {err}") from None
+    try:
+        yield os.path.join(folder, SHIPPED_NEW)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def push_dir_argv(host: Host, local_dir: Path, dest: str, root: Path, known_hosts: Path | None,
@@ -288,44 +325,6 @@ def _make_whole(path: Path, text: str, *, replace: bool = False) -> bool:
     finally:
         aside.unlink(missing_ok=True)
     return True
-
-
-def mark_name(line: bytes) -> str | None:
-    """The project a mark's first line names, in meshrun's form only (a host's mark is untrusted)."""
-    found = SAID_RE.fullmatch(f"{OWNER_SAID} {line.decode('ascii', 'replace')}")
-    return found.group(1) if found else None
-
-
-def taken_message(hosts: tuple[str, ...], workdir: str, other: str | None, claim: Claim) -> str:
-    """One line: whose code the workdir holds, and what to do (a clone shares the id: `project_ids`)."""
-    who = ("host " if len(hosts) == 1 else "hosts ") + ", ".join(f"'{h}'" for h in hosts)
-    mark = posixpath.join(workdir, WORKDIR_OWNER)
-    if other is None:
-        whose, gone = f"another project's code (its {WORKDIR_OWNER} names no other)", "no other project uses it"
-    elif other != claim.name:
-        whose, gone = f"the code of another project, {other}", f"{other} no longer uses it"
-    else:
-        whose = (f"the code of another repository named {other} (or of a checkout of this one synced before its "
-                 "first commit, from a shallow clone or by an older meshrun)")
-        gone = f"that {other} no longer uses it or is a checkout of this repository"
-    own = new_workdir(workdir, other, claim)
-    fix = f"set `workdir: {own}` for this project ({claim.name}) in {claim.inventory}, or " if own else ""
-    unshallow = ("; this checkout is a shallow clone, which cannot name its repository: `git fetch --unshallow` "
-                 "here, then sync again" if claim.shallow and other == claim.name else "")
-    return f"{who}: workdir {workdir} holds {whose}; {fix}delete {mark} there if {gone}{unshallow}"
-
-
-def new_workdir(workdir: str, other: str | None, claim: Claim) -> str | None:
-    """`<workdir>-<name>`, never `-<name>` twice (README's `~/meshrun-<project>`), with this repository's id when
-    the other has this name (told the same, it would follow); None when it has it, or a shallow clone's (per CI run)."""
-    base = "~/meshrun" if workdir.rstrip("/") == "~" else workdir.rstrip("/")
-    tag = f"-{claim.project_id[:8]}"
-    if base.endswith(tag) or (claim.shallow and other == claim.name):
-        return None
-    named = base.endswith(f"-{claim.name}")
-    if other != claim.name and not named:
-        return f"{base}-{claim.name}"
-    return f"{base}{tag}" if named else f"{base}-{claim.name}{tag}"
 
 
 def check_owner(host: Host, session: Session, root: Path, claim: Claim) -> None:

@@ -8,6 +8,11 @@ rule is written once. Equal digests mean rsync's own quick check (size and mtime
 keeping both) would send nothing. `-S` keeps site-packages' `.pth` files from running: a third
 of the interpreter's start on a venv with torch (docs/performance.md: why it counts at 32 hosts).
 
+It prints no digest either unless the workdir's record of the names the last code sync sent
+(`common/layout.py` SHIPPED_LIST) lists exactly the names given: a file an earlier sync sent that the
+project no longer has (a renamed module whose old copy would shadow the new one) is on the host until
+a sync removes it, and no digest over the listed names alone would see it (deploy/edges/sync.py).
+
 Given this project's id and the name of the workdir's owner mark (`common/layout.py`
 WORKDIR_OWNER) as its arguments, it prints no digest unless the mark is this project's: a workdir
 another project took, or one no sync of this version claimed yet, is then synced, and the sync's
@@ -18,11 +23,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import sys
 
 MARK_MAX = 200  # bytes of an owner mark read, on either side: meshrun's is under 100, and a host's is untrusted
 NOT_OURS = "not this project's workdir"  # what is printed instead of a digest then (never one)
+SHIPPED_LIST = ".meshrun-files"  # common/layout.py's name, kept here: this file travels alone (tests hold them equal)
+RECORD_MAX = 64 << 20  # bytes of that record read: a bigger one means "sync this host"
+NOT_LAST = "not the files the last sync sent"  # printed instead of a digest when the record differs or is not there
+_SAFE = frozenset(range(0x20, 0x7F)) - {0x5C}  # bytes a record line holds as they are; any other is `\0ooo`
+_ESCAPED = re.compile(rb"\\0([0-3][0-7][0-7])")  # one escaped byte of a record line
 
 
 def describe(root: bytes, name: bytes) -> bytes:
@@ -50,6 +61,33 @@ def digest(root: bytes, names: list[bytes]) -> str:
     for name in names:
         summed.update(name + b"\0" + describe(root, name) + b"\0")
     return summed.hexdigest()
+
+
+def record_line(name: bytes) -> bytes:
+    """One name as a record line holds it: a printable ASCII byte as it is, any other byte (a newline,
+    UTF-8) and a backslash as `\\0` and three octal digits, which the host's `printf %b` reads back."""
+    return b"".join(bytes((c,)) if c in _SAFE else b"\\0%03o" % c for c in name)
+
+
+def record_of(names: list[bytes]) -> bytes:
+    """The record of a sync that sent `names`: one line each, sorted, no name twice."""
+    return b"".join(line + b"\n" for line in sorted({record_line(n) for n in names}))
+
+
+def recorded(data: bytes) -> set[bytes]:
+    """The names a record lists (`record_of`, read back)."""
+    return {_ESCAPED.sub(lambda m: bytes((int(m.group(1), 8),)), line) for line in data.split(b"\n") if line}
+
+
+def is_last(names: list[bytes]) -> bool:
+    """Whether this workdir's record (at most RECORD_MAX bytes of it, a regular file) lists exactly `names`."""
+    try:
+        fd = os.open(SHIPPED_LIST, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(RECORD_MAX + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return False
+    return data is not None and len(data) <= RECORD_MAX and recorded(data) == set(names)
 
 
 def mark_line(path: str | bytes) -> bytes | None:
@@ -82,7 +120,7 @@ def main() -> None:
     if len(sys.argv) == 3 and not is_ours(mark_line(sys.argv[2]), sys.argv[1]):
         print(NOT_OURS)
         return
-    print(digest(b".", names))
+    print(digest(b".", names) if is_last(names) else NOT_LAST)
 
 
 if __name__ == "__main__":

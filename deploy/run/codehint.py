@@ -6,7 +6,9 @@ both ends: 4 CPU-s for 32 hosts here, and about eight round trips over a far lin
 nothing. So the controller remembers, per host, the digest of the code it last synced there
 (deploy/host/codestat.py's `digest`), and when the project's digest is that one it first asks
 the host, over the session `fab train` opens anyway, for the digest of what it holds; only a
-host whose answer differs is synced.
+host whose answer differs is synced. A host answers with a digest only while its workdir's record
+of what the last sync sent (SHIPPED_LIST) lists exactly the names asked about: a file the project
+no longer has, still in the workdir until a sync removes it, is no digest's (deploy/host/codestat.py).
 
 The hint decides the order only, never what the host gets: a host with no hint, or an old one,
 is synced at once (as before: its rsync starts beside the connect), and a hinted host whose
