@@ -125,7 +125,7 @@ def test_every_rsync_protects_its_arguments_and_brackets_ipv6(tmp_path: Path) ->
         "rsync", "--protect-args", "--timeout=60", "--archive", "--no-links", "--no-devices", "--no-specials",
         "--mkpath", "--ignore-existing", "-e", shlex.join(ssh_argv(host(), kh)), f"{tmp_path / 'ck'}/", "10.0.0.2:meshrun/runs/r1/checkpoints/"]
     assert rsync_data_argv(v6, DataSpec(tmp_path / "data", "data/c10"), root, kh, checksum=True, files=["a"]) == [
-        "rsync", "--protect-args", "--timeout=60", "--archive", "--mkpath", "--itemize-changes",
+        "rsync", "--protect-args", "--timeout=60", "--archive", "--copy-unsafe-links", "--mkpath", "--itemize-changes",
         "--partial-dir=.meshrun-partial", "--exclude",
         ".meshrun-hash-cache.json", "--checksum", "--files-from=-", "--from0", "-e", ssh, f"{tmp_path / 'data'}/",
         "[fd00::2]:/srv/mesh run $(x)/data/c10/"]

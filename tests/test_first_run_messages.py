@@ -43,12 +43,12 @@ def test_data_sync_argv_keeps_a_cut_file_to_resume_from(tmp_path: Path) -> None:
     kh.write_text("")
     spec = DataSpec(tmp_path / "data", "data/c10")
     assert rsync_data_argv(host(), spec, tmp_path, kh, checksum=False) == [
-        "rsync", "--protect-args", "--timeout=60", "--archive", "--mkpath", "--itemize-changes",
+        "rsync", "--protect-args", "--timeout=60", "--archive", "--copy-unsafe-links", "--mkpath", "--itemize-changes",
         "--partial-dir=.meshrun-partial", "--exclude", ".meshrun-hash-cache.json", "-e",
         shlex.join(ssh_argv(host(), kh)), f"{tmp_path / 'data'}/", "10.0.0.2:meshrun/data/c10/"]
     local = host("local", str(tmp_path / "wd"))
     assert rsync_data_argv(local, spec, tmp_path, None, checksum=True, files=["a"]) == [
-        "rsync", "--protect-args", "--timeout=60", "--archive", "--mkpath", "--itemize-changes",
+        "rsync", "--protect-args", "--timeout=60", "--archive", "--copy-unsafe-links", "--mkpath", "--itemize-changes",
         "--partial-dir=.meshrun-partial", "--exclude", ".meshrun-hash-cache.json", "--checksum", "--files-from=-",
         "--from0", f"{tmp_path / 'data'}/", f"{tmp_path / 'wd/data/c10'}/"]
 

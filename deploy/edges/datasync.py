@@ -17,7 +17,13 @@ and is never sent.
 A transfer cut short (the sync's deadline, a dropped link) keeps what arrived in `.meshrun-partial/`
 beside the file at DEST (`--partial-dir`), and the next sync resumes from it instead of from byte 0:
 over a slow uplink a large shard could otherwise never arrive. rsync itself excludes that name
-from what it sends, and removes the folder once the file is whole.
+from what it sends, and removes the folder once the file is whole. Cut at its deadline, the line
+says so: run the same command again and it resumes (deploy/run/dataplan.rehinted); a host whose
+disk filled is named as such, not sent to check the network.
+
+A file the previous sync sent that SRC no longer has is removed from DEST first (deploy/edges/
+datastale.py): nothing else there is touched. A link leaving SRC is sent as what it leads to, and
+its files are listed in the manifest (deploy/edges/datawalk.py).
 """
 
 from __future__ import annotations
@@ -41,18 +47,15 @@ from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run.answers import said
-from meshrun.deploy.run.shell import local_workdir
+from meshrun.deploy.run.dataplan import DATA_MANIFEST, LEGACY_CACHE, PARTIAL_DIR, network_hint, rehinted, stale_names
+from meshrun.deploy.edges.datastale import dest_path, previous_names, remove_stale
+from meshrun.deploy.edges.datawalk import data_files, unreadable, why
 from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
-from meshrun.deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
+from meshrun.deploy.edges.sync import PROTECT_ARGS, ssh_argv
 from meshrun.deploy.edges.transport import Session
 from meshrun.fsutil import FileRefused, atomic_write_json, not_regular, read_regular
 
-DATA_MANIFEST = ".meshrun-manifest.sha256"  # meshrun's listing, at DEST on each host
-LEGACY_CACHE = ".meshrun-hash-cache.json"  # an older meshrun's hash cache inside SRC: never data
-# Relative, so it sits beside each cut file at DEST and rsync adds its own exclude for it (never sent,
-# never deleted); named for meshrun, so a host's owner can tell whose it is.
-PARTIAL_DIR = ".meshrun-partial"
 CACHE_MAX = 256 << 20  # about a million files' hashes
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -69,6 +72,7 @@ class DataResult:
     files: int
     transferred: tuple[str, ...]
     repaired: tuple[str, ...]  # failed verification once, then sent again and verified
+    removed: int = 0  # files the previous sync sent that SRC no longer has, removed from DEST
 
 
 def parse_data_flag(value: str) -> DataSpec:
@@ -107,12 +111,12 @@ def build_manifest(source: Path) -> dict[str, str]:
     cache = _HashCache(hash_cache_file(source), os.path.realpath(source))
     manifest = {}
     try:
-        for rel, full in sorted(_data_files(source)):
+        for rel, full in sorted(data_files(source)):
             try:
                 stat = os.stat(full)
                 manifest[rel] = cache.digest(rel, f"{stat.st_size}:{stat.st_mtime_ns}", lambda: _sha256(full))
             except OSError as err:
-                raise _unreadable(full, err) from None
+                raise unreadable(full, err) from None
     except BaseException:
         cache.save_partial()
         raise
@@ -158,43 +162,6 @@ class _HashCache:
         self.save_cost, self.unsaved = self.saved_at - began, 0
 
 
-def _data_files(source: Path) -> Iterator[tuple[str, str]]:
-    """(relative posix name, path) of each file under `source`: regular files and links to them,
-    not descending into linked folders (rsync --archive sends links as links)."""
-    def refuse(err: OSError) -> None:  # os.walk would skip an unreadable folder, and its files go unverified
-        raise _unreadable(err.filename or source, err)
-
-    for top, dirs, files in os.walk(source, onerror=refuse):
-        rel_top = os.path.relpath(top, source)
-        if rel_top == "." and DATA_MANIFEST in dirs + files:
-            raise InputError(with_path("--data: ", os.path.join(top, DATA_MANIFEST), ": meshrun writes its own "
-                                       "manifest under that name at DEST; rename or move yours"))
-        if PARTIAL_DIR in dirs:  # rsync would never send it, and its files would fail verification
-            raise InputError(with_path("--data: ", os.path.join(top, PARTIAL_DIR), ": meshrun keeps partly sent "
-                                       "files under that name at DEST; delete it if a sync left it, or rename it"))
-        dirs[:] = [d for d in dirs if d != LEGACY_CACHE]  # rsync's --exclude drops it at any depth too
-        for name in files:
-            full = os.path.join(top, name)
-            if name == LEGACY_CACHE or not os.path.isfile(full):
-                continue
-            rel = name if rel_top == "." else f"{rel_top}/{name}"
-            _check_listable(rel, full)
-            yield rel, full
-
-
-def _check_listable(rel: str, full: str) -> None:
-    """The host's verifier reads the manifest as UTF-8 text, line by line (universal newlines): a name
-    with a line break or with bytes that are not UTF-8 would be misread, and its file never checked."""
-    try:
-        rel.encode("utf-8")
-        listable = "\n" not in rel and "\r" not in rel
-    except UnicodeEncodeError:
-        listable = False
-    if not listable:
-        raise InputError(with_path("--data: ", full, ": a name with a line break or bytes that are not UTF-8 "
-                                   "cannot be listed in the sha256 manifest; rename it"))
-
-
 def _sha256(path: str) -> str:
     # Non-blocking open and fstat on that same file: a FIFO swapped in after the walk is refused, not waited on.
     with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as handle:
@@ -205,15 +172,6 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             sha.update(block)
     return sha.hexdigest()
-
-
-def _unreadable(path: Path | str, err: OSError) -> InputError:
-    return InputError(with_path("--data: cannot read ", path, f": {_why(err)}; make it readable or move it out of SRC"))
-
-
-def _why(err: OSError) -> str:
-    """`permission denied`, or FileRefused's own words (`is a FIFO, not a regular file`)."""
-    return err.strerror.lower() if err.strerror else str(err)
 
 
 def _load_cache(path: Path, real: str) -> dict[str, dict]:
@@ -266,12 +224,12 @@ def staged_manifest(source: Path, manifest: dict[str, str]) -> Iterator[Path]:
         base.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="meshrun-manifest-", dir=base))  # mode 0700: this user's alone
     except OSError as err:
-        raise MeshrunError(f"--data: cannot make a folder for the manifest in {base}: {_why(err)}") from None
+        raise MeshrunError(f"--data: cannot make a folder for the manifest in {base}: {why(err)}") from None
     try:
         try:
             (folder / DATA_MANIFEST).write_bytes(manifest_bytes(manifest))
         except OSError as err:
-            raise MeshrunError(f"--data: cannot write the manifest in {folder}: {_why(err)}") from None
+            raise MeshrunError(f"--data: cannot write the manifest in {folder}: {why(err)}") from None
         yield folder / DATA_MANIFEST
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -281,19 +239,18 @@ def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | 
                     files: list[str] | None = None, listing: Path | None = None) -> list[str]:
     """rsync of SRC's files to DEST; with `listing` (the staged manifest) that file too, to DEST's top.
     The listing comes first: of two sources' files of one name rsync keeps the first, so meshrun's
-    manifest is the one at DEST whatever SRC holds by then. A file cut short resumes (PARTIAL_DIR)."""
-    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--mkpath", "--itemize-changes",
-            f"--partial-dir={PARTIAL_DIR}", "--exclude", LEGACY_CACHE]
+    manifest is the one at DEST whatever SRC holds by then. A file cut short resumes (PARTIAL_DIR).
+    A link leaving SRC is sent as what it leads to (a shard on a second disk, `train -> /mnt/nas/train`):
+    as a link it would dangle on the hosts (`datawalk.data_files` lists its files, so they are verified)."""
+    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--copy-unsafe-links", "--mkpath",
+            "--itemize-changes", f"--partial-dir={PARTIAL_DIR}", "--exclude", LEGACY_CACHE]
     if checksum:
         argv.append("--checksum")
     if files is not None:
         argv += ["--files-from=-", "--from0"]
     sources = ([str(listing)] if listing is not None and files is None else []) + [f"{spec.source}/"]
-    if host.is_local:
-        target = str(local_workdir(host.workdir, root) / spec.dest) if not spec.dest.startswith("/") else spec.dest
-        return argv + sources + [f"{target}/"]
-    dest = spec.dest if spec.dest.startswith("/") else f"{remote_path(host.workdir)}/{spec.dest}"
-    return argv + ["-e", shlex.join(ssh_argv(host, known_hosts))] + sources + [remote_spec(host.ssh_host, f"{dest}/")]
+    ssh = [] if host.is_local else ["-e", shlex.join(ssh_argv(host, known_hosts))]
+    return argv + ssh + sources + [f"{dest_path(host, spec.dest, root)}/"]
 
 
 def changed_file(line: str) -> str | None:
@@ -302,8 +259,9 @@ def changed_file(line: str) -> str | None:
     return line.split(" ", 1)[1] if line.startswith(("<f", ">f")) and " " in line else None
 
 
-def _rsync(argv: list[str], host: str, deadline: float, stdin: bytes | None = None) -> tuple[str, ...]:
-    """Run one data rsync before `deadline`; the files it sent."""
+def _rsync(argv: list[str], host: str, spec: DataSpec, deadline: float, stdin: bytes | None = None) -> tuple[str, ...]:
+    """Run one data rsync before `deadline`; the files it sent. Its failure's hint is the one that
+    fits (dataplan.rehinted): cut at the deadline, it resumes; the host's disk full, it says so."""
     sent: list[str] = []
 
     def on_line(line: bytes) -> None:
@@ -311,8 +269,11 @@ def _rsync(argv: list[str], host: str, deadline: float, stdin: bytes | None = No
         if name is not None:
             sent.append(name)
 
-    run_rsync(argv, host=host, what="data sync", timeout=_left(deadline), stdin=stdin, on_line=on_line,
-              hint=f"check `fab check-network --hosts {host}`")
+    try:
+        run_rsync(argv, host=host, what="data sync", timeout=_left(deadline), stdin=stdin, on_line=on_line,
+                  hint=network_hint(host))
+    except MeshrunError as err:
+        raise MeshrunError(rehinted(str(err), host, str(spec.source), spec.dest), err.exit_code) from None
     return tuple(sent)
 
 
@@ -363,19 +324,23 @@ def listed_only(names: list[object], manifest: dict[str, str]) -> tuple[str, ...
 
 def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifest: dict[str, str], root: Path,
               known_hosts: Path | None, timeout: float) -> DataResult:
-    """Send what changed and the manifest, verify everything against it, resend and re-verify what
-    fails; all of it within `timeout` s. The resend needs no manifest: DEST holds it by then."""
+    """Remove what the previous sync sent that SRC no longer has, send what changed and the manifest,
+    verify everything against it, resend and re-verify what fails; all of it within `timeout` s. The
+    resend needs no manifest: DEST holds it by then."""
     deadline = time.monotonic() + timeout
     with staged_manifest(spec.source, manifest) as listing:
+        old = previous_names(host, spec.dest, root, known_hosts, listing.parent / "previous", deadline)
+        stale = stale_names(old, manifest, lambda name: os.path.lexists(os.path.join(spec.source, name)))
+        removed = remove_stale(session, python, spec.dest, stale, deadline) if stale else 0
         sent = _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False, listing=listing), host.name,
-                      deadline)
+                      spec, deadline)
     bad = verify(session, python, spec.dest, manifest, _left(deadline))
     if bad:
         files = b"\0".join(b.encode() for b in bad) + b"\0"
-        _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=True, files=list(bad)), host.name, deadline,
-               files)
+        _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=True, files=list(bad)), host.name, spec,
+               deadline, files)
         still = verify(session, python, spec.dest, manifest, _left(deadline))
         if still:
             raise MeshrunError(f"host '{host.name}': data files still corrupt after a second transfer: "
                                f"{', '.join(still)}; check the host's disk")
-    return DataResult(host.name, len(manifest), tuple(s for s in sent if s != DATA_MANIFEST), bad)
+    return DataResult(host.name, len(manifest), tuple(s for s in sent if s != DATA_MANIFEST), bad, removed)

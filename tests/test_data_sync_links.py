@@ -1,0 +1,165 @@
+"""`fab sync --data`: a link in SRC that leads outside it (a shard on a second disk, a split on the
+NAS) reaches the hosts as what it leads to, listed in the manifest and verified; a link inside SRC
+stays a link and is verified through. Before, a file link dangled on the host and failed forever as
+"corrupt", and a folder link dangled while the sync said it succeeded. Real rsync, a local host's
+workdir (the same argv as a remote one, minus `-e ssh`), no cluster."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from meshrun.deploy.edges.datasync import DATA_MANIFEST, DataSpec, build_manifest, sync_data
+from meshrun.deploy.edges.transport import LocalSession
+from meshrun.deploy.errors import InputError
+from meshrun.deploy.inventory.model import Host, Network
+from meshrun.deploy.run.dataplan import unsafe_link
+
+
+@pytest.fixture(autouse=True)
+def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    return tmp_path
+
+
+def local_host(workdir: Path) -> Host:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Host(name="local", address="local", ssh_address=None, user=None, port=None, identity=None, python=None,
+                workdir=str(workdir), network=Network.LAN, gpus=None, nproc=1, batch_size=None, env=())
+
+
+def sync(src: Path, tmp_path: Path):
+    host, root = local_host(tmp_path / "wd"), tmp_path / "proj"
+    return sync_data(host, LocalSession(host, root), sys.executable, DataSpec(src, "data/ds"), build_manifest(src),
+                     root, None, 60)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_links_leaving_src_arrive_as_their_content_and_are_verified(tmp_path: Path) -> None:
+    src, nas = tmp_path / "src", tmp_path / "nas" / "train"
+    (src / "sub").mkdir(parents=True)
+    (nas / "cls").mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"a")
+    (tmp_path / "outside.bin").write_bytes(b"shared shard")
+    (nas / "img1.bin").write_bytes(b"img1")
+    (nas / "cls" / "img2.bin").write_bytes(b"img2")
+    (src / "x").symlink_to("../outside.bin")  # relative, leaving SRC
+    (src / "d").symlink_to(nas)  # absolute: resolves on a local host only, dangles on a remote one
+    (src / "w").symlink_to("a.bin")  # inside SRC: stays a link
+    (src / "sub" / "y").symlink_to("../a.bin")
+    (src / "alias").symlink_to("sub")
+    dest = tmp_path / "wd" / "data" / "ds"
+    dest.mkdir(parents=True)
+    (dest / "x").symlink_to("../outside.bin")  # what an older meshrun left there: dangling links
+    (dest / "d").symlink_to("/nonexistent/train")
+
+    result = sync(src, tmp_path)
+    assert result.repaired == () and result.files == 6
+    # A corrupt copy of a linked folder's file (size and mtime kept) is found and sent again from the NAS.
+    st = os.stat(dest / "d" / "img1.bin")
+    (dest / "d" / "img1.bin").write_bytes(b"IMG1")
+    os.utime(dest / "d" / "img1.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert sync(src, tmp_path).repaired == ("d/img1.bin",)
+    shutil.rmtree(tmp_path / "nas")  # as on a remote host: the targets are not there
+    (tmp_path / "outside.bin").unlink()
+    assert not (dest / "x").is_symlink() and (dest / "x").read_bytes() == b"shared shard"
+    assert not (dest / "d").is_symlink() and (dest / "d" / "img1.bin").read_bytes() == b"img1"
+    assert (dest / "d" / "cls" / "img2.bin").read_bytes() == b"img2"
+    assert [os.readlink(dest / n) for n in ("w", "sub/y", "alias")] == ["a.bin", "../a.bin", "sub"]
+    assert (dest / DATA_MANIFEST).read_text() == "".join(f"{sha(b)}  {n}\n" for n, b in (
+        ("a.bin", b"a"), ("d/cls/img2.bin", b"img2"), ("d/img1.bin", b"img1"), ("sub/y", b"a"), ("w", b"a"),
+        ("x", b"shared shard")))
+    if shutil.which("sha256sum"):
+        subprocess.run(["sha256sum", "--check", "--quiet", DATA_MANIFEST], cwd=dest, check=True)
+
+
+def test_a_link_loop_leaving_src_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a short SRC: the messages below are whole, not shortened
+    src = Path("src")
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "f.bin").write_bytes(b"f")
+    (src / "sub" / "again").symlink_to(tmp_path / "src")  # absolute: rsync would copy SRC into itself without end
+    (src / "here").symlink_to(".")  # inside SRC: rsync keeps it a link, no loop
+    with pytest.raises(InputError) as err:
+        build_manifest(src)
+    assert str(err.value) == f"--data: src/sub/again -> {tmp_path}/src: the link leads back into a folder above it " \
+                             "(a loop); remove it or point it elsewhere"
+
+
+def test_a_link_leaving_src_to_nothing_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    src = Path("src")
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"a")
+    (src / "model.pt").symlink_to("/scratch/only-on-the-hosts/model.pt")
+    with pytest.raises(InputError) as err:
+        build_manifest(src)
+    assert str(err.value) == "--data: src/model.pt -> /scratch/only-on-the-hosts/model.pt: the link leaves SRC, so " \
+                             "what it leads to is sent, but here it leads to nothing (no such file or directory); " \
+                             "fix the link or move it out of SRC"
+
+
+def test_a_relative_link_climbing_out_of_a_sent_folder_is_refused(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """rsync judges a link inside a linked folder against SRC: `../../shared.bin` there stays a link,
+    which on the hosts leads into DEST, not to the NAS file the controller hashed."""
+    monkeypatch.chdir(tmp_path)
+    src, nas = Path("src"), Path("nas")
+    src.mkdir()
+    (nas / "train" / "cls").mkdir(parents=True)
+    (nas / "shared.bin").write_bytes(b"s")
+    (nas / "train" / "cls" / "img.bin").symlink_to("../../shared.bin")
+    (src / "train").symlink_to(tmp_path / "nas" / "train")
+    with pytest.raises(InputError) as err:
+        build_manifest(src)
+    assert str(err.value) == "--data: src/train/cls/img.bin -> ../../shared.bin: the link climbs out of src/train, " \
+                             "whose content is sent, so on the hosts it would lead elsewhere; make it absolute or " \
+                             "keep it inside that folder"
+
+
+CASES = [("top-up", "../x"), ("top-abs", "{tmp}/x"), ("top-in", "x"), ("top-dot", "./x"), ("top-in-up", "a/../x"),
+         ("top-up-in", "../s/x"), ("a/one-up", "../x"), ("a/two-up", "../../x"), ("a/b/two-up", "../../x"),
+         ("a/b/three-up", "../../../x"), ("a/deep", "c/../../x"), ("a/trail", "..")]
+
+
+def test_unsafe_link_is_rsyncs_own_judgement(tmp_path: Path) -> None:
+    """The manifest lists what rsync sends: a link it keeps, or the content of one it copies. So
+    `unsafe_link` must say what real rsync's --copy-unsafe-links does, case by case."""
+    src, dest = tmp_path / "s", tmp_path / "d"
+    (tmp_path / "x").write_bytes(b"outside")
+    cases = [(rel, target.format(tmp=tmp_path)) for rel, target in CASES]
+    for rel, target in cases:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).symlink_to(target)
+    for folder in ("", "a", "a/b", "a/c"):
+        (src / folder).mkdir(parents=True, exist_ok=True)
+        (src / folder / "x").write_bytes(b"inside")
+    subprocess.run(["rsync", "--archive", "--copy-unsafe-links", f"{src}/", f"{dest}/"], check=True,
+                   capture_output=True)
+    kept = {rel: (dest / rel).is_symlink() for rel, _ in cases}
+    expected = {"top-up": False, "top-abs": False, "top-in": True, "top-dot": True, "top-in-up": False,
+                "top-up-in": False, "a/one-up": True, "a/two-up": False, "a/b/two-up": True, "a/b/three-up": False,
+                "a/deep": False, "a/trail": True}
+    if rsync_version() < (3, 4):  # before 3.4 rsync kept a `..` after another component as a link
+        for rel in ("top-in-up", "a/deep"):
+            del kept[rel], expected[rel]
+    assert kept == expected
+    assert {rel: not unsafe_link(target, rel) for rel, target in cases if rel in kept} == kept
+
+
+def rsync_version() -> tuple[int, ...]:
+    out = subprocess.run(["rsync", "--version"], capture_output=True, text=True, check=True).stdout
+    return tuple(int(n) for n in re.search(r"version\s+v?(\d+)\.(\d+)", out).groups())

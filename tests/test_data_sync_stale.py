@@ -1,0 +1,169 @@
+"""`fab sync --data`: a file removed from SRC is removed from DEST on the next sync (an ImageFolder
+on the host must stop training on deleted images), and nothing else at DEST is: only names the
+previous sync's manifest at DEST recorded, that SRC no longer has, under DEST and never through a
+link. The old manifest is the host's word, so its names are checked first. Real rsync, a local
+host's workdir (the same argv as a remote one, minus `-e ssh`), no cluster."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from meshrun.deploy.edges.datastale import removal_answer
+from meshrun.deploy.edges.datasync import DATA_MANIFEST, DataSpec, build_manifest, sync_data
+from meshrun.deploy.edges.transport import CommandResult, LocalSession
+from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.model import Host, Network
+from meshrun.deploy.run.dataplan import manifest_names, stale_names
+
+
+@pytest.fixture(autouse=True)
+def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's cache folder and the temporary folder, fresh and outside every SRC."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    return tmp_path
+
+
+def local_host(workdir: Path) -> Host:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Host(name="local", address="local", ssh_address=None, user=None, port=None, identity=None, python=None,
+                workdir=str(workdir), network=Network.LAN, gpus=None, nproc=1, batch_size=None, env=())
+
+
+def sync(src: Path, tmp_path: Path):
+    host, root = local_host(tmp_path / "wd"), tmp_path / "proj"
+    return sync_data(host, LocalSession(host, root), sys.executable, DataSpec(src, "data/ds"), build_manifest(src),
+                     root, None, 60)
+
+
+def tree(root: Path) -> set[str]:
+    return {os.path.relpath(os.path.join(top, n), root) for top, dirs, files in os.walk(root) for n in dirs + files}
+
+
+def dataset(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    for name in ("cat/1.png", "cat/2.png", "dog/1.png", "bird/only.png", "a.bin"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(name.encode())
+    return src
+
+
+def test_files_deleted_from_src_leave_dest_and_nothing_else_does(tmp_path: Path) -> None:
+    src = dataset(tmp_path)
+    first = sync(src, tmp_path)
+    dest = tmp_path / "wd" / "data" / "ds"
+    (dest / "cat" / "notes.txt").write_text("the host's own file\n")  # never meshrun's: it stays
+    (dest / "scratch").mkdir()
+    (dest / "scratch" / "cache.pt").write_bytes(b"host's")
+    (src / "cat" / "2.png").unlink()  # the researcher deletes mislabeled images, and a whole class
+    (src / "bird" / "only.png").unlink()
+    (src / "bird").rmdir()
+
+    again = sync(src, tmp_path)
+    # The emptied class folder goes too (ImageFolder fails on an empty class); a folder that still holds
+    # the host's file stays.
+    assert tree(dest) == {DATA_MANIFEST, "a.bin", "cat", "cat/1.png", "cat/notes.txt", "dog", "dog/1.png",
+                          "scratch", "scratch/cache.pt"}
+    assert (again.files, again.removed, again.transferred, again.repaired) == (3, 2, (), ())
+    assert first.removed == 0 and sync(src, tmp_path).removed == 0  # the new manifest no longer lists them
+
+
+def test_the_hosts_old_manifest_removes_only_safe_names_under_dest(tmp_path: Path) -> None:
+    """The host wrote the old manifest: names that climb out, are absolute, pass through a link, or
+    that SRC still has (a link rsync sends as a link) are never removed; a plain stale one is."""
+    src = dataset(tmp_path)
+    (src / "keep-link").symlink_to("a.bin")  # SRC still has it; as a link, not a manifest name
+    sync(src, tmp_path)
+    dest = tmp_path / "wd" / "data" / "ds"
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    for name in ("victim.bin", "deep/victim.bin"):
+        (outside / name).write_bytes(b"not meshrun's")
+    (dest / "through").symlink_to(outside)  # a link at DEST: nothing beyond it is DEST's
+    (dest / "stale.bin").write_bytes(b"sent by a sync long ago")
+    names = ["through/victim.bin", "through/deep/victim.bin", "../outside/victim.bin", f"{outside}/victim.bin",
+             "cat/../../outside/victim.bin", "./a.bin", "cat//1.png", "keep-link", "stale.bin", "cat"]
+    old = (dest / DATA_MANIFEST).read_bytes() + b"".join(f"{'0' * 64}  {n}\n".encode() for n in names)
+    (dest / DATA_MANIFEST).write_bytes(old)
+
+    result = sync(src, tmp_path)
+    assert not (dest / "stale.bin").exists() and result.removed == 1
+    assert (outside / "victim.bin").read_bytes() == (outside / "deep/victim.bin").read_bytes() == b"not meshrun's"
+    assert (dest / "keep-link").is_symlink() and (dest / "cat").is_dir() and (dest / "cat/1.png").is_file()
+
+
+def test_a_linked_manifest_at_dest_is_not_followed(tmp_path: Path) -> None:
+    src = dataset(tmp_path)
+    sync(src, tmp_path)
+    dest = tmp_path / "wd" / "data" / "ds"
+    (dest / "stale.bin").write_bytes(b"old")
+    elsewhere = tmp_path / "elsewhere.sha256"
+    elsewhere.write_bytes((dest / DATA_MANIFEST).read_bytes() + f"{'0' * 64}  stale.bin\n".encode())
+    (dest / DATA_MANIFEST).unlink()
+    (dest / DATA_MANIFEST).symlink_to(elsewhere)
+    result = sync(src, tmp_path)
+    assert (dest / "stale.bin").exists() and result.removed == 0
+    # A manifest that is a file again is read: the stale name it lists goes.
+    (dest / DATA_MANIFEST).unlink()
+    (dest / DATA_MANIFEST).write_bytes(elsewhere.read_bytes())
+    result = sync(src, tmp_path)
+    assert not (dest / "stale.bin").exists() and result.removed == 1
+
+
+def test_stale_names_are_checked_and_compared_exactly() -> None:
+    data = b"".join(f"{'a' * 64}  {n}\n".encode() for n in (
+        "x/old.png", "new.png", "../up", "/abs", "a//b", "a/./b", "", "in-src", ".meshrun-manifest.sha256",
+        "sub/.meshrun-partial/p", "n" * 256, "ok/" + "n" * 255)) + b"garbage line\n" + b"a" * 64 + b"  bad-\xff\n"
+    names = manifest_names(data)
+    assert names == ["x/old.png", "new.png", "in-src", "ok/" + "n" * 255]
+    assert stale_names(names + ["x/old.png", "../z"], {"new.png": "a" * 64}, lambda n: n == "in-src") == \
+        ("ok/" + "n" * 255, "x/old.png")
+
+
+def test_the_hosts_removal_answer_is_bounded_and_quoted() -> None:
+    group = ("a.png", "b.png")
+    ok = CommandResult(0, '{"removed": 1, "failed": [["b.png", "Permission denied"], ["/etc/x", "nope"]]}\n', "")
+    assert removal_answer("gpu1", ok, group) == (1, ["b.png (Permission denied)"])
+    lying = CommandResult(0, '{"removed": 3, "failed": []}\n', "")
+    with pytest.raises(MeshrunError) as err:
+        removal_answer("gpu1", lying, group)
+    assert str(err.value) == "host 'gpu1': the removal of files SRC no longer has gave an unexpected answer: " \
+                             "removed is 3; expected a count from 0 to 2"
+    broken = CommandResult(1, "", "Traceback\nOSError: \x1b[31mboom\n")
+    with pytest.raises(MeshrunError) as err:
+        removal_answer("gpu1", broken, group)
+    assert str(err.value) == "host 'gpu1': could not remove files SRC no longer has: Traceback\\nOSError: \\x1b[31mboom"
+
+
+def test_what_cannot_be_removed_stops_before_the_transfer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old manifest stays at DEST, so the next sync still knows what to remove."""
+    src = dataset(tmp_path)
+    sync(src, tmp_path)
+    dest = tmp_path / "wd" / "data" / "ds"
+    (src / "a.bin").unlink()
+    (src / "new.bin").write_bytes(b"new")
+    before = (dest / DATA_MANIFEST).read_bytes()
+    real_run = LocalSession.run
+
+    def refusing(self, argv, **kw):  # the host's answer when a file cannot be removed (root ignores modes)
+        if "removed" in argv[2]:
+            return CommandResult(0, '{"removed": 0, "failed": [["a.bin", "Operation not permitted"]]}\n', "")
+        return real_run(self, argv, **kw)
+
+    monkeypatch.setattr(LocalSession, "run", refusing)
+    with pytest.raises(MeshrunError) as err:
+        sync(src, tmp_path)
+    assert str(err.value) == "host 'local': could not remove 1 files SRC no longer has from data/ds: a.bin " \
+                             "(Operation not permitted); make them removable there (or remove them), then sync again"
+    assert (dest / DATA_MANIFEST).read_bytes() == before and not (dest / "new.bin").exists()
+    monkeypatch.setattr(LocalSession, "run", real_run)
+    result = sync(src, tmp_path)
+    assert not (dest / "a.bin").exists() and result.removed == 1
+    assert hashlib.sha256((dest / "new.bin").read_bytes()).hexdigest() == build_manifest(src)["new.bin"]
