@@ -1,13 +1,19 @@
-"""`fab status`: runs, hosts, state, epoch/step and uptime, read from the hosts' agents."""
+"""`fab status`: runs, hosts, state, epoch/step and uptime, read from the hosts' agents; a run that
+ended with the controller's summary.json also says what it recorded (its hosts may be long gone)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
+from meshrun.fsutil import read_regular
+from meshrun.layout import SUMMARY
 from meshrun.deploy.edges.agents import run_states
 from meshrun.deploy.project import Project
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.edges.records import all_records, live_records, load_record, no_runs
+from meshrun.deploy.edges.records import ENDED, all_records, live_records, load_record, no_runs
+from meshrun.deploy.inputfiles import RECORD_MAX
+from meshrun.deploy.run.answers import MISSING, from_json, said
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.edges.watch import RunWatch
@@ -16,8 +22,13 @@ from meshrun.deploy.run.watchview import REFRESH_S
 
 
 def main(run: str | None, as_json: bool, project: Project, watch: bool = False, frames: int = 0) -> None:
-    """A named run, else every recorded run that may still be running: finished and stale runs
-    are not asked about, so their hosts (perhaps long gone) are never contacted."""
+    """A named run, else every recorded run that may still be running (records.live_records): an
+    attached run that ended (its summary.json, or its controller gone past the heartbeat timeout) is
+    not asked about, so its hosts (perhaps long gone) are never contacted. A detached run gets no
+    summary: each one ever started here is asked about until its folder is removed from the runs dir,
+    and shows as `exited`/`stopped` (or `unreachable`, once its hosts are gone) in every status.
+    A named run that ended with a summary shows what it recorded under its hosts' states (text only:
+    `--json` keeps its rows; summary.json is the file to read)."""
     if frames and not watch:
         raise InputError("--frames counts the frames of --watch: add --watch, or leave --frames out")
     if watch:
@@ -32,7 +43,30 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
         renderer.info(f"no run may still be running; name an older one with --run ID (the newest is {recorded[0].run_id})"
                       if recorded else no_runs(project.runs))
     else:
-        renderer.run_states(states)
+        ended = {r.run_id: outcome for r in records if (outcome := summary_outcome(project.runs / r.run_id, r.run_id))}
+        renderer.run_states(states, ended)
+
+
+def summary_outcome(run_path: Path, run_id: str) -> str | None:
+    """What the controller's summary.json in `run_path` recorded of `run_id` (`recorded_outcome`);
+    None when there is none (a detached run, one not ended, a file that cannot be read)."""
+    try:
+        data = read_regular(run_path / SUMMARY, RECORD_MAX)
+    except OSError:
+        return None
+    return recorded_outcome(from_json(data.decode("utf-8", "replace")), run_id)
+
+
+def recorded_outcome(summary: object, run_id: str) -> str | None:
+    """`succeeded`, or `failed (its reason)`: the status of a summary.json of `run_id` with one of
+    meshrun's statuses (records.has_own_summary's test: a script's file of that name is no end), its
+    reason quoted as a host's text is (it can name what a host said). Else None."""
+    if not isinstance(summary, dict) or summary.get("run_id") != run_id:
+        return None
+    status, reason = summary.get("status"), summary.get("reason", MISSING)
+    if not isinstance(status, str) or status not in ENDED:
+        return None
+    return f"{status} ({said(reason)})" if isinstance(reason, str) and reason.strip() else status
 
 
 def _watch(record: RunRecord, project: Project, frames: int, as_json: bool = False) -> None:

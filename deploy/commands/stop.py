@@ -14,7 +14,9 @@ def main(run: str | None, project: Project) -> int:
     """Exit status 1 when a host of the run's latest attempt could not be reached, or a host still
     has run processes. A host only an earlier attempt used (`fab train --resume --hosts` left it
     out, often because it died) is tried too, and a warning when it cannot be reached. With no
-    `run`, the one run that may still be running; several are refused, named (resolve_live_run)."""
+    `run`, the one run that may still be running; several are refused, named (resolve_live_run).
+    A host whose agent says the run was not running there is said to be so, never "stopped": with
+    no `run`, an old detached run (which gets no summary) may be the one taken."""
     renderer = Renderer()
     record = resolve_live_run(project.runs, run, "fab stop", renderer.warn, lambda live: run_states(live, project.root))
     results = stop_run(record, project.root)
@@ -24,6 +26,8 @@ def main(run: str | None, project: Project) -> int:
             (renderer.error if host in failed else renderer.warn)(f"{host}: {results.failed[host]}")
         elif left := results.ok[host]:
             renderer.error(f"{host}: processes still alive: {list(left)}")
+        elif was_running(left) is False:
+            renderer.info(f"run {record.run_id} was not running on {host} (already ended)")
         else:
             renderer.info(f"{host}: clean, no process of run {record.run_id} left")
     if earlier := tuple(h for h in results.failed if h in record.earlier):
@@ -34,8 +38,27 @@ def main(run: str | None, project: Project) -> int:
         renderer.error(not_stopped(record, failed))
     if failed or any(results.ok.values()):
         return 1
-    renderer.info(f"run {record.run_id} stopped on {len(results)} host(s)")
+    renderer.info(stopped_line(record.run_id, {host: was_running(left) for host, left in results.ok.items()}))
     return 0
+
+
+def was_running(left: tuple[int, ...]) -> bool | None:
+    """What the host's agent said of the run before it stopped it (answers.Remaining); None: not said."""
+    return getattr(left, "was_running", None)
+
+
+def stopped_line(run_id: str, running: dict[str, bool | None]) -> str:
+    """The last line of a clean stop: on how many of the hosts that answered ({host: was the run
+    running there}, None: not said) the run was stopped, and where it had already ended. A host
+    not reached is counted nowhere: no stop is claimed that did not happen."""
+    stopped = [h for h, was in running.items() if was is not False]
+    ended = ", ".join(h for h, was in running.items() if was is False)
+    if not running:
+        return f"run {run_id}: no host answered; nothing was stopped"
+    if not stopped:
+        return f"run {run_id} was not running on {ended}: nothing was stopped (it had already ended)"
+    done = f"run {run_id} stopped on {len(stopped)} host(s)"
+    return f"{done}; it was not running on {ended}" if ended else done
 
 
 def not_stopped(record: RunRecord, hosts: tuple[str, ...]) -> str:

@@ -70,8 +70,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
     run_id = args.run_id
     record = read_json(Path(host_dir(run_id, args.host)) / AGENT_PIDFILE) or {}
     agent_pid = record.get("agent_pid")
-    was_running = bool(tagged_pids(run_id, args.host))
-    if agent_pid and alive(agent_pid) and is_agent(agent_pid, run_id):
+    agent_alive = bool(agent_pid and alive(agent_pid) and is_agent(agent_pid, run_id))
+    # The agent counts: between two worker starts (a restart, a rendezvous) nothing else may be tagged,
+    # and `fab stop` must not call a run it stops "already ended".
+    was_running = bool(tagged_pids(run_id, args.host)) or agent_alive
+    if agent_alive:
         os.kill(agent_pid, signal.SIGTERM)  # it stops its own run gracefully
         deadline = time.monotonic() + args.grace + 5
         while alive(agent_pid) and time.monotonic() < deadline:

@@ -149,8 +149,9 @@ class Renderer:
                                         "some hosts may still run processes: see 'left running'",
                                         style="green" if clean else "red bold"))
 
-    def run_states(self, states: list) -> None:
-        """`fab status`: one row per (run, host)."""
+    def run_states(self, states: list, recorded: Mapping[str, str] | None = None) -> None:
+        """`fab status`: one row per (run, host); then, for each run in `recorded` ({run id: what its
+        summary.json says}), a line of its own: a finished run's hosts may be gone, its outcome is not."""
         table = PlainTable("run", "host", "state", "exit", "epoch", "step", "uptime", "detail", title="runs")
         colors = {"running": "green", "exited": "blue", "stopped": "yellow", "lost": "red", "unreachable": "red",
                   "stuck": "red"}
@@ -160,10 +161,15 @@ class Renderer:
                           _dash(s.step), uptime, s.detail or "")
         with self._lock:
             self.console.print(table)
+            for run_id, outcome in (recorded or {}).items():
+                self.console.print(plain(f"run {run_id} recorded: {outcome}"))
 
-    def fetch_reports(self, run_id: str, home: str, reports: list, script: str | None = None) -> None:
+    def fetch_reports(self, run_id: str, home: str, reports: list, script: str | None = None,
+                      runs_dir: str | None = None) -> None:
         """Where everything landed, what was refused, and how to resume from it (a `--script` run's
-        own files: meshrun verifies and pushes back the built-in trainer's checkpoints only)."""
+        own files: meshrun verifies and pushes back the built-in trainer's checkpoints only). `runs_dir`:
+        the runs folder fetched into (`--dest`) when it is not this command's: a resume pushes the
+        checkpoints of the folder it runs with, so its hint names that one."""
         table = PlainTable("host", "landed in", "new", "updated", "unchanged", "not overwritten",
                            "corrupt (not kept)", title=f"fetched run {run_id}")
         for r in reports:
@@ -185,8 +191,10 @@ class Renderer:
                 return
             self.console.print(plain(f"checkpoints: {home}/checkpoints/ (verified against MANIFEST.sha256); "
                                      f"logs and metrics: {home}/hosts/<host>/"))
-            self.console.print(plain(as_run(f"resume this run: fab train --resume {run_id} (same hosts; the newest "
-                                            "checkpoint is pushed back if the hosts lost it)")))
+            flags = {**_HINT_FLAGS, "runs_dir": runs_dir} if runs_dir else _HINT_FLAGS
+            self.console.print(plain(hints.as_run(f"resume this run: fab train --resume {run_id} (same hosts; the "
+                                                  "newest checkpoint is pushed back if the hosts lost it)",
+                                                  os.path.basename(sys.argv[0]), flags)))
 
     def run_report(self, run_id: str, report: Any, png: str, comm: dict | None = None) -> None:
         """`fab report`: throughput and step-time breakdown per rank, then accuracy."""

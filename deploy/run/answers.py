@@ -122,13 +122,29 @@ def is_real(value: object) -> bool:
     return is_int(value) and abs(value) < 2**1023  # type: ignore[operator]
 
 
-def remaining_pids(host: str, answer: object) -> tuple[int, ...]:
-    """The process ids an agent's `stop` says are still alive (deploy/host/agent.py prints them)."""
+class Remaining(tuple[int, ...]):
+    """The process ids an agent's `stop` left alive, as the tuple they always were, and whether the
+    run was running there when it was asked (`was_running`; None: an agent that does not say). A
+    tuple that carries it: `fab stop` must tell a run it stopped from one that had ended, and every
+    other caller of the stop keeps its tuple of pids."""
+
+    was_running: bool | None
+
+    def __new__(cls, pids: tuple[int, ...] = (), was_running: bool | None = None) -> Remaining:
+        made = super().__new__(cls, pids)
+        made.was_running = was_running
+        return made
+
+
+def remaining_pids(host: str, answer: object) -> Remaining:
+    """The process ids an agent's `stop` says are still alive (deploy/host/stopping.py prints them),
+    with its `was_running`."""
     reader = Answer(host, "the agent's stop")
-    remaining = reader.mapping(answer).get("remaining", MISSING)
+    found = reader.mapping(answer)
+    remaining = found.get("remaining", MISSING)
     if not (isinstance(remaining, list) and all(is_int(p) and 0 < p < 2**31 for p in remaining)):
         raise reader.bad("remaining", remaining, "a list of process ids")
-    return tuple(remaining)
+    return Remaining(tuple(remaining), reader.flag(found.get("was_running", MISSING), "was_running"))
 
 
 class AgentBusy(MeshrunError):
