@@ -92,8 +92,7 @@ def test_failure_lines_say_what_is_home_and_name_every_host_not_fetched() -> Non
               "h3": MeshrunError("host 'h3': no answer within 4200 s")}
     assert failure_lines(Fetched([], failed, -1), "runs/r/checkpoints") == [
         "host 'h1': fetch failed (rsync exit 255): gone", "host 'h3': no answer within 4200 s",
-        "not fetched: h1, h3; no verified checkpoint of this run is home; fetch again when h1, h3 are back to bring "
-        "their files home"]
+        "no host answered: nothing was fetched; fetch again when h1, h3 are back to bring their files home"]
     assert failure_lines(Fetched([], {}, 700), "runs/r/checkpoints") == []
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from meshrun.layout import BEST_CHECKPOINT, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
+from meshrun.deploy.edges.checkpointpush import copy_records
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.fetch import BUT_CHECKPOINTS, EVERYTHING, FETCH_ATTEMPTS, FETCH_TIMEOUT_S, \
@@ -40,6 +41,8 @@ class Fetched:
     failed: dict[str, MeshrunError]  # host -> why it (or the checkpoints only it lists) did not come home this time
     newest_step: int  # the newest step `runs/<id>/checkpoints/`'s manifest lists (-1: none)
     copies_from: list[str] = dataclasses.field(default_factory=list)  # the hosts whose checkpoints came, in order
+    # Hosts of the run its inventory no longer names: waiting brings none back (their own line says what does).
+    missing: tuple[str, ...] = ()
 
 
 @dataclass
@@ -124,7 +127,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     if incoming.is_dir() and not any(incoming.iterdir()):
         incoming.rmdir()
     steps = (checkpoint_step(name) for name in read_host_manifest(home / CHECKPOINTS).digests())
-    return Fetched(reports, failed, max((s for s in steps if s is not None), default=-1), copies_from)
+    return Fetched(reports, failed, max((s for s in steps if s is not None), default=-1), copies_from, tuple(missing))
 
 
 @dataclass
@@ -252,8 +255,8 @@ def vouched(present: Mapping[str, str], verified: Iterable[Mapping[str, str]],
 def main(run: str | None, dest: str | None, force: bool, project: Project, every_copy: bool = False,
          prune: bool = False) -> int:
     """`fab fetch-checkpoints`: exit status 1 when a host's checkpoints failed their checksum, its
-    manifest had lines meshrun does not accept, or a host could not be fetched (down, say); what
-    did pass, from the hosts that answered, is fetched and assembled all the same."""
+    manifest had lines meshrun does not accept, a host could not be fetched (down, say), or none
+    answered; what did pass, from the hosts that answered, is fetched and assembled all the same."""
     renderer = Renderer()
     record = resolve_run(project.runs, run, warn=renderer.warn)
     destination = Path(dest).expanduser().resolve() if dest else project.runs
@@ -261,20 +264,33 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
     if found is not None and not S_ISDIR(found.st_mode):
         raise InputError(with_path("--dest ", destination, ": exists and is not a directory; name a directory to "
                                    "fetch runs into"))
+    # Another runs folder: without the run's records there, `--runs-dir DEST` could neither report
+    # what came home nor resume from it (the push reads DEST's checkpoints only then).
+    elsewhere = destination.resolve() != project.runs.resolve()
     with fetch_lock(destination / record.run_id, record.run_id):  # one fetch of the run here at a time
+        if elsewhere:
+            copy_records(record, project.runs, destination, renderer)
         fetched = fetch_run(record, project.root, destination, force, renderer, every_copy)
         pruned = prune_home(destination / record.run_id, fetched.reports, record.members) if prune else None
-    reports = fetched.reports
-    script = record.workload.get("script")
+    return _said(record, fetched, destination, every_copy, pruned.line() if pruned is not None else None,
+                 str(destination) if elsewhere else None, renderer)
+
+
+def _said(record: RunRecord, fetched: Fetched, destination: Path, every_copy: bool, pruned: str | None,
+          runs_dir: str | None, renderer: Renderer) -> int:
+    """What the fetch brought, refused and missed, and its exit status. With no host answering,
+    no table or resume hint: nothing came, and nothing here is newer than before."""
+    reports, script = fetched.reports, record.workload.get("script")
     if fetched.copies_from and not every_copy:
         renderer.info(f"checkpoints: taken from {fetched.copies_from[0]} (the hosts hold the same copy; --every-copy "
                       "brings each host's)" if len(fetched.copies_from) == 1 else
                       f"checkpoints: taken from {', '.join(fetched.copies_from)} (each for what the hosts before it "
                       "did not deliver: a file only it holds, or one whose copy failed)")
-    renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports,
-                           script if isinstance(script, str) else None)
+    if reports:
+        renderer.fetch_reports(record.run_id, str(destination / record.run_id), reports,
+                               script if isinstance(script, str) else None, runs_dir=runs_dir)
     if pruned is not None:
-        renderer.info(pruned.line())
+        renderer.info(pruned)
     for line in [line for r in reports for line in skip_lines(r.host, r.skipped)]:
         renderer.warn(line)
     for line in [line for r in reports for line in r.refused]:
@@ -289,25 +305,34 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
                       "come stays there until a fetch reaches it")
     for line in failure_lines(dataclasses.replace(fetched, failed=failed), str(destination / record.run_id / CHECKPOINTS)):
         renderer.error(line)
-    return 1 if corrupt or failed or any(r.refused for r in reports) else 0
+    return 1 if corrupt or failed or not reports or any(r.refused for r in reports) else 0
 
 
 def failure_lines(fetched: Fetched, checkpoints: str) -> list[str]:
     """One line per host that sent nothing, or whose checkpoints did not come (its own error), then
-    what is home all the same. A host that answered but sent damaged files is not here: it is a
-    checksum mismatch."""
-    if not fetched.failed:
-        return []
+    what is home all the same: nothing new when no host answered. A host the run's inventory no
+    longer names is not waited for (its own line says to put it back). A host that answered but
+    sent damaged files is not here: it is a checksum mismatch."""
     answered = {r.host for r in fetched.reports}
     gone = [h for h in fetched.failed if h not in answered]
+    back = _when_back([h for h in gone if h not in fetched.missing])
     listed = f"{checkpoints}/ lists verified checkpoints up to step {fetched.newest_step}"
     errors = [str(err) for err in fetched.failed.values()]
+    if not fetched.failed:
+        return []
+    if not fetched.reports:
+        before = f" ({listed}, from an earlier fetch)" if fetched.newest_step >= 0 else ""
+        return errors + [f"no host answered: nothing was fetched{before}{back}"]
     if not gone:  # each answered: its logs came, its checkpoints did not
         names = ", ".join(fetched.failed)
         return errors + [f"{listed if fetched.newest_step >= 0 else 'no verified checkpoint of this run is home'}; "
                          f"fetch again to bring {names}'s checkpoints"]
-    names, one = ", ".join(gone), len(gone) == 1
     home = (f"the other hosts' files are home and {listed}" if fetched.newest_step >= 0
             else "no verified checkpoint of this run is home")
-    return errors + [f"not fetched: {names}; {home}; fetch again when {names} {'is' if one else 'are'} back to bring "
-                     f"{'its' if one else 'their'} files home"]
+    return errors + [f"not fetched: {', '.join(gone)}; {home}{back}"]
+
+
+def _when_back(hosts: list[str]) -> str:
+    one = len(hosts) == 1
+    return (f"; fetch again when {', '.join(hosts)} {'is' if one else 'are'} back to bring {'its' if one else 'their'} "
+            "files home") if hosts else ""

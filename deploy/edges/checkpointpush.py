@@ -1,24 +1,30 @@
 """`fab train --resume`'s push: the newest fetched checkpoint of a run (and best.pt) to its
 rendezvous host, when no host of the resumed run holds one as new, and what each host's own
-manifest lists."""
+manifest lists. It pushes from the runs folder in use (`--runs-dir`), so a fetch into another
+(`--dest`) copies the run's records there too (`copy_records`): without its launch.json no task
+finds the run there, and a resume from the default folder would push nothing of what came."""
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, run_dir
+from meshrun.fsutil import atomic_write_bytes
+from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, LAUNCH_RECORD, run_dir
 from meshrun.deploy.edges.check_probes import WRITE_FILE
 from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S
+from meshrun.deploy.edges.records import RECORD_FIX, RETIRED, RunRecord, load_record, retire_attempt
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sessions import reachable_results
 from meshrun.deploy.edges.sync import is_project_itself, push_named_argv
 from meshrun.deploy.edges.transport import Session
-from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.inputfiles import read_input
+from meshrun.deploy.errors import InputError, MeshrunError
+from meshrun.deploy.inputfiles import RECORD_MAX, read_input, read_optional
 from meshrun.deploy.inventory.model import Inventory
+from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
@@ -117,3 +123,74 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
         raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: "
                            f"{said(written.stderr.strip()[-300:])}")
     renderer.info(f"resume: pushed checkpoints up to step {newest_listed_step(lines.encode())} to {head.name}")
+
+
+RECORDS = (LAUNCH_RECORD, *RETIRED)  # the controller's own records of a run: what `--runs-dir` reads of it
+
+
+@dataclass(frozen=True)
+class RecordsHeld:
+    """A runs folder's records of a run: the attempt its launch.json is of (None: none there)."""
+
+    started: float | None
+    written: Mapping[str, int]  # each record there (RECORDS) -> its st_mtime_ns
+
+
+def records_to_copy(ours: RecordsHeld, theirs: RecordsHeld) -> tuple[bool, tuple[str, ...]]:
+    """What a fetch into another runs folder copies of the controller's records (`ours`) into the
+    run's folder there (`theirs`): (whether the records of the attempt there become *.prev.json
+    first, as a resume leaves them; the names to copy, launch.json first). A later attempt there
+    (resumed with `--runs-dir` it) is kept whole; for a later one here, every record; of the same
+    attempt, each written here since it was copied there (the summary at its end, a join's
+    launch.json), never one written there later."""
+    if ours.started is None or (theirs.started is not None and theirs.started > ours.started):
+        return False, ()
+    present = [name for name in RECORDS if name in ours.written]
+    if theirs.started is None or ours.started > theirs.started:
+        return theirs.started is not None, tuple(present)
+    return False, tuple(n for n in present if ours.written[n] > theirs.written.get(n, -1))
+
+
+def _held(folder: Path, started: float | None) -> RecordsHeld:
+    found = {name: _written(folder / name) for name in RECORDS}
+    return RecordsHeld(started, {name: at for name, at in found.items() if at is not None})
+
+
+def _written(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def copy_records(record: RunRecord, runs: Path, dest: Path, renderer: Renderer) -> tuple[str, ...]:
+    """`--dest DIR`: the run's records (`RECORDS`, those there) from `runs` into DIR/<id>/ as
+    `records_to_copy` says, each atomically and byte for byte: `--runs-dir DIR` then finds the run
+    (`fab report`; `fab train --resume`, which pushes back the checkpoints fetched there). A record
+    there meshrun cannot read is not judged older: kept, in one warning. Returns the names copied."""
+    source, target = runs / record.run_id, dest / record.run_id
+    try:
+        there = load_record(dest, record.run_id).started if os.path.lexists(target / LAUNCH_RECORD) else None
+    except InputError as err:
+        renderer.warn(f"{err}; the run's records were not copied there, so --runs-dir {dest} does not find it")
+        return ()
+    retire, names = records_to_copy(_held(source, record.started), _held(target, there))
+    if there is not None and there > record.started:
+        renderer.info(with_path("", target, f" holds a later attempt of run {record.run_id} (resumed from there): "
+                                "its records kept"))
+    copied: list[str] = []
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        if retire:
+            retire_attempt(target)
+        for name in names:
+            data = read_optional(source / name, RECORD_MAX, "run record", RECORD_FIX)
+            if data is not None:  # retired by a resume since it was listed: the next fetch copies its successor
+                atomic_write_bytes(target / name, data)
+                copied.append(name)
+    except (OSError, InputError) as err:
+        renderer.warn(with_path("run records not copied into ", target, f" ({getattr(err, 'strerror', None) or err})"))
+    if copied:
+        renderer.info(with_path(f"{', '.join(copied)} copied into ", target,
+                                f": with --runs-dir {dest}, report and train --resume find the run there"))
+    return tuple(copied)
