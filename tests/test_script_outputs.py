@@ -20,7 +20,7 @@ import pytest
 from meshrun.deploy.commands.trainend import script_resume_hint
 from meshrun.deploy.edges.fetch import FetchReport
 from meshrun.deploy.host.agentargs import run_env
-from meshrun.deploy.inventory.model import Rendezvous
+from meshrun.deploy.inventory.model import ElasticBounds, Rendezvous
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.membership import Change, MembershipEvent
@@ -55,7 +55,9 @@ def test_the_fetch_of_a_script_run_names_what_came_home_and_promises_no_checkpoi
 
 def test_a_script_runs_summary_has_the_world_size_it_ended_with_and_no_epoch_count(capsys) -> None:  # type: ignore[no-untyped-def]
     hosts = tuple(dataclasses.replace(host(), name=f"h{i}", address=f"10.0.0.{i}", nproc=2) for i in (1, 2))
-    plan = plan_launch(Selection(hosts, Rendezvous("h1", 29400)), LaunchOptions(RUN), {}, "/v/python")
+    # Elastic: a fixed run ends at its first loss, and its world size is the launch's (tests/test_summary_partial_runs.py).
+    plan = plan_launch(Selection(hosts, Rendezvous("h1", 29400)), LaunchOptions(RUN, elastic=ElasticBounds(1, 2)),
+                       {}, "/v/python")
     events = (MembershipEvent(1.0, Change.STARTED, "h1", 2), MembershipEvent(1.1, Change.STARTED, "h2", 4),
               MembershipEvent(5.0, Change.LOST, "h2", 2), MembershipEvent(9.0, Change.FINISHED, "h1", 0))
     outcome = JobOutcome(RUN, JobStatus.SUCCEEDED, 0.0, 10.0,

@@ -33,7 +33,7 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.membership import OUTLIVED_DETAIL, Change, MembershipEvent
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
-from meshrun.deploy.run.summary import build_summary, host_starts, seen_restarts, starts_cap
+from meshrun.deploy.run.summary import build_summary, end_files, end_read, host_starts, seen_restarts, starts_cap
 from tests.fakesession import DEEP, FakeSession, host
 
 RUN = "20260101-000000-5c1d"
@@ -209,7 +209,7 @@ def test_a_script_runs_end_reads_every_answering_hosts_count_once_and_no_result_
     def session(name: str) -> FakeSession:
         def answer(argv: Sequence[str]) -> str:
             asked.setdefault(name, []).append(list(argv))
-            return answers[name]
+            return f"==> runs/{RUN}/starts.json <==\n{answers[name]}"  # as tail heads it
         return FakeSession(answer, the_host=dataclasses.replace(host(), name=name))
 
     plan = a_plan()
@@ -219,10 +219,10 @@ def test_a_script_runs_end_reads_every_answering_hosts_count_once_and_no_result_
         *outcome_of(TWO_AT_ONCE).hosts[:3], HostOutcome("h4", None, Path("h4.log"), ())))  # h4: lost, not asked
     summary = trainend.gathered(plan, outcome, record, {f"h{i}": session(f"h{i}") for i in range(1, 5)},
                                 Project(tmp_path, tmp_path / "runs"), Renderer(), Beside(lambda: None))
-    read = ["head", "-c", str((64 << 10) + 1), f"runs/{RUN}/starts.json"]
-    assert asked == {"h1": [read], "h2": [read], "h3": [read]}
+    assert asked == {name: [end_read(end_files(RUN, name, trainer=False))] for name in ("h1", "h2", "h3")}
     assert summary.restarts == 2  # h1's 3 starts; h2's 10**40 is past the cap (see above), h3 out of shape
-    assert trainend.read_starts({"h1": session("h1"), "h3": session("h3")}, plan, RDZV) == [3]
+    ends = trainend.read_ends({"h1": session("h1"), "h3": session("h3")}, plan, RDZV, script=True)
+    assert [end.starts for end in ends] == [3, None]
 
 
 def test_hosts_sharing_one_workdir_count_one_start_once_each(tmp_path: Path) -> None:

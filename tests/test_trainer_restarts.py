@@ -6,7 +6,8 @@ torchrun's restarts of failed workers. An elastic run whose rank hit CUDA OOM, r
 by torchrun (--max-restarts 10) and then given up, said `restarts: 0` while every host's
 `runs/<id>/starts.json` held `{<rdzv id>: 11}` (train/starts.py). Now, when no result.json holds the
 count, the controller reads each answering host's starts.json under the trainer's key (the launch's
-rendezvous id alone, not a --script runner's `<rdzv id>@<host>`) with the same bounded read, and the
+rendezvous id alone, not a --script runner's `<rdzv id>@<host>`) in the end's one bounded read of it
+(`read_ends`, which reads its agent's exit.json and rank 0's progress and epochs too), and the
 summary takes the largest the run's timeline allows (deploy/run/summary.py `restarts_of`). Pure: the
 trainer's own writer (train/starts.py, no process group: one rank) and the controller's read and
 summary from the real functions, hosts faked."""
@@ -32,14 +33,19 @@ from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.membership import Change, MembershipEvent
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
-from meshrun.deploy.run.summary import host_starts, max_restarts, starts_cap
+from meshrun.deploy.run.summary import end_files, end_read, host_starts, max_restarts, starts_cap
 from meshrun.train.starts import count_start
 from tests.fakesession import DEEP, FakeSession, host
 
 RUN = "20260101-000000-5c1d"
 RDZV = f"{RUN}-ab12"  # a resumed launch's rendezvous id: the trainer's key in starts.json
 RESULT = f"runs/{RUN}/{layout.RESULT}"
-READ = ["head", "-c", str((64 << 10) + 1), f"runs/{RUN}/{layout.STARTS_FILE}"]
+STARTS = f"runs/{RUN}/{layout.STARTS_FILE}"
+
+
+def read(name: str, trainer: bool = True) -> list[str]:
+    """The end's one read of host `name` (`trainer`: no result.json, rank 0's files too)."""
+    return end_read(end_files(RUN, name, trainer))
 
 
 def a_plan(count: int = 2) -> LaunchPlan:
@@ -67,11 +73,14 @@ def a_record(plan: LaunchPlan) -> RunRecord:
 def gathered(tmp_path: Path, plan: LaunchPlan, outcome: JobOutcome, starts: dict[str, str],
              result: str = "", asked: dict[str, list[list[str]]] | None = None) -> int:
     """The run's end as `fab train` reads it: each host answers `cat result.json` with `result` (""
-    as a host without the file: `cat` prints nothing) and the starts.json read with its own text."""
+    as a host without the file: `cat` prints nothing) and the end's read with its starts.json's text,
+    as tail heads it (a host without the file: nothing)."""
     def session(name: str) -> FakeSession:
         def answer(argv: Sequence[str]) -> str:
             (asked if asked is not None else {}).setdefault(name, []).append(list(argv))
-            return {RESULT: result, READ[-1]: starts.get(name, "")}.get(argv[-1], "")
+            if argv[-1] == RESULT:
+                return result
+            return f"==> {STARTS} <==\n{starts[name]}" if name in starts and STARTS in argv else ""
         return FakeSession(answer, the_host=dataclasses.replace(host(), name=name))
     sessions = {h.host.name: session(h.host.name) for h in plan.hosts}
     summary = trainend.gathered(plan, outcome, a_record(plan), sessions, Project(tmp_path, tmp_path / "runs"),
@@ -86,7 +95,7 @@ def test_a_failed_trainer_runs_restarts_are_the_count_its_hosts_agreed(tmp_path:
     asked: dict[str, list[list[str]]] = {}
     eleven = json.dumps({RDZV: 11})
     assert gathered(tmp_path, plan, ended(plan), {"h1": eleven, "h2": eleven}, asked=asked) == 10
-    assert asked == {name: [["cat", RESULT], READ] for name in ("h1", "h2")}  # one bounded read each
+    assert asked == {name: [["cat", RESULT], read(name)] for name in ("h1", "h2")}  # one bounded read each
     assert gathered(tmp_path, plan, ended(plan, JobStatus.STOPPED), {"h1": eleven}) == 10  # Ctrl-C, --idle-stop
     oom = dataclasses.replace(ended(plan), failed_host="h2")  # the checkpoint hint is read too; the count stands
     assert gathered(tmp_path, plan, oom, {"h1": eleven, "h2": eleven}) == 10

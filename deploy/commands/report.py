@@ -1,4 +1,4 @@
-"""`fab report`: a run's throughput per host and rank, step-time breakdown, accuracy, and a PNG.
+"""`fab report`: how a run ended, its throughput per host and rank, step-time breakdown, accuracy, and a PNG.
 
 A `--script` run records no per-step metrics, so its report is what the run did record: its
 outcome, hosts and timeline (summary.json) and what produced it (its provenance); only a run with
@@ -157,9 +157,22 @@ def script_run_lines(run_id: str, script: str, outcome: ScriptOutcome, hosts: tu
     return lines
 
 
+def ended_line(run_id: str, outcome: ScriptOutcome) -> str:
+    """How a built-in trainer run ended, as its summary.json says (a script run's is in `script_run_lines`):
+    the first line of its report, so that the last epoch of a run stopped at 23 of 200 reads as such."""
+    if not outcome.recorded:
+        return f"run {run_id}: no summary.json (detached, or not ended): fab status --run {run_id}"
+    facts = [outcome.status or "status unknown"]
+    facts += [f"failed on {_shown(outcome.failed_host)}"] if outcome.failed_host is not None else []
+    facts += [f"reason: {said(outcome.reason)}"] if outcome.reason is not None else []
+    return f"run {run_id}: {', '.join(facts)}"
+
+
 def report_json(run_id: str, report: RunReport, png: Path | None, comm: dict | None = None,
-                provenance: dict | None = None) -> dict:
+                provenance: dict | None = None, outcome: ScriptOutcome = ScriptOutcome(False)) -> dict:
+    """`--json`: `status` and `reason` are summary.json's (null without one: detached, or not ended)."""
     return {"comm": comm, "provenance": provenance, "run_id": run_id, "png": str(png) if png is not None else None,
+            "status": outcome.status, "reason": outcome.reason,
             "final_test_acc": report.final_test_acc,
             "best_test_acc": report.best_test_acc, "total_samples_per_s": report.total_samples_per_s,
             "resumes": report.resumes, "ranks": [asdict(r) for r in report.ranks],
@@ -198,11 +211,13 @@ def main(run: str | None, as_json: bool, project: Project) -> None:
     result, png = build_report(runs, run_id, warn=renderer.warn)
     comm = comm_beside_floor(runs, run_id, result)
     provenance = summary_provenance(runs, run_id) or detached_provenance(runs, run_id, load_plan(runs, run_id))
+    outcome = script_outcome(read_summary(runs, run_id))  # its outcome fields are any run's, not a script's only
     if as_json:
-        renderer.json(report_json(run_id, result, png, comm, provenance))
+        renderer.json(report_json(run_id, result, png, comm, provenance, outcome))
         for line in result.skipped:
             renderer.warn(line)
     else:
-        renderer.run_report(run_id, result, str(png) if png is not None else "not written", comm)
+        renderer.run_report(run_id, result, str(png) if png is not None else "not written", comm,
+                            ended_line(run_id, outcome), finished=outcome.status not in ("failed", "stopped"))
         for line in report_lines(provenance):
             renderer.info(line)

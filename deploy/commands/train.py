@@ -344,7 +344,8 @@ def _watched(plan: LaunchPlan, inventory: Inventory, sessions: Mapping[str, Sess
 
 def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, renderer: Renderer) -> int:
     path = write_summary(project.run_home(outcome.run_id), summary)
-    if outcome.status is JobStatus.FAILED and outcome.failed_host:
+    # The summary's word: a run the agents stopped for this controller's silence is no host's failure.
+    if summary.status == JobStatus.FAILED.value and outcome.failed_host:
         renderer.failure_tail(outcome, log_path(outcome.run_id, outcome.failed_host))
     if summary.comm and summary.comm["measured_s"] is not None:
         c = summary.comm

@@ -1,26 +1,28 @@
 """The end of an attached `fab train`: what the hosts answer once the job has ended (the trainer's
-result.json, else the hosts' start counts, the comm record, provenance, the newest checkpoint),
-read into the run's summary."""
+result.json, else the hosts' start counts and rank 0's progress and epochs; the agents' exit records;
+the comm record, provenance, the newest checkpoint), read into the run's summary."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from meshrun.layout import RESULT, STARTS_FILE, run_dir
+from meshrun.layout import RESULT, run_dir
 from meshrun.deploy.edges.checkpointpush import hosts_newest_step
 from meshrun.deploy.edges import comm as comm_cmd
-from meshrun.deploy.edges.sessions import first_found, reachable_results
+from meshrun.deploy.edges.fanout import on_each
+from meshrun.deploy.edges.sessions import first_found
 from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.edges.records import RunRecord
-from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.edges.transport import CommandResult, Session
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.render.neutral import one_line
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchPlan
-from meshrun.deploy.run.summary import STARTS_READ_MAX, RunSummary, build_summary, host_starts, trainer_result
+from meshrun.deploy.run.summary import HostEnd, RunSummary, build_summary, end_files, end_read, host_end, trainer_result
 
 
 def last_checkpoint(sessions: Mapping[str, Session], plan: LaunchPlan, lost: str) -> str:
@@ -41,7 +43,7 @@ def script_resume_hint(run_id: str) -> str:
             f"them and reloads what it saved under $MESHRUN_RUN_DIR there (docs/scripts.md)")
 
 
-RESULT_TIMEOUT_S = 20  # each host's answer after the run: result.json, or its start count
+RESULT_TIMEOUT_S = 20  # each host's answer after the run: result.json, or its end's files (`read_ends`)
 
 
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
@@ -51,23 +53,29 @@ def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | Non
                        lambda result: trainer_result(result.stdout))
 
 
-def read_starts(sessions: Mapping[str, Session], plan: LaunchPlan, rdzv_id: str, script: bool = True) -> list[int]:
-    """The launch's worker-group starts as each answering host counted them in starts.json: a --script
-    run's runner's own count on that host (deploy/host/runscript.py; hosts sharing a workdir share the
-    file), or, `script` False, the count the trainer's ranks agreed (train/starts.py), read only when
-    no result.json holds it: every host at once, one bounded read each; a host that does not answer,
-    or answers out of shape, counts no start."""
-    names = [h.host.name for h in plan.hosts]
-    argv = ["head", "-c", str(STARTS_READ_MAX + 1), f"{run_dir(plan.run_id)}/{STARTS_FILE}"]
-    counts = (host_starts(result.stdout, rdzv_id, name if script else None) if result.ok else None
-              for name, result in reachable_results(sessions, names, argv, RESULT_TIMEOUT_S))
-    return [n for n in counts if n is not None]
+def read_ends(sessions: Mapping[str, Session], plan: LaunchPlan, rdzv_id: str, script: bool,
+              trainer: bool = False) -> list[HostEnd]:
+    """What each answering host's files say after the run, in one bounded read per host, every host at
+    once (`end_files`, `end_read`): its count of the launch's worker-group starts in starts.json (a
+    --script run's runner's own count on that host, `script`: deploy/host/runscript.py; else the count
+    the trainer's ranks agreed, train/starts.py), why its agent ended (exit.json: this controller's
+    silence), and, `trainer` (no result.json holds them), rank 0's progress.json and metrics.jsonl.
+    A host that does not answer adds nothing; one that answers out of shape, only its sound parts.
+    Each file is read from its end: tail exits 1 where one is missing, and the others still count."""
+    asked = [sessions[h.host.name].host for h in plan.hosts if h.host.name in sessions]
+    files = {host.name: end_files(plan.run_id, host.name, trainer) for host in asked}
+
+    def ask(host: Host) -> CommandResult:
+        return sessions[host.name].run(end_read(files[host.name]), timeout=RESULT_TIMEOUT_S)
+
+    answers = on_each(asked, ask, timeout=RESULT_TIMEOUT_S + 5).ok
+    return [host_end(name, answers[name].stdout, files[name], rdzv_id, script) for name in files if name in answers]
 
 
 def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions: Mapping[str, Session],
               project: Project, renderer: Renderer, origin: Beside[dict]) -> RunSummary:
-    """The summary with what the hosts answer after the job: the trainer's result, the comm record
-    and provenance; the last checkpoint's hint after an elastic failure."""
+    """The summary with what the hosts answer after the job: the trainer's result, else their end's
+    files (`read_ends`), the comm record and provenance; the last checkpoint's hint after an elastic failure."""
     lost = outcome.unreachable()
     answering = {name: session for name, session in sessions.items() if name not in lost}
     if outcome.status is JobStatus.FAILED and plan.elastic is not None and outcome.failed_host:
@@ -83,12 +91,16 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     rdzv_id = record.rdzv_id or plan.run_id
     if record.workload.get("script"):
         # A script writes no result.json (docs/scripts.md): its hosts' round is the start counts instead.
-        return build_summary(plan, outcome, None, comm, made, starts=read_starts(answering, plan, rdzv_id))
+        return build_summary(plan, outcome, None, comm, made, ends=read_ends(answering, plan, rdzv_id, True))
     result = read_result(answering, plan)
     # result.json is written at success only: a failed or stopped trainer run's restarts (torchrun's
-    # restarts of failed workers among them, which no timeline shows) are in its hosts' starts.json.
-    starts = read_starts(answering, plan, rdzv_id, script=False) if "restarts" not in (result or {}) else []
-    return build_summary(plan, outcome, result, comm, made, starts=starts)
+    # restarts of failed workers among them, which no timeline shows), epochs and metrics are in its
+    # hosts' starts.json and rank 0's progress.json and metrics.jsonl; and a run whose agents stopped it
+    # because this controller was silent (a laptop closed) ended with status 143 everywhere: only each
+    # agent's exit.json tells that from a failure. One round reads them all.
+    asks = "restarts" not in (result or {}) or outcome.status is JobStatus.FAILED
+    ends = read_ends(answering, plan, rdzv_id, False, trainer=result is None) if asks else []
+    return build_summary(plan, outcome, result, comm, made, ends=ends)
 
 
 def launched(origin: Beside[dict], renderer: Renderer) -> dict | None:

@@ -143,7 +143,9 @@ class Renderer:
             self.console.print(plain(
                 f"{summary.status}: {epochs}world size {summary.world_size}, "
                 f"{summary.duration_s:.1f} s; metrics: {metrics}; summary: {summary_path}", style=style))
-            if outcome.status is JobStatus.STOPPED:
+            if summary.status != JobStatus.SUCCEEDED.value and summary.reason:  # the summary's word, resume hints too
+                self.console.print(plain(as_run(f"reason: {summary.reason}"), style=style))
+            if summary.status == JobStatus.STOPPED.value:
                 clean = all(not h.remaining and not h.stop_error for h in outcome.hosts)
                 self.console.print(Text("every host is clean: no run process left" if clean else
                                         "some hosts may still run processes: see 'left running'",
@@ -196,8 +198,10 @@ class Renderer:
                                                   "newest checkpoint is pushed back if the hosts lost it)",
                                                   os.path.basename(sys.argv[0]), flags)))
 
-    def run_report(self, run_id: str, report: Any, png: str, comm: dict | None = None) -> None:
-        """`fab report`: throughput and step-time breakdown per rank, then accuracy."""
+    def run_report(self, run_id: str, report: Any, png: str, comm: dict | None = None,
+                   ended: str | None = None, finished: bool = True) -> None:
+        """`fab report`: how the run ended (`ended`, report.py's line), throughput and step-time breakdown
+        per rank, then accuracy: the last epoch's is the final one unless the run did not `finish` (stopped, failed)."""
         table = PlainTable(title=f"run {run_id}: throughput per rank (medians over steps)")
         for column in ("host", "rank", "samples/s", "step ms", "data ms", "fwd+bwd ms", "optim ms", "comm ms",
                        "peak MiB"):
@@ -209,10 +213,13 @@ class Renderer:
                           f"{r.peak_mem_bytes / 2**20:.0f}")
         final = f"{report.final_test_acc:.4f}" if report.final_test_acc is not None else "-"
         best = f"{report.best_test_acc:.4f}" if report.best_test_acc is not None else "-"
+        last = "final" if finished else "last"
         with self._lock:
+            if ended is not None:
+                self.console.print(plain(as_run(ended)))
             self.console.print(table)
             self.console.print(plain(f"total {report.total_samples_per_s:.0f} samples/s; {len(report.epochs)} "
-                                     f"epoch(s); final test acc {final}, best {best}; resumes {report.resumes}; "
+                                     f"epoch(s); {last} test acc {final}, best {best}; resumes {report.resumes}; "
                                      f"plot: {png}"))
             if comm is not None:
                 measured = f"{comm['measured_s'] * 1e3:.1f} ms" if comm["measured_s"] is not None else "not measured"

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
-from meshrun.deploy.run.outcome import JobOutcome
+from meshrun.layout import EXIT_RECORD, METRICS, PROGRESS, RecordKind, STARTS_FILE, host_dir, run_dir
+from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.membership import OUTLIVED_DETAIL, Change, MembershipEvent
 from meshrun.deploy.run.plan import LaunchPlan
 from meshrun.deploy.run.answers import from_json, is_int, is_real
+from meshrun.deploy.run.progress import Progress, parse_progress
 
 COUNTS = ("world_size", "restarts", "epochs_completed")  # result.json's counts (train/metrics.py)
 MAX_METRICS = 100  # of a result.json: the trainer writes a handful
 STARTS_READ_MAX = 64 << 10  # of a host's starts.json: one short entry per attempt of the run
+# Of each file the end's one read per host takes (`end_read`), from its end: metrics.jsonl's last epoch
+# records (under 1 KiB each at a few ranks: a thousand epochs); starts.json, exit.json, progress.json are small.
+END_READ_MAX = 1 << 20
+EXIT_READ_MAX = 4 << 10  # of an agent's exit.json: rc, reason, ended, generation
+# The reason an agent writes in exit.json when it stopped its run because this controller went silent
+# (deploy/host/agent.py `watch`): a laptop closed, a controller frozen or cut off past HEARTBEAT_TIMEOUT_S.
+HEARTBEAT_LOSS = re.compile(r"no heartbeat from the controller for ([0-9]{1,9}) s", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -62,12 +72,16 @@ def trainer_result(text: str) -> dict[str, Any] | None:
     return found
 
 
-def _last_world_size(plan: LaunchPlan, outcome: JobOutcome) -> int:
-    """Without the trainer's result (a --script run, or one that failed): the world size after the last
-    change of membership the controller saw (a lost host's `lost`), not the launch's; `finished`
-    events count the hosts still running, not the job's size."""
+def ran_world_size(plan: LaunchPlan, outcome: JobOutcome) -> int:
+    """Without the trainer's result (a --script run, or one that failed or was stopped): a fixed run's
+    is the launch's (it ends at its first change of membership: the sizes after it are its teardown's,
+    0 once its one host is lost); an elastic run's, the size after the last change of membership the
+    controller saw (docs/elastic.md: the final world size), or, where that left none running, the last
+    it ran with. `finished` events count the hosts still running, not the job's size."""
+    if plan.elastic is None:
+        return plan.world_size
     changes = [e.world_size for e in outcome.events if e.event is not Change.FINISHED]
-    return changes[-1] if changes else plan.world_size
+    return next((size for size in reversed(changes) if size > 0), changes[-1] if changes else plan.world_size)
 
 
 def starts_key(rdzv_id: str, host: str | None) -> str:
@@ -87,6 +101,128 @@ def host_starts(text: str, rdzv_id: str, host: str | None) -> int | None:
     raw = from_json(text)
     value = raw.get(starts_key(rdzv_id, host)) if isinstance(raw, dict) else None
     return value if is_int(value) and value >= 1 else None
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """An epoch record of rank 0's metrics.jsonl (train/metrics.py EpochRecord), as far as the summary needs it."""
+
+    epoch: int  # epochs completed, 1-based
+    time: float
+    test_acc: float
+    test_loss: float | None  # None: not finite (a test set it could not use, a diverged run)
+
+
+@dataclass(frozen=True)
+class HostEnd:
+    """What one host's files say after the run, from the end's one read of it (`end_read`). The host
+    wrote them, so each is shape-checked: a file missing or out of shape adds nothing."""
+
+    host: str
+    starts: int | None = None  # its count of the launch's worker-group starts (`host_starts`)
+    silent_s: int | None = None  # its agent stopped the run after this long without this controller's heartbeat
+    progress: Progress | None = None  # rank 0's progress.json, where this host has it
+    epochs: tuple[EpochEnd, ...] = ()  # rank 0's epoch records, where this host has metrics.jsonl
+    epochs_cut: bool = False  # its metrics.jsonl was longer than END_READ_MAX: its first epochs were not read
+
+
+def end_files(run_id: str, host: str, trainer: bool) -> list[str]:
+    """The files the end reads of `host`, relative to its workdir: its starts count and its agent's exit
+    record; of a built-in trainer run without result.json, rank 0's progress and metrics too."""
+    files = [f"{run_dir(run_id)}/{STARTS_FILE}", f"{host_dir(run_id, host)}/{EXIT_RECORD}"]
+    return files + ([f"{run_dir(run_id)}/{PROGRESS}", f"{run_dir(run_id)}/{METRICS}"] if trainer else [])
+
+
+def end_read(files: Sequence[str]) -> list[str]:
+    """One command for all of `files`: the last END_READ_MAX + 1 bytes of each (one past: a file cut is
+    told from a whole one), each after tail's `==> FILE <==` line; a file it cannot open has none."""
+    return ["tail", "-c", str(END_READ_MAX + 1), "--", *files]
+
+
+def split_tail(text: str, files: Sequence[str]) -> dict[str, str]:
+    """Each file's part of `end_read`'s answer. tail heads each file it read with `==> FILE <==` on a
+    line of its own, after an empty line but for the first; they are looked for in the order asked.
+    A file's text holding such a line for a later file is its host's word against itself only."""
+    starts: list[tuple[str, int, int]] = []
+    at = 0
+    for name in files:
+        header = f"==> {name} <=="
+        pos = text.find(header + "\n", at)
+        while pos > 0 and text[pos - 1] != "\n":
+            pos = text.find(header + "\n", pos + 1)
+        if pos >= 0:
+            starts.append((name, pos, pos + len(header) + 1))
+            at = pos + len(header) + 1
+    ends = [pos - 1 for _, pos, _ in starts[1:]] + [len(text)]  # tail's empty line before the next header
+    return {name: text[begin:max(begin, end)] for (name, _, begin), end in zip(starts, ends)}
+
+
+def exit_silence(text: str) -> int | None:
+    """The seconds of silence after which the host's agent stopped the run, when its exit.json says so."""
+    raw = from_json(text) if len(text) <= EXIT_READ_MAX else None
+    reason = raw.get("reason") if isinstance(raw, dict) else None
+    found = HEARTBEAT_LOSS.fullmatch(reason) if isinstance(reason, str) else None
+    return int(found.group(1)) if found else None
+
+
+def epoch_ends(text: str, cut: bool) -> tuple[EpochEnd, ...]:
+    """The sound epoch records of a metrics.jsonl's end (`cut`: its first line is a part: left out)."""
+    found = []
+    for line in text.splitlines()[1 if cut else 0:]:
+        row = from_json(line) if '"epoch"' in line else None
+        if not (isinstance(row, dict) and row.get("kind") == RecordKind.EPOCH.value):
+            continue
+        epoch, at, acc, loss = row.get("epoch"), row.get("time"), row.get("test_acc"), row.get("test_loss")
+        if is_int(epoch) and 0 < epoch < 2**31 and is_real(at) and is_real(acc) and 0 <= acc <= 1:
+            found.append(EpochEnd(epoch, float(at), float(acc), float(loss) if is_real(loss) else None))
+    return tuple(found)
+
+
+def host_end(host: str, text: str, files: Sequence[str], rdzv_id: str, script: bool) -> HostEnd:
+    """`host`'s answer to `end_read(files)` (`end_files`' order), read."""
+    parts = split_tail(text, files)
+    starts, ended = (parts.get(name) for name in files[:2])
+    progress = parse_progress(from_json(parts[files[2]])) if len(files) > 2 and files[2] in parts else None
+    metrics = parts.get(files[3], "") if len(files) > 3 else ""
+    cut = len(metrics.encode()) > END_READ_MAX
+    return HostEnd(host, host_starts(starts, rdzv_id, host if script else None) if starts is not None else None,
+                   exit_silence(ended) if ended is not None else None, progress, epoch_ends(metrics, cut), cut)
+
+
+def trained(ends: Iterable[HostEnd]) -> dict[str, Any]:
+    """Without result.json (a failed or stopped run): result.json's epochs_completed, metrics and
+    best_test_acc as rank 0 recorded them, on whichever hosts held rank 0 (an elastic run's moves
+    with its rendezvous host). Epochs done: the most progress.json or an epoch record says; metrics:
+    the last epoch's; the best: of every epoch's record written last (a resume that redid an epoch
+    rewrote it, as `fab report` reads them), none when a host's file was longer than was read."""
+    ends = list(ends)
+    latest: dict[int, EpochEnd] = {}
+    for record in sorted((r for e in ends for r in e.epochs), key=lambda r: r.time):
+        latest[record.epoch] = record
+    done = [e.progress.epoch for e in ends if e.progress is not None] + list(latest)
+    found: dict[str, Any] = {"epochs_completed": max(done)} if done else {}
+    if latest:
+        last = latest[max(latest)]
+        found["metrics"] = {"test_acc": last.test_acc, **({"test_loss": last.test_loss}
+                                                          if last.test_loss is not None else {})}
+        if not any(e.epochs_cut for e in ends):
+            found["best_test_acc"] = max(r.test_acc for r in latest.values())
+    return found
+
+
+def silenced(outcome: JobOutcome, ends: Iterable[HostEnd]) -> tuple[int, frozenset[str]] | None:
+    """A failed run that this controller's silence ended: the longest silence its agents saw, and the
+    hosts whose agents stopped for it. The controller, once awake, finds every agent gone with status
+    143 and takes them for lost; their exit.json says they stopped the run themselves."""
+    silent = {e.host: e.silent_s for e in ends if e.silent_s is not None}
+    if outcome.status is not JobStatus.FAILED or not silent:
+        return None
+    return max(silent.values()), frozenset(silent)
+
+
+def silence_reason(run_id: str, silent_s: int) -> str:
+    return (f"this controller was silent (suspended or cut off): after {silent_s} s with no heartbeat from it "
+            f"the agents stopped the run; resume it: fab train --resume {run_id}")
 
 
 def max_restarts(plan: LaunchPlan) -> int:
@@ -149,30 +285,36 @@ def restarts_of(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any]
 
 def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,
                   comm: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None,
-                  starts: Iterable[int] = ()) -> RunSummary:
-    """Combine what the controller saw with what the trainer reported (result.json), if any, and the
-    hosts' counts of the worker group's starts (`starts`, read after the run: a --script run's, or a
-    trainer run's that wrote no result.json: it failed or was stopped)."""
-    result = result or {}
+                  starts: Iterable[int] = (), ends: Sequence[HostEnd] = ()) -> RunSummary:
+    """Combine what the controller saw with what the trainer reported (result.json), if any, and what
+    the hosts' files said after the run (`ends`; `starts`: counts given apart): the worker group's
+    starts, what rank 0 recorded of a run that wrote no result.json (it failed or was stopped), and
+    whether the agents stopped the run because this controller was silent (`silenced`: a stopped run,
+    no host's fault, none of them lost)."""
+    result = {**trained(ends), **(result or {})}  # result.json's own word wins
+    silence = silenced(outcome, ends)
+    stopped_by = silence[1] if silence else frozenset()
+    quiet = f"its agent stopped the run: no heartbeat from this controller for {silence[0]} s" if silence else ""
     return RunSummary(
         run_id=plan.run_id,
-        status=outcome.status.value,
+        status="stopped" if silence else outcome.status.value,
         hosts=[h.host.name for h in plan.hosts],
-        world_size=int(result.get("world_size", _last_world_size(plan, outcome))),
-        restarts=restarts_of(plan, outcome, result, starts),
+        world_size=int(result.get("world_size", ran_world_size(plan, outcome))),
+        restarts=restarts_of(plan, outcome, result, [*starts, *(e.starts for e in ends if e.starts is not None)]),
         epochs_completed=int(result.get("epochs_completed", 0)),
         metrics={k: float(v) for k, v in dict(result.get("metrics", {})).items()},
         duration_s=round(outcome.duration_s, 2),
         started=outcome.started,
         ended=outcome.ended,
-        reason=outcome.reason,
-        failed_host=outcome.failed_host,
+        reason=silence_reason(plan.run_id, silence[0]) if silence else outcome.reason,
+        failed_host=None if silence else outcome.failed_host,
         best_test_acc=result.get("best_test_acc"),
         host_results={h.host: {"rc": h.rc, "log": str(h.log), "remaining_pids": list(h.remaining),
                                "stop_error": h.stop_error} for h in outcome.hosts},
         timeline=[{"time": round(e.time, 3), "event": e.event.value, "host": e.host, "world_size": e.world_size,
-                   "detail": e.detail} for e in outcome.events],
-        lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST}),
+                   "detail": "; ".join(filter(None, [e.detail, quiet])) if e.host in stopped_by
+                   and e.event is Change.LOST else e.detail} for e in outcome.events],
+        lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST} - stopped_by),
         comm=comm,
         provenance=provenance,
     )
