@@ -41,6 +41,9 @@ RESULT = "result.json"  # trainer, rank 0: final metrics
 STARTS_FILE = "starts.json"
 CHECKPOINTS = "checkpoints"  # trainer: ckpt-step<9 digits>.pt, best.pt, MANIFEST.sha256
 HOSTS = "hosts"  # per-host subdirectories
+# Of a run's folder on the controller: an attached `fab train`'s copy of every line each host streamed,
+# `<host>.log` (deploy/edges/launcher.py writes it; `fab logs` shows it for a host that cannot be reached).
+CONTROLLER_LOGS = "logs"
 
 # Files of the checkpoints directory: the only names the trainer writes there.
 CHECKPOINT_MANIFEST = "MANIFEST.sha256"  # "<sha256>  <name>" lines, sha256sum format
@@ -128,6 +131,11 @@ def run_dir(run_id: str) -> str:
 def host_dir(run_id: str, host: str) -> str:
     """Where a host's agent keeps its pidfile and log, inside the run directory."""
     return f"{run_dir(run_id)}/{HOSTS}/{host}"
+
+
+def controller_log(host: str) -> str:
+    """The attached controller's copy of `host`'s streamed lines, relative to the run's folder (CONTROLLER_LOGS)."""
+    return f"{CONTROLLER_LOGS}/{host}.log"
 
 
 def log_path(run_id: str, host: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrun.fsutil import not_regular
-from meshrun.layout import HOSTS, TRAIN_LOG, log_path
+from meshrun.layout import HOSTS, TRAIN_LOG, controller_log, log_path
 from meshrun.deploy.edges.agents import CONNECT_BUDGET_S, on_each_connected, run_hosts, run_states, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.errors import MeshrunError
@@ -88,7 +88,7 @@ def local_copies(runs: Path, run_id: str, host: str) -> tuple[Path, Path]:
     fetch-checkpoints` lands it (the host's run directory, which holds `hosts/<host>/train.log`,
     under `runs/<id>/hosts/<host>/`)."""
     home = runs / run_id
-    return home / "logs" / f"{host}.log", home / HOSTS / host / HOSTS / host / TRAIN_LOG
+    return home / controller_log(host), home / HOSTS / host / HOSTS / host / TRAIN_LOG
 
 
 def local_copy(runs: Path, run_id: str, host: str) -> LocalCopy | None:

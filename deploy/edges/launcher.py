@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from meshrun.layout import AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, HEARTBEAT_EVERY_S, STATE_REFUSED_EXIT, STOP_GRACE_S
+from meshrun.layout import (AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, CONTROLLER_LOGS, HEARTBEAT_EVERY_S,
+                            STATE_REFUSED_EXIT, STOP_GRACE_S, controller_log)
 from meshrun.deploy.stopsignals import interrupts_while
 from meshrun.deploy.errors import MeshrunError, interrupted_by
 from meshrun.deploy.edges.fanout import on_each, start_each
@@ -63,8 +64,8 @@ class JobRunner:
         self.notify = notify
         self.reconnect = reconnect
         self.rejoins: dict[str, int] = {}
-        (local_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.hosts = [_Live(h, sessions[h.host.name], local_dir / "logs" / f"{h.host.name}.log") for h in plan.hosts]
+        (local_dir / CONTROLLER_LOGS).mkdir(parents=True, exist_ok=True)
+        self.hosts = [_Live(h, sessions[h.host.name], local_dir / controller_log(h.host.name)) for h in plan.hosts]
         self.head = next(h.host.name for h in plan.hosts if h.is_rendezvous_host)  # moves on succession
         # The succession order, the same list every agent walks (deploy/run/plan.py).
         self.order = tuple(g.head for g in next(iter(plan.hosts)).generations) if plan.hosts else ()
@@ -149,7 +150,7 @@ class JobRunner:
 
     def add_host(self, launch: HostLaunch, session: Session) -> None:
         """A host joining the running job (`fab join`), at the current generation (claimed first)."""
-        live = _Live(at_generation(launch, self.generation()), session, self.local_dir / "logs" / f"{launch.host.name}.log")
+        live = _Live(at_generation(launch, self.generation()), session, self.local_dir / controller_log(launch.host.name))
         with self.lock:
             if self.stopping.is_set():
                 raise MeshrunError(f"host '{live.name}': run {self.plan.run_id} is ending; nothing started")
