@@ -14,7 +14,7 @@ A text flag left out is None, never "": `--inventory "$LAB_INV"` with the variab
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, ContextManager, Mapping, TypeVar
 
 import fabric
 from invoke.exceptions import Exit
@@ -56,6 +56,7 @@ INVENTORY_HELP = f"inventory YAML (default, first found: {LOOKUP_ORDER.split(', 
 DEBUG_HELP = "show tracebacks of internal errors"
 RUN_HELP = "run id (default: the newest run)"
 LIVE_RUN_HELP = "run id (default: the newest run that may still be running)"
+RUN_INVENTORY_HELP = "inventory YAML to reach the run's hosts through (default: the one the run was started with)"
 DEFAULT_LOG_LINES = 50
 
 
@@ -107,6 +108,14 @@ def _exit(code: int) -> None:
 
 def _project(project: str | None, runs_dir: str | None, writes: bool = False) -> Project:
     return find_project(project or None, runs_dir or None, writes=writes)
+
+
+def _through(inventory: str | None) -> ContextManager[None]:
+    """A task on recorded runs reaches their hosts through `--inventory` when given, else each run's own
+    (a checkout moved or cloned since, or a run folder copied: the record's inventory may be gone)."""
+    from meshrun.deploy.edges.agents import inventory_given
+
+    return inventory_given(inventory or None)
 
 
 @task(help={**PROJECT_FLAGS, 
@@ -205,51 +214,59 @@ def train(c, hosts=None, inventory=None, config=None, script=None, nnodes=None, 
 @task(help={**PROJECT_FLAGS, "run": "run id (default: every recorded run that may still be running)", "json": "print JSON for scripts",
             "watch": "a live view of the run (default: the newest that may still be running), every 2 s; Ctrl-C leaves it",
             "frames": "with --watch: print this many frames, then exit (for scripts; default: until Ctrl-C)",
-            "debug": DEBUG_HELP})
+            "debug": DEBUG_HELP, "inventory": RUN_INVENTORY_HELP})
 @_guarded
-def status(c, run=None, json=False, watch=False, frames=None, project=None, runs_dir=None, debug=False):
+def status(c, run=None, json=False, watch=False, frames=None, project=None, runs_dir=None, debug=False,
+           inventory=None):  # new flags last: the older ones keep their short forms
     """Runs, hosts, state, epoch/step and uptime, read from the hosts."""
     from meshrun.deploy.commands.status import main
     from meshrun.deploy.run.watchview import parse_frames
 
-    main(run or None, bool(json), _project(project, runs_dir), bool(watch), parse_frames(frames))
+    with _through(inventory):
+        main(run or None, bool(json), _project(project, runs_dir), bool(watch), parse_frames(frames))
 
 
 @task(help={**PROJECT_FLAGS, "run": LIVE_RUN_HELP, "follow": "keep printing new lines until Ctrl-C", "lines": f"lines per host (default {DEFAULT_LOG_LINES})",
-            "debug": DEBUG_HELP})
+            "debug": DEBUG_HELP, "inventory": RUN_INVENTORY_HELP})
 @_guarded
-def logs(c, run=None, follow=False, lines=None, project=None, runs_dir=None, debug=False):
+def logs(c, run=None, follow=False, lines=None, project=None, runs_dir=None, debug=False, inventory=None):
     """Show a run's logs from every host, prefixed [host:rank]."""
     from meshrun.deploy.commands.logs import main
 
-    main(run or None, bool(follow), flags.log_lines(lines, DEFAULT_LOG_LINES), _project(project, runs_dir))
+    with _through(inventory):
+        main(run or None, bool(follow), flags.log_lines(lines, DEFAULT_LOG_LINES), _project(project, runs_dir))
 
 
-@task(help={**PROJECT_FLAGS, "run": LIVE_RUN_HELP, "debug": DEBUG_HELP})
+@task(help={**PROJECT_FLAGS, "run": LIVE_RUN_HELP, "debug": DEBUG_HELP, "inventory": RUN_INVENTORY_HELP})
 @_guarded
-def stop(c, run=None, project=None, runs_dir=None, debug=False):
+def stop(c, run=None, project=None, runs_dir=None, debug=False, inventory=None):
     """Stop a run on every host (TERM, grace, KILL) and confirm no run process is left."""
     from meshrun.deploy.commands.stop import main
 
-    _exit(main(run or None, _project(project, runs_dir)))
+    with _through(inventory):
+        _exit(main(run or None, _project(project, runs_dir)))
 
 
-@task(help={**PROJECT_FLAGS, "run": "the elastic run's id", "hosts": "hosts to add", "debug": DEBUG_HELP})
+@task(help={**PROJECT_FLAGS, "run": "the elastic run's id", "hosts": "hosts to add", "debug": DEBUG_HELP,
+            "inventory": RUN_INVENTORY_HELP})
 @_guarded
-def join(c, run=None, hosts=None, project=None, runs_dir=None, debug=False):
+def join(c, run=None, hosts=None, project=None, runs_dir=None, debug=False, inventory=None):
     """Add hosts to a running elastic run: same rendezvous, the world grows."""
     from meshrun.deploy.commands.membership import main
 
-    main("join", run, hosts, _project(project, runs_dir, writes=True))
+    with _through(inventory):
+        main("join", run, hosts, _project(project, runs_dir, writes=True))
 
 
-@task(help={**PROJECT_FLAGS, "run": "the elastic run's id", "hosts": "hosts to remove", "debug": DEBUG_HELP})
+@task(help={**PROJECT_FLAGS, "run": "the elastic run's id", "hosts": "hosts to remove", "debug": DEBUG_HELP,
+            "inventory": RUN_INVENTORY_HELP})
 @_guarded
-def leave(c, run=None, hosts=None, project=None, runs_dir=None, debug=False):
+def leave(c, run=None, hosts=None, project=None, runs_dir=None, debug=False, inventory=None):
     """Remove hosts from a running elastic run gracefully; it goes on while its minimum holds."""
     from meshrun.deploy.commands.membership import main
 
-    main("leave", run, hosts, _project(project, runs_dir, writes=True))
+    with _through(inventory):
+        main("leave", run, hosts, _project(project, runs_dir, writes=True))
 
 
 @task(name="fetch-checkpoints", help={**PROJECT_FLAGS, 
@@ -257,15 +274,17 @@ def leave(c, run=None, hosts=None, project=None, runs_dir=None, debug=False):
     "force": "overwrite local files you changed that differ from the hosts' copies",
     "every_copy": "bring every host's copy of the checkpoints, not only the newest holder's",
     "prune": "then remove the checkpoints fetched earlier that are older than every host's oldest (all hosts "
-             "answering; never a file you changed, never best.pt)", "debug": DEBUG_HELP})
+             "answering; never a file you changed, never best.pt)", "debug": DEBUG_HELP,
+    "inventory": RUN_INVENTORY_HELP})
 @_guarded
 def fetch_checkpoints(c, run=None, dest=None, force=False, project=None, runs_dir=None, debug=False, every_copy=False,
-                      prune=False):  # new flags last: the older ones keep their short forms (-p is --project)
+                      prune=False, inventory=None):  # new flags last: the older ones keep their short forms (-p is --project)
     """Bring a run home: verified checkpoints + manifest, and every host's logs and metrics."""
     from meshrun.deploy.commands.fetch import main
 
-    _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir, writes=not dest), bool(every_copy),
-               bool(prune)))
+    with _through(inventory):
+        _exit(main(run or None, dest or None, bool(force), _project(project, runs_dir, writes=not dest),
+                   bool(every_copy), bool(prune)))
 
 
 @task(help={**PROJECT_FLAGS, "run": RUN_HELP, "json": "print JSON for scripts", "debug": DEBUG_HELP})

@@ -54,6 +54,15 @@ def test_data_sync_skips_unchanged_and_repairs_corruption(testbed, inventory: Pa
     assert testbed.exec(2, ["sha256sum", remote]).stdout.split()[0] == \
         hashlib.sha256((data / "sub/c.bin").read_bytes()).hexdigest()
 
+    # A file deleted from SRC (a mislabeled image, say) is deleted on the hosts too, and said.
+    (data / "a.bin").unlink()
+    pruned = fab("sync", "--inventory", str(inventory), "--hosts", "h1,h2", "--data", flag)
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    assert "h1: data data/digits: 2 files verified by sha256; unchanged, nothing sent; 1 removed (gone from SRC)" \
+        in pruned.stdout
+    assert testbed.exec(1, ["test", "-e", "/root/meshrun/data/digits/a.bin"], check=False).returncode == 1
+    assert testbed.exec(1, ["test", "-e", remote]).returncode == 0
+
 
 @pytest.mark.cluster
 @pytest.mark.either_cluster

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from meshrun.layout import SHIPPED_LIST
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.localpaths import controller_file, workdir_outside
@@ -133,4 +134,4 @@ def test_meshrun_sync_from_a_subfolder_keeps_the_inventorys_own_files_home(tmp_p
         assert done.returncode == 0, done.stdout + done.stderr
         shipped = project / f"shipped{n}"
         assert sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*") if p.is_file()) == [
-            ".gitignore", "sub/notes.txt", "train.py"]
+            ".gitignore", SHIPPED_LIST, "sub/notes.txt", "train.py"]  # and the sync's record of what it sent

@@ -25,6 +25,7 @@ from meshrun.deploy.edges.records import (NOT_ASKED, RunRecord, live_records, no
                                           took_newest)
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.project import Project
 from meshrun.deploy.run.hoststate import HostState
 from meshrun.layout import AGENT_PIDFILE, EXIT_RECORD, host_dir
@@ -58,8 +59,10 @@ def project(tmp_path: Path) -> Project:
 def break_old(project: Project, how: str) -> str:
     """OLD's inventory made unloadable `how`; the one-line error loading it gives."""
     path = project.root / "inventory" / "old.yaml"
-    if BROKEN[how] is not None:
-        path.write_text(BROKEN[how])
+    if BROKEN[how] is None:  # deleted: the run's own line, naming --inventory (agents.recorded_inventory)
+        return with_path(f"run {OLD} was started with inventory ", path, ", which is gone; put it back or pass "
+                         "--inventory NEW")
+    path.write_text(BROKEN[how])
     from meshrun.deploy.inventory.load import load_inventory
 
     with pytest.raises(MeshrunError) as err:
@@ -102,7 +105,7 @@ def test_stop_and_logs_take_the_newest_and_name_the_run_not_asked(project: Proje
                               lambda live: agents.run_states(live, project.root))
     assert chosen.run_id == NEW
     what = why.split("; ")[0]
-    assert what.endswith("old.yaml: inventory file not found")
+    assert what.endswith("old.yaml, which is gone")
     assert warned == [f"no host says a run is running, so fab stop takes the newest, {NEW}; whether these still "
                       f"run is not known: {OLD} ({what}); name one: fab stop --run ID"]
 

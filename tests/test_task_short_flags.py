@@ -14,4 +14,4 @@ def short_flags(task) -> dict[str, str]:  # type: ignore[no-untyped-def]
 def test_fetch_checkpoints_keeps_its_short_flags_and_the_new_ones_take_free_letters() -> None:
     assert short_flags(tasks.fetch_checkpoints) == {
         "run": "r", "dest": "d", "force": "f", "project": "p", "runs_dir": "u", "debug": "e",  # as before --every-copy
-        "every_copy": "v", "prune": "n"}
+        "every_copy": "v", "prune": "n", "inventory": "i"}

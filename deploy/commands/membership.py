@@ -25,15 +25,16 @@ from meshrun.layout import RECORD_LOCK
 from meshrun.deploy.edges.host_queries import route_dev
 from meshrun.deploy.project import Project
 from meshrun.deploy.commands.firewall import admit, release
+from meshrun.deploy.commands.joincheck import (below_minimum, leave_refusal, live_sessions, refuse_members_end,
+                                               refuse_recorded_end, refuse_running, require_run_code,
+                                               require_run_code_reached, said_busy)
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.errors import InputError, MeshrunError
-from meshrun.deploy.edges.agents import detached_answer, run_detached_agent
+from meshrun.deploy.edges.agents import detached_answer, load_run_inventory, run_detached_agent
 from meshrun.deploy.edges.launcher import JobRunner
-from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
 from meshrun.deploy.run.answers import detached_record, from_json
 from meshrun.deploy.run.workload import recorded_workload
-from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, at_generation, plan_launch
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, controller_alive, load_record
@@ -67,8 +68,9 @@ def options_of(record: RunRecord) -> LaunchOptions:
 
 def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: Project, renderer: Renderer,
                    detach: bool) -> tuple[HostLaunch, Session]:
-    """Connect to, sync and plan one joining host with the run's own rendezvous. Failed or cut short
-    once `admit` raised the joiner's chain, it takes that chain down again (`let_go`)."""
+    """Connect to, sync and plan one joining host with the run's own rendezvous, once a member holds the
+    code it is about to get (joincheck.py). Failed or cut short once `admit` raised the joiner's chain,
+    it takes that chain down again (`let_go`)."""
     options = options_of(record)
     if detach:
         options = dataclasses.replace(options, detach=True)
@@ -80,6 +82,8 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
         raise InputError(f"run {record.run_id}: its rendezvous {shown(record.rdzv_endpoint)} is no member's address "
                          f"and port in {record.inventory}; was the inventory changed?")
     sshtarget.check_all((joiner,))  # a bad ssh_config value is one line before any host is contacted
+    if detach:  # an attached run's controller asked over its own sessions first (RequestPoller._join)
+        require_run_code_reached(record, inventory, project, name)
     try:  # `admit` inside: its `up` may reach the joiner before another member fails, or a Ctrl-C
         if record.firewall:  # the joiner last: it must answer
             admit(inventory, (*(h for h in record.members if h != name), name), head.name, project, renderer)
@@ -258,7 +262,8 @@ class RequestPoller:
         refused = runner.claim(name)
         if refused is not None:
             raise MeshrunError(refused)
-        try:
+        try:  # a member's code first, before the joiner's chain or files change
+            require_run_code(self.record, self.inventory, self.project, live_sessions(runner, name), name)
             launch, session = prepare_joiner(self.record, self.inventory, name, self.project, self.renderer,
                                              detach=False)
             self._start(runner, name, launch, session)
@@ -296,19 +301,12 @@ def run_ending(runner: JobRunner) -> bool:
     return stopping is not None and stopping.is_set()
 
 
-def below_minimum(record: RunRecord, name: str, running: int) -> None:
-    """A leave that would take the run below its elastic minimum is refused: the others would wait
-    for a host that never comes and fail at the join timeout, the run blamed on them."""
-    if running - 1 < record.elastic[0]:
-        raise MeshrunError(f"leaving {name} would leave {running - 1} host(s) in run {record.run_id}, below its "
-                           f"elastic minimum of {record.elastic[0]}; end the whole run with fab stop --run "
-                           f"{record.run_id}")
-
-
 def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[str], renderer: Renderer) -> list[str]:
     """Carry out `fab join|leave` for each host; returns one message per host."""
     options_of(record)  # refuses non-elastic runs up front
-    inventory = load_inventory(Path(record.inventory), project.root)
+    if action == "join":  # an ended run's before any host is asked; a resume retires its summary.json
+        refuse_recorded_end(project, record, hosts)
+    inventory = load_run_inventory(record, project.root)  # --inventory, else the record's, from this root
     for name in hosts:
         select_hosts(inventory, name)  # unknown hosts get the usual one-line error
         if name not in inventory.host_names:  # a group, or `host:0,1`: the record and the order take names
@@ -333,10 +331,11 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
     from meshrun.deploy.edges.agents import host_states, stop_hosts
 
     if action == "leave":
-        running = {st.host for st in host_states(record, project.root) if st.state == "running"}
-        if name not in running:
-            raise MeshrunError(f"host '{name}' is not running in run {record.run_id}")
-        below_minimum(record, name, len(running))
+        states = host_states(record, project.root)
+        refused = leave_refusal(record.run_id, name, states)
+        if refused is not None:  # a host that did not answer may run on: "not running" would be a guess
+            raise MeshrunError(refused)
+        below_minimum(record, name, len({st.host for st in states if st.state == "running"}))
         failed = stop_hosts(record, project.root, (name,)).failed
         if failed:
             raise MeshrunError(str(failed[name]))
@@ -345,6 +344,7 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
     asked = record if name in record.hosts else dataclasses.replace(record, hosts=(*record.hosts, name))
     states = host_states(asked, project.root)
     refuse_running(record, name, states)
+    refuse_members_end(record, states, name)  # no agent of it left: no rendezvous to join, a member's end kept
     # Detached, no controller knows where the rendezvous went: the members' agents do.
     generation = max((st.generation or 0 for st in states if st.state == "running"), default=0)
     launch, session = prepare_joiner(record, inventory, name, project, renderer, detach=True)
@@ -369,20 +369,6 @@ def _detached(project: Project, record: RunRecord, inventory: Inventory, action:
         detached_record(name, answer)  # the agent's own words (its JSON on stdout), as one line
         raise MeshrunError(f"host '{name}': detached start failed: exit status {result.rc}")
     return f"started detached on {name}", record
-
-
-def said_busy(answer: object) -> bool:
-    """The detached start's answer says another agent of the run already holds the host (exit 75)."""
-    return isinstance(answer, dict) and answer.get("busy") is True
-
-
-def refuse_running(record: RunRecord, name: str, states: list[HostState]) -> None:
-    """A detached agent has no heartbeat: a host cut off for a while runs on. Started a second time it
-    would be two agents of one host in one rendezvous, on the same GPUs, each ending the other's
-    workers until the run dies."""
-    if any(st.host == name and st.state == "running" for st in states):
-        raise MeshrunError(f"host '{name}' is still in run {record.run_id} (its agent is running); nothing started. "
-                           f"To restart it there: fab leave --run {record.run_id} --hosts {name}, then fab join")
 
 
 def main(action: str, run: str, hosts: str, project: Project) -> None:

@@ -1,18 +1,30 @@
 """`fab sync`: the project's code to every selected host, in parallel, one progress bar each, and
-with `--data` the dataset at the same time."""
+with `--data` the dataset at the same time.
+
+Never under a running run: a run executes from its workdir, and an elastic worker restart, a
+succession or a `--resume` imports whatever code is there then, so a sync meanwhile would run new
+code beside the old in one job. Every host is asked first, with `fab setup`'s own host-side test
+(`--check-only --agent-locks`: a run's agent holds its lock in the workdir for its whole life), and
+one that runs a run refuses the whole sync before any host's files change.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Mapping
 import time
 from meshrun.deploy.edges.beside import Beside
 from pathlib import Path
 
+from meshrun.layout import is_run_id
 from meshrun.deploy.edges import sshtarget
+from meshrun.deploy.edges.check_probes import probe_argv
+from meshrun.deploy.edges.host_queries import parse_json_object
 from meshrun.deploy.edges.codehints import hint_file, host_holds, load_hints, save_hints
-from meshrun.deploy.edges.sessions import SessionsLater, sessions_to
-from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.edges.sessions import SessionsLater, close_all, sessions_to
+from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
 from meshrun.deploy.host import codestat
 from meshrun.deploy.run.codehint import hint_key, may_hold
 from meshrun.deploy.run.shell import local_workdir
@@ -23,15 +35,18 @@ from meshrun.deploy.project import Project
 from meshrun.deploy.inventory.selection import select_hosts
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.inventory.model import Host, Inventory
+from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.plan import python_of
 from meshrun.deploy.run.syncset import data_beside_code
 from meshrun.deploy.render.console import HostProgress, Renderer
-from meshrun.deploy.edges.sync import (Claim, SyncResult, WorkdirTaken, check_owner, project_claim, project_files,
-                                       sync_host, taken_message)
+from meshrun.deploy.edges.sync import (Claim, SyncResult, WorkdirTaken, check_owner, is_project_itself, project_claim,
+                                       project_files, sync_host, taken_message)
 
 SYNC_TIMEOUT_S = 900
 SESSION_WAIT_S = 60  # a hinted host's session, at most; then it is synced as any other
 FANOUT_MARGIN_S = 30  # rsync is stopped at its own deadline: its message, not the fan-out's, says why
+# The run ids in the host-side test's busy answer (deploy/host/setup.py `runs_error`: at most 8, then ", ...").
+BUSY_RE = re.compile(r"runs? (.+?) (?:is|are) running from this workdir")
 
 
 def code_files(inventory: Inventory, project: Project) -> bytes:
@@ -114,6 +129,76 @@ def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec
     return results.require_all()
 
 
+def busy_runs(error: str) -> tuple[str, ...]:
+    """The runs a busy answer names, or () when it names none in the host-side test's own words."""
+    found = BUSY_RE.match(error)
+    runs = tuple(found.group(1).removesuffix(", ...").split(", ")) if found else ()
+    return runs if runs and all(is_run_id(r) for r in runs) else ()
+
+
+def under_runs(busy: Mapping[str, tuple[str, ...]]) -> str:
+    """One line: which run runs from which hosts' workdirs, and what to do (pure)."""
+    where: dict[str, list[str]] = {}
+    for host, runs in busy.items():
+        for run in runs:
+            where.setdefault(run, []).append(host)
+    why = "a worker restart or a --resume would import the new code beside the old; nothing was synced"
+    if len(where) == 1:
+        [(run, hosts)] = where.items()
+        return (f"run {run} is running from the workdir of {', '.join(hosts)}: fab sync would change the code it "
+                f"runs from ({why}); stop it first (fab stop --run {run}) or wait for it to end")
+    runs = ", ".join(f"{run} (on {', '.join(hosts)})" for run, hosts in where.items())
+    return (f"runs {runs} are running from these hosts' workdirs: fab sync would change the code they run from "
+            f"({why}); stop them first (fab stop --run ID, for each) or wait for them to end")
+
+
+def runs_from(host: Host, session: Session) -> tuple[str, ...]:
+    """The runs whose agents run from `host`'s workdir, as `fab setup`'s `refuse_if_running` asks it,
+    with the interpreter the runs' agents use. A host's answer is data: one that lies "none" only
+    lets its own files change under its own run."""
+    from meshrun.deploy.commands.setup import AGENT_LOCKS, CHECK_TIMEOUT_S  # setup imports this module
+
+    argv = probe_argv(python_of(host, sys.executable), "setup", "--check-only", "--agent-locks", AGENT_LOCKS)
+    result = session.run(argv, timeout=CHECK_TIMEOUT_S, create_workdir=True)
+    data = parse_json_object(result.stdout) if result.stdout else None
+    if data is None and result.rc in (126, 127):  # the shell's "cannot execute" and "not found"
+        return ()  # no interpreter there that runs this inventory's runs: none of them runs there
+    if data is not None and data.get("busy") is False:
+        return ()
+    error = data.get("error") if data is not None and data.get("busy") is True else None
+    if isinstance(error, str) and (runs := busy_runs(error)):
+        return runs
+    if isinstance(error, str):  # busy in words of another version: the host's own, quoted
+        raise MeshrunError(f"host '{host.name}': a run is running from its workdir ({said(error)}); nothing was "
+                           "synced; stop it first (fab stop --run ID) or wait for it to end")
+    why = said(result.stderr.strip()[-300:] or f"exit status {result.rc}")
+    raise MeshrunError(f"host '{host.name}': could not tell whether a run is running from its workdir ({why}); "
+                       "nothing was synced")
+
+
+def refuse_under_runs(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, MeshrunError]:
+    """Every host asked at once, before any is synced: a refusal after another host's sync would have
+    changed that host's files. Returns why each host that could not be asked was not: it is synced
+    by no one (its rsync would most likely fail the same way), the others are. A workdir that is the
+    project itself gets nothing from a sync and is not asked."""
+    from meshrun.deploy.commands.setup import CHECK_TIMEOUT_S  # setup imports this module
+
+    def ask(host: Host) -> tuple[str, ...]:
+        session = connect(host, inventory.known_hosts, root)
+        try:
+            return runs_from(host, session)
+        finally:
+            close_all({host.name: session})  # bounded: a cut link's close must not hold the fan-out
+
+    sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
+    asked = tuple(h for h in hosts if not is_project_itself(h, root))
+    results = on_each(asked, ask, timeout=DEFAULT_CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S + 5)
+    busy = {name: runs for name, runs in results.ok.items() if runs}
+    if busy:
+        raise MeshrunError(under_runs(busy))
+    return results.failed
+
+
 def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, project: Project) -> None:
     """`fab sync [--data SRC:DEST]`: the code and the dataset, side by side when they cannot touch
     the same files (a no-op resync then costs the longer of the two, not their sum)."""
@@ -123,6 +208,21 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
     files = code_files(inv, project)
+    unasked = refuse_under_runs(selected, inv, root)
+    try:
+        _sync_all(tuple(h for h in selected if h.name not in unasked), inv, project, spec, files, renderer)
+    except InputError:  # the user's to fix whatever the hosts do (a bad SRC, another project's workdir)
+        raise
+    except MeshrunError as err:
+        raise MeshrunError("; ".join([*map(str, unasked.values()), str(err)])) from None
+    if unasked:
+        raise MeshrunError("; ".join(str(err) for err in unasked.values()))
+
+
+def _sync_all(selected: tuple[Host, ...], inv: Inventory, project: Project, spec: DataSpec | None, files: bytes,
+              renderer: Renderer) -> None:
+    """The code, and the dataset beside it when they cannot touch the same files; one line each."""
+    root = project.root
     beside = spec is not None and data_beside_code(spec.dest, files)
     # A daemon thread, not a pool: Ctrl-C must not wait for the data's rsyncs, which localproc stops.
     dataset = Beside(sync_dataset, selected, inv, root, spec) if beside else None
@@ -146,6 +246,7 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
     items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec)
     for item in items.values():
         sent = f"{len(item.transferred)} sent" if item.transferred else "unchanged, nothing sent"
-        renderer.info(f"{item.host}: data {spec.dest}: {item.files} files verified by sha256; {sent}")
+        removed = f"; {item.removed} removed (gone from SRC)" if item.removed else ""
+        renderer.info(f"{item.host}: data {spec.dest}: {item.files} files verified by sha256; {sent}{removed}")
         if item.repaired:
             renderer.warn(f"{item.host}: corrupt copies found and sent again: {', '.join(item.repaired)}")

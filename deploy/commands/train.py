@@ -32,7 +32,7 @@ from meshrun.deploy.inventory.load import load_inventory, inventory_path
 from meshrun.deploy.project import Project, relative_to_project, script_arg_warnings
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.inventory.shown import with_path
-from meshrun.deploy.edges.agents import host_states
+from meshrun.deploy.edges.agents import host_states, members_gone, recorded_inventory
 from meshrun.deploy.edges.launcher import PING_TIMEOUT_S, JobRunner
 from meshrun.deploy.commands.trainend import gathered
 from meshrun.deploy.run.membership import MembershipEvent, split_brain_risk
@@ -40,7 +40,7 @@ from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch, refuse_gpu_env
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, refuse_running, retire_attempt,
-                                          write_summary)
+                                          stored_inventory, write_summary)
 from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
 from meshrun.deploy.run.workload import recorded_workload, refuse_trainer_flags, resumed_nnodes, resumed_work
@@ -109,11 +109,15 @@ def _with_resumed_defaults(request: TrainRequest, project: Project, renderer: Re
         return dataclasses.replace(request, pg_timeout_s=given_timeout or DEFAULT_PG_TIMEOUT_S,
                                    timeout_given=given_timeout is not None)
     record = load_record(project.runs, request.resume, "--resume")
-    inventory = request.inventory or record.inventory
+    # The record's inventory is the project root's (a relative record's: a moved checkout's own); a typed one, as typed.
+    path = (inventory_path(request.inventory, project.root) if request.inventory
+            else recorded_inventory(record, project.root))
+    loaded = load_inventory(path, project.root)
+    if request.hosts is None and (gone := members_gone(record, loaded.host_names, path)):
+        raise InputError(gone)
     hosts = request.hosts or ",".join(record.members)
-    names = tuple(h.name for h in select_hosts(load_inventory(inventory_path(inventory, project.root), project.root),
-                                                hosts).hosts)
-    asked = dataclasses.replace(record, inventory=inventory, hosts=names, earlier=())
+    names = tuple(h.name for h in select_hosts(loaded, hosts).hosts)
+    asked = dataclasses.replace(record, inventory=str(path.absolute()), hosts=names, earlier=())
     refuse_running(project.runs, record, lambda: host_states(asked, project.root))
     # The flags as typed are the project's paths from here (`./train.py` is the record's `train.py`).
     given = _with_project_paths(dataclasses.replace(request, resume=None), project).workload
@@ -124,7 +128,7 @@ def _with_resumed_defaults(request: TrainRequest, project: Project, renderer: Re
     for line in (work.note, f"resume: elastic as the run was: --nnodes {nnodes}" if nnodes != request.nnodes else None):
         if line:
             renderer.info(line)
-    return dataclasses.replace(request, inventory=inventory, hosts=hosts, workload=work.workload,
+    return dataclasses.replace(request, inventory=request.inventory or str(path), hosts=hosts, workload=work.workload,
                                pg_timeout_s=work.pg_timeout_s, nnodes=nnodes, timeout_given=given_timeout is not None)
 
 
@@ -279,7 +283,7 @@ def _record(request: TrainRequest, inventory: Inventory, hosts: tuple[Host, ...]
         if resumed.dropped:
             gone = f"resume: {', '.join(resumed.dropped)}, of an earlier attempt, not in "
             renderer.warn(with_path(gone, inventory.path, ": the run's record no longer lists them (their files stay)"))
-    record = RunRecord(options.run_id, str(inventory.path.resolve()), names, time.time(),
+    record = RunRecord(options.run_id, stored_inventory(inventory.path, project.root), names, time.time(),
                        request.detach, plan.rdzv_endpoint, options.rendezvous_id,
                        (elastic.min, elastic.max) if elastic else None, dataclasses.asdict(options.workload),
                        request.pg_timeout_s, None if request.detach else os.getpid(), request.firewall, earlier)
@@ -366,6 +370,7 @@ def main(request: TrainRequest, project: Project) -> int:
     inventory, hosts = request.inventory, request.hosts
     if request.resume:
         record = load_record(project.runs, request.resume, "--resume")
-        inventory, hosts = inventory or record.inventory, hosts or ",".join(record.members)
+        inventory = inventory or str(recorded_inventory(record, project.root))  # a relative record's: from the root
+        hosts = hosts or ",".join(record.members)
     return around_run(inventory, hosts, request.detach, lambda: train(request, Renderer(), project), project,
                       resume=bool(request.resume))

@@ -3,21 +3,22 @@ run (`status`), and stopping it (`stop`). An unreachable host is a state, not an
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from meshrun.layout import STOP_GRACE_S
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.edges.records import NOT_ASKED, RunRecord
-from meshrun.deploy.inventory.shown import with_path
+from meshrun.deploy.inventory.shown import listing, with_path
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.sshexec import NotFinished
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, CommandResult, Session, Stream, connect
-from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.run.answers import remaining_pids, said
@@ -34,13 +35,81 @@ CONNECT_BUDGET_S = 3 * DEFAULT_CONNECT_TIMEOUT_S
 Resolved = tuple[tuple[Host, ...], Inventory, dict[str, MeshrunError]]  # run_hosts' answer
 
 
+# This command's --inventory (status, logs, stop, fetch-checkpoints, join, leave): reach the runs' hosts
+# through it instead of through each record's own (a checkout moved, or a run folder copied, from where
+# the record's inventory was). Set by the task around its command (`inventory_given`), read only by
+# load_run_inventory: one value per command line, held here rather than passed through six commands,
+# the live view and every fan-out to reach that one reader.
+_GIVEN: dict[str, Path] = {}
+
+
+@contextlib.contextmanager
+def inventory_given(path: str | None) -> Iterator[None]:
+    """Within the block, every run's hosts are reached through the inventory `path` (None: each run's own)."""
+    before = _GIVEN.pop("inventory", None)
+    if path:
+        _GIVEN["inventory"] = Path(path)
+    try:
+        yield
+    finally:
+        _GIVEN.pop("inventory", None)
+        if before is not None:
+            _GIVEN["inventory"] = before
+
+
+def inventory_of(record: RunRecord, root: Path) -> Path:
+    """Where the run's recorded inventory is from here: a relative record's (records.stored_inventory)
+    under the current project root, so a moved or cloned checkout finds its own; an absolute one as is."""
+    path = Path(record.inventory)
+    return path if path.is_absolute() else root / path
+
+
+def recorded_inventory(record: RunRecord, root: Path) -> Path:
+    """inventory_of, and one line naming the run and the way out when that file is gone: the inventory
+    reader's own "not found" advised `--inventory`/MESHRUN_INVENTORY, which these tasks did not read."""
+    path = inventory_of(record, root)
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(with_path(f"run {record.run_id} was started with inventory ", path,
+                                   ", which is gone; put it back or pass --inventory NEW")) from None
+    except OSError:
+        pass  # there but unreadable: load_inventory says why
+    return path
+
+
+def load_run_inventory(record: RunRecord, root: Path) -> Inventory:
+    """The inventory a task reaches the run's hosts through: this command's --inventory if given, else
+    the run's own (recorded_inventory). A --inventory that names none of the run's hosts is another
+    cluster's (or a typo's): refused in one line, not shown as every host removed from it."""
+    given = _GIVEN.get("inventory")
+    if given is None:
+        return load_inventory(recorded_inventory(record, root), root)
+    inventory = load_inventory(given, root)
+    if not set(record.hosts) & set(inventory.host_names):
+        raise InputError(with_path("--inventory ", given, f": names none of run {record.run_id}'s hosts "
+                                   f"({listing(record.hosts)}); pass the inventory that names them"))
+    return inventory
+
+
+def members_gone(record: RunRecord, known: tuple[str, ...], inventory: Path) -> str | None:
+    """A bare `fab train --resume`'s line when `inventory` (its hosts `known`) lacks hosts of the run's
+    latest attempt, else None: the hosts default to the record's, so `--hosts: unknown host` named a
+    flag the user never typed, and no way out."""
+    gone = [name for name in record.members if name not in known]
+    if not gone:
+        return None
+    return with_path(f"run {record.run_id} ran on {listing(gone)}, which ", inventory,
+                     " no longer has; name the hosts to resume on with --hosts")
+
+
 def run_hosts(record: RunRecord, root: Path) -> Resolved:
     """The run's hosts as its inventory now describes them, and {name: why} for those it no longer
     names: such a host cannot be reached, but it must not keep `fab stop` (or status, logs, fetch)
     from the others; each caller reports it as that host's failure."""
-    inventory = load_inventory(Path(record.inventory), root)
+    inventory = load_run_inventory(record, root)
     known = {h.name: h for h in inventory.hosts}
-    missing = {name: MeshrunError(with_path(f"host '{name}' of run {record.run_id} is no longer in ", record.inventory,
+    missing = {name: MeshrunError(with_path(f"host '{name}' of run {record.run_id} is no longer in ", inventory.path,
                                             "; put it back in that inventory to reach it"))
                for name in record.hosts if name not in known}
     hosts = tuple(known[h] for h in record.hosts if h in known)

@@ -40,7 +40,7 @@ Warn = Callable[[str], None]
 @dataclass(frozen=True)
 class RunRecord:
     run_id: str
-    inventory: str  # absolute path of the inventory used
+    inventory: str  # the inventory used: relative to the project root when inside it (stored_inventory), else absolute
     hosts: tuple[str, ...]
     started: float
     detached: bool
@@ -78,6 +78,18 @@ class RunRecord:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, asdict(self))
         return path
+
+
+def stored_inventory(path: Path, root: Path) -> str:
+    """launch.json's `inventory`: relative to the project root when the inventory lies inside it, else
+    absolute (as every older record has it). An absolute path pinned the checkout's old place: once it
+    was moved, renamed or cloned, every run read `not asked`, and a detached run could not be stopped.
+    Read back by agents.inventory_of, against the project root of the command reading it."""
+    found = path.resolve()
+    try:
+        return found.relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(found)
 
 
 def load_record(runs: Path, run_id: str, flag: str = "--run") -> RunRecord:
