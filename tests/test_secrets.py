@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -150,9 +152,25 @@ def test_sync_leaves_inventories_and_key_files_home(testbed) -> None:
         script = 'cd "$1" && shift && for f in "$@"; do if [ -e "$f" ]; then echo "$f"; fi; done'
         present = testbed.exec(1, ["sh", "-c", script, "sh", WORKDIR, *names]).stdout.split()
         assert sorted(present) == sorted([f"shipped-{tag}.txt", "inventory/lan.example.yaml"])
+
+        # A git clone inside the project ships file by file through its own git: its code, never its keys.
+        nested = ROOT / f"nested-{tag}"
+        for name, text in (("pkg/mod.py", "X = 1\n"), ("id_ed25519", "PRIVATE\n"), ("known_hosts", "x ssh-ed25519 A\n")):
+            (nested / name).parent.mkdir(parents=True, exist_ok=True)
+            (nested / name).write_text(text)
+        subprocess.run(["git", "init", "-q", str(nested)], check=True)
+        # A file that left the project (deleted here) is removed there by the next sync.
+        (ROOT / f"shipped-{tag}.txt").unlink()
+        again = fab("sync", "--inventory", str(inventory), "--hosts", "h1", timeout=300)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+        names = [f"shipped-{tag}.txt", f"nested-{tag}/pkg/mod.py", f"nested-{tag}/id_ed25519",
+                 f"nested-{tag}/known_hosts", "inventory/lan.example.yaml"]
+        present = testbed.exec(1, ["sh", "-c", script, "sh", WORKDIR, *names]).stdout.split()
+        assert sorted(present) == sorted([f"nested-{tag}/pkg/mod.py", "inventory/lan.example.yaml"])
     finally:
+        shutil.rmtree(ROOT / f"nested-{tag}", ignore_errors=True)
         for name in [*planted, f"conf-{tag}/cluster.yaml", f"conf-{tag}/cluster_known_hosts"]:
             (ROOT / name).unlink(missing_ok=True)
-        testbed.exec(1, ["rm", "-rf", f"{WORKDIR}/shipped-{tag}.txt"], check=False)
+        testbed.exec(1, ["rm", "-rf", f"{WORKDIR}/shipped-{tag}.txt", f"{WORKDIR}/nested-{tag}"], check=False)
         for folder in (f"conf-{tag}", f"keys-{tag}"):
             (ROOT / folder).rmdir()
