@@ -130,7 +130,7 @@ class Checkpointer:
 
     def _identical(self, payload: bytes, state: dict[str, Any] | None) -> bytes:
         """Collective: the writers' bytes, made equal to rank 0's: one small all-gather (equal by construction);
-        a difference (per-rank state not gathered, e.g. local SGD's momentum) costs a broadcast of rank 0's."""
+        a difference (per-rank state a hook does not gather into its own per-rank record) costs a broadcast of rank 0's."""
         site = self.site
         if len(site.writers) < 2:
             return payload

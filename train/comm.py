@@ -16,10 +16,11 @@ Contract:
   another world size (the three save the same shape); under a flat hook, or in a single process,
   it is completed into the model (``diloco.fold``). Each case is one log line; a checkpoint of
   an outer hook written without a process group has no outer state: its model is the model.
-- Local SGD's periodic averaging runs as a step post-hook of the optimizer;
+- Local SGD averages in ``stepped()`` after every optimizer step, also one that fp16's scaler skipped
+  on this rank only (a step post-hook would not run there, and the ranks' averages would pair up
+  with other collectives); its checkpoint state is each rank's counters, optimizer and scaler.
   ``consensus()`` makes every rank hold the same parameters (local SGD, before evaluation and
-  checkpoints); ``preserved()`` runs a timing probe past the warm-up (steady-state traffic)
-  and then undoes what it did to the hook state.
+  checkpoints); ``preserved()`` runs a timing probe past the warm-up and then undoes it.
 - DiLoCo: ``stepped(samples)`` after every optimizer step ends a round every H steps;
   ``consensus()`` flushes (the partial round becomes an outer step); ``before_save()`` changes
   nothing, since its checkpoint state holds every rank's replica, inner optimizer and fp16 loss
@@ -83,19 +84,22 @@ class Communicator:
                  scaler: torch.amp.GradScaler | None = None) -> None:
         self.hook, self.world_size, self.model = hook, world_size, model
         self.powersgd, self.localsgd, self.averager = powersgd, localsgd, averager
-        self.diloco, self.optimizer = diloco, optimizer  # optimizer: DiLoCo's inner one
-        # fp16's loss scaler, per rank under an outer hook: each sees only its own overflows.
+        self.diloco, self.optimizer = diloco, optimizer  # DiLoCo's inner one, or local SGD's
+        # fp16's loss scaler, per rank under an outer hook or local SGD: each sees its own overflows.
         self.scaler = scaler
         self.sites = sites
         # The ranks DDP averages over when not all (hier: the site), for train.loop.micro_steps.
         self.peers: tuple[int, ...] | None = sites.ranks if sites is not None else None
 
     def _local_state(self) -> dict[str, Any]:
-        if self.diloco is not None and self.optimizer is not None:
-            # Replicas, inner optimizers and loss scalers differ between syncs: each rank's goes in.
-            scaler = self.scaler.state_dict() if self.scaler is not None else None
-            return {**self.diloco.rank_state(), "optimizer": self.optimizer.state_dict(),
-                    "scaler": scaler}
+        # Replicas, optimizers (momentum) and loss scalers differ between syncs: each rank's goes in.
+        if self.optimizer is None:
+            return self._hook_state()
+        mine = self.diloco.rank_state() if self.diloco is not None else self._hook_state()
+        return {**mine, **self._own_optimizer()}
+
+    def _hook_state(self) -> dict[str, Any]:
+        """The hook's counters and memories: what a probe may change (``preserved``)."""
         if self.powersgd is not None:
             # torch's own picklable form: every slot except the process group.
             with _quiet():
@@ -103,6 +107,11 @@ class Communicator:
         if self.localsgd is not None and self.averager is not None:
             return {"localsgd_iter": self.localsgd.iter, "averager_step": self.averager.step}
         return {}
+
+    def _own_optimizer(self) -> dict[str, Any]:
+        assert self.optimizer is not None
+        scaler = self.scaler.state_dict() if self.scaler is not None else None
+        return {"optimizer": self.optimizer.state_dict(), "scaler": scaler}
 
     def state_dict(self) -> dict[str, Any]:
         """Collective: ``{"format", "hook", "world_size", "ranks": [state of rank r, ...]}``."""
@@ -116,21 +125,20 @@ class Communicator:
         return out
 
     def same_on_every_host(self, snapshot: dict[str, Any], module: nn.Module) -> None:
-        """DiLoCo and hier: the top level of a checkpoint (``snapshot``, with ``state_dict()`` as
-        its "comm") made the same on every rank, so that each host's copy is byte-identical
-        without the checkpoint layer's fallback, a broadcast of rank 0's whole file to every
-        writer at every save: across the slow link between sites that was ~27 MB, 11 s at
-        20 Mbit/s, at every epoch end of the P9 job (each rank's inner optimizer differs, and
-        mid-round each replica, and under fp16 each loss scaler, which sees only its own rank's
-        overflows). What a resume loads per rank is in "comm" (gathered): every replica, inner
-        optimizer and scaler. The top level holds the outer model's parameters (saved once: the
-        same tensors as the anchor) and rank 0's inner optimizer and scaler, which is what the
-        ranks of a resume at another world size start from, as before."""
-        if self.diloco is None or self.optimizer is None or self.model is None:
-            return  # as _local_state: without an inner optimizer no rank's state is gathered
+        """DiLoCo, hier and local SGD: the top level of a checkpoint (``snapshot``, with
+        ``state_dict()`` as its "comm") made the same on every rank, so that each host's copy is
+        byte-identical without the checkpoint layer's fallback, a broadcast of rank 0's whole file
+        to every writer at every save (~27 MB, 11 s at 20 Mbit/s, at every epoch end of the P9
+        job): each rank's optimizer differs, and under fp16 each loss scaler, and mid-round each
+        DiLoCo replica. A resume at the same world size loads each rank's from "comm"; the top
+        level holds rank 0's optimizer and scaler (what the ranks of a resume at another world
+        size start from) and DiLoCo's outer parameters (the anchor's tensors, saved once)."""
+        if self.optimizer is None or self.model is None:
+            return  # as _local_state: without an own optimizer no rank's state is gathered
         comm = snapshot["comm"]
-        names = [name for name, p in module.named_parameters() if p.requires_grad]
-        snapshot["model"] = {**snapshot["model"], **dict(zip(names, comm["diloco"]["anchor"]))}
+        if self.diloco is not None:
+            names = [name for name, p in module.named_parameters() if p.requires_grad]
+            snapshot["model"] = {**snapshot["model"], **dict(zip(names, comm["diloco"]["anchor"]))}
         snapshot["optimizer"] = comm["ranks"][0]["optimizer"]
         if self.scaler is not None:
             snapshot["scaler"] = comm["ranks"][0]["scaler"]
@@ -147,6 +155,7 @@ class Communicator:
             self.averager.step = state["averager_step"]
         if self.diloco is not None and self.optimizer is not None and "samples" in state:
             self.diloco.load_rank(state)
+        if self.optimizer is not None and state.get("optimizer") is not None:  # older: none
             self.optimizer.load_state_dict(state["optimizer"])
             if self.scaler is not None and state.get("scaler") is not None:
                 self.scaler.load_state_dict(state["scaler"])  # its own, over rank 0's top level
@@ -156,15 +165,9 @@ class Communicator:
         param = next(self.model.parameters(), None) if self.model is not None else None
         return param.device if param is not None else torch.device("cpu")
 
-    def _average_after_step(self, *_: Any) -> None:
-        """Optimizer step post-hook: runs after ``step()`` and before ``zero_grad``, as torch's
-        averager expects (it averages only parameters that have gradients)."""
-        if self.averager is not None and self.model is not None:
-            self.averager.average_parameters(self.model.parameters())
-
     def consensus(self) -> None:
-        """Local SGD and DiLoCo let parameters drift apart between syncs: average them now
-        (local SGD) or end the round with an outer step (DiLoCo). Collective."""
+        """Parameters drift apart between syncs: average them now (local SGD) or end the round
+        with an outer step (DiLoCo). Collective."""
         if self.averager is not None and self.model is not None:
             average_parameters(self.model.parameters(), self.averager.process_group)
         if self.diloco is not None:
@@ -180,7 +183,16 @@ class Communicator:
             self.diloco.flush()
 
     def stepped(self, samples: int) -> None:
-        """After each optimizer step, with this rank's real samples in it (DiLoCo's weight)."""
+        """After each optimizer step, skipped by fp16's scaler or not, with this rank's real
+        samples in it (DiLoCo's weight). Collective on the steps that communicate."""
+        if self.averager is not None and self.model is not None:
+            # torch's averager.average_parameters, over every trainable parameter: it takes only
+            # those with a gradient, none after zero_grad.
+            due = self.averager.step - self.averager.warmup_steps
+            if due >= 0 and due % self.averager.period == 0:
+                average_parameters(iter([p for p in self.model.parameters() if p.requires_grad]),
+                                   self.averager.process_group)
+            self.averager.step += 1
         if self.diloco is not None:
             self.diloco.stepped(samples)
 
@@ -206,11 +218,9 @@ class Communicator:
     @contextlib.contextmanager
     def preserved(self) -> Iterator[None]:
         """Run the body (e.g. the comm timing probe) and put the hook state back afterwards, so
-        probe steps neither count towards ``start_iter`` nor leave error feedback behind."""
-        if self.diloco is not None:  # the probe takes no optimizer step: DiLoCo's state stays
-            yield
-            return
-        saved = copy.deepcopy(self._local_state())
+        probe steps neither count towards ``start_iter`` nor leave error feedback behind. The
+        probe takes no optimizer step: DiLoCo's state and the optimizer's stay as they are."""
+        saved = copy.deepcopy(self._hook_state())  # {} for DiLoCo: nothing to put back
         self._steady()
         try:
             yield
@@ -269,8 +279,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: CommConfig, 
                                   post_local_gradient_allreduce=False)
         model.register_comm_hook(state, post_localSGD_hook)
         averager = PeriodicModelAverager(period=cfg.localsgd_period, warmup_steps=cfg.start_iter)
-        comm = Communicator(cfg.hook, world_size, model, localsgd=state, averager=averager)
-        optimizer.register_step_post_hook(comm._average_after_step)
+        comm = Communicator(cfg.hook, world_size, model, localsgd=state, averager=averager,
+                            optimizer=optimizer, scaler=scaler)  # averaged in stepped()
     _restore(comm, rank, saved, log)
     return comm
 
@@ -312,9 +322,11 @@ def _restore(comm: Communicator, rank: int, saved: SavedComm | None,
     elif comm.diloco is not None:  # the same outer hook, saved without a process group
         log(f"comm: checkpoint was saved with comm.hook={before} in a single process (no outer "
             "state): the outer model starts from the checkpoint's model")
-    elif saved.world_size != comm.world_size:
+    elif saved.world_size != comm.world_size:  # local SGD: the top level's, rank 0's optimizer
+        what = "its warm-up starts over; every rank continues from rank 0's optimizer state" \
+            if comm.localsgd is not None else "per-rank error feedback and warm-up start over"
         log(f"comm: world size changed ({saved.world_size} -> {comm.world_size}): "
-            f"{comm.hook.value} hook state reset (per-rank error feedback and warm-up start over)")
+            f"{comm.hook.value} hook state reset ({what})")
     else:
         comm.load_rank_state(saved.state["ranks"][rank])
         if comm.hook in (CommHook.POWERSGD, CommHook.LOCALSGD):

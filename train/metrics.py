@@ -10,6 +10,10 @@ Contract (files under the run dir):
   epoch end) and ``result.json`` (rank 0, atomically, only at a successful end);
 - ``tensorboard/`` (rank 0) when enabled, and the same scalars to Weights & Biases with
   ``log.wandb`` (``wandb/``, see ``train.wandblog``).
+
+A resumed run appends to these. A fresh start (nothing restored) in a used run dir first sets the
+earlier run's aside (``MetricsSink.set_aside_earlier_run``): renamed ``<name>.earlier-<UTC time>``,
+never deleted, and matched by no reader's ``metrics*.jsonl``, so this run's records stand alone.
 """
 
 from __future__ import annotations
@@ -17,16 +21,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable, Collection
 
 from meshrun.fsutil import atomic_write_json
-from meshrun.layout import METRICS, PROGRESS, RESULT, RecordKind, rank_metrics
+from meshrun.layout import METRICS, PROGRESS, RANK_METRICS_GLOB, RESULT, RecordKind, rank_metrics
 from meshrun.train.wandblog import Tracker
 
 FLUSH_EVERY = 200
+TENSORBOARD = "tensorboard"
+_RANK_FILE = re.compile(r"metrics\.rank(\d+)\.jsonl")
 
 
 @dataclass(frozen=True)
@@ -169,15 +176,36 @@ class MetricsSink:
     def __init__(self, run_dir: Path, rank: int, is_main: bool, progress_seconds: float,
                  tensorboard: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.run_dir, self.is_main = run_dir, is_main
+        self.run_dir, self.rank, self.is_main = run_dir, rank, is_main
         self.progress_seconds = progress_seconds
         self._last_progress = 0.0
         self._main: IO[str] | None = open(run_dir / METRICS, "a") if is_main else None
         self._rank = open(run_dir / rank_metrics(rank), "a")
         self._pending: list[str] = []
-        self._tb = _tensorboard(run_dir) if is_main and tensorboard else None
+        self._tb_wanted = is_main and tensorboard
+        self._tb: Any = None  # made at the first scalars: a fresh start may set the folder aside first
         self._tracker: Tracker | None = None  # rank 0, log.wandb: gets what TensorBoard gets
         self._succeeded = False  # result() was written: the tracker's run ends with exit code 0
+
+    def set_aside_earlier_run(self, world_size: int, log: Callable[[str], None]) -> list[str]:
+        """A fresh start (nothing restored) in a used run dir, before anything is written: this
+        rank's file and, on rank 0, metrics.jsonl, tensorboard/ and the rank files of ranks past
+        ``world_size`` of an earlier run are renamed (``set_aside``), so that readers that keep
+        each epoch's last record (deploy/run/report.py) see this run's alone. Local files only."""
+        names = [rank_metrics(self.rank)]
+        if self.is_main:
+            names += [METRICS, TENSORBOARD, *sorted(
+                p.name for p in self.run_dir.glob(RANK_METRICS_GLOB)
+                if (m := _RANK_FILE.fullmatch(p.name)) is not None and int(m.group(1)) >= world_size)]
+        self._rank.close()
+        if self._main is not None:
+            self._main.close()
+        moved = set_aside(self.run_dir, names, time.time())
+        self._main = open(self.run_dir / METRICS, "a") if self.is_main else None
+        self._rank = open(self.run_dir / rank_metrics(self.rank), "a")
+        for old, new in moved:
+            log(f"fresh start: {old} of an earlier run in {self.run_dir} moved to {new}")
+        return [new for _, new in moved]
 
     def event(self, record: Any, extra: dict[str, Any] | None = None) -> None:
         """Append a rank-0 record to metrics.jsonl (no-op elsewhere)."""
@@ -224,6 +252,8 @@ class MetricsSink:
         self._tracker = tracker
 
     def scalars(self, values: dict[str, float], step: int) -> None:
+        if self._tb is None and self._tb_wanted:
+            self._tb = _tensorboard(self.run_dir)
         if self._tb is not None:
             for tag, value in values.items():
                 self._tb.add_scalar(tag, value, step)
@@ -244,4 +274,31 @@ class MetricsSink:
 def _tensorboard(run_dir: Path) -> Any:
     from torch.utils.tensorboard import SummaryWriter  # slow import: only rank 0, only if on
 
-    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+    return SummaryWriter(log_dir=str(run_dir / TENSORBOARD))
+
+
+def earlier_name(name: str, stamp: str, taken: Collection[str]) -> str:
+    """Where ``name`` of an earlier run goes: ``<name>.earlier-<stamp>`` (``-2``, ``-3``... when
+    taken). It ends in no ``.jsonl``, so no reader's ``metrics*.jsonl`` takes it for this run's."""
+    base = f"{name}.earlier-{stamp}"
+    new, n = base, 1
+    while new in taken:
+        n += 1
+        new = f"{base}-{n}"
+    return new
+
+
+def set_aside(run_dir: Path, names: list[str], now: float) -> list[tuple[str, str]]:
+    """Rename each of ``names`` in ``run_dir`` that holds something (a non-empty file or folder)
+    to its ``earlier_name``, stamped with ``now`` in UTC; never deletes. Returns (old, new) pairs."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    moved = []
+    for name in names:
+        path = run_dir / name
+        held = path.is_dir() and any(path.iterdir()) or path.is_file() and path.stat().st_size > 0
+        if path.is_symlink() or not held:
+            continue
+        new = earlier_name(name, stamp, {p.name for p in run_dir.iterdir()})
+        path.rename(run_dir / new)
+        moved.append((name, new))
+    return moved

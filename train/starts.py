@@ -6,7 +6,9 @@ worker failed; a membership change (a host lost or joining) restarts the whole g
 counting, so it under-reports. Instead, at every start the lowest rank on each host records the
 start in `<run dir>/starts.json`, keyed by the rendezvous id (one launch; `fab train --resume`
 gets a fresh id and counts afresh). The group agrees on the maximum across hosts — a host that
-joined late has seen fewer starts — so the count survives the loss of any host.
+joined late has seen fewer starts — so the count survives the loss of any host. Outside torchrun
+(no rendezvous id) nothing restarts the process: each invocation is its own launch, started once,
+and nothing is recorded (a shared "" key would count every bare run in the run dir as a restart).
 
 A count is bookkeeping and never stops training: a peer's gathered count is that host's word (a
 compromised host sends any int64), and a recorded file may hold what such a peer once made this
@@ -60,11 +62,12 @@ def agreed_starts(gathered: list[int], warn: bool) -> int:
 
 
 def count_start(run_dir: Path, rdzv_id: str, host_leader: bool, device: torch.device) -> int:
-    """This start's number (1 for the first); a collective: every rank must call it."""
+    """This start's number (1 for the first); a collective: every rank must call it. ``rdzv_id``
+    "" (outside torchrun, the same on every rank): 1, not recorded."""
     path = run_dir / STARTS_FILE
-    recorded = read_starts(path)
+    recorded = read_starts(path) if rdzv_id else {}
     starts = agreed_starts(dist.all_gather_ints(recorded.get(rdzv_id, 0), device), host_leader)
-    if host_leader:
+    if host_leader and rdzv_id:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {**recorded, rdzv_id: starts})
     return starts

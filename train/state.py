@@ -17,7 +17,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from meshrun.train import dist
+from meshrun.train import dist, seeds
 from meshrun.train.config import TrainConfig, to_dict
 
 FORMAT = 1
@@ -80,7 +80,7 @@ def apply(state: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optim
     if state["world_size"] == world_size:
         _set_rng_state(state["rng"][rank])
     else:
-        torch.manual_seed(seed + rank + 7919 * pos.global_step)
+        torch.manual_seed(seeds.derive(seed, seeds.RESUME, rank, pos.global_step))
     return Restored(pos, state["world_size"], state.get("restored_from_rank", 0))
 
 

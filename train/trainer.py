@@ -27,44 +27,26 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset, default_collate
 
 from meshrun.layout import CHECKPOINTS, launch_rdzv_id
-from meshrun.train import amp, balance, dist, perf, state
+from meshrun.train import amp, balance, dist, perf, seeds, state
 from meshrun.train import comm, sites, wandblog
 from meshrun.train.checkpoint import Checkpointer, open_site, restore_agreed
 from meshrun.train.amp import amp_dtype
 from meshrun.train.config import CommHook, TrainConfig, to_dict
 from meshrun.train.data import build_datasets
 from meshrun.train.dist import DistEnv
-from meshrun.train.errors import InjectedFailure, UsageError
+from meshrun.train.errors import InjectedFailure
 from meshrun.train.loop import (EvalResult, StepParts, evaluate, forward_backward, micro_steps,
                         optimizer_step)
 from meshrun.train.metrics import (BalanceRecord, CommRecord, EpochRecord, MetricsSink, ProgressRecord,
                            ResultRecord, ResumeRecord)
 from meshrun.train.models import build_model
-from meshrun.train.optim import build_optimizer, lr_at, set_lr
+from meshrun.train.optim import build_optimizer, set_lr, step_lr
 from meshrun.train.render import Console
-from meshrun.train.sampler import IndexedDataset, ResumableBatchSampler, eval_shard
+from meshrun.train.replicas import adopt_rank0_buffers, check_sync_bn, convert_sync_bn
+from meshrun.train.sampler import IndexedDataset, ResumableBatchSampler, eval_shard, steps_per_epoch
 from meshrun.train.starts import count_start
 from meshrun.train.state import Position
 from meshrun.train.tally import EpochTally, EpochTotals
-
-
-def check_sync_bn(wanted: bool, device: torch.device) -> None:
-    """Before any collective: a rank that cannot run SyncBatchNorm stops the run at once. Torch
-    implements it for GPUs only."""
-    if wanted and dist.active() and device.type != "cuda":
-        raise UsageError("sync_bn=true needs CUDA: torch's SyncBatchNorm runs on GPUs only; "
-                         "on CPU use sync_bn=false (see docs/heterogeneous.md, BatchNorm)")
-
-
-def convert_sync_bn(module: nn.Module, wanted: bool,
-                    group: torch.distributed.ProcessGroup | None) -> nn.Module:
-    """``sync_bn: true``: BatchNorm layers become SyncBatchNorm, whose statistics are computed
-    over the samples of ``group``'s ranks (None: every rank; hier: the site, so that inner steps
-    cross no slow link), weighted by sample count, so uneven batches are exact. The converted
-    layers hold the same Parameter and buffer objects: an optimizer made before stays valid."""
-    if not wanted:
-        return module
-    return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group=group)
 
 
 @dataclass
@@ -81,14 +63,14 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, env: DistEnv, run_dir: Path, device: torch.device,
                  console: Console) -> None:
         self.cfg, self.env, self.device, self.console = cfg, env, device, console
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        torch.manual_seed(seeds.derive(cfg.seed, seeds.INIT))  # identical initial weights on every rank
         self.data = build_datasets(cfg.data)
         self.module = build_model(cfg.model, self.data.num_classes, self.data.input_shape).to(device)
         check_sync_bn(cfg.sync_bn, device)
         optimizer = build_optimizer(cfg.optim, self.module.parameters())
         dtype = amp_dtype(cfg.amp, device)
         scaler = amp.setup(cfg.amp, dtype, device, env.rank, env.host)  # the job's: every rank or none
-        torch.manual_seed(cfg.seed + 1 + env.rank)  # per-rank stream: dropout, augmentation
+        torch.manual_seed(seeds.derive(cfg.seed, seeds.RANK, env.rank))  # dropout, augmentation
         ckpt_dir = run_dir / CHECKPOINTS
         self.ckpt = Checkpointer(ckpt_dir, cfg.checkpoint,
                                  open_site(ckpt_dir, env.rank, env.host, device))
@@ -99,6 +81,8 @@ class Trainer:
         self.pos = Position()
         self._comm_saved: comm.SavedComm | None = None  # set by _restore
         self._restored = self._restore(optimizer, scaler)
+        if self._restored is None:  # a fresh start: an earlier run's records set aside, not appended to
+            self.sink.set_aside_earlier_run(env.world_size, console.line)
         # The probe times each rank alone: with plain BatchNorm, before any SyncBatchNorm (whose
         # collectives would meet the other ranks' all-gathers here, and only some ranks probe).
         self.batches = balance.resolve_batch_sizes(
@@ -228,7 +212,8 @@ class Trainer:
         if not dist.active() or steps <= 0:
             return
         size = min(self.batches.sizes[self.env.rank], len(self.data.train))
-        batch = default_collate([self.data.train[i] for i in range(size)])
+        with perf.kept_rng():  # augmentation draws: the training stream must not see the probe
+            batch = default_collate([self.data.train[i] for i in range(size)])
         with self.comm.preserved():
             est = perf.probe_comm(self.parts, tuple(batch), steps)
         self.sink.rank_record(CommRecord(
@@ -241,7 +226,8 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> tuple[EpochTotals, float]:
         """The epoch's totals over all ranks, and the seconds its closing sync took."""
         self.sampler.set_epoch(epoch, self.pos.consumed)
-        self.loader_seed.manual_seed(hash((self.cfg.seed, epoch, self.pos.consumed, self.env.rank)))
+        self.loader_seed.manual_seed(seeds.derive(self.cfg.seed, seeds.LOADER, self.env.rank, epoch,
+                                                  self.pos.consumed))
         steps, n = self.sampler.steps, len(self.data.train)
         plan = self.comm.scaled(micro_steps(steps, self.env.rank, self.cfg.optim.accum_steps,
                                             self.comm.peers))
@@ -263,8 +249,9 @@ class Trainer:
             window.computed()
             if not m.sync:
                 continue
-            set_lr(self.parts.optimizer, lr_at(self.cfg.schedule, self.cfg.optim.lr,
-                                               epoch + cur.consumed / n, self.cfg.epochs))
+            set_lr(self.parts.optimizer, step_lr(self.cfg.schedule, self.cfg.optim.lr,
+                                                 epoch + (cur.consumed - m.window_real) / n,
+                                                 epoch + cur.consumed / n, self.cfg.epochs))
             optimizer_step(self.parts)
             self.comm.stepped(cur.mine)
             cur.global_step += 1
@@ -280,13 +267,23 @@ class Trainer:
         # hidden behind the sync's crossing between sites; on flat DiLoCo-overlap they queue
         # behind the round in flight, on the same process group, which the sync waits for anyway).
         summing = tally.start()
-        synced = time.time()
-        self.comm.consensus()
-        sync_s = time.time() - synced
+        sync_s = self._one_model()
         totals = summing.totals()
         self.pos = self._position(cur, totals.loss_sum, totals.count, totals.correct)
         self.console.end_epoch()
         return totals, sync_s
+
+    def _one_model(self) -> float:
+        """Collective: the replicas become the one model that is evaluated and saved; returns the
+        seconds it took."""
+        synced = time.time()
+        self.comm.consensus()
+        # DDP's forward gives every rank rank 0's buffers, then each rank's batch moves its own;
+        # DiLoCo replicas and hier's sites have them averaged by the sync instead.
+        sites = self.comm.sites
+        if self.cfg.comm.hook not in comm.DILOCO_HOOKS and (sites is None or sites.single):
+            adopt_rank0_buffers(self.module)  # BatchNorm statistics: rank 0's, as the checkpoint's
+        return time.time() - synced
 
     def _perf_record(self, window: perf.StepWindow, epoch: int, step: int) -> None:
         self.sink.rank_record(window.record(self.env.rank, self.env.host, epoch, step))
@@ -375,7 +372,7 @@ class Trainer:
                           f"coverage {totals.coverage_min}..{totals.coverage_max} uses per sample")
 
     def sampler_steps_per_epoch(self) -> int:
-        return -(-len(self.data.train) // self.sampler.global_batch)
+        return steps_per_epoch(len(self.data.train), self.batches.sizes)
 
     def _save(self, is_best: bool, pos: Position | None = None) -> None:
         """Collective (state gathers); one rank per checkpoint directory writes its host's copy.
