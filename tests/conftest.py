@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -227,3 +228,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from tests.clusterschedule import ClusterScheduling
 
     return ClusterScheduling(config, log, Path(os.environ[CLUSTER_LIST_ENV]), SPLIT_MODULES, len(layout.SLOTS))
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port bound on 127.0.0.1 but not listening, held for the test: a connect is refused at once."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]

@@ -5,6 +5,9 @@ answer, not the transport: the transport is tested on real sshd elsewhere."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
@@ -76,3 +79,18 @@ def failure(call: Callable[[], object]) -> str:
     with pytest.raises(MeshrunError) as err:
         call()
     return str(err.value)
+
+
+class HostFiles:
+    """A host whose workdir is a folder here: each command runs there for real (`tail` reads the files),
+    each asked recorded in `asked` as (host, argv)."""
+
+    def __init__(self, name: str, workdir: Path, asked: list[tuple[str, list[str]]]) -> None:
+        self.host: Host = dataclasses.replace(host(), name=name)
+        self.workdir, self.asked = workdir, asked
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
+        self.asked.append((self.host.name, list(argv)))
+        done = subprocess.run(list(argv), cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
+        return CommandResult(done.returncode, done.stdout, done.stderr)

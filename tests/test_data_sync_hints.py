@@ -18,8 +18,8 @@ from meshrun.deploy.edges import datasync
 from meshrun.deploy.edges.datasync import DataSpec, build_manifest, sync_data
 from meshrun.deploy.edges.transport import LocalSession
 from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.run.dataplan import rehinted
+from tests.datalocal import homes, local_host  # noqa: F401 (homes: the autouse fixture)
 
 NET = "; check `fab check-network --hosts gpu1`"
 RESUME = ("; what arrived is kept at data/ds: run the same `fab sync --data /home/a/ds:data/ds` again to resume it "
@@ -63,22 +63,11 @@ def test_the_command_to_rerun_is_quoted_and_one_line() -> None:
         "resume it (if it stays slow: `fab check-network --hosts gpu1`)")
 
 
-@pytest.fixture(autouse=True)
-def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    return tmp_path
 
-
-def local_host(name: str, workdir: Path) -> Host:
-    workdir.mkdir(parents=True, exist_ok=True)
-    return Host(name=name, address="local", ssh_address=None, user=None, port=None, identity=None, python=None,
-                workdir=str(workdir), network=Network.LAN, gpus=None, nproc=1, batch_size=None, env=())
 
 
 def run_sync(src: Path, workdir: Path, tmp_path: Path, timeout: float = 60):
-    host, root = local_host("gpu1", workdir), tmp_path / "proj"
+    host, root = local_host(workdir, "gpu1"), tmp_path / "proj"
     return sync_data(host, LocalSession(host, root), sys.executable, DataSpec(src, "data/ds"), build_manifest(src),
                      root, None, timeout)
 

@@ -8,39 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from meshrun.deploy.edges.datastale import removal_answer
-from meshrun.deploy.edges.datasync import DATA_MANIFEST, DataSpec, build_manifest, sync_data
+from meshrun.deploy.edges.datasync import DATA_MANIFEST, build_manifest
 from meshrun.deploy.edges.transport import CommandResult, LocalSession
 from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.run.dataplan import manifest_names, stale_names
+from tests.datalocal import homes, sync  # noqa: F401 (homes: the autouse fixture)
 
 
-@pytest.fixture(autouse=True)
-def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The user's cache folder and the temporary folder, fresh and outside every SRC."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    return tmp_path
 
 
-def local_host(workdir: Path) -> Host:
-    workdir.mkdir(parents=True, exist_ok=True)
-    return Host(name="local", address="local", ssh_address=None, user=None, port=None, identity=None, python=None,
-                workdir=str(workdir), network=Network.LAN, gpus=None, nproc=1, batch_size=None, env=())
-
-
-def sync(src: Path, tmp_path: Path):
-    host, root = local_host(tmp_path / "wd"), tmp_path / "proj"
-    return sync_data(host, LocalSession(host, root), sys.executable, DataSpec(src, "data/ds"), build_manifest(src),
-                     root, None, 60)
 
 
 def tree(root: Path) -> set[str]:

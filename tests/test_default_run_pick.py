@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,13 +75,6 @@ def test_the_agents_was_running_is_kept_with_its_pids() -> None:
 def test_the_last_line_of_a_stop_claims_only_the_stops_that_happened(running: dict, expected: str) -> None:
     assert stopped_line("r1", running) == expected
 
-
-@pytest.fixture
-def refused_port() -> Iterator[int]:
-    """A port bound on 127.0.0.1 but not listening, held for the test: a connect is refused at once."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        yield held.getsockname()[1]
 
 
 @pytest.fixture

@@ -24,20 +24,13 @@ from meshrun.deploy.edges.transport import CommandResult
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.project import Project
 from meshrun.deploy.run.hoststate import HostState
+from tests.memberproject import member_project
 
 RUN = "20261204-100000-aaaa"
-INVENTORY = """\
-hosts:
-  g1: {address: 10.0.0.1}
-  g2: {address: 10.0.0.2}
-  g3: {address: 10.0.0.3}
-"""
-
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    (tmp_path / "inv.yaml").write_text(INVENTORY)
-    return Project(tmp_path, tmp_path / "runs")
+    return member_project(tmp_path, "g1", "g2", "g3")
 
 
 def saved(project: Project, detached: bool) -> RunRecord:

@@ -25,21 +25,13 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.hoststate import HostState
+from tests.memberproject import member_project
 
 RUN = "20261205-120000-abcd"
-INVENTORY = """\
-hosts:
-  h1: {address: 10.0.0.1}
-  h2: {address: 10.0.0.2}
-  h3: {address: 10.0.0.3}
-  h4: {address: 10.0.0.4}
-"""
-
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    (tmp_path / "inv.yaml").write_text(INVENTORY)
-    return Project(tmp_path, tmp_path / "runs")
+    return member_project(tmp_path, "h1", "h2", "h3", "h4")
 
 
 def saved(project: Project, hosts: tuple[str, ...] = ("h1", "h2"), detached: bool = True) -> RunRecord:

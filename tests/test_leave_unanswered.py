@@ -17,20 +17,13 @@ from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
 from meshrun.deploy.run.hoststate import HostState
+from tests.memberproject import member_project
 
 RUN = "20261204-100000-bbbb"
-INVENTORY = """\
-hosts:
-  g1: {address: 10.0.0.1}
-  g2: {address: 10.0.0.2}
-  g3: {address: 10.0.0.3}
-"""
-
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    (tmp_path / "inv.yaml").write_text(INVENTORY)
-    project = Project(tmp_path, tmp_path / "runs")
+    project = member_project(tmp_path, "g1", "g2", "g3")
     RunRecord(RUN, str(tmp_path / "inv.yaml"), ("g1", "g2", "g3"), 1.0, True, "10.0.0.1:29500", RUN,
               (1, 3)).save(project.runs)
     return project

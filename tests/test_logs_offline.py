@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -116,13 +114,6 @@ def test_a_large_copy_is_read_from_its_end_only(tmp_path: Path) -> None:
 def test_the_recorded_outcome(summary: object, expected: str | None) -> None:
     assert recorded_outcome(summary, RUN) == expected
 
-
-@pytest.fixture
-def refused_port() -> Iterator[int]:
-    """A port bound on 127.0.0.1 but not listening, held for the test: a connect is refused at once."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        yield held.getsockname()[1]
 
 
 @pytest.fixture

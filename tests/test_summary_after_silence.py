@@ -27,7 +27,7 @@ from meshrun.deploy.commands import trainend
 from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import CommandResult
-from meshrun.deploy.inventory.model import Host, Rendezvous
+from meshrun.deploy.inventory.model import Rendezvous
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
@@ -36,7 +36,7 @@ from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
 from meshrun.deploy.run.summary import (HostEnd, build_summary, end_files, end_read, exit_silence, host_end,
                                         silence_reason)
-from tests.fakesession import DEEP, host
+from tests.fakesession import DEEP, HostFiles, host
 
 RUN = "20261206-181241-18eb"
 RDZV = RUN
@@ -138,19 +138,6 @@ def test_the_agents_words_when_the_controller_goes_silent_are_what_the_summary_r
     silent = json.loads(record)["reason"].removeprefix("no heartbeat from the controller for ").removesuffix(" s")
     assert (rc, exit_silence(record)) == (143, int(silent))
 
-
-class HostFiles:
-    """A host whose workdir is a folder here: each command runs there for real (`tail` reads the files)."""
-
-    def __init__(self, name: str, workdir: Path, asked: list[tuple[str, list[str]]]) -> None:
-        self.host: Host = dataclasses.replace(host(), name=name)
-        self.workdir, self.asked = workdir, asked
-        workdir.mkdir(parents=True, exist_ok=True)
-
-    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
-        self.asked.append((self.host.name, list(argv)))
-        done = subprocess.run(list(argv), cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
 def write(path: Path, text: str) -> None:

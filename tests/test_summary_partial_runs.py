@@ -22,8 +22,7 @@ from meshrun import layout
 from meshrun.deploy.commands import trainend
 from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.edges.records import RunRecord
-from meshrun.deploy.edges.transport import CommandResult
-from meshrun.deploy.inventory.model import ElasticBounds, Host, Rendezvous
+from meshrun.deploy.inventory.model import ElasticBounds, Rendezvous
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
@@ -34,7 +33,7 @@ from meshrun.deploy.run.progress import parse_progress
 from meshrun.deploy.run.summary import (END_READ_MAX, EpochEnd, HostEnd, build_summary, end_files, end_read,
                                         epoch_ends, host_end, split_tail, trained)
 from meshrun.train.metrics import EpochRecord, MetricsSink, ProgressRecord, as_json
-from tests.fakesession import DEEP, host
+from tests.fakesession import DEEP, HostFiles, host
 
 RUN = "20261206-180949-ad17"
 RDZV = RUN
@@ -174,19 +173,6 @@ def test_a_metrics_file_past_the_read_is_read_from_its_end(tmp_path: Path) -> No
     assert trained([end]) == {"epochs_completed": count, "metrics": {"test_acc": 0.5 + count / (4 * count),
                                                                       "test_loss": 0.1}}
 
-
-class HostFiles:
-    """A host whose workdir is a folder here: each command runs there for real."""
-
-    def __init__(self, name: str, workdir: Path, asked: list[tuple[str, list[str]]]) -> None:
-        self.host: Host = dataclasses.replace(host(), name=name)
-        self.workdir, self.asked = workdir, asked
-        workdir.mkdir(parents=True, exist_ok=True)
-
-    def run(self, argv: Sequence[str], *, timeout: float = 60, create_workdir: bool = False) -> CommandResult:
-        self.asked.append((self.host.name, list(argv)))
-        done = subprocess.run(list(argv), cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
 def test_the_end_of_a_stopped_run_reads_rank_0s_files_in_the_same_round_as_the_starts(tmp_path: Path) -> None:
