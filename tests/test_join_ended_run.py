@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from meshrun.deploy.commands import membership
 from meshrun.deploy.commands.joincheck import members_end
-from meshrun.deploy.edges import agents
 from meshrun.deploy.edges.records import RunRecord, load_record
-from meshrun.deploy.edges.transport import CommandResult
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.project import Project
 from meshrun.deploy.run.hoststate import HostState
-from tests.memberproject import member_project
+from tests.memberproject import StoodIn, member_project
 
 RUN = "20261204-100000-aaaa"
 
@@ -40,31 +37,10 @@ def saved(project: Project, detached: bool) -> RunRecord:
     return record
 
 
-class Hosts:
-    """The SSH side stood in: `states` is what each host's agent answers about the run."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, states: dict[str, HostState]) -> None:
-        self.asked: list[tuple[str, ...]] = []
-        self.prepared: list[str] = []
-        self.started: list[str] = []
-
-        def host_states(record: RunRecord, root: Path) -> list[HostState]:
-            self.asked.append(record.hosts)
-            return [states.get(h, HostState(RUN, h, "unknown", detail="the agent does not know this run"))
-                    for h in record.hosts]
-
-        def prepare(record, inventory, name, project, renderer, detach):  # type: ignore[no-untyped-def]
-            self.prepared.append(name)
-            return SimpleNamespace(name=name), SimpleNamespace(close=lambda: None)
-
-        def start(session, launch) -> CommandResult:  # type: ignore[no-untyped-def]
-            self.started.append(launch.name)
-            return CommandResult(0, "{}", "")
-
-        monkeypatch.setattr(agents, "host_states", host_states)
-        monkeypatch.setattr(membership, "prepare_joiner", prepare)
-        monkeypatch.setattr(membership, "at_generation", lambda launch, generation: launch)
-        monkeypatch.setattr(membership, "run_detached_agent", start)
+def Hosts(monkeypatch: pytest.MonkeyPatch, states: dict[str, HostState]) -> StoodIn:  # noqa: N802 (was a class)
+    """`states`: what each host's agent answers about the run; a host not in it does not know the run."""
+    return StoodIn(monkeypatch, lambda record: [
+        states.get(h, HostState(RUN, h, "unknown", detail="the agent does not know this run")) for h in record.hosts])
 
 
 def state(host: str, name: str, rc: int | None = None) -> HostState:

@@ -18,14 +18,12 @@ import pytest
 from meshrun import fsutil
 from meshrun.deploy.commands import membership
 from meshrun.deploy.commands.membership import Request, RequestPoller, add_member, join_or_leave, merged_hosts
-from meshrun.deploy.edges import agents
 from meshrun.deploy.edges.records import RunRecord, load_record
-from meshrun.deploy.edges.transport import CommandResult
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.hoststate import HostState
-from tests.memberproject import member_project
+from tests.memberproject import StoodIn, member_project
 
 RUN = "20261205-120000-abcd"
 
@@ -40,31 +38,11 @@ def saved(project: Project, hosts: tuple[str, ...] = ("h1", "h2"), detached: boo
     return record
 
 
-class Starts:
-    """Stands in for the SSH side of a detached join; `states` is what host_states answers."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, states: dict[str, str] | None = None) -> None:
-        self.prepared: list[str] = []
-        self.started: list[str] = []
-        self.asked: list[tuple[str, ...]] = []
-        states = states or {}
-
-        def host_states(record: RunRecord, root: Path) -> list[HostState]:
-            self.asked.append(record.hosts)
-            return [HostState(record.run_id, h, states.get(h, "exited"), generation=0) for h in record.hosts]
-
-        def prepare(record, inventory, name, project, renderer, detach):  # type: ignore[no-untyped-def]
-            self.prepared.append(name)
-            return SimpleNamespace(name=name), SimpleNamespace(close=lambda: None)
-
-        def start(session, launch) -> CommandResult:  # type: ignore[no-untyped-def]
-            self.started.append(launch.name)
-            return CommandResult(0, "{}", "")
-
-        monkeypatch.setattr(agents, "host_states", host_states)
-        monkeypatch.setattr(membership, "prepare_joiner", prepare)
-        monkeypatch.setattr(membership, "at_generation", lambda launch, generation: launch)
-        monkeypatch.setattr(membership, "run_detached_agent", start)
+def Starts(monkeypatch: pytest.MonkeyPatch, states: dict[str, str] | None = None) -> StoodIn:  # noqa: N802
+    """`states`: what host_states answers of each host (the others: exited)."""
+    given = states or {}
+    return StoodIn(monkeypatch, lambda record: [HostState(record.run_id, h, given.get(h, "exited"), generation=0)
+                                                for h in record.hosts])
 
 
 def test_a_detached_join_of_two_hosts_records_both(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
