@@ -161,13 +161,16 @@ def setup(c, hosts=None, inventory=None, base="python3", reuse_site=None, projec
 
 @task(help={**PROJECT_FLAGS, "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP,
             "data": "also a dataset: SRC:DEST (local dir : dir on each host, relative to its workdir or absolute)",
+            "timeout": "seconds each host's sync may take, code and --data alike (default 900); a sync cut short "
+                       "resumes when run again",
             "debug": DEBUG_HELP})
 @_guarded
-def sync(c, hosts=None, inventory=None, data=None, project=None, runs_dir=None, debug=False):
+def sync(c, hosts=None, inventory=None, data=None, project=None, runs_dir=None, debug=False, timeout=None):
     """Copy the project's code (git-tracked and untracked-not-ignored files), and --data, to each host."""
-    from meshrun.deploy.commands.sync import main
+    from meshrun.deploy.commands.sync import SYNC_TIMEOUT_S, main
 
-    main(inventory or None, hosts or None, data or None, _project(project, runs_dir))
+    seconds = flags.whole("--timeout", timeout or "", SYNC_TIMEOUT_S, flags.MAX_SYNC_TIMEOUT_S, "7200")
+    main(inventory or None, hosts or None, data or None, _project(project, runs_dir), seconds)
 
 
 @task(help={**PROJECT_FLAGS, 

@@ -22,8 +22,8 @@ from meshrun.deploy.run.dataplan import rehinted
 from tests.datalocal import homes, local_host  # noqa: F401 (homes: the autouse fixture)
 
 NET = "; check `fab check-network --hosts gpu1`"
-RESUME = ("; what arrived is kept at data/ds: run the same `fab sync --data /home/a/ds:data/ds` again to resume it "
-          "(if it stays slow: `fab check-network --hosts gpu1`)")
+RESUME = ("; what arrived is kept at data/ds: run the same `fab sync --data /home/a/ds:data/ds` again to resume it, "
+          "with --timeout SECONDS for longer (if it stays slow: `fab check-network --hosts gpu1`)")
 FULL = ("; the disk holding data/ds on gpu1 is full: free space there, then run the same "
         "`fab sync --data /home/a/ds:data/ds` again (what arrived is kept)")
 NO_SPACE = 'rsync: [receiver] write failed on "/w/data/ds/b.bin": No space left on device (28)'
@@ -60,7 +60,7 @@ def test_the_command_to_rerun_is_quoted_and_one_line() -> None:
     cut = "host 'gpu1': data sync did not finish within 9 s; rsync was stopped (no message)"
     assert hint(cut + NET, "/data/my set\n") == cut + (
         "; what arrived is kept at data/ds: run the same `fab sync --data '/data/my set\\n:data/ds'` again to "
-        "resume it (if it stays slow: `fab check-network --hosts gpu1`)")
+        "resume it, with --timeout SECONDS for longer (if it stays slow: `fab check-network --hosts gpu1`)")
 
 
 
@@ -87,7 +87,7 @@ def test_real_rsync_cut_at_the_deadline_says_rerun_and_the_rerun_completes(tmp_p
     message = str(err.value)
     assert message.startswith("host 'gpu1': data sync did not finish within 1 s; rsync was stopped ("), message
     assert message.endswith(f"; what arrived is kept at data/ds: run the same `fab sync --data {src}:data/ds` again "
-                            "to resume it (if it stays slow: `fab check-network --hosts gpu1`)"), message
+                            "to resume it, with --timeout SECONDS for longer (if it stays slow: `fab check-network --hosts gpu1`)"), message
     assert "\n" not in message
     monkeypatch.undo()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

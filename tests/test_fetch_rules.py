@@ -200,3 +200,15 @@ def test_a_manifest_is_parsed_in_one_pass_over_one_set_of_names(monkeypatch: pyt
                                                             (53, "lists a file a second time"),
                                                             (54, "not a '<sha256>  <file name>' line"),
                                                             (55, "lists a file a second time")]
+
+
+def test_the_code_sync_keeps_a_cut_file_to_resume_from(tmp_path: Path) -> None:
+    """A large file of the code (a pretrained.pt not ignored) cut by the sync's deadline over a slow link
+    started from byte 0 on every sync; the code sync's rsync now keeps what arrived, as the data sync's does.
+    Its list comes from `/` (`sent_list`), its prune after it (PRUNE_SH)."""
+    argv = rsync_argv(host(), tmp_path / "proj", None, recorded=True)
+    assert argv[:11] == ["rsync", "--protect-args", "--timeout=60", "--archive", "--compress", "--mkpath",
+                         "--files-from=-", "--from0", "--info=progress2", "--no-inc-recursive",
+                         "--partial-dir=.meshrun-partial"]
+    assert argv[-2:] == ["/", "10.0.0.2:meshrun/"]
+    assert "--partial-dir=.meshrun-partial" not in rsync_argv(host(), tmp_path / "proj", None)  # other pushes

@@ -65,7 +65,8 @@ def code_files(inventory: Inventory, project: Project) -> bytes:
 
 
 def sync_code(hosts: tuple[Host, ...], inventory: Inventory, project: Project, renderer: Renderer,
-              files: bytes | None = None, later: SessionsLater | None = None) -> dict[str, SyncResult]:
+              files: bytes | None = None, later: SessionsLater | None = None,
+              timeout: float = SYNC_TIMEOUT_S) -> dict[str, SyncResult]:
     """Sync to every host; raises one MeshrunError naming each host that failed (an InputError when
     each failed for holding another project's code: edges/sync.py). With `later` (`fab train`), a
     host last synced this very code is asked first, over its session once open, and synced only if
@@ -83,11 +84,11 @@ def sync_code(hosts: tuple[Host, ...], inventory: Inventory, project: Project, r
         if later is not None and may_hold(hints, key, local) and _holds(host, later, files, local, claim):
             bars.update(host.name, 100)
             return SyncResult(host.name, False, len(names), unchanged=True)
-        left = SYNC_TIMEOUT_S - (time.monotonic() - started)  # the ask's time is the sync's
+        left = timeout - (time.monotonic() - started)  # the ask's time is the sync's
         return sync_host(host, root, inventory.known_hosts, files, bars.update, left, claim=claim)
 
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
-        results = on_each(hosts, lambda h: one(h, bars), timeout=SYNC_TIMEOUT_S + FANOUT_MARGIN_S)
+        results = on_each(hosts, lambda h: one(h, bars), timeout=timeout + FANOUT_MARGIN_S)
     done = results.ok
     save_hints(hint_file(), {hint_key(where, h): local for h in hosts if h.name in done and not done[h.name].skipped})
     refuse_taken(results)
@@ -112,7 +113,8 @@ def _holds(host: Host, later: SessionsLater, files: bytes, digest: str, claim: C
     return session is not None and host_holds(session, python_of(host, sys.executable), files, digest, claim)
 
 
-def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec: DataSpec) -> dict[str, DataResult]:
+def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec: DataSpec,
+                 timeout: float = SYNC_TIMEOUT_S) -> dict[str, DataResult]:
     """The dataset to every host in parallel, verified against its sha256 manifest; a workdir that
     holds another project's code gets none (its claim is one command over the session opened here)."""
     manifest = build_manifest(spec.source)
@@ -121,10 +123,10 @@ def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec
     def one(host: Host, session: Session) -> DataResult:
         check_owner(host, session, root, claim)
         return sync_data(host, session, python_of(host, sys.executable), spec, manifest, root,
-                         inventory.known_hosts, SYNC_TIMEOUT_S)
+                         inventory.known_hosts, timeout)
 
     with sessions_to(hosts, inventory, root) as sessions:
-        results = on_each(hosts, lambda h: one(h, sessions[h.name]), timeout=SYNC_TIMEOUT_S + FANOUT_MARGIN_S)
+        results = on_each(hosts, lambda h: one(h, sessions[h.name]), timeout=timeout + FANOUT_MARGIN_S)
     refuse_taken(results)
     return results.require_all()
 
@@ -199,9 +201,11 @@ def refuse_under_runs(hosts: tuple[Host, ...], inventory: Inventory, root: Path)
     return results.failed
 
 
-def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, project: Project) -> None:
-    """`fab sync [--data SRC:DEST]`: the code and the dataset, side by side when they cannot touch
-    the same files (a no-op resync then costs the longer of the two, not their sum)."""
+def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, project: Project,
+         timeout: float = SYNC_TIMEOUT_S) -> None:
+    """`fab sync [--data SRC:DEST] [--timeout SECONDS]`: the code and the dataset, side by side when they
+    cannot touch the same files (a no-op resync then costs the longer of the two, not their sum), each
+    host's within `timeout` seconds."""
     root = project.root
     inv = load_inventory(inventory_path(inventory_arg, root), root)
     spec = parse_data_flag(data) if data else None
@@ -210,7 +214,7 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
     files = code_files(inv, project)
     unasked = refuse_under_runs(selected, inv, root)
     try:
-        _sync_all(tuple(h for h in selected if h.name not in unasked), inv, project, spec, files, renderer)
+        _sync_all(tuple(h for h in selected if h.name not in unasked), inv, project, spec, files, renderer, timeout)
     except InputError:  # the user's to fix whatever the hosts do (a bad SRC, another project's workdir)
         raise
     except MeshrunError as err:
@@ -220,14 +224,14 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
 
 
 def _sync_all(selected: tuple[Host, ...], inv: Inventory, project: Project, spec: DataSpec | None, files: bytes,
-              renderer: Renderer) -> None:
+              renderer: Renderer, timeout: float = SYNC_TIMEOUT_S) -> None:
     """The code, and the dataset beside it when they cannot touch the same files; one line each."""
     root = project.root
     beside = spec is not None and data_beside_code(spec.dest, files)
     # A daemon thread, not a pool: Ctrl-C must not wait for the data's rsyncs, which localproc stops.
-    dataset = Beside(sync_dataset, selected, inv, root, spec) if beside else None
+    dataset = Beside(sync_dataset, selected, inv, root, spec, timeout) if beside else None
     try:
-        code = sync_code(selected, inv, project, renderer, files)
+        code = sync_code(selected, inv, project, renderer, files, timeout=timeout)
     except MeshrunError:
         # A bad SRC (unreadable file, refused name) is the user's to fix whatever the hosts do,
         # and it would be lost behind an unreachable host's error.
@@ -243,7 +247,7 @@ def _sync_all(selected: tuple[Host, ...], inv: Inventory, project: Project, spec
                                              else f"{result.files} files in sync"))
     if spec is None:
         return
-    items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec)
+    items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec, timeout)
     for item in items.values():
         sent = f"{len(item.transferred)} sent" if item.transferred else "unchanged, nothing sent"
         removed = f"; {item.removed} removed (gone from SRC)" if item.removed else ""

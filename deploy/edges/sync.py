@@ -46,13 +46,13 @@ from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same ho
 from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.host.codestat import MARK_MAX, is_ours, mark_line, record_of
 from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.dataplan import PARTIAL_DIR
 from meshrun.deploy.run.shell import local_workdir, make_workdir, shell_path
 from meshrun.deploy.run.syncset import (  # noqa: F401 (the owner mark's names, here too for callers and tests)
     NAME_RE, OWNER_SAID, PRUNE_SH, SAID_RE, SHIPPED_NEW, WORKDIR_FILES, Claim, WorkdirTaken, mark_name, new_workdir,
     relative_name, remote_path, remote_spec, sent_list, shippable, taken_message)
 
-# The remote shell never sees a path or option value; rsync >= 3.0 on both ends knows this name
-# (3.2.7 renamed it --secluded-args and keeps this one as its alias).
+# The remote shell never sees a path or option value; rsync >= 3.0 knows this name (3.2.7's --secluded-args alias).
 PROTECT_ARGS = "--protect-args"
 PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
 GIT_TIMEOUT_S = 120  # `git ls-files` of a large project on a slow disk
@@ -151,6 +151,7 @@ def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | Non
     target = dest if dest is not None else remote_path(host.workdir)
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--compress", "--mkpath", "--files-from=-",
             "--from0", "--info=progress2", "--no-inc-recursive"]
+    argv += [f"--partial-dir={PARTIAL_DIR}"] if recorded else []  # a big code file cut by the deadline resumes
     source = "/" if recorded else f"{root}/"
     if host.is_local:
         return argv + [source, f"{target}/"]

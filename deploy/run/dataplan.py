@@ -131,7 +131,7 @@ def rehinted(message: str, host: str, source: str, dest: str) -> str:
     prefix = f"host '{host}': data sync "
     if body.startswith(prefix + "did not finish within "):
         return (f"{body}; what arrived is kept at {shown_path(dest)}: run the same {again(source, dest)} again to "
-                f"resume it (if it stays slow: `fab check-network --hosts {host}`)")
+                f"resume it, with --timeout SECONDS for longer (if it stays slow: `fab check-network --hosts {host}`)")
     failed = re.match(re.escape(prefix) + r"failed \(rsync exit (\d+)\): ", body)
     if failed and int(failed[1]) in DISK_FULL_EXITS and NO_SPACE in body[failed.end():]:
         return (f"{body}; the disk holding {shown_path(dest)} on {host} is full: free space there, then run the "

@@ -19,6 +19,7 @@ DIGITS_MAX = 30  # past this many characters a number is a typo whichever it is:
 MAX_CONNECT_TIMEOUT_S = 600  # a host that takes longer to answer SSH is gone
 MAX_PG_TIMEOUT_S = 86_400  # a collective that may stall a day has no timeout
 MAX_LOG_LINES = 100_000  # per host: more is a file to fetch (fab fetch-checkpoints), not a screen
+MAX_SYNC_TIMEOUT_S = 7 * 86_400  # `fab sync --timeout`: a first dataset over a home uplink may take days
 MAX_PROGRAM = 1000  # characters of a host interpreter's path (--base, --reuse-site)
 
 
