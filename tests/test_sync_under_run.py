@@ -55,6 +55,7 @@ def local_project(tmp_path: Path) -> tuple[Path, Path]:
     (root / "inventory" / "hosts.yaml").write_text(f"hosts:\n  h1: {{address: local, workdir: {workdir}}}\n")
     (workdir / host_dir(RUN, "h1")).mkdir(parents=True)
     (workdir / "train.py").write_text("print('old')\n")  # another size: rsync's quick check sees it
+    RunRecord(RUN, "inventory/hosts.yaml", ("h1",), 1.0, True, "standalone", RUN).save(root / "runs")  # this one's run
     return root, workdir
 
 
@@ -110,6 +111,19 @@ def test_the_refusal_names_each_run_and_its_hosts_once() -> None:
         f"runs {RUN} (on h1), r2 (on h1, h2) are running from these hosts' workdirs: fab sync would change the code "
         "they run from (a worker restart or a --resume would import the new code beside the old; nothing was "
         "synced); stop them first (fab stop --run ID, for each) or wait for them to end")
+
+
+def test_a_run_no_record_here_puts_on_that_host_gets_no_stop_advice() -> None:
+    """A compromised host answers busy with the id of a real run its honest peers train: `fab stop --run`
+    on its word would end that run. Only a run whose record here lists the host is advised to be stopped."""
+    ours = {(RUN, "h1")}
+    assert under_runs({"h1": (RUN,)}, lambda run, host: (run, host) in ours).startswith(
+        f"run {RUN} is running from the workdir of h1: ")
+    told = under_runs({"h1": (RUN,), "evil": (RUN,)}, lambda run, host: (run, host) in ours)
+    assert told == (f"a run this controller has no record of on that host is running from its workdir (evil says "
+                    f"{RUN}): fab sync would change the code it runs from (a worker restart or a --resume would "
+                    "import the new code beside the old; nothing was synced); stop it where it was started, or wait")
+    assert "fab stop" not in told
 
 
 def test_a_host_without_the_runs_interpreter_runs_none_of_them(local_project: tuple[Path, Path]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import time
 from meshrun.deploy.edges.beside import Beside
 from pathlib import Path
@@ -34,6 +34,7 @@ from meshrun.deploy.inventory.load import inventory_path, load_inventory
 from meshrun.deploy.project import Project
 from meshrun.deploy.inventory.selection import select_hosts
 from meshrun.deploy.edges.fanout import HostResults, on_each
+from meshrun.deploy.edges.records import load_record
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.plan import python_of
@@ -138,13 +139,21 @@ def busy_runs(error: str) -> tuple[str, ...]:
     return runs if runs and all(is_run_id(r) for r in runs) else ()
 
 
-def under_runs(busy: Mapping[str, tuple[str, ...]]) -> str:
-    """One line: which run runs from which hosts' workdirs, and what to do (pure)."""
+def under_runs(busy: Mapping[str, tuple[str, ...]], ours: Callable[[str, str], bool] = lambda run, host: True) -> str:
+    """One line: which run runs from which hosts' workdirs, and what to do (pure). A host's answer names
+    the runs: `fab stop --run` is advised only for a run `ours(run, host)`, one whose record here lists
+    that host; a run a host names that no record here puts on it may be its own invention (stopping a
+    real run of the same id elsewhere on its word) or another controller's: said, with no stop advised."""
+    why = "a worker restart or a --resume would import the new code beside the old; nothing was synced"
+    foreign = {host: [run for run in runs if not ours(run, host)] for host, runs in busy.items()}
+    if named := {host: runs for host, runs in foreign.items() if runs}:
+        said_by = "; ".join(f"{host} says {', '.join(runs)}" for host, runs in named.items())
+        return (f"a run this controller has no record of on that host is running from its workdir ({said_by}): "
+                f"fab sync would change the code it runs from ({why}); stop it where it was started, or wait")
     where: dict[str, list[str]] = {}
     for host, runs in busy.items():
         for run in runs:
             where.setdefault(run, []).append(host)
-    why = "a worker restart or a --resume would import the new code beside the old; nothing was synced"
     if len(where) == 1:
         [(run, hosts)] = where.items()
         return (f"run {run} is running from the workdir of {', '.join(hosts)}: fab sync would change the code it "
@@ -152,6 +161,14 @@ def under_runs(busy: Mapping[str, tuple[str, ...]]) -> str:
     runs = ", ".join(f"{run} (on {', '.join(hosts)})" for run, hosts in where.items())
     return (f"runs {runs} are running from these hosts' workdirs: fab sync would change the code they run from "
             f"({why}); stop them first (fab stop --run ID, for each) or wait for them to end")
+
+
+def recorded_on(runs: Path, run: str, host: str) -> bool:
+    """Whether this controller's record of `run` (in `runs`) lists `host`; no readable record: False."""
+    try:
+        return host in load_record(runs, run).hosts
+    except InputError:
+        return False
 
 
 def runs_from(host: Host, session: Session) -> tuple[str, ...]:
@@ -178,7 +195,8 @@ def runs_from(host: Host, session: Session) -> tuple[str, ...]:
                        "nothing was synced")
 
 
-def refuse_under_runs(hosts: tuple[Host, ...], inventory: Inventory, root: Path) -> dict[str, MeshrunError]:
+def refuse_under_runs(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
+                      runs: Path | None = None) -> dict[str, MeshrunError]:
     """Every host asked at once, before any is synced: a refusal after another host's sync would have
     changed that host's files. Returns why each host that could not be asked was not: it is synced
     by no one (its rsync would most likely fail the same way), the others are. A workdir that is the
@@ -197,7 +215,7 @@ def refuse_under_runs(hosts: tuple[Host, ...], inventory: Inventory, root: Path)
     results = on_each(asked, ask, timeout=DEFAULT_CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S + 5)
     busy = {name: runs for name, runs in results.ok.items() if runs}
     if busy:
-        raise MeshrunError(under_runs(busy))
+        raise MeshrunError(under_runs(busy, lambda run, host: runs is not None and recorded_on(runs, run, host)))
     return results.failed
 
 
@@ -212,7 +230,7 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
     files = code_files(inv, project)
-    unasked = refuse_under_runs(selected, inv, root)
+    unasked = refuse_under_runs(selected, inv, root, project.runs)
     try:
         _sync_all(tuple(h for h in selected if h.name not in unasked), inv, project, spec, files, renderer, timeout)
     except InputError:  # the user's to fix whatever the hosts do (a bad SRC, another project's workdir)
