@@ -8,7 +8,12 @@ with status 143 and wrote `failed`, `host 'h1' exited with status 143`, `failed_
 read per host (deploy/commands/trainend.py `read_ends`: starts.json, and in the same command the
 agent's exit.json) tells that end apart: the summary says `stopped`, names this controller's silence
 and `fab train --resume ID`, and counts no host that stopped for it as lost. The agent's own words are
-checked against the reader with the real agent; the read against real `tail`, the hosts' files on disk."""
+checked against the reader with the real agent; the read against real `tail`, the hosts' files on disk.
+
+The silence counts only where it explains the failure: the host the controller blamed says so itself
+(stop54-attacker #3). One host's exit.json alone turned a run whose honest h2 crashed (exit 1, the
+controller awake) into `stopped`, `failed_host: null`, "this controller was silent": a compromised
+member, or an honest one cut off alone, recast the whole run. Its word now stays in its timeline detail."""
 
 from __future__ import annotations
 
@@ -117,6 +122,37 @@ def test_an_exit_record_of_any_shape_is_a_silence_or_none(text: str, silent: int
     assert exit_silence(text) == silent
 
 
+def crashed(evil_lost: bool = False) -> JobOutcome:
+    """What the controller saw, awake: h2's trainer crashed (exit 1) and failed the run; `evil_lost`: evil's
+    agent then ended by itself (status 143) before the controller stopped it."""
+    events = [MembershipEvent(1.0, Change.STARTED, "evil", 2), MembershipEvent(1.0, Change.STARTED, "h2", 4),
+              MembershipEvent(40.0, Change.LOST, "h2", 2, "exit status 1")]
+    events += [MembershipEvent(40.5, Change.LOST, "evil", 0, "exit status 143")] if evil_lost else []
+    hosts = (HostOutcome("evil", 143, Path("evil.log"), ()), HostOutcome("h2", 1, Path("h2.log"), ()))
+    return JobOutcome(RUN, JobStatus.FAILED, 0.0, 41.0, hosts, failed_host="h2",
+                      reason="host 'h2' exited with status 1", events=tuple(events))
+
+
+def test_one_hosts_word_of_silence_does_not_recast_a_run_another_host_failed() -> None:
+    """The attack's run: only evil says the controller was silent; h2, the host that failed, does not."""
+    plan = a_plan(("evil", "h2"))
+    for ends in ([HostEnd("evil", silent_s=31), HostEnd("h2")], [HostEnd("evil", silent_s=31)]):  # h2 silent, or none
+        summary = build_summary(plan, crashed(), None, ends=ends)
+        assert (summary.status, summary.failed_host, summary.lost_hosts, summary.reason) == (
+            "failed", "h2", ["h2"], "host 'h2' exited with status 1")
+        assert [event["detail"] for event in summary.timeline] == [None, None, "exit status 1"]
+    # evil's agent ended by itself too: lost, and its word is told beside its loss as its own, not the run's cause.
+    summary = build_summary(plan, crashed(evil_lost=True), None, ends=[HostEnd("evil", silent_s=31), HostEnd("h2")])
+    assert (summary.status, summary.failed_host, summary.lost_hosts) == ("failed", "h2", ["evil", "h2"])
+    assert summary.timeline[-1]["detail"] == (
+        "exit status 143; its agent says it had no heartbeat from this controller for 31 s")
+    # h2, the host blamed, says so itself: the silence explains the failure.
+    both = build_summary(plan, crashed(evil_lost=True), None, ends=[HostEnd("evil", silent_s=31),
+                                                                    HostEnd("h2", silent_s=33)])
+    assert (both.status, both.failed_host, both.lost_hosts, both.reason) == (
+        "stopped", None, [], silence_reason(RUN, 33))
+
+
 # --- the agent's own words, and the read ------------------------------------------------------------
 
 def test_the_agents_words_when_the_controller_goes_silent_are_what_the_summary_reads(tmp_path: Path) -> None:
@@ -203,6 +239,18 @@ def test_a_hosts_answer_is_read_from_its_exit_record_alone(tmp_path: Path) -> No
     done = subprocess.run(end_read(files), cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 1
     assert host_end("h1", done.stdout, files, RDZV, False) == HostEnd("h1", silent_s=31)
+
+
+def test_the_end_reads_a_hosts_claim_of_silence_and_keeps_the_failure_of_the_host_that_failed(
+        tmp_path: Path) -> None:
+    """The attack's files on disk, read by real `tail`: evil's exit.json says silence; h2's, that it exited."""
+    plan = a_plan(("evil", "h2"))
+    write(tmp_path / "evil" / layout.host_dir(RUN, "evil") / layout.EXIT_RECORD,
+          exit_record("no heartbeat from the controller for 31 s"))
+    write(tmp_path / "h2" / layout.host_dir(RUN, "h2") / layout.EXIT_RECORD, exit_record("exited", rc=1))
+    summary = ended(tmp_path, plan, crashed(), a_record(plan), [])
+    assert (summary.status, summary.failed_host, summary.lost_hosts, summary.reason) == (
+        "failed", "h2", ["h2"], "host 'h2' exited with status 1")
 
 
 def test_a_host_whose_read_fails_adds_nothing_and_costs_the_others_nothing(tmp_path: Path) -> None:

@@ -8,15 +8,25 @@ resuming by epochs_completed skipped exactly those. Now, without result.json, th
 host (deploy/commands/trainend.py `read_ends`) brings rank 0's progress.json and the end of its
 metrics.jsonl too, and the summary takes the epochs done, the last epoch's metrics and the best
 accuracy from them (deploy/run/summary.py `trained`); a fixed run's world_size is the launch's. The
-files are written by the trainer's own writer (train/metrics.py MetricsSink) and read by real `tail`."""
+files are written by the trainer's own writer (train/metrics.py MetricsSink) and read by real `tail`.
+
+Only the hosts that held rank 0 are read, and only records of the run (stop54-attacker #3): every
+answering host's records were merged, so a member that never held rank 0 serving `epoch 2147483647,
+time 1e300, test_acc 0.999` set the run's epochs_completed and best accuracy. Which host held rank 0 is
+torch's own rule (`rank0_hosts`, checked against this torch's rendezvous); a record before the run's
+first start, after its end, or past the epochs it was to train (`-- epochs=N`) is none of its own."""
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import json
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from types import SimpleNamespace
+from typing import Mapping, Sequence
+
+import pytest
 
 from meshrun import layout
 from meshrun.deploy.commands import trainend
@@ -30,20 +40,38 @@ from meshrun.deploy.run.membership import Change, MembershipEvent
 from meshrun.deploy.run.outcome import HostOutcome, JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchOptions, LaunchPlan, Workload, plan_launch
 from meshrun.deploy.run.progress import parse_progress
-from meshrun.deploy.run.summary import (END_READ_MAX, EpochEnd, HostEnd, build_summary, end_files, end_read,
-                                        epoch_ends, host_end, split_tail, trained)
+from meshrun.deploy.run.summary import (CLOCK_SKEW_S, END_READ_MAX, EpochEnd, HostEnd, RecordBounds, build_summary,
+                                        end_files, end_read, epoch_ends, host_end, rank0_hosts, run_began, split_tail,
+                                        trained)
 from meshrun.train.metrics import EpochRecord, MetricsSink, ProgressRecord, as_json
 from tests.fakesession import DEEP, HostFiles, host
 
 RUN = "20261206-180949-ad17"
 RDZV = RUN
+T0 = float(calendar.timegm((2026, 12, 6, 18, 9, 49, 0, 0, 0)))  # the run's id: its first start, UTC
+
+
+def read_all(*names: str) -> RecordBounds:
+    """Bounds that keep every record of `names`' (the rules of `trained` apart from whose and when)."""
+    return RecordBounds(frozenset(names), 0.0, 1e11)
 
 
 def a_plan(names: Sequence[str] = ("h1",), elastic: ElasticBounds | None = None) -> LaunchPlan:
-    hosts = tuple(dataclasses.replace(host(), name=name, address=f"10.0.0.{i}", nproc=2)
-                  for i, name in enumerate(names, 1))
+    return plan_at({name: f"10.0.0.{i}" for i, name in enumerate(names, 1)}, elastic)
+
+
+def plan_at(addresses: Mapping[str, str], elastic: ElasticBounds | None = None) -> LaunchPlan:
+    """Hosts at these addresses (two processes each), the first the rendezvous host."""
+    hosts = tuple(dataclasses.replace(host(), name=name, address=address, nproc=2)
+                  for name, address in addresses.items())
     options = LaunchOptions(RUN, Workload(), elastic=elastic, rdzv_id=RDZV)
-    return plan_launch(Selection(hosts, Rendezvous(names[0], 29400)), options, {}, "/v/python")
+    return plan_launch(Selection(hosts, Rendezvous(hosts[0].name, 29400)), options, {}, "/v/python")
+
+
+def started(plan: LaunchPlan, *later: tuple[Change, str]) -> tuple[MembershipEvent, ...]:
+    """The launch's `started` events, then `later`'s changes (world sizes are not what is read here)."""
+    return (*(MembershipEvent(1.0, Change.STARTED, h.host.name, 0) for h in plan.hosts),
+            *(MembershipEvent(10.0 + i, change, name, 0) for i, (change, name) in enumerate(later)))
 
 
 def an_outcome(status: JobStatus, names: Sequence[str] = ("h1",), lost: Sequence[str] = ()) -> JobOutcome:
@@ -53,7 +81,7 @@ def an_outcome(status: JobStatus, names: Sequence[str] = ("h1",), lost: Sequence
         events.append(MembershipEvent(60.0 + i, Change.LOST, name, size - 2 * i, "exit status 1"))
     hosts = tuple(HostOutcome(name, 1 if name in lost else 130, Path(f"{name}.log"), ()) for name in names)
     reason = f"host '{lost[0]}' exited with status 1" if lost else "interrupted (Ctrl-C)"
-    return JobOutcome(RUN, status, 0.0, 70.0, hosts, failed_host=lost[0] if lost else None, reason=reason,
+    return JobOutcome(RUN, status, T0 + 5, T0 + 70, hosts, failed_host=lost[0] if lost else None, reason=reason,
                       events=tuple(events))
 
 
@@ -80,8 +108,8 @@ def trainer_files(workdir: Path, epochs: Sequence[EpochRecord], last: ProgressRe
 
 def test_a_stopped_runs_summary_has_what_rank_0_recorded() -> None:
     """Ctrl-C in epoch 23 of 200: 22 done; the last evaluated metrics; the best of the 22."""
-    records = tuple(EpochEnd(n, 100.0 + n, 0.9 + n / 1000, 0.5 - n / 100) for n in range(1, 23))
-    ends = [HostEnd("h1", starts=1, progress=parse_progress(as_json(progress(22, 997, 200.0))), epochs=records)]
+    records = tuple(EpochEnd(n, T0 + 10 + n, 0.9 + n / 1000, 0.5 - n / 100) for n in range(1, 23))
+    ends = [HostEnd("h1", starts=1, progress=parse_progress(as_json(progress(22, 997, T0 + 60))), epochs=records)]
     summary = build_summary(a_plan(), an_outcome(JobStatus.STOPPED), None, ends=ends)
     assert (summary.status, summary.epochs_completed, summary.metrics, summary.best_test_acc, summary.world_size,
             summary.restarts) == ("stopped", 22, {"test_acc": 0.922, "test_loss": 0.28}, 0.922, 2, 0)
@@ -118,14 +146,15 @@ def test_epochs_from_every_host_that_held_rank_0_the_record_written_last_wins() 
                  epochs=(EpochEnd(1, 10.0, 0.5, 0.9), EpochEnd(2, 20.0, 0.8, 0.5), EpochEnd(3, 30.0, 0.95, 0.3)))
     h2 = HostEnd("h2", progress=parse_progress(as_json(progress(4, 190, 45.0))),
                  epochs=(EpochEnd(3, 35.0, 0.85, 0.35), EpochEnd(4, 44.0, 0.9, None)))
-    assert trained([h1, h2]) == {"epochs_completed": 4, "metrics": {"test_acc": 0.9}, "best_test_acc": 0.9}
-    assert trained([h1]) == {"epochs_completed": 3, "metrics": {"test_acc": 0.95, "test_loss": 0.3},
+    assert trained([h1, h2], read_all("h1", "h2")) == {"epochs_completed": 4, "metrics": {"test_acc": 0.9},
+                                                       "best_test_acc": 0.9}
+    assert trained([h1], read_all("h1")) == {"epochs_completed": 3, "metrics": {"test_acc": 0.95, "test_loss": 0.3},
                              "best_test_acc": 0.95}
     mid = HostEnd("h3", progress=parse_progress(as_json(progress(7, 320, 50.0))))  # in epoch 8: 7 done
-    assert trained([mid]) == {"epochs_completed": 7}
-    assert trained([dataclasses.replace(h1, epochs_cut=True)]) == {
+    assert trained([mid], read_all("h3")) == {"epochs_completed": 7}
+    assert trained([dataclasses.replace(h1, epochs_cut=True)], read_all("h1")) == {
         "epochs_completed": 3, "metrics": {"test_acc": 0.95, "test_loss": 0.3}}  # its best may be in what was not read
-    assert trained([HostEnd("h1"), HostEnd("h2", starts=3)]) == {}
+    assert trained([HostEnd("h1"), HostEnd("h2", starts=3)], read_all("h1", "h2")) == {}
 
 
 def test_a_metrics_files_end_of_any_shape_gives_its_sound_epochs_only() -> None:
@@ -140,6 +169,85 @@ def test_a_metrics_files_end_of_any_shape_gives_its_sound_epochs_only() -> None:
     assert epoch_ends(text, cut=False) == (EpochEnd(3, 30.0, 0.9, 0.1), EpochEnd(8, 80.0, 0.9, None),
                                            EpochEnd(9, 90.0, 0.9, None))
     assert epoch_ends(text, cut=True) == (EpochEnd(8, 80.0, 0.9, None), EpochEnd(9, 90.0, 0.9, None))
+
+
+def test_rank_0_is_on_the_host_with_the_least_address_of_each_round() -> None:
+    assert rank0_hosts(a_plan(("h1", "h2")), started(a_plan(("h1", "h2")))) == {"h1"}
+    plan = plan_at({"h9": "10.0.0.9", "h10": "10.0.0.10"})  # compared as strings, as torch compares them
+    assert rank0_hosts(plan, started(plan)) == {"h10"}
+    assert rank0_hosts(plan, ()) == frozenset()  # no host started: nobody held rank 0
+    shared = plan_at({"a": "10.0.0.1", "b": "10.0.0.1", "c": "10.0.0.2"})  # torchrun's pid decides: both count
+    assert rank0_hosts(shared, started(shared)) == {"a", "b"}
+    fixed = a_plan(("h1", "h2", "h3"))  # its first change ended it: no round after it
+    assert rank0_hosts(fixed, started(fixed, (Change.LOST, "h1"))) == {"h1"}
+    elastic = a_plan(("h1", "h2", "h3"), ElasticBounds(1, 3))
+    assert rank0_hosts(elastic, started(elastic, (Change.LOST, "h1"), (Change.JOINED, "h0"))) == {"h1", "h2"}
+    assert rank0_hosts(elastic, started(elastic, (Change.FINISHED, "h2"), (Change.LOST, "h1"))) == {"h1"}
+    assert rank0_hosts(elastic, started(elastic, (Change.LEFT, "h1"), (Change.JOINED, "h1"))) == {"h1", "h2"}
+    two = a_plan(("h1", "h2", "h3"), ElasticBounds(3, 3))  # below its minimum after h1's loss: no round
+    assert rank0_hosts(two, started(two, (Change.LOST, "h1"))) == {"h1"}
+
+
+def test_the_rank_0_rule_is_this_torchs_rendezvous() -> None:
+    """torch's own rank assignment, on node descriptors made from the plan's torchrun argv."""
+    rendezvous = pytest.importorskip("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    plan = plan_at({"h9": "10.0.0.9", "h10": "10.0.0.10", "h2": "10.0.0.2"})
+    state = rendezvous._RendezvousState()
+    for pid, launch in zip((1, 2, 3), plan.hosts):  # the least pid is h9's: the address decides
+        state.participants[rendezvous._NodeDesc(launch.torchrun[launch.torchrun.index("--local-addr") + 1], pid, 0)] = 0
+    executor = rendezvous._DistributedRendezvousOpExecutor(
+        next(iter(state.participants)), SimpleNamespace(state=state), SimpleNamespace(run_id=RDZV))
+    executor._state = state  # what its `run` sets before a round's operations
+    executor._mark_rendezvous_complete()
+    first = next(node.addr for node, rank in state.participants.items() if rank == 0)
+    assert {h.host.name for h in plan.hosts if h.host.address == first} == rank0_hosts(plan, started(plan)) == {"h10"}
+
+
+def test_a_member_that_never_held_rank_0_sets_no_epoch_or_accuracy(tmp_path: Path) -> None:
+    """The attack: rank 0 (h1) reached epoch 3 at 0.41; evil, never rank 0, serves a forged record past
+    any bound, one that looks like the run's own, and a progress.json of its own. Read by real `tail`."""
+    plan, outcome = a_plan(("h1", "evil")), an_outcome(JobStatus.STOPPED, ("h1", "evil"))
+    honest = [epoch(n, acc, T0 + 10 * n) for n, acc in ((1, 0.39), (2, 0.4), (3, 0.41))]
+    trainer_files(tmp_path / "h1", honest, progress(3, 140, T0 + 35))
+    forged = [{"kind": "epoch", "epoch": 2147483647, "time": 1e300, "test_acc": 0.999},
+              {**as_json(epoch(4, 0.999, T0 + 40)), "kind": "epoch"}]
+    evil = tmp_path / "evil" / layout.run_dir(RUN)
+    evil.mkdir(parents=True)
+    (evil / layout.METRICS).write_text("".join(json.dumps(row) + "\n" for row in forged))
+    (evil / layout.PROGRESS).write_text(json.dumps(as_json(progress(150, 6750, T0 + 50))))
+    sessions = {name: HostFiles(name, tmp_path / name, []) for name in ("h1", "evil")}
+    record = RunRecord(RUN, "/p/inventory.yaml", ("h1", "evil"), T0, False, "10.0.0.1:29400", RDZV, None,
+                       {"script": None, "config": None, "args": []})
+    summary = trainend.gathered(plan, outcome, record, sessions, Project(tmp_path, tmp_path / "runs"), Renderer(),
+                                Beside(lambda: None))
+    assert (summary.epochs_completed, summary.metrics, summary.best_test_acc) == (
+        3, {"test_acc": 0.41, "test_loss": 0.1}, 0.41)
+
+
+def test_records_outside_the_run_are_none_of_its_own() -> None:
+    """Even rank 0's: a record before the run's first start, after its end, or past the epochs it was to
+    train (`-- epochs=5`) is left out; within a day of either end (a host's clock off), it counts."""
+    sound = (EpochEnd(1, T0 - CLOCK_SKEW_S + 1, 0.5, 0.9), EpochEnd(2, T0 + 70 + CLOCK_SKEW_S - 1, 0.6, 0.8))
+    odd = (EpochEnd(3, T0 - CLOCK_SKEW_S - 1, 0.97, 0.1), EpochEnd(4, 1e300, 0.98, 0.1),
+           EpochEnd(6, T0 + 50, 0.99, 0.1))
+    late = parse_progress(as_json(progress(9, 400, T0 + 60)))  # past the 5 epochs
+    ends = [HostEnd("h1", progress=late, epochs=sound + odd)]
+    summary = build_summary(a_plan(), an_outcome(JobStatus.STOPPED), None, ends=ends, epochs=5)
+    assert (summary.epochs_completed, summary.metrics, summary.best_test_acc) == (
+        2, {"test_acc": 0.6, "test_loss": 0.8}, 0.6)
+    unbounded = build_summary(a_plan(), an_outcome(JobStatus.STOPPED), None, ends=ends)  # epochs not known
+    assert (unbounded.epochs_completed, unbounded.best_test_acc) == (9, 0.99)
+    assert (run_began(RUN), run_began("check-run")) == (T0, None)
+
+
+@pytest.mark.parametrize("args, epochs", [
+    (["epochs=200"], 200), (["optim.lr=0.1", "epochs=5", "epochs=7"], 7), (("epochs=3",), 3), ([], None),
+    (["optim.lr=0.1"], None), (["epochs=5", "epochs=x"], None), (["epochs=1_000"], None), (["epochs=010"], None),
+    (["epochs=-1"], None), (["epochs=" + "9" * 12], None), (["epochs=٣"], None), ("epochs=3", None), (None, None),
+    ([3, "epochs=4"], 4),
+])
+def test_the_epochs_a_run_was_to_train_are_its_last_plain_override(args: object, epochs: int | None) -> None:
+    assert trainend.configured_epochs(args) == epochs
 
 
 # --- the read: real files, real tail --------------------------------------------------------------------
@@ -170,22 +278,22 @@ def test_a_metrics_file_past_the_read_is_read_from_its_end(tmp_path: Path) -> No
     done = subprocess.run(end_read(files), cwd=tmp_path, capture_output=True, text=True)
     end = host_end("h1", done.stdout, files, RDZV, False)
     assert (end.epochs_cut, end.epochs[-1].epoch, end.epochs[0].epoch > 10) == (True, count, True)
-    assert trained([end]) == {"epochs_completed": count, "metrics": {"test_acc": 0.5 + count / (4 * count),
-                                                                      "test_loss": 0.1}}
+    assert trained([end], read_all("h1")) == {
+        "epochs_completed": count, "metrics": {"test_acc": 0.5 + count / (4 * count), "test_loss": 0.1}}
 
 
 
 def test_the_end_of_a_stopped_run_reads_rank_0s_files_in_the_same_round_as_the_starts(tmp_path: Path) -> None:
     """The evidence's run: `-- epochs=200`, Ctrl-C in epoch 23; two hosts, rank 0 on h1."""
     plan, asked = a_plan(("h1", "h2")), []
-    records = [epoch(n, 0.9 + n / 1000, 100.0 + n) for n in range(1, 23)]
-    trainer_files(tmp_path / "h1", records, progress(22, 1035, 200.0))
+    records = [epoch(n, 0.9 + n / 1000, T0 + 10 + n) for n in range(1, 23)]
+    trainer_files(tmp_path / "h1", records, progress(22, 1035, T0 + 60))
     for name in ("h1", "h2"):
         (tmp_path / name / layout.run_dir(RUN)).mkdir(parents=True, exist_ok=True)
         (tmp_path / name / layout.run_dir(RUN) / layout.STARTS_FILE).write_text(json.dumps({RDZV: 1}))
     sessions = {name: HostFiles(name, tmp_path / name, asked) for name in ("h1", "h2")}
     record = RunRecord(RUN, "/p/inventory.yaml", ("h1", "h2"), 0.0, False, "10.0.0.1:29400", RDZV, None,
-                       {"script": None, "config": None, "args": []})
+                       {"script": None, "config": None, "args": ["epochs=200"]})
     summary = trainend.gathered(plan, an_outcome(JobStatus.STOPPED, ("h1", "h2")), record, sessions,
                                 Project(tmp_path, tmp_path / "runs"), Renderer(), Beside(lambda: None))
     result = ["cat", f"runs/{RUN}/result.json"]

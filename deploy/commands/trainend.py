@@ -44,6 +44,18 @@ def script_resume_hint(run_id: str) -> str:
 
 
 RESULT_TIMEOUT_S = 20  # each host's answer after the run: result.json, or its end's files (`read_ends`)
+EPOCHS_OVERRIDE = "epochs="  # the built-in trainer's override of the epochs to train (train/config.py)
+
+
+def configured_epochs(args: object) -> int | None:
+    """The epochs a built-in trainer run was to train, where the run's overrides say (`-- epochs=N`; the
+    last wins, as the trainer applies them): a record of a later epoch is none of this run's. None where
+    they do not say (its config file's: the controller never imports the trainer to read it) or say it
+    in another form than plain digits (YAML's `1_000`, `0o10`): no bound then, rather than a wrong one."""
+    words = [a for a in args if isinstance(a, str)] if isinstance(args, (list, tuple)) else []
+    given = [w.removeprefix(EPOCHS_OVERRIDE) for w in words if w.startswith(EPOCHS_OVERRIDE)]
+    value = given[-1] if given else ""
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 and value == str(int(value)) else None
 
 
 def read_result(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
@@ -95,12 +107,14 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     result = read_result(answering, plan)
     # result.json is written at success only: a failed or stopped trainer run's restarts (torchrun's
     # restarts of failed workers among them, which no timeline shows), epochs and metrics are in its
-    # hosts' starts.json and rank 0's progress.json and metrics.jsonl; and a run whose agents stopped it
-    # because this controller was silent (a laptop closed) ended with status 143 everywhere: only each
-    # agent's exit.json tells that from a failure. One round reads them all.
+    # hosts' starts.json and rank 0's progress.json and metrics.jsonl (the summary keeps those of the hosts
+    # that held rank 0, `summary.rank0_hosts`, within the epochs the run was to train); and a run whose
+    # agents stopped it because this controller was silent (a laptop closed) ended with status 143
+    # everywhere: only each agent's exit.json tells that from a failure. One round reads them all.
     asks = "restarts" not in (result or {}) or outcome.status is JobStatus.FAILED
     ends = read_ends(answering, plan, rdzv_id, False, trainer=result is None) if asks else []
-    return build_summary(plan, outcome, result, comm, made, ends=ends)
+    return build_summary(plan, outcome, result, comm, made, ends=ends,
+                         epochs=configured_epochs(record.workload.get("args")))
 
 
 def launched(origin: Beside[dict], renderer: Renderer) -> dict | None:

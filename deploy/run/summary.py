@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -24,6 +26,9 @@ EXIT_READ_MAX = 4 << 10  # of an agent's exit.json: rc, reason, ended, generatio
 # The reason an agent writes in exit.json when it stopped its run because this controller went silent
 # (deploy/host/agent.py `watch`): a laptop closed, a controller frozen or cut off past HEARTBEAT_TIMEOUT_S.
 HEARTBEAT_LOSS = re.compile(r"no heartbeat from the controller for ([0-9]{1,9}) s", re.ASCII)
+# How far a host's clock may be from this controller's and its records still count as of the run: a host
+# without NTP whose hardware clock keeps local time is hours off; a record of another day is no record of it.
+CLOCK_SKEW_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -189,17 +194,71 @@ def host_end(host: str, text: str, files: Sequence[str], rdzv_id: str, script: b
                    exit_silence(ended) if ended is not None else None, progress, epoch_ends(metrics, cut), cut)
 
 
-def trained(ends: Iterable[HostEnd]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RecordBounds:
+    """Whose rank-0 records the summary reads, and what they may say, by what this controller knows."""
+
+    holders: frozenset[str]  # the hosts that held rank 0 (`rank0_hosts`)
+    earliest: float  # the run's first start (`run_began`), less CLOCK_SKEW_S
+    latest: float  # its end, by this controller's clock, plus CLOCK_SKEW_S
+    epochs: int | None = None  # the epochs it was to train, where the controller knows them (`-- epochs=N`)
+
+    def holds(self, epoch: int, at: float) -> bool:
+        return self.earliest <= at <= self.latest and (self.epochs is None or epoch <= self.epochs)
+
+
+def run_began(run_id: str) -> float | None:
+    """When the run first started, from its id (deploy/edges/records.py new_run_id: UTC, to the second):
+    a resumed run's metrics.jsonl holds its earlier attempts' epochs, older than this attempt's start."""
+    try:
+        return float(calendar.timegm(time.strptime(run_id[:15], "%Y%m%d-%H%M%S")))
+    except ValueError:
+        return None
+
+
+def rank0_hosts(plan: LaunchPlan, events: Sequence[MembershipEvent]) -> frozenset[str]:
+    """The hosts that held rank 0, by torch's own rule (torch 2.14, dynamic_rendezvous
+    `_mark_rendezvous_complete`): its c10d rendezvous numbers each round's members in the order of their
+    node descriptors, (`--local-addr`, torchrun's pid, id), so node rank 0, and global rank 0 with it, is on
+    the member with the least address string; of hosts sharing it the pid decides, unknown here: each counts.
+    A fixed run has one round, its launch (its first change ends it); an elastic run, one more after each
+    change that left at least its minimum running before training finished, and every round's holder counts
+    as rank 0 moves (h1, the least, lost: on to h2, whose metrics.jsonl starts there). A host that joined is
+    not in the plan (never read, `read_ends`): the least of the others counts."""
+    address = {h.host.name: h.torchrun[h.torchrun.index("--local-addr") + 1] if "--local-addr" in h.torchrun[:-1]
+               else h.host.address for h in plan.hosts}
+    minimum = plan.elastic.min if plan.elastic is not None else len(plan.hosts)
+    holders: set[str] = set()
+    running: set[str] = set()
+    for i, e in enumerate(events):
+        if e.event is Change.FINISHED or (plan.elastic is None and e.event is not Change.STARTED):
+            break  # training is over, or a fixed run's first change ended it: no round after it
+        if e.event in (Change.STARTED, Change.JOINED):
+            running.add(e.host)
+        elif e.event in (Change.LOST, Change.LEFT):
+            running.discard(e.host)
+        launching = e.event is Change.STARTED and i + 1 < len(events) and events[i + 1].event is Change.STARTED
+        if not launching and len(running) >= minimum:  # the launch's hosts meet in one round
+            known = [n for n in running if n in address]
+            least = min((address[n] for n in known), default=None)
+            holders |= {n for n in known if address[n] == least}
+    return frozenset(holders)
+
+
+def trained(ends: Iterable[HostEnd], bounds: RecordBounds) -> dict[str, Any]:
     """Without result.json (a failed or stopped run): result.json's epochs_completed, metrics and
-    best_test_acc as rank 0 recorded them, on whichever hosts held rank 0 (an elastic run's moves
-    with its rendezvous host). Epochs done: the most progress.json or an epoch record says; metrics:
-    the last epoch's; the best: of every epoch's record written last (a resume that redid an epoch
-    rewrote it, as `fab report` reads them), none when a host's file was longer than was read."""
-    ends = list(ends)
+    best_test_acc as rank 0 recorded them, read from the hosts that held rank 0 (`bounds.holders`)
+    only: any other member's files are not rank 0's, and a compromised one could serve any epoch and
+    accuracy there. Of those, only records within `bounds`. Epochs done: the most progress.json or an
+    epoch record says; metrics: the last epoch's; the best: of every epoch's record written last (a
+    resume that redid an epoch rewrote it, as `fab report` reads them), none when a host's file was
+    longer than was read."""
+    ends = [e for e in ends if e.host in bounds.holders]
     latest: dict[int, EpochEnd] = {}
-    for record in sorted((r for e in ends for r in e.epochs), key=lambda r: r.time):
+    for record in sorted((r for e in ends for r in e.epochs if bounds.holds(r.epoch, r.time)), key=lambda r: r.time):
         latest[record.epoch] = record
-    done = [e.progress.epoch for e in ends if e.progress is not None] + list(latest)
+    done = [e.progress.epoch for e in ends if e.progress is not None
+            and bounds.holds(e.progress.epoch, e.progress.time)] + list(latest)
     found: dict[str, Any] = {"epochs_completed": max(done)} if done else {}
     if latest:
         last = latest[max(latest)]
@@ -210,12 +269,20 @@ def trained(ends: Iterable[HostEnd]) -> dict[str, Any]:
     return found
 
 
+def silence_claims(ends: Iterable[HostEnd]) -> dict[str, int]:
+    """The hosts whose agents say they stopped the run for this controller's silence, and after how long."""
+    return {e.host: e.silent_s for e in ends if e.silent_s is not None}
+
+
 def silenced(outcome: JobOutcome, ends: Iterable[HostEnd]) -> tuple[int, frozenset[str]] | None:
     """A failed run that this controller's silence ended: the longest silence its agents saw, and the
     hosts whose agents stopped for it. The controller, once awake, finds every agent gone with status
-    143 and takes them for lost; their exit.json says they stopped the run themselves."""
-    silent = {e.host: e.silent_s for e in ends if e.silent_s is not None}
-    if outcome.status is not JobStatus.FAILED or not silent:
+    143 and takes them for lost; their exit.json says they stopped the run themselves. Counted only
+    where it explains the failure: the host the controller blamed says so itself. Another host's word
+    alone (a compromised member, or an honest one cut off alone) must not turn a host's crash into
+    this controller's silence and clear its blame: it stays in that host's timeline detail."""
+    silent = silence_claims(ends)
+    if outcome.status is not JobStatus.FAILED or outcome.failed_host not in silent:
         return None
     return max(silent.values()), frozenset(silent)
 
@@ -283,18 +350,33 @@ def restarts_of(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any]
     return max((n for n in counts if n <= cap), default=cap) - 1
 
 
+def record_bounds(plan: LaunchPlan, outcome: JobOutcome, epochs: int | None) -> RecordBounds:
+    began = run_began(plan.run_id)
+    return RecordBounds(rank0_hosts(plan, outcome.events), (outcome.started if began is None else began) - CLOCK_SKEW_S,
+                        outcome.ended + CLOCK_SKEW_S, epochs)
+
+
+def timeline_of(events: Iterable[MembershipEvent], claims: Mapping[str, int], counted: bool) -> list[dict[str, Any]]:
+    """The membership changes; beside each loss of a host whose agent says it stopped for this
+    controller's silence, its word: as what ended the run where `silenced` counts it, else as a claim."""
+    said = ("its agent stopped the run: no heartbeat from this controller for {} s" if counted
+            else "its agent says it had no heartbeat from this controller for {} s")
+    return [{"time": round(e.time, 3), "event": e.event.value, "host": e.host, "world_size": e.world_size,
+             "detail": "; ".join(filter(None, [e.detail, said.format(claims[e.host])]))
+             if e.host in claims and e.event is Change.LOST else e.detail} for e in events]
+
+
 def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, Any] | None,
                   comm: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None,
-                  starts: Iterable[int] = (), ends: Sequence[HostEnd] = ()) -> RunSummary:
+                  starts: Iterable[int] = (), ends: Sequence[HostEnd] = (), epochs: int | None = None) -> RunSummary:
     """Combine what the controller saw with what the trainer reported (result.json), if any, and what
     the hosts' files said after the run (`ends`; `starts`: counts given apart): the worker group's
-    starts, what rank 0 recorded of a run that wrote no result.json (it failed or was stopped), and
-    whether the agents stopped the run because this controller was silent (`silenced`: a stopped run,
-    no host's fault, none of them lost)."""
-    result = {**trained(ends), **(result or {})}  # result.json's own word wins
+    starts, what rank 0 recorded of a run that wrote no result.json (it failed or was stopped; `epochs`:
+    those it was to train, where known), and whether the agents stopped the run because this controller
+    was silent (`silenced`: a stopped run, no host's fault, none of them lost)."""
+    result = {**trained(ends, record_bounds(plan, outcome, epochs)), **(result or {})}  # result.json's own word wins
     silence = silenced(outcome, ends)
     stopped_by = silence[1] if silence else frozenset()
-    quiet = f"its agent stopped the run: no heartbeat from this controller for {silence[0]} s" if silence else ""
     return RunSummary(
         run_id=plan.run_id,
         status="stopped" if silence else outcome.status.value,
@@ -311,9 +393,7 @@ def build_summary(plan: LaunchPlan, outcome: JobOutcome, result: Mapping[str, An
         best_test_acc=result.get("best_test_acc"),
         host_results={h.host: {"rc": h.rc, "log": str(h.log), "remaining_pids": list(h.remaining),
                                "stop_error": h.stop_error} for h in outcome.hosts},
-        timeline=[{"time": round(e.time, 3), "event": e.event.value, "host": e.host, "world_size": e.world_size,
-                   "detail": "; ".join(filter(None, [e.detail, quiet])) if e.host in stopped_by
-                   and e.event is Change.LOST else e.detail} for e in outcome.events],
+        timeline=timeline_of(outcome.events, silence_claims(ends), silence is not None),
         lost_hosts=sorted({e.host for e in outcome.events if e.event is Change.LOST} - stopped_by),
         comm=comm,
         provenance=provenance,
