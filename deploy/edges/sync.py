@@ -32,7 +32,6 @@ import re
 import secrets
 import shlex
 import shutil
-import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from typing import Callable, Iterator
 
 from meshrun.layout import WORKDIR_OWNER
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.gitlist import GIT_TIMEOUT_S, repository_files
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from meshrun.deploy.edges.transport import Session
@@ -55,8 +55,6 @@ from meshrun.deploy.run.syncset import (  # noqa: F401 (the owner mark's names, 
 # The remote shell never sees a path or option value; rsync >= 3.0 knows this name (3.2.7's --secluded-args alias).
 PROTECT_ARGS = "--protect-args"
 PROGRESS_RE = re.compile(rb"\s(\d{1,3})%\s")
-GIT_TIMEOUT_S = 120  # `git ls-files` of a large project on a slow disk
-NESTED_MAX, NESTED_DEPTH = 256, 8  # git repositories inside the project (clones, submodules, theirs) listed, at most
 PRUNE_TIMEOUT_S = 120  # a local workdir's removal of what the project no longer has (PRUNE_SH)
 PROJECT_ID_FILE = "meshrun-project-id"  # in the git dir: a random id, for a repository with no commit to name it
 OWNER_EXIT = 97  # the claim's exit status then
@@ -86,60 +84,15 @@ class SyncResult:
 
 def project_files(root: Path, private: tuple[Path, ...] = (), private_dirs: tuple[Path, ...] = ()) -> bytes:
     """NUL-separated paths of tracked and untracked-not-ignored files (rsync --files-from --from0),
-    those of every git repository inside the project too (`_repository_files`), less inventories and
+    those of every git repository inside the project too (`gitlist.repository_files`), less inventories and
     SSH files (`deploy/run/syncset.py`), the `private` files given (the inventory in use, its
     known_hosts and identity files), all under the `private_dirs` (the runs folder in use) and
     meshrun's own files of a workdir's top (WORKDIR_FILES)."""
-    names = sorted(set(_repository_files(root, 0, [0])), key=os.fsencode)
     named = frozenset(relative_name(p, root) for p in private)
     folders = frozenset(relative_name(p, root) for p in private_dirs)
+    names = sorted(set(repository_files(root, folders)), key=os.fsencode)  # never entering `folders`
     shipped = [n for n in shippable(names, named, folders) if n not in WORKDIR_FILES]
     return b"".join(os.fsencode(n) + b"\0" for n in shipped)
-
-
-def _repository_files(top: Path, depth: int, count: list[int]) -> list[str]:
-    """The files of the git repository at `top` (relative to it). git lists a repository inside it as one
-    entry, `sub` (a submodule) or `sub/` (an untracked clone), which rsync would send as an empty folder or
-    with its top level unfiltered (its SSH keys too): each is listed by its own git instead, its files
-    private by their names from its top as well as from the project's; one not checked out has none."""
-    found: list[str] = []
-    for name in _ls_files(top, nested=depth > 0):
-        path = top / name.rstrip("/")
-        try:
-            mode = os.lstat(path).st_mode  # a link is sent as a link, its target anywhere (on the hosts only, say)
-        except OSError:
-            continue  # a tracked file deleted since is still listed; rsync would fail on it
-        if stat.S_ISDIR(mode):  # a repository: git lists no other folder (a tracked file's, now one, lists its own)
-            if not os.path.lexists(path / ".git"):
-                continue  # a submodule not checked out, or such a folder (meshrun sends files, never a folder)
-            count[0] += 1
-            if depth >= NESTED_DEPTH or count[0] > NESTED_MAX:
-                raise MeshrunError(f"{path}: more git repositories inside the project than meshrun lists "
-                                   f"({NESTED_MAX}, {NESTED_DEPTH} deep at most); add those hosts need not get to "
-                                   ".gitignore")
-            found += (f"{name.rstrip('/')}/{n}" for n in _repository_files(path, depth + 1, count))
-        else:
-            found.append(name)
-    return shippable(found, frozenset()) if depth else found
-
-
-def _ls_files(top: Path, *, nested: bool) -> list[str]:
-    """`git ls-files` of the repository at `top`; a nested one's git never looks above it for a repository
-    (GIT_CEILING_DIRECTORIES), so it lists its own files or fails, never the project's."""
-    env = None
-    if nested:
-        env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
-        env["GIT_CEILING_DIRECTORIES"] = os.path.realpath(top.parent)
-    try:
-        done = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=top,
-                              capture_output=True, check=True, timeout=GIT_TIMEOUT_S, env=env)
-    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
-        if nested:
-            raise MeshrunError(f"{top}: a git repository inside the project whose files git cannot list ({err}); "
-                               "add it to .gitignore, or mend it") from None
-        raise MeshrunError(f"{top}: cannot list the project's files with git ({err}); "
-                           "meshrun syncs a git checkout: run it from the repository") from None
-    return [os.fsdecode(n) for n in done.stdout.split(b"\0") if n]
 
 
 def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None,

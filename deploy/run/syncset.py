@@ -24,8 +24,9 @@ what one host served, which no other host may read) stay home even in a project 
 forgets them.
 
 A git repository inside the project (a submodule, an untracked clone) is listed file by file
-(deploy/edges/sync.py), each file judged by its name from that repository's top as well as from the
-project's: a clone's `id_ed25519` or `inventory/hosts.yaml` stays home like the project's own.
+(deploy/edges/gitlist.py), each file judged by its name from that repository's top as well as from the
+project's: a clone's `id_ed25519` or `inventory/hosts.yaml` stays home like the project's own. One in a
+folder whose files all stay home (`kept_home`: the run records, a local workdir's copy) is never entered.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _original(name: str) -> tuple[str, ...]:
 def is_private(name: str) -> bool:
     """`name`: a path relative to the project root, as git lists it (`/`-separated)."""
     parts = _original(name)
-    if _KEY_NAME.fullmatch(parts[-1]) or parts[0] == RUNS_DIR:
+    if _KEY_NAME.fullmatch(parts[-1]) or parts[0] == RUNS_DIR:  # runs/: `kept_home` too
         return True
     in_inventory = len(parts) > 1 and parts[0] == "inventory"
     return in_inventory and bool(_YAML.fullmatch(parts[-1])) and not parts[-1].endswith(EXAMPLE_SUFFIX)
@@ -107,12 +108,32 @@ def shippable(names: list[str], named: frozenset[str], folders: frozenset[str] =
     their backups and whatever their case; `folders`: relative folders (the runs folder in use)
     whose every file stays home, whatever their case and with the folder's backups."""
     home = {_original(n) for n in named if n}
-    trees = [_original(f) for f in folders if f]
+    trees = _trees(folders)
 
     def ships(name: str) -> bool:
         parts = _original(name)
-        return not is_private(name) and parts not in home and not any(parts[:len(t)] == t for t in trees)
+        return not is_private(name) and parts not in home and not _under(parts, trees)
     return [n for n in names if ships(n)]
+
+
+def kept_home(folder: str, tops: tuple[str, ...], folders: frozenset[str]) -> bool:
+    """Does every file under `folder` (project-relative) stay home whatever its name, so that nothing in it
+    need be listed: under `runs/` from the project's top or from that of a repository inside it holding it
+    (`tops`, project-relative: `is_private` judges its files from each), or under one of `folders`
+    (`shippable`'s)? A git repository there is never entered (deploy/edges/gitlist.py): a host's fetched
+    tree may hold one whose config runs a command."""
+    if _under(_original(folder), _trees(folders)):
+        return True
+    relative = [folder, *(folder[len(top) + 1:] for top in tops if folder.startswith(f"{top}/"))]
+    return any(_original(name)[0] == RUNS_DIR for name in relative)
+
+
+def _trees(folders: frozenset[str]) -> list[tuple[str, ...]]:
+    return [_original(f) for f in folders if f]
+
+
+def _under(parts: tuple[str, ...], trees: list[tuple[str, ...]]) -> bool:
+    return any(parts[:len(t)] == t for t in trees)
 
 
 def data_beside_code(dest: str, files: bytes) -> bool:
