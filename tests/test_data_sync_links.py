@@ -16,13 +16,10 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.edges.datasync import DATA_MANIFEST, build_manifest
+from meshrun.deploy.edges.datawalk import secret_name
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.run.dataplan import unsafe_link
 from tests.datalocal import homes, sync  # noqa: F401 (homes: the autouse fixture)
-
-
-
-
 
 
 def sha(data: bytes) -> str:
@@ -144,3 +141,76 @@ def test_unsafe_link_is_rsyncs_own_judgement(tmp_path: Path) -> None:
 def rsync_version() -> tuple[int, ...]:
     out = subprocess.run(["rsync", "--version"], capture_output=True, text=True, check=True).stdout
     return tuple(int(n) for n in re.search(r"version\s+v?(\d+)\.(\d+)", out).groups())
+
+
+KEPT_HOME = "would be sent through this link, which leaves SRC, and is named like a file meshrun keeps home (an SSH " \
+            "key, known_hosts, an inventory); move it out of what the link leads to, or drop the link"
+
+
+def test_a_link_leaving_src_to_the_users_keys_is_refused_before_anything_is_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataset folder with a link to ~/.ssh (an unpacked archive, a link made long ago) would ship
+    the user's SSH keys to every host, as data: the sync stops, naming the link and the file."""
+    monkeypatch.chdir(tmp_path)  # short paths: the messages below are whole
+    ssh, src = Path("home/.ssh"), Path("home/datasets/cifar")
+    ssh.mkdir(parents=True)
+    (src / "train").mkdir(parents=True)
+    (ssh / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY----- secret\n")
+    (ssh / "hosts.yaml").write_text("hosts: {}\n")
+    (src / "train" / "0.png").write_bytes(b"png")
+    (src / "extra").symlink_to("../../.ssh")
+    with pytest.raises(InputError) as err:
+        sync(src, tmp_path)
+    assert str(err.value) == f"--data: home/datasets/cifar/extra -> ../../.ssh: extra/id_ed25519 {KEPT_HOME}"
+    assert not (tmp_path / "wd" / "data").exists()  # refused while SRC is walked: no rsync ran
+
+
+@pytest.mark.parametrize("made, link, target, file", [
+    ("k/id_rsa", "model.bin", "../k/id_rsa", "model.bin"),  # a file link, judged by the file it leads to
+    ("proj/inventory/lab.yaml", "proj", "../proj", "proj/inventory/lab.yaml"),  # a project's inventory
+    ("ssh/KNOWN_HOSTS.bak", "extra", "../ssh", "extra/KNOWN_HOSTS.bak"),  # any case, an editor's copy
+    ("certs/deep/server.pem", "certs", "../certs", "certs/deep/server.pem"),
+])
+def test_every_name_the_code_sync_keeps_home_is_refused_behind_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str, link: str, target: str, file: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("src").mkdir()
+    Path(made).parent.mkdir(parents=True)
+    Path(made).write_bytes(b"secret")
+    (Path("src") / link).symlink_to(target)
+    with pytest.raises(InputError) as err:
+        build_manifest(Path("src"))
+    assert str(err.value) == f"--data: src/{link} -> {target}: {file} {KEPT_HOME}"
+
+
+def test_a_link_leaving_src_to_plain_data_syncs_and_says_what_went_through_it(tmp_path: Path) -> None:
+    """The user sees what left the dataset folder: each link leaving SRC and how many files went
+    through it, in the result every host's line is printed from. A `runs` folder and a `hosts.yaml`
+    of a dataset's own are data (only an inventory's are kept home)."""
+    src, nas = tmp_path / "src", tmp_path / "nas"
+    (src / "train").mkdir(parents=True)
+    (nas / "runs" / "r1").mkdir(parents=True)
+    (src / "train" / "0.png").write_bytes(b"png")
+    (nas / "runs" / "r1" / "loss.csv").write_bytes(b"1,2")
+    (nas / "runs" / "hosts.yaml").write_bytes(b"a: 1")
+    (nas / "big.bin").write_bytes(b"big")
+    (src / "runs").symlink_to("../nas/runs")
+    (src / "big.bin").symlink_to(nas / "big.bin")
+    (src / "same").symlink_to("train")  # inside SRC: a link, nothing leaves
+    result = sync(src, tmp_path)
+    assert result.links == ("big.bin -> " + str(nas / "big.bin") + ": sent as its content (1 file)",
+                            "runs -> ../nas/runs: sent as its content (2 files)")
+    dest = tmp_path / "wd" / "data" / "ds"
+    assert (dest / "runs" / "r1" / "loss.csv").read_bytes() == b"1,2" and (dest / "big.bin").read_bytes() == b"big"
+    assert result.files == 4 and build_manifest(src).links == result.links
+    (src / "runs").unlink()
+    (src / "big.bin").unlink()
+    assert sync(src, tmp_path).links == ()
+
+
+def test_secret_name_is_the_code_syncs_judgement_less_its_runs_rule() -> None:
+    names = ["id_ed25519", "x/id_rsa_work", "x/id_ed25519.pub", "x/ID_RSA", "x/id_rsa.bak", "x/#id_rsa#",
+             "x/.id_rsa.swp", "known_hosts", "x/known_hosts.old", "a/b/server.pem", "tls.key", "inventory/lab.yaml",
+             "Inventory/LAB.YML~", "runs/id_rsa", "runs/x/known_hosts", "inventory/lab.example.yaml", "x/hosts.yaml",
+             "runs/r1/launch.json", "runs", "id.png", "x/keys.txt", "monkey.png", "x/ida_1.png", "x/id_a.b.c"]
+    assert {n: secret_name(n) for n in names} == {n: i < 15 for i, n in enumerate(names)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,8 @@ from meshrun.deploy.edges.datastale import removal_answer
 from meshrun.deploy.edges.datasync import DATA_MANIFEST, build_manifest
 from meshrun.deploy.edges.transport import CommandResult, LocalSession
 from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.run.dataplan import manifest_names, stale_names
+from meshrun.deploy.run.dataplan import listing_size, manifest_names, old_bound, stale_names
 from tests.datalocal import homes, sync  # noqa: F401 (homes: the autouse fixture)
-
-
-
-
 
 
 def tree(root: Path) -> set[str]:
@@ -102,7 +99,7 @@ def test_stale_names_are_checked_and_compared_exactly() -> None:
     data = b"".join(f"{'a' * 64}  {n}\n".encode() for n in (
         "x/old.png", "new.png", "../up", "/abs", "a//b", "a/./b", "", "in-src", ".meshrun-manifest.sha256",
         "sub/.meshrun-partial/p", "n" * 256, "ok/" + "n" * 255)) + b"garbage line\n" + b"a" * 64 + b"  bad-\xff\n"
-    names = manifest_names(data)
+    names = list(manifest_names(data.split(b"\n")))
     assert names == ["x/old.png", "new.png", "in-src", "ok/" + "n" * 255]
     assert stale_names(names + ["x/old.png", "../z"], {"new.png": "a" * 64}, lambda n: n == "in-src") == \
         ("ok/" + "n" * 255, "x/old.png")
@@ -148,3 +145,67 @@ def test_what_cannot_be_removed_stops_before_the_transfer(tmp_path: Path, monkey
     result = sync(src, tmp_path)
     assert not (dest / "a.bin").exists() and result.removed == 1
     assert hashlib.sha256((dest / "new.bin").read_bytes()).hexdigest() == build_manifest(src)["new.bin"]
+
+
+def test_a_hosts_huge_old_manifest_costs_the_controller_little_and_removes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compromised host's DEST manifest of a million names SRC never had (75 MB): before, the
+    controller read it whole, kept every name and sent hundreds of removal commands; now it is larger
+    than this SRC's listing explains, so it is not even fetched, and the result says so."""
+    src = dataset(tmp_path)
+    sync(src, tmp_path)
+    dest = tmp_path / "wd" / "data" / "ds"
+    (dest / "h").mkdir()
+    for n in range(3):
+        (dest / "h" / f"{n:x}").write_bytes(b"the host's own")
+    with open(dest / DATA_MANIFEST, "ab") as manifest:
+        manifest.writelines(b"0" * 64 + b"  h/%x\n" % n for n in range(1_000_000))
+    removals = []
+    real_run = LocalSession.run
+
+    def spied(self, argv, **kw):
+        if "removed" in argv[2]:
+            removals.append(argv)
+        return real_run(self, argv, **kw)
+
+    monkeypatch.setattr(LocalSession, "run", spied)
+    tracemalloc.start()
+    try:
+        result = sync(src, tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20 and removals == [] and result.removed == 0
+    assert result.notes == (f"data data/ds: the {DATA_MANIFEST} a previous sync left there is over 8 MiB, more than "
+                            "this SRC's listing explains, so it was not read and nothing was removed; delete there "
+                            "what SRC no longer has (or that file), then sync again",)
+    assert tree(dest) >= {"h/0", "h/1", "h/2", "a.bin"}
+    # The new manifest took its place: the next sync reads it, and says nothing.
+    assert (dest / DATA_MANIFEST).stat().st_size < 1000 and sync(src, tmp_path).notes == ()
+
+
+def test_the_old_manifest_is_read_line_by_line(tmp_path: Path) -> None:
+    """A line longer than any meshrun writes is skipped, not held, and the lines after it still count."""
+    src = dataset(tmp_path)
+    sync(src, tmp_path)
+    dest = tmp_path / "wd" / "data" / "ds"
+    (dest / "stale.bin").write_bytes(b"old")
+    (dest / ("x" * 200)).write_bytes(b"old")
+    with open(dest / DATA_MANIFEST, "ab") as manifest:
+        manifest.write(b"0" * 64 + b"  " + b"x/" * 3000 + b"\n" + b"0" * 64 + b"  stale.bin\n" + b"0" * 64 + b"  " +
+                       b"x" * 200)  # the last line without its newline
+    result = sync(src, tmp_path)
+    assert result.removed == 2 and not (dest / "stale.bin").exists() and not (dest / ("x" * 200)).exists()
+
+
+def test_how_much_old_manifest_is_read_follows_the_srcs_own_listing(tmp_path: Path) -> None:
+    """Twice the larger of the new listing and the one of SRC's last build (its hash cache): a dataset
+    cut to a subset still has the rest removed; never under 8 MiB, never over 256 MiB, whole MiB."""
+    assert [old_bound(n) for n in (0, 4 << 20, (5 << 20) + 1, 100 << 20, 1 << 40)] == \
+        [8 << 20, 8 << 20, 11 << 20, 200 << 20, 256 << 20]
+    assert listing_size(["a.bin", "é"]) == 67 * 2 + 5 + 2
+    src = dataset(tmp_path)
+    assert build_manifest(src).before == 0  # no build before: nothing known
+    before = sorted(build_manifest(src))
+    (src / "cat" / "2.png").unlink()
+    assert build_manifest(src).before == listing_size(before) and len(before) == 5

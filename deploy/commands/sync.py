@@ -266,7 +266,11 @@ def _sync_all(selected: tuple[Host, ...], inv: Inventory, project: Project, spec
     if spec is None:
         return
     items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec, timeout)
+    for link in (next(iter(items.values())).links if items else ()):  # SRC's, the same for every host: once
+        renderer.info(f"data {spec.dest}: {link}")
     for item in items.values():
+        for note in item.notes:
+            renderer.warn(f"{item.host}: {note}")
         sent = f"{len(item.transferred)} sent" if item.transferred else "unchanged, nothing sent"
         removed = f"; {item.removed} removed (gone from SRC)" if item.removed else ""
         renderer.info(f"{item.host}: data {spec.dest}: {item.files} files verified by sha256; {sent}{removed}")

@@ -2,10 +2,13 @@
 so that an ImageFolder or a glob on the host stops training on images the researcher deleted.
 
 What meshrun put at DEST is what its manifest there (`.meshrun-manifest.sha256`) lists. Before
-the new transfer overwrites it, the old one is fetched with rsync (the same transport as the data,
-and no cap on its size but MANIFEST_MAX) into the controller's private staging folder. The names
-it lists that the new manifest lacks and that do not lexist in SRC (deploy/run/dataplan.py) are
-then removed on the host by a short script over the session: component by component under DEST,
+the new transfer overwrites it, the old one is fetched with rsync (the same transport as the data)
+into the controller's private staging folder, if it is no larger than `dataplan.old_bound` allows:
+a small multiple of this SRC's own listing. A larger one is not fetched, nothing is removed, and
+the result says so in one line: the host's file must not set what the controller holds or sifts.
+It is read line by line, and only the names to remove are kept: those it lists that the new
+manifest lacks and that do not lexist in SRC (deploy/run/dataplan.py). They are then removed on
+the host by a short script over the session: component by component under DEST,
 never through a link (O_NOFOLLOW), and each folder the removal leaves empty goes too (an empty
 class folder is an ImageFolder error). Anything else at DEST stays: the host's own files, a
 `.venv`, another sync's `.meshrun-partial/`.
@@ -16,9 +19,13 @@ sync still knows what to remove. Every name comes from the host, so none is ever
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
@@ -27,11 +34,12 @@ from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.inventory.shown import listing, shown_path
 from meshrun.deploy.run.answers import MISSING, Answer, is_int, said
-from meshrun.deploy.run.dataplan import DATA_MANIFEST, batches, manifest_names, network_hint
+from meshrun.deploy.run.dataplan import (DATA_MANIFEST, LINE_BYTES_MAX, batches, manifest_names, network_hint,
+                                         old_bound, stale_names)
 from meshrun.deploy.run.shell import local_workdir
-from meshrun.fsutil import read_regular
+from meshrun.fsutil import not_regular, size_text
 
-MANIFEST_MAX = 256 << 20  # about two million names; a larger old manifest is not read, and nothing is removed
+OVER_MAX_SIZE = b" is over max-size"  # rsync's word (`--info=skip1`) for a file --max-size left behind
 ARGV_BUDGET = 64 << 10  # bytes of quoted names per removal command: `sh -c` takes one argument of 128 KiB
 # rsync: 23, the file could not be read (no DEST yet, a first sync); 24, it vanished while read.
 NOT_THERE_EXITS = (0, 23, 24)
@@ -45,25 +53,74 @@ def dest_path(host: Host, dest: str, root: Path) -> str:
     return remote_spec(host.ssh_host, dest if dest.startswith("/") else f"{remote_path(host.workdir)}/{dest}")
 
 
-def fetch_manifest_argv(host: Host, dest: str, root: Path, known_hosts: Path | None, into: Path) -> list[str]:
+def fetch_manifest_argv(host: Host, dest: str, root: Path, known_hosts: Path | None, into: Path,
+                        bound: int) -> list[str]:
     """DEST's manifest into the folder `into`: without --archive, a link in its place is skipped
-    (not followed), and one larger than MANIFEST_MAX is not taken."""
-    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), f"--max-size={MANIFEST_MAX}"]
+    (not followed), and one larger than `bound` bytes is not taken (rsync says so: OVER_MAX_SIZE)."""
+    argv = ["rsync", PROTECT_ARGS, io_timeout_option(), f"--max-size={bound}", "--info=skip1"]
     if not host.is_local:
         argv += ["-e", shlex.join(ssh_argv(host, known_hosts))]
     return argv + [f"{dest_path(host, dest, root)}/{DATA_MANIFEST}", f"{into}/"]
 
 
-def previous_names(host: Host, dest: str, root: Path, known_hosts: Path | None, into: Path,
-                   deadline: float) -> list[str]:
-    """The removable names of the manifest the previous sync left at DEST; none when it has none."""
+@dataclass(frozen=True)
+class Stale:
+    names: tuple[str, ...]  # to remove at DEST: the old manifest lists them, the new one and SRC do not
+    notes: tuple[str, ...] = ()  # why nothing was looked for, one line each (the old manifest over its bound)
+
+
+def stale_at_dest(host: Host, dest: str, root: Path, known_hosts: Path | None, into: Path, deadline: float,
+                  manifest: Mapping[str, str], in_src: Callable[[str], bool], listing_bytes: int) -> Stale:
+    """What the previous sync left at DEST that SRC no longer has, from its manifest there: none when
+    it has none, and none (with a note) when it is larger than `old_bound(listing_bytes)`, the size of
+    SRC's listing (the new one, or its last build's if larger)."""
+    bound = old_bound(listing_bytes)
     into.mkdir(mode=0o700)
-    run_rsync(fetch_manifest_argv(host, dest, root, known_hosts, into), host=host.name, what="data sync",
-              timeout=max(0.0, deadline - time.monotonic()), hint=network_hint(host.name), success=NOT_THERE_EXITS)
+    over: list[bytes] = []
+    run_rsync(fetch_manifest_argv(host, dest, root, known_hosts, into, bound), host=host.name, what="data sync",
+              timeout=max(0.0, deadline - time.monotonic()), hint=network_hint(host.name), success=NOT_THERE_EXITS,
+              on_line=lambda line: over.append(line) if line.rstrip().endswith(OVER_MAX_SIZE) else None)
     try:
-        return manifest_names(read_regular(into / DATA_MANIFEST, MANIFEST_MAX))
-    except OSError:  # not there, not a file, or over the limit: nothing is known to be meshrun's
-        return []
+        with _opened(into / DATA_MANIFEST) as handle:
+            if over or os.fstat(handle.fileno()).st_size > bound:
+                return Stale((), (too_large(dest, bound),))
+            return Stale(stale_names(manifest_names(_lines(handle)), manifest, in_src))
+    except FileNotFoundError:
+        return Stale((), (too_large(dest, bound),) if over else ())
+    except OSError:  # not a file, or unreadable: nothing is known to be meshrun's
+        return Stale(())
+
+
+def too_large(dest: str, bound: int) -> str:
+    return (f"data {shown_path(dest)}: the {DATA_MANIFEST} a previous sync left there is over {size_text(bound)}, "
+            "more than this SRC's listing explains, so it was not read and nothing was removed; delete there what "
+            "SRC no longer has (or that file), then sync again")
+
+
+def _opened(path: Path) -> BinaryIO:
+    """`path` to read, when it is a regular file: opened without blocking and judged by fstat."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        problem = not_regular(os.fstat(fd).st_mode)
+        if problem is not None:
+            raise OSError(problem)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _lines(handle: BinaryIO) -> Iterator[bytes]:
+    """The file's lines without their newline, one at a time; a line longer than any manifest line
+    meshrun writes is skipped whole, never held."""
+    while line := handle.readline(LINE_BYTES_MAX + 1):
+        if line.endswith(b"\n"):
+            yield line[:-1]
+        elif len(line) <= LINE_BYTES_MAX:  # the last line, without a newline
+            yield line
+        else:
+            while line and not line.endswith(b"\n"):
+                line = handle.readline(LINE_BYTES_MAX + 1)
 
 
 # Runs on the host with its python: removes each name under DEST (argv[1]) without following links,

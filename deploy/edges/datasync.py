@@ -23,7 +23,9 @@ disk filled is named as such, not sent to check the network.
 
 A file the previous sync sent that SRC no longer has is removed from DEST first (deploy/edges/
 datastale.py): nothing else there is touched. A link leaving SRC is sent as what it leads to, and
-its files are listed in the manifest (deploy/edges/datawalk.py).
+its files are listed in the manifest (deploy/edges/datawalk.py); the result names each such link
+and how many files went through it (`DataResult.links`), and a file behind one named like an SSH
+key or an inventory stops the sync before anything is sent.
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ from meshrun.deploy.inputfiles import flag_path_stat
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run.answers import said
-from meshrun.deploy.run.dataplan import DATA_MANIFEST, LEGACY_CACHE, PARTIAL_DIR, network_hint, rehinted, stale_names
-from meshrun.deploy.edges.datastale import dest_path, previous_names, remove_stale
-from meshrun.deploy.edges.datawalk import data_files, unreadable, why
+from meshrun.deploy.run.dataplan import DATA_MANIFEST, LEGACY_CACHE, PARTIAL_DIR, listing_size, network_hint, rehinted
+from meshrun.deploy.edges.datastale import dest_path, remove_stale, stale_at_dest
+from meshrun.deploy.edges.datawalk import Leaving, data_files, link_lines, unreadable, why
 from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROTECT_ARGS, ssh_argv
@@ -73,6 +75,19 @@ class DataResult:
     transferred: tuple[str, ...]
     repaired: tuple[str, ...]  # failed verification once, then sent again and verified
     removed: int = 0  # files the previous sync sent that SRC no longer has, removed from DEST
+    # Each link leaving SRC, whose content was sent: `extra -> ../../.ssh: sent as its content (2 files)`.
+    # The same for every host: SRC's, not this host's.
+    links: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # warnings about this host's DEST, one line each (an old manifest not read)
+
+
+class Manifest(dict[str, str]):
+    """{relative path: sha256} of every file DEST will hold, and what the walk of SRC learned beside
+    it: `links`, one line per link leaving SRC (datawalk.link_lines); `before`, the size of the
+    listing of what SRC held at its previous build (its hash cache), which with the new listing's
+    size bounds the old manifest a host may honestly hold (dataplan.old_bound)."""
+    links: tuple[str, ...] = ()
+    before: int = 0
 
 
 def parse_data_flag(value: str) -> DataSpec:
@@ -103,15 +118,19 @@ CACHE_SAVE_EVERY_S = 10.0
 SAVE_SPACING = 10
 
 
-def build_manifest(source: Path) -> dict[str, str]:
+def build_manifest(source: Path) -> Manifest:
     """{relative path: sha256} of every file under `source`, reusing cached hashes of unchanged files.
-    Reads SRC only. A file that cannot be read, or whose name a manifest line cannot hold, is one
-    InputError naming it. Cut short (Ctrl-C, an unreadable file), the hashes made so far are saved
-    with the cached ones, so the next build hashes only what is left."""
+    Reads SRC only. A file that cannot be read, whose name a manifest line cannot hold, or that a link
+    leaving SRC would send while named like a key, is one InputError naming it, before any hashing.
+    Cut short (Ctrl-C, an unreadable file), the hashes made so far are saved with the cached ones, so
+    the next build hashes only what is left."""
     cache = _HashCache(hash_cache_file(source), os.path.realpath(source))
-    manifest = {}
+    manifest = Manifest()
+    through: dict[Leaving, int] = {}
     try:
-        for rel, full in sorted(data_files(source)):
+        for rel, full, via in sorted(data_files(source), key=lambda found: found[0]):
+            if via is not None:
+                through[via] = through.get(via, 0) + 1
             try:
                 stat = os.stat(full)
                 manifest[rel] = cache.digest(rel, f"{stat.st_size}:{stat.st_mtime_ns}", lambda: _sha256(full))
@@ -121,6 +140,7 @@ def build_manifest(source: Path) -> dict[str, str]:
         cache.save_partial()
         raise
     cache.save_whole()
+    manifest.links, manifest.before = link_lines(through), listing_size(cache.old)
     return manifest
 
 
@@ -328,10 +348,12 @@ def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifes
     verify everything against it, resend and re-verify what fails; all of it within `timeout` s. The
     resend needs no manifest: DEST holds it by then."""
     deadline = time.monotonic() + timeout
+    before = manifest.before if isinstance(manifest, Manifest) else 0
     with staged_manifest(spec.source, manifest) as listing:
-        old = previous_names(host, spec.dest, root, known_hosts, listing.parent / "previous", deadline)
-        stale = stale_names(old, manifest, lambda name: os.path.lexists(os.path.join(spec.source, name)))
-        removed = remove_stale(session, python, spec.dest, stale, deadline) if stale else 0
+        stale = stale_at_dest(host, spec.dest, root, known_hosts, listing.parent / "previous", deadline, manifest,
+                              lambda name: os.path.lexists(os.path.join(spec.source, name)),
+                              max(os.path.getsize(listing), before))
+        removed = remove_stale(session, python, spec.dest, stale.names, deadline) if stale.names else 0
         sent = _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False, listing=listing), host.name,
                       spec, deadline)
     bad = verify(session, python, spec.dest, manifest, _left(deadline))
@@ -343,4 +365,6 @@ def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifes
         if still:
             raise MeshrunError(f"host '{host.name}': data files still corrupt after a second transfer: "
                                f"{', '.join(still)}; check the host's disk")
-    return DataResult(host.name, len(manifest), tuple(s for s in sent if s != DATA_MANIFEST), bad, removed)
+    links = manifest.links if isinstance(manifest, Manifest) else ()
+    return DataResult(host.name, len(manifest), tuple(s for s in sent if s != DATA_MANIFEST), bad, removed, links,
+                      stale.notes)

@@ -4,13 +4,15 @@ previous sync left at DEST that the new SRC no longer has, and what a failed tra
 Hosts are untrusted. The names that come back from DEST's old manifest (`.meshrun-manifest.sha256`)
 are the host's words: only well-formed relative names that SRC does not hold are ever used, and
 only to remove files at DEST (deploy/edges/datastale.py), never to choose what the controller sends.
+How much of it is read is the controller's to say (`old_bound`): a host cannot make it hold or sift
+more than a small multiple of what this SRC's own listing costs.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from meshrun.deploy.inventory.shown import shown_path
 
@@ -22,6 +24,13 @@ PARTIAL_DIR = ".meshrun-partial"
 NAME_BYTES_MAX = 4096  # PATH_MAX: no file meshrun sent has a longer name
 PART_BYTES_MAX = 255  # NAME_MAX, per component
 MANIFEST_LINE_RE = re.compile(rb"[0-9a-f]{64}  (.+)")
+LINE_BYTES_MAX = 64 + 2 + NAME_BYTES_MAX  # the longest manifest line meshrun writes, without its newline
+# The old manifest read at DEST: OLD_SLACK times the larger of the new listing and the listing of what
+# SRC held at its last build on this controller (a dataset cut to a subset still loses the rest), never
+# under OLD_FLOOR (about 100 000 names: a small dataset that replaced a larger one), never over OLD_MAX.
+OLD_SLACK = 2
+OLD_FLOOR = 8 << 20
+OLD_MAX = 256 << 20
 NO_SPACE = "No space left on device"
 DISK_FULL_EXITS = (11, 12, 23)  # rsync: file I/O, protocol stream (its receiver died), partial transfer
 
@@ -70,11 +79,10 @@ def removable(name: str) -> bool:
                     for p in parts))
 
 
-def manifest_names(data: bytes) -> list[str]:
-    """The names of a manifest's `<sha256>  <name>` lines whose names could be removed; other lines
-    (anything a host wrote) are skipped."""
-    names = []
-    for line in data.split(b"\n"):
+def manifest_names(lines: Iterable[bytes]) -> Iterator[str]:
+    """The names of a manifest's `<sha256>  <name>` lines (each without its newline) whose names could
+    be removed, as they are read: other lines (anything a host wrote) are skipped."""
+    for line in lines:
         found = MANIFEST_LINE_RE.fullmatch(line)
         if found is None:
             continue
@@ -83,14 +91,26 @@ def manifest_names(data: bytes) -> list[str]:
         except UnicodeDecodeError:
             continue
         if removable(name):
-            names.append(name)
-    return names
+            yield name
+
+
+def listing_size(names: Iterable[str]) -> int:
+    """The bytes of a manifest listing `names`: `<sha256>  <name>\n` each."""
+    return sum(67 + len(name.encode("utf-8", "replace")) for name in names)
+
+
+def old_bound(listing: int) -> int:
+    """The largest old manifest at DEST this sync reads, whole MiB, for a SRC whose listing (the new
+    one, or the one of its last build if larger) is `listing` bytes; a larger one removes nothing."""
+    wanted = min(OLD_MAX, max(OLD_FLOOR, OLD_SLACK * listing))
+    return -(-wanted >> 20) << 20
 
 
 def stale_names(old: Iterable[str], manifest: Mapping[str, str], in_src: Callable[[str], bool]) -> tuple[str, ...]:
     """Of the names the previous sync recorded at DEST, those to remove: well-formed, not in the new
     manifest, and nothing of that name in SRC (`in_src`: lexists), so that a link, a FIFO or a file
-    under a linked folder that rsync still sends is never removed after it."""
+    under a linked folder that rsync still sends is never removed after it. `old` may be read as this
+    goes: only the names picked are held."""
     picked = (n for n in old if removable(n) and n not in manifest and not in_src(n))
     return tuple(sorted(dict.fromkeys(picked)))
 

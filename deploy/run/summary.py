@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import calendar
+from datetime import datetime, timezone
 import json
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -211,7 +210,7 @@ def run_began(run_id: str) -> float | None:
     """When the run first started, from its id (deploy/edges/records.py new_run_id: UTC, to the second):
     a resumed run's metrics.jsonl holds its earlier attempts' epochs, older than this attempt's start."""
     try:
-        return float(calendar.timegm(time.strptime(run_id[:15], "%Y%m%d-%H%M%S")))
+        return datetime.strptime(run_id[:15], "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         return None
 
