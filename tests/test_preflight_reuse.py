@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrun.layout import PREFLIGHT_REUSE_S, WORKDIR_OWNER
+from meshrun.layout import PREFLIGHT_REUSE_S, SHIPPED_LIST, WORKDIR_OWNER
 from meshrun.deploy.commands.check import preflight
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.edges.check_probes import open_sessions
@@ -114,14 +114,17 @@ def test_second_sync_rewrites_nothing_and_a_changed_file_only_it(testbed, make_i
     try:
         sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
         first = {i: _inodes(testbed, i, workdir) for i in (1, 2, 3)}
-        assert sorted(first[2]) == [WORKDIR_OWNER, "a.py", "b.txt", "sub/c.bin"]  # the marker: whose code it is
+        # the marker: whose code it is; the list: what this sync sent (rewritten by each: meshrun's, no code)
+        assert sorted(first[2]) == [SHIPPED_LIST, WORKDIR_OWNER, "a.py", "b.txt", "sub/c.bin"]
+        first = {i: {k: v for k, v in got.items() if k != SHIPPED_LIST} for i, got in first.items()}
         sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
-        assert {i: _inodes(testbed, i, workdir) for i in (1, 2, 3)} == first  # nothing rewritten
+        assert {i: {k: v for k, v in _inodes(testbed, i, workdir).items() if k != SHIPPED_LIST}
+                for i in (1, 2, 3)} == first  # nothing of the code rewritten
         (project / "b.txt").write_bytes(b"changed, and longer than before")
         sync_code(hosts, inv, Project(project, project / "runs"), Renderer())
         for i in (1, 2, 3):
             after = _inodes(testbed, i, workdir)
-            assert {k: v for k, v in after.items() if k != "b.txt"} == \
+            assert {k: v for k, v in after.items() if k not in ("b.txt", SHIPPED_LIST)} == \
                 {k: v for k, v in first[i].items() if k != "b.txt"}
             assert after["b.txt"] != first[i]["b.txt"]
             remote = testbed.exec(i, ["cat", workdir.replace("~", "/root") + "/b.txt"]).stdout

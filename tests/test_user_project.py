@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from meshrun.layout import WORKDIR_OWNER
+from meshrun.layout import SHIPPED_LIST, WORKDIR_OWNER
 from meshrun.deploy.edges.wheel import controller_identity, controller_wheel
 from tests.fabrun import REPO, run_id_of
 
@@ -167,7 +167,7 @@ def test_setup_train_and_fetch_from_the_users_project(testbed, project: Path) ->
     shipped = testbed.exec(2, ["find", WORKDIR, "-path", f"{WORKDIR}/.venv", "-prune", "-o", "-type", "f", "-print"])
     assert sorted(shipped.stdout.split()) == sorted(f"{WORKDIR}/{n}" for n in (
         "train.py", "models/__init__.py", "models/toy.py", "requirements.txt", "deploy/__init__.py",
-        "tests/test_toy.py", "README.md", WORKDIR_OWNER))  # the marker: this project's workdir
+        "tests/test_toy.py", "README.md", WORKDIR_OWNER, SHIPPED_LIST))  # the marker, the list of what was sent
 
     run_id = assert_script_run(binary, project, HOSTS, epochs=2)
     fetched = meshrun(binary, project, "fetch-checkpoints")
