@@ -41,6 +41,9 @@ RESULT = "result.json"  # trainer, rank 0: final metrics
 STARTS_FILE = "starts.json"
 CHECKPOINTS = "checkpoints"  # trainer: ckpt-step<9 digits>.pt, best.pt, MANIFEST.sha256
 HOSTS = "hosts"  # per-host subdirectories
+# The reason an agent stops its run for this controller's silence (exit.json), which the controller's
+# summary reads back as "this controller was silent" (deploy/run/summary.py): written once, here.
+CONTROLLER_SILENT = "no heartbeat from the controller for {seconds} s"
 # Of a run's folder on the controller: an attached `fab train`'s copy of every line each host streamed,
 # `<host>.log` (deploy/edges/launcher.py writes it; `fab logs` shows it for a host that cannot be reached).
 CONTROLLER_LOGS = "logs"

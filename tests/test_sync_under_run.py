@@ -180,6 +180,29 @@ def test_a_member_whose_workdir_holds_other_code_refuses_the_join(project: Proje
     assert str(info.value) == REFUSED
 
 
+def test_a_member_holding_the_same_bytes_lets_the_join_go_on_whatever_its_times(project: Project,
+                                                                                tmp_path: Path) -> None:
+    """The review of this stop's commits: the quick digest (times, and the record of the last sync) refused a
+    member holding this very code: a second clone, a file saved unchanged, a workdir synced by an older
+    meshrun (no record), a `workdir: .` member. The join asks by content, and never the project itself."""
+    workdir = tmp_path / "member"
+    workdir.mkdir()
+    (workdir / "model.py").write_text("WIDTH = 512\n")  # the same bytes, copied by hand: no record, other times
+    (workdir / "inv.yaml").write_text(MEMBERS)  # shipped too: no inventory in use, nor under inventory/
+    os.utime(workdir / "model.py", (1, 1))
+    os.utime(project.root / "model.py")  # saved unchanged here
+    (project.root / "member.yaml").write_text(f"hosts:\n  h0: {{address: local, workdir: .}}\n  h1: {{address: "
+                                              f"10.0.0.1, workdir: {workdir}}}\n  h3: {{address: 10.0.0.3}}\n")
+    inventory = load_inventory(project.root / "member.yaml", project.root)
+    run = RunRecord(RUN, str(project.root / "member.yaml"), ("h0", "h1"), 1.0, True, "127.0.0.1:29400", RUN, (1, 4))
+    # h1's commands run here, in its workdir (a stand-in for its SSH session: what is asked is the point)
+    sessions = {h: LocalSession(inventory.host(h), project.root) for h in ("h0", "h1")}
+    joincheck.require_run_code(run, inventory, project, sessions, "h3")  # h0 is the project: h1 is asked, holds it
+    (workdir / "model.py").write_text("WIDTH = 256\n")
+    with pytest.raises(MeshrunError, match="its member h1 does not hold this checkout's code"):
+        joincheck.require_run_code(run, inventory, project, sessions, "h3")
+
+
 class Stand:
     """What a join reaches stood in for: the member's answer (`holds`), and every later step recorded."""
 
@@ -200,7 +223,7 @@ class Stand:
             self.later.append(f"connect {host.name}")
             raise MeshrunError("the joiner reached")
 
-        monkeypatch.setattr(joincheck, "host_holds", host_holds)
+        monkeypatch.setattr(joincheck, "host_holds_content", host_holds)
         monkeypatch.setattr(membership, "connect", connect)
         self.prepare = prepare
 

@@ -78,3 +78,19 @@ def test_a_fresh_run_in_a_used_run_dir_reports_only_itself(tmp_path: Path) -> No
     assert records(run, aside[0], kind="epoch") == old  # the first run's, whole
     assert any((run / "tensorboard").iterdir()) and STARTS_FILE not in names
     assert f"fresh start: metrics.jsonl of an earlier run in {run} moved to {aside[0]}" in second.stdout
+
+
+@pytest.mark.slow
+def test_a_restart_of_the_same_launch_before_its_first_checkpoint_keeps_its_records(tmp_path: Path) -> None:
+    """torch restarts a launch's workers with the same TORCHELASTIC_RUN_ID: a restart before the first
+    checkpoint restores nothing, yet it is this launch's second start, not another run. Its records stay
+    where they are (the review of this stop's commits found them set aside as "an earlier run's").
+    Stood in by two bare runs of one launch id, the second restoring nothing (checkpoint.resume=false)."""
+    run = tmp_path / "run"
+    launch = {"TORCHELASTIC_RUN_ID": "launch-a"}
+    assert train(run, "epochs=1", nproc=0, env=launch).returncode == 0
+    again = train(run, "epochs=1", "checkpoint.resume=false", nproc=0, env=launch)
+    assert again.returncode == 0, again.stderr
+    assert not [n for n in os.listdir(run) if ".earlier-" in n] and "fresh start" not in again.stdout
+    assert [r["epoch"] for r in records(run, kind="epoch")] == [1, 1]  # both starts' records, in one file
+    assert json.loads((run / STARTS_FILE).read_text()) == {"launch-a": 2}

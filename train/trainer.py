@@ -81,7 +81,9 @@ class Trainer:
         self.pos = Position()
         self._comm_saved: comm.SavedComm | None = None  # set by _restore
         self._restored = self._restore(optimizer, scaler)
-        if self._restored is None:  # a fresh start: an earlier run's records set aside, not appended to
+        # A fresh start (nothing restored, the launch's first start: a restart of this launch before its first
+        # checkpoint keeps its own records) sets an earlier run's records aside, not appended to.
+        if self._restored is None and self.starts == 1:
             self.sink.set_aside_earlier_run(env.world_size, console.line)
         # The probe times each rank alone: with plain BatchNorm, before any SyncBatchNorm (whose
         # collectives would meet the other ranks' all-gathers here, and only some ranks probe).

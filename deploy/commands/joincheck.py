@@ -24,9 +24,10 @@ from meshrun.fsutil import read_regular
 from meshrun.layout import SUMMARY
 from meshrun.deploy.commands.sync import code_files
 from meshrun.deploy.edges.check_probes import open_sessions
-from meshrun.deploy.edges.codehints import host_holds
+from meshrun.deploy.edges.codehints import host_holds_content
 from meshrun.deploy.edges.records import ENDED, RunRecord, has_own_summary
 from meshrun.deploy.edges.sessions import close_all
+from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.host import codestat
@@ -145,12 +146,15 @@ def require_run_code(record: RunRecord, inventory: Inventory, project: Project, 
 
     Hosts are untrusted, and the answer is compared, never used: a member that lies "holds" only lets
     the join go on (as every join did before this check), one that lies "differs" only refuses it."""
-    asked = next((m for m in record.members if m != joiner and m in sessions), None)
+    # A member whose workdir is this project itself (`workdir: .`) runs this checkout as it is: no answer.
+    asked = next((m for m in record.members if m != joiner and m in sessions
+                  and not is_project_itself(inventory.host(m), project.root)), None)
     if asked is None:
         return
     files = code_files(inventory, project)  # the very list the joiner's sync sends
-    digest = codestat.digest(os.fsencode(project.root), [n for n in files.split(b"\0") if n])
-    if not host_holds(sessions[asked], python_of(inventory.host(asked), sys.executable), files, digest):
+    # By content, not by times: a second clone or a file saved unchanged holds the same code.
+    digest = codestat.content_digest(os.fsencode(project.root), [n for n in files.split(b"\0") if n])
+    if not host_holds_content(sessions[asked], python_of(inventory.host(asked), sys.executable), files, digest):
         raise MeshrunError(code_changed(record, asked, joiner))
 
 

@@ -18,10 +18,12 @@ from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.stdinfeed import run_fed
 from meshrun.deploy.edges.sync import Claim
 from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.host import codestat
 from meshrun.deploy.inputfiles import RECORD_MAX
 from meshrun.deploy.run.codehint import parse_hints, with_synced
 
 CODE_CHECK_TIMEOUT_S = 20.0  # a stat of the listed files; past it the host is synced as before
+CONTENT_CHECK_TIMEOUT_S = 120.0  # a read of every listed file (a join's question): a large untracked file counts
 
 
 def hint_file() -> Path:
@@ -57,6 +59,18 @@ def host_holds(session: Session, python: str, files: bytes, digest: str, claim: 
     argv = [python, "-I", "-S", "-c", (PROBE_DIR / "codestat.py").read_text(), *owner]
     try:
         result = run_fed(session, argv, files, CODE_CHECK_TIMEOUT_S)
+    except (MeshrunError, OSError):
+        return False
+    return result.ok and result.stdout.strip() == digest
+
+
+def host_holds_content(session: Session, python: str, files: bytes, digest: str) -> bool:
+    """Whether the host's workdir holds the listed files with the bytes `digest` (codestat.content_digest)
+    says: `fab join`'s question to a member, true for a second clone or a file saved unchanged, which the
+    quick check (times) calls different. No answer, a wrong one or an error all mean no."""
+    argv = [python, "-I", "-S", "-c", (PROBE_DIR / "codestat.py").read_text(), codestat.CONTENT]
+    try:
+        result = run_fed(session, argv, files, CONTENT_CHECK_TIMEOUT_S)
     except (MeshrunError, OSError):
         return False
     return result.ok and result.stdout.strip() == digest

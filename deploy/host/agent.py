@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from meshrun.layout import (AGENT_BUSY_EXIT, AGENT_LOCK, AGENT_PEER_GONE_LINE, AGENT_RESTART_LINE, AGENT_PIDFILE, EVENTS,
-                           EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT, TRAIN_LOG,
-                           host_dir, run_dir)
+                           CONTROLLER_SILENT, EXIT_BARRIER_MARK, EXIT_RECORD, PROGRESS, RESULT, RUNS_DIR, STATE_REFUSED_EXIT,
+                           TRAIN_LOG, host_dir, run_dir)
 from meshrun.deploy.host.agentargs import parse, ranks_run_dir, read_env_block, run_env, runs_trainer
 from meshrun.deploy.host.agentstart import (CANNOT_WRITE_EXIT, busy_line, cannot_write_line, quiet_stderr,
                                             read_json, start_detached)
@@ -195,7 +195,7 @@ class Supervisor:
         while child.poll() is None:
             silent = time.monotonic() - self.last_beat
             if self.args.heartbeat_timeout > 0 and silent > self.args.heartbeat_timeout:
-                self.request_stop(f"no heartbeat from the controller for {silent:.0f} s")
+                self.request_stop(CONTROLLER_SILENT.format(seconds=f"{silent:.0f}"))
             if self.stop_reason is not None:
                 self.emit(f"meshrun-agent: stopping run ({self.stop_reason})\n".encode())
                 left = self.end_all(child, self.args.grace)

@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from meshrun.layout import EXIT_RECORD, METRICS, PROGRESS, RecordKind, STARTS_FILE, host_dir, run_dir
+from meshrun.layout import CONTROLLER_SILENT, EXIT_RECORD, METRICS, PROGRESS, RecordKind, STARTS_FILE, host_dir, run_dir
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.membership import OUTLIVED_DETAIL, Change, MembershipEvent
 from meshrun.deploy.run.plan import LaunchPlan
@@ -24,7 +24,7 @@ END_READ_MAX = 1 << 20
 EXIT_READ_MAX = 4 << 10  # of an agent's exit.json: rc, reason, ended, generation
 # The reason an agent writes in exit.json when it stopped its run because this controller went silent
 # (deploy/host/agent.py `watch`): a laptop closed, a controller frozen or cut off past HEARTBEAT_TIMEOUT_S.
-HEARTBEAT_LOSS = re.compile(r"no heartbeat from the controller for ([0-9]{1,9}) s", re.ASCII)
+HEARTBEAT_LOSS = re.compile(re.escape(CONTROLLER_SILENT).replace(r"\{seconds\}", "([0-9]{1,9})"), re.ASCII)
 # How far a host's clock may be from this controller's and its records still count as of the run: a host
 # without NTP whose hardware clock keeps local time is hours off; a record of another day is no record of it.
 CLOCK_SKEW_S = 24 * 3600
