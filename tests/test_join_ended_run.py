@@ -11,15 +11,19 @@ what needs an SSH host is stood in for (the hosts' states, preparing the joiner,
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from meshrun.deploy.commands import membership
 from meshrun.deploy.commands.joincheck import members_end
+from meshrun.deploy.edges import agents
+from meshrun.deploy.edges.agents import load_run_inventory
 from meshrun.deploy.edges.records import RunRecord, load_record
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.project import Project
+from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.hoststate import HostState
 from tests.memberproject import StoodIn, member_project
 
@@ -115,3 +119,32 @@ def test_members_end_is_said_only_when_every_member_answered_and_none_runs() -> 
     assert members_end(("g1", "g2"), [exited]) is None  # g2 not asked
     assert members_end(("g1", "g2"), [knows_not, HostState(RUN, "g1", "unknown", detail=knows_not.detail)]) is None
     assert members_end(("g1",), [exited, state("g3", "running")]) == "g1 exited 0"  # g3 is no member
+
+
+def test_an_attached_runs_join_refuses_an_inventory_its_controller_does_not_plan_with(project: Project) -> None:
+    """The attached controller plans a joiner with the inventory it launched with: a --inventory naming a new
+    host was checked here and then answered by the controller as an unknown host of a file never passed."""
+    other = project.root / "more.yaml"
+    other.write_text("hosts:\n  g1: {address: 10.0.0.1}\n  g9: {address: 10.0.0.9}\n")
+    record = RunRecord(RUN, str(project.root / "inv.yaml"), ("g1", "g2"), 1.0, False, "10.0.0.1:29500", RUN, (1, 3),
+                       controller_pid=os.getpid())
+    record.save(project.runs)
+    alive = pytest.MonkeyPatch.context()
+    with alive as patched, agents.inventory_given(str(other)), pytest.raises(InputError) as refused:
+        patched.setattr(membership, "controller_alive", lambda run: True)  # this test's pid is no `fab train`
+        membership.join_or_leave(project, record, "join", ["g9"], Renderer())
+    assert str(refused.value) == (
+        f"run {RUN} is attached to a fab train that plans with the inventory it was started with: --inventory cannot "
+        f"change it; leave it out, or stop the run and resume it on the new inventory (fab train --resume {RUN} "
+        "--inventory NEW)")
+    assert not membership.requests_dir(project, RUN).exists() or not any(membership.requests_dir(project, RUN).iterdir())
+
+
+def test_a_detached_join_through_an_inventory_naming_only_some_members_is_one_line(project: Project) -> None:
+    """It named g1 (so it passed as this run's) but not g2: the joiner's plan found no g2 (an internal error)."""
+    other = project.root / "more.yaml"
+    other.write_text("hosts:\n  g1: {address: 10.0.0.1}\n  g9: {address: 10.0.0.9}\n")
+    record = saved(project, True)
+    with agents.inventory_given(str(other)), pytest.raises(InputError) as refused:
+        membership.prepare_joiner(record, load_run_inventory(record, project.root), "g9", project, Renderer(), True)
+    assert str(refused.value) == f"run {RUN}'s member(s) g2 are not in {other}; join through an inventory that names every member"

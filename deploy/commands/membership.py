@@ -30,7 +30,7 @@ from meshrun.deploy.commands.joincheck import (below_minimum, leave_refusal, liv
                                                require_run_code_reached, said_busy)
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.errors import InputError, MeshrunError
-from meshrun.deploy.edges.agents import detached_answer, load_run_inventory, run_detached_agent
+from meshrun.deploy.edges.agents import detached_answer, given_inventory, load_run_inventory, run_detached_agent
 from meshrun.deploy.edges.launcher import JobRunner
 from meshrun.deploy.inventory.model import ElasticBounds, Host, Inventory, Rendezvous
 from meshrun.deploy.run.answers import detached_record, from_json
@@ -39,7 +39,7 @@ from meshrun.deploy.run.plan import HostLaunch, LaunchOptions, at_generation, pl
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, controller_alive, load_record
 from meshrun.deploy.inventory.selection import Selection, select_hosts
-from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.inventory.shown import shown, with_path
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.transport import Session, connect
 
@@ -74,6 +74,9 @@ def prepare_joiner(record: RunRecord, inventory: Inventory, name: str, project: 
     options = options_of(record)
     if detach:
         options = dataclasses.replace(options, detach=True)
+    if gone := [h for h in record.members if h not in inventory.host_names]:  # an --inventory naming only some
+        raise InputError(with_path(f"run {record.run_id}'s member(s) {', '.join(gone)} are not in ", inventory.path,
+                                   "; join through an inventory that names every member"))
     members = tuple(inventory.host(h) for h in record.members)  # not an earlier attempt's hosts: not in the job
     joiner = select_hosts(inventory, name).hosts[0]
     address, _, port = record.rdzv_endpoint.rpartition(":")
@@ -313,6 +316,10 @@ def join_or_leave(project: Project, record: RunRecord, action: str, hosts: list[
             raise InputError(f"--hosts {shown(name)}: join and leave take host names, one by one "
                              f"(hosts: {', '.join(inventory.host_names)})")
     if controller_alive(record):
+        if given_inventory() is not None:  # the attached controller plans with the inventory it launched with
+            raise InputError(f"run {record.run_id} is attached to a fab train that plans with the inventory it was "
+                             f"started with: --inventory cannot change it; leave it out, or stop the run and resume it "
+                             f"on the new inventory (fab train --resume {record.run_id} --inventory NEW)")
         answers = [submit(project, record, action, name) for name in hosts]
         failed = [a["message"] for a in answers if not a["ok"]]
         if failed:

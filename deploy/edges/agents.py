@@ -57,6 +57,11 @@ def inventory_given(path: str | None) -> Iterator[None]:
             _GIVEN["inventory"] = before
 
 
+def given_inventory() -> Path | None:
+    """This command's --inventory (`inventory_given`), None when not given."""
+    return _GIVEN.get("inventory")
+
+
 def inventory_of(record: RunRecord, root: Path) -> Path:
     """Where the run's recorded inventory is from here: a relative record's (records.stored_inventory)
     under the current project root, so a moved or cloned checkout finds its own; an absolute one as is."""
