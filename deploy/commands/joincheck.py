@@ -20,21 +20,18 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from meshrun.fsutil import read_regular
-from meshrun.layout import SUMMARY
 from meshrun.deploy.commands.sync import code_files
 from meshrun.deploy.edges.check_probes import open_sessions
 from meshrun.deploy.edges.codehints import host_holds_content
-from meshrun.deploy.edges.records import ENDED, RunRecord, has_own_summary
+from meshrun.deploy.edges.records import RunRecord, own_summary
 from meshrun.deploy.edges.sessions import close_all
 from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.host import codestat
-from meshrun.deploy.inputfiles import RECORD_MAX
 from meshrun.deploy.inventory.model import Inventory
 from meshrun.deploy.project import Project
-from meshrun.deploy.run.answers import from_json, said
+from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.hoststate import STATES, HostState
 from meshrun.deploy.run.plan import python_of
 
@@ -50,15 +47,9 @@ def answered(state: HostState) -> bool:
 
 
 def recorded_end(run_path: Path, run_id: str) -> str | None:
-    """The status of the controller's own summary.json of the run (`has_own_summary`), or None."""
-    if not has_own_summary(run_path, run_id):
-        return None
-    try:
-        found = from_json(read_regular(run_path / SUMMARY, RECORD_MAX).decode("utf-8", "replace"))
-    except OSError:
-        return None
-    status = found.get("status") if isinstance(found, dict) else None
-    return status if isinstance(status, str) and status in ENDED else None
+    """The status of the controller's own summary.json of the run (`own_summary`), or None."""
+    found = own_summary(run_path, run_id)
+    return found["status"] if found is not None else None
 
 
 def members_end(members: Sequence[str], states: Sequence[HostState]) -> str | None:

@@ -6,14 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from meshrun.fsutil import read_regular
-from meshrun.layout import SUMMARY
 from meshrun.deploy.edges.agents import run_states
 from meshrun.deploy.project import Project
 from meshrun.deploy.errors import InputError
-from meshrun.deploy.edges.records import ENDED, all_records, live_records, load_record, no_runs
-from meshrun.deploy.inputfiles import RECORD_MAX
-from meshrun.deploy.run.answers import MISSING, from_json, said
+from meshrun.deploy.edges.records import ENDED, all_records, live_records, load_record, no_runs, own_summary
+from meshrun.deploy.run.answers import MISSING, said
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.edges.records import RunRecord, resolve_run
 from meshrun.deploy.edges.watch import RunWatch
@@ -50,11 +47,8 @@ def main(run: str | None, as_json: bool, project: Project, watch: bool = False, 
 def summary_outcome(run_path: Path, run_id: str) -> str | None:
     """What the controller's summary.json in `run_path` recorded of `run_id` (`recorded_outcome`);
     None when there is none (a detached run, one not ended, a file that cannot be read)."""
-    try:
-        data = read_regular(run_path / SUMMARY, RECORD_MAX)
-    except OSError:
-        return None
-    return recorded_outcome(from_json(data.decode("utf-8", "replace")), run_id)
+    found = own_summary(run_path, run_id)
+    return recorded_outcome(found, run_id) if found is not None else None
 
 
 def recorded_outcome(summary: object, run_id: str) -> str | None:

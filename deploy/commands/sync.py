@@ -23,8 +23,9 @@ from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.host_queries import parse_json_object
 from meshrun.deploy.edges.codehints import hint_file, host_holds, load_hints, save_hints
-from meshrun.deploy.edges.sessions import SessionsLater, close_all, sessions_to
-from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session, connect
+from meshrun.deploy.edges.agents import on_each_connected
+from meshrun.deploy.edges.sessions import SessionsLater, sessions_to
+from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session
 from meshrun.deploy.host import codestat
 from meshrun.deploy.run.codehint import hint_key, may_hold
 from meshrun.deploy.run.shell import local_workdir
@@ -203,16 +204,10 @@ def refuse_under_runs(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
     project itself gets nothing from a sync and is not asked."""
     from meshrun.deploy.commands.setup import CHECK_TIMEOUT_S  # setup imports this module
 
-    def ask(host: Host) -> tuple[str, ...]:
-        session = connect(host, inventory.known_hosts, root)
-        try:
-            return runs_from(host, session)
-        finally:
-            close_all({host.name: session})  # bounded: a cut link's close must not hold the fan-out
-
     sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
     asked = tuple(h for h in hosts if not is_project_itself(h, root))
-    results = on_each(asked, ask, timeout=DEFAULT_CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S + 5)
+    results = on_each_connected(asked, inventory, root, runs_from,
+                                timeout=DEFAULT_CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S + 5)
     busy = {name: runs for name, runs in results.ok.items() if runs}
     if busy:
         raise MeshrunError(under_runs(busy, lambda run, host: runs is not None and recorded_on(runs, run, host)))

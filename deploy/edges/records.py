@@ -265,20 +265,25 @@ def controller_alive(record: RunRecord) -> bool:
 ENDED = frozenset(s.value for s in JobStatus)  # the statuses the controller writes in a summary.json
 
 
-def has_own_summary(run_path: Path, run_id: str) -> bool:
-    """Does `run_path` hold the controller's summary.json of `run_id`: a JSON object of that run_id and
-    one of meshrun's statuses? A file of that name a script wrote (`{"best_loss": 0.33}`), or one that
-    is not a regular file of at most RECORD_MAX, is no end of the run: taken for one, a detached run
-    that still runs would drop out of `fab status`, and `fab stop` would pick another run."""
+def own_summary(run_path: Path, run_id: str) -> dict | None:
+    """The controller's summary.json of `run_id` in `run_path`: a JSON object of that run_id and one of
+    meshrun's statuses; else None. A file of that name a script wrote (`{"best_loss": 0.33}`), or one
+    that is not a regular file of at most RECORD_MAX, is no end of the run: taken for one, a detached
+    run that still runs would drop out of `fab status`, and `fab stop` would pick another run."""
     try:
         data = read_regular(run_path / SUMMARY, RECORD_MAX)
     except OSError:
-        return False
+        return None
     found = from_json(data.decode("utf-8", "replace"))
     if not isinstance(found, dict) or found.get("run_id") != run_id:
-        return False
+        return None
     status = found.get("status")
-    return isinstance(status, str) and status in ENDED  # a list or an object is unhashable: never `in` a set
+    return found if isinstance(status, str) and status in ENDED else None  # a list is unhashable: never `in`
+
+
+def has_own_summary(run_path: Path, run_id: str) -> bool:
+    """Does `run_path` hold the controller's summary.json of `run_id` (`own_summary`)?"""
+    return own_summary(run_path, run_id) is not None
 
 
 def may_be_running(record: RunRecord, has_summary: bool, attached_controller_alive: bool, now: float) -> bool:
