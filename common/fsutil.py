@@ -7,7 +7,8 @@ directory is fsynced so the rename itself survives a power loss.
 
 ``read_regular`` reads a file that someone else named (an inventory, a known_hosts, a run record, a
 trainer config): a FIFO would block the reader forever and ``/dev/zero`` never ends, so only a regular
-file is read, and at most one byte past its limit.
+file is read, and at most one byte past its limit. ``open_regular`` is its open, for a reader that
+reads otherwise (the end of a log).
 """
 
 from __future__ import annotations
@@ -131,16 +132,29 @@ def size_text(limit: int) -> str:
     return f"{limit} bytes"
 
 
-def read_regular(path: Path | str, limit: int) -> bytes:
-    """The bytes of `path` when it is a regular file of at most `limit` bytes; else FileRefused. It is
-    opened without blocking (a FIFO waits for a writer otherwise) and judged by fstat on that same open
-    file; at most `limit + 1` bytes are read, so a file that grows meanwhile is refused too. Any other
-    OSError (FileNotFoundError, PermissionError, a name too long) is the caller's to word."""
+def open_regular(path: Path | str) -> int:
+    """A read-only descriptor of `path` when it is a regular file; else FileRefused, nothing left open.
+    Opened without blocking (a FIFO waits for a writer otherwise) and judged by fstat on that same open
+    file, so a file swapped for a FIFO between a stat and the open is still refused. Any other OSError
+    (FileNotFoundError, PermissionError, a name too long) is the caller's to word."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         problem = not_regular(os.fstat(fd).st_mode)
         if problem is not None:
             raise FileRefused(problem)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path | str, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes; else FileRefused. It is
+    opened by `open_regular`; at most `limit + 1` bytes are read, so a file that grows meanwhile is
+    refused too. Any other OSError (FileNotFoundError, PermissionError, a name too long) is the caller's
+    to word."""
+    fd = open_regular(path)
+    try:
         chunks: list[bytes] = []
         size = 0
         while size <= limit:

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.commands.logs import picked
-from meshrun.deploy.commands.stop import stopped_line, was_running
+from meshrun.deploy.commands.stop import stopped_line
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.run.answers import Remaining, remaining_pids
+from meshrun.deploy.run.answers import StopAnswer, remaining_pids
 from meshrun.deploy.run.hoststate import HostState
 from meshrun.layout import ENV_HOST, ENV_RUN_ID, SUMMARY, log_path
 from tests.clirun import run_meshrun, trap_project
@@ -53,12 +53,9 @@ def test_logs_says_which_run_it_took_and_why() -> None:
 
 def test_the_agents_was_running_is_kept_with_its_pids() -> None:
     answer = {"host": "h1", "run_id": "r1", "was_running": False, "remaining": []}
-    left = remaining_pids("h1", answer)
-    assert (left, was_running(left)) == ((), False)
-    left = remaining_pids("h1", {**answer, "was_running": True, "remaining": [7]})
-    assert (left, was_running(left), list(left)) == ((7,), True, [7])
-    assert was_running(remaining_pids("h1", {"remaining": []})) is None  # an agent that does not say
-    assert was_running(()) is None and Remaining((1,), False) == (1,)
+    assert remaining_pids("h1", answer) == StopAnswer((), False)
+    assert remaining_pids("h1", {**answer, "was_running": True, "remaining": [7]}) == StopAnswer((7,), True)
+    assert remaining_pids("h1", {"remaining": []}) == StopAnswer((), None)  # an agent that does not say
     with pytest.raises(MeshrunError) as bad:
         remaining_pids("h1", {**answer, "was_running": "no"})
     assert str(bad.value) == ("host 'h1': the agent's stop gave an unexpected answer: was_running is 'no'; "

@@ -10,11 +10,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from meshrun.deploy.edges.checkpointpush import RECORDS, RecordsHeld, copy_records, records_to_copy
+from meshrun.deploy.edges.checkpointpush import copy_records
 from meshrun.deploy.edges.records import RunRecord, load_record
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.run.manifest import manifest_text, parse_manifest
+from meshrun.deploy.run.recordcopy import RECORDS, RecordsHeld, records_to_copy
 from tests.clirun import git_project, run_meshrun
 
 RUN = "20261206-180903-209b"

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.fsutil import not_regular
+from meshrun.fsutil import not_regular, open_regular
 from meshrun.layout import HOSTS, TRAIN_LOG, controller_log, log_path
 from meshrun.deploy.edges.agents import CONNECT_BUDGET_S, on_each_connected, run_hosts, run_states, with_missing
 from meshrun.deploy.edges.fanout import on_each
@@ -120,11 +120,9 @@ def copy_warning(why: str, copy: LocalCopy, shown: int, after: str = "") -> str:
 
 def _read_end(path: Path, limit: int) -> tuple[bytes, bool]:
     """The last `limit` bytes of the regular file `path`, and whether they are all of it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # a FIFO must not block
+    fd = open_regular(path)  # a FIFO must not block; one swapped in since `local_copy` is refused
     try:
         info = os.fstat(fd)
-        if not_regular(info.st_mode) is not None:
-            raise OSError(f"{path} {not_regular(info.st_mode)}")
         start = max(0, info.st_size - limit)
         os.lseek(fd, start, os.SEEK_SET)
         return os.read(fd, limit), start == 0

@@ -24,7 +24,7 @@ from meshrun.deploy.inventory.selection import select_hosts
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
-from meshrun.deploy.run.answers import MISSING, Answer, said
+from meshrun.deploy.run.answers import MISSING, Answer, network_hint, said
 from meshrun.deploy.run.requirements import Requirements, project_requirements
 from meshrun.deploy.edges import host_queries as probes
 
@@ -85,7 +85,7 @@ def setup_host(host: Host, session: Session, request: SetupRequest, root: Path, 
     """Push the wheel, run the host side, then check that the venv imports this controller's build."""
     push = push_dir_argv(host, request.wheel.parent, f"{WHEELS}/{request.identity.build}", root, inventory.known_hosts)
     run_rsync(push, host=host.name, what="pushing meshrun's wheel", timeout=WHEEL_PUSH_TIMEOUT_S,
-              hint=f"check `fab check-network --hosts {host.name}`")
+              hint=network_hint(host.name))
     result = _run_setup(host, session, request, force=False)
     seen = installed_identity(session, result.python)
     if seen != request.identity:  # the stamp said done, but the venv holds something else: once more

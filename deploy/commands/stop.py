@@ -4,7 +4,7 @@ that cannot be reached is named, and every other host is stopped all the same.""
 from __future__ import annotations
 
 from meshrun.layout import HEARTBEAT_TIMEOUT_S
-from meshrun.deploy.edges.agents import run_states, stop_run
+from meshrun.deploy.edges.agents import run_states, stop_answers
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import RunRecord, resolve_live_run
 from meshrun.deploy.render.console import Renderer
@@ -19,14 +19,14 @@ def main(run: str | None, project: Project) -> int:
     no `run`, an old detached run (which gets no summary) may be the one taken."""
     renderer = Renderer()
     record = resolve_live_run(project.runs, run, "fab stop", renderer.warn, lambda live: run_states(live, project.root))
-    results = stop_run(record, project.root)
+    results = stop_answers(record, project.root, record.hosts)
     failed = tuple(h for h in results.failed if h not in record.earlier)
     for host in results:
         if host in results.failed:
             (renderer.error if host in failed else renderer.warn)(f"{host}: {results.failed[host]}")
-        elif left := results.ok[host]:
+        elif left := results.ok[host].pids:
             renderer.error(f"{host}: processes still alive: {list(left)}")
-        elif was_running(left) is False:
+        elif results.ok[host].was_running is False:
             renderer.info(f"run {record.run_id} was not running on {host} (already ended)")
         else:
             renderer.info(f"{host}: clean, no process of run {record.run_id} left")
@@ -36,15 +36,10 @@ def main(run: str | None, project: Project) -> int:
                       "again once it answers")
     if failed:
         renderer.error(not_stopped(record, failed))
-    if failed or any(results.ok.values()):
+    if failed or any(answer.pids for answer in results.ok.values()):
         return 1
-    renderer.info(stopped_line(record.run_id, {host: was_running(left) for host, left in results.ok.items()}))
+    renderer.info(stopped_line(record.run_id, {host: answer.was_running for host, answer in results.ok.items()}))
     return 0
-
-
-def was_running(left: tuple[int, ...]) -> bool | None:
-    """What the host's agent said of the run before it stopped it (answers.Remaining); None: not said."""
-    return getattr(left, "was_running", None)
 
 
 def stopped_line(run_id: str, running: dict[str, bool | None]) -> str:

@@ -21,7 +21,7 @@ from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, CommandRes
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inventory.load import load_inventory
 from meshrun.deploy.inventory.model import Host, Inventory
-from meshrun.deploy.run.answers import remaining_pids, said
+from meshrun.deploy.run.answers import StopAnswer, remaining_pids, said
 from meshrun.deploy.run.hoststate import HostState, parse_status, parse_statuses
 from meshrun.deploy.run.plan import HostLaunch, agent_verb_argv, env_block
 from meshrun.deploy.edges.stdinfeed import run_fed
@@ -259,13 +259,20 @@ def stop_run(record: RunRecord, root: Path) -> HostResults[tuple[int, ...]]:
 
 
 def stop_hosts(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostResults[tuple[int, ...]]:
-    """Stop the run on the named hosts of the run; one that cannot be reached is its entry in
-    `.failed`, and the others are stopped all the same."""
+    """Stop the run on the named hosts of the run: `stop_answers`' pids still alive, or the error."""
+    answers = stop_answers(record, root, names)
+    return HostResults((name, a if isinstance(a, MeshrunError) else a.pids) for name, a in answers.items())
+
+
+def stop_answers(record: RunRecord, root: Path, names: tuple[str, ...]) -> HostResults[StopAnswer]:
+    """Stop the run on the named hosts of the run: each agent's answer, with whether the run was
+    running there (`fab stop` says where it had already ended). One that cannot be reached is its
+    entry in `.failed`, and the others are stopped all the same."""
     hosts, inventory, missing = run_hosts(record, root)
     hosts = tuple(h for h in hosts if h.name in names)
     missing = {name: err for name, err in missing.items() if name in names}
 
-    def stop(host: Host, session: Session) -> tuple[int, ...]:
+    def stop(host: Host, session: Session) -> StopAnswer:
         result = session.run(agent_verb_argv(host, "stop", record.run_id, sys.executable, STOP_GRACE_S),
                              timeout=STOP_GRACE_S + 25)
         try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -16,7 +15,7 @@ from meshrun.fsutil import atomic_write_bytes
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, LAUNCH_RECORD, run_dir
 from meshrun.deploy.edges.check_probes import WRITE_FILE
 from meshrun.deploy.edges.fetch import FETCH_TIMEOUT_S
-from meshrun.deploy.edges.records import RECORD_FIX, RETIRED, RunRecord, load_record, retire_attempt
+from meshrun.deploy.edges.records import RECORD_FIX, RunRecord, load_record, retire_attempt
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sessions import reachable_results
 from meshrun.deploy.edges.sync import is_project_itself, push_named_argv
@@ -28,9 +27,10 @@ from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
-from meshrun.deploy.run.answers import said
+from meshrun.deploy.run.answers import network_hint, said
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest
 from meshrun.deploy.run.plan import python_of
+from meshrun.deploy.run.recordcopy import RECORDS, RecordsHeld, records_to_copy
 from meshrun.deploy.run.resume import newest_listed_step, pushed_manifest, same_as_ours, to_hash, to_push
 
 # `python -c` on the host: `<sha256>  <name>` for each named regular file of the folder (argv[1]);
@@ -113,7 +113,7 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
     argv = push_named_argv(head, local, tuple(e.name for e in ours.entries), f"{run_dir(run_id)}/{CHECKPOINTS}",
                            project.root, inventory.known_hosts)
     run_rsync(argv, host=head.name, what=f"pushing the checkpoints of {run_id}", timeout=FETCH_TIMEOUT_S,
-              hint=f"check `fab check-network --hosts {head.name}`")
+              hint=network_hint(head.name))
     asked = to_hash(ours, theirs)
     same = same_as_ours(ours, host_hashes(sessions[head.name], run_id, asked, local), asked)
     lines = pushed_manifest(ours, theirs, same)
@@ -123,32 +123,6 @@ def push_checkpoints(selection: Selection, sessions: Mapping[str, Session], run_
         raise MeshrunError(f"host '{head.name}': could not push checkpoints of {run_id}: "
                            f"{said(written.stderr.strip()[-300:])}")
     renderer.info(f"resume: pushed checkpoints up to step {newest_listed_step(lines.encode())} to {head.name}")
-
-
-RECORDS = (LAUNCH_RECORD, *RETIRED)  # the controller's own records of a run: what `--runs-dir` reads of it
-
-
-@dataclass(frozen=True)
-class RecordsHeld:
-    """A runs folder's records of a run: the attempt its launch.json is of (None: none there)."""
-
-    started: float | None
-    written: Mapping[str, int]  # each record there (RECORDS) -> its st_mtime_ns
-
-
-def records_to_copy(ours: RecordsHeld, theirs: RecordsHeld) -> tuple[bool, tuple[str, ...]]:
-    """What a fetch into another runs folder copies of the controller's records (`ours`) into the
-    run's folder there (`theirs`): (whether the records of the attempt there become *.prev.json
-    first, as a resume leaves them; the names to copy, launch.json first). A later attempt there
-    (resumed with `--runs-dir` it) is kept whole; for a later one here, every record; of the same
-    attempt, each written here since it was copied there (the summary at its end, a join's
-    launch.json), never one written there later."""
-    if ours.started is None or (theirs.started is not None and theirs.started > ours.started):
-        return False, ()
-    present = [name for name in RECORDS if name in ours.written]
-    if theirs.started is None or ours.started > theirs.started:
-        return theirs.started is not None, tuple(present)
-    return False, tuple(n for n in present if ours.written[n] > theirs.written.get(n, -1))
 
 
 def _held(folder: Path, started: float | None) -> RecordsHeld:

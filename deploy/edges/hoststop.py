@@ -29,7 +29,8 @@ STOP_TIMEOUT_S = STOP_GRACE_S + 25  # the agent's TERM, grace and KILL, and an S
 
 
 def stop_host(live: LiveHost, run_id: str, local_python: str) -> tuple[int, ...]:
-    """`agent stop` of the run on the host: the run pids still alive after it (MeshrunError: no report)."""
+    """`agent stop` of the run on the host: the run pids still alive after it (MeshrunError: no report).
+    Whether the run was running there is `fab stop`'s to say, not the launcher's: the pids only."""
     host = live.launch.host
     argv = agent_verb_argv(host, "stop", run_id, local_python, STOP_GRACE_S)
     result = live.session.run(argv, timeout=STOP_TIMEOUT_S)
@@ -38,7 +39,7 @@ def stop_host(live: LiveHost, run_id: str, local_python: str) -> tuple[int, ...]
     except (ValueError, IndexError):
         raise MeshrunError(f"host '{host.name}': stop gave no report (rc {result.rc}): "
                            f"{said(result.stderr.strip()[-200:])}") from None
-    return remaining_pids(host.name, report)
+    return remaining_pids(host.name, report).pids
 
 
 def stop_beside(live: LiveHost, stop: Callable[[LiveHost], tuple[int, ...]], sink: LineSink) -> None:

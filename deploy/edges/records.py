@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from meshrun.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, read_regular
-from meshrun.layout import (COMM_PLAN, DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD,
-                            PROVENANCE, SUMMARY)
+from meshrun.layout import DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, SUMMARY
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.fields import NAME_RE
@@ -31,6 +30,7 @@ from meshrun.deploy.inventory.shown import shown, with_path
 from meshrun.deploy.run.answers import from_json, is_int, is_real
 from meshrun.deploy.run.hoststate import HostState
 from meshrun.deploy.run.outcome import JobStatus
+from meshrun.deploy.run.recordcopy import RETIRED
 from meshrun.deploy.run.summary import RunSummary
 
 RECORD_FIX = "the run record is damaged or was edited; restore it, or remove the run's folder"
@@ -327,9 +327,6 @@ def new_run_id() -> str:
     """Unique (reusing an rdzv id would join a stale rendezvous), and its time in UTC: local time
     jumps back at a DST change or a flight west. Which run is newest goes by `started` (all_records)."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
-
-
-RETIRED = (SUMMARY, PROVENANCE, COMM_PLAN)  # what one attempt of a run leaves that the next must not inherit
 
 
 def retired_name(name: str) -> str:

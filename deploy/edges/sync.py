@@ -46,6 +46,7 @@ from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same ho
 from meshrun.deploy.edges.transport import Session
 from meshrun.deploy.host.codestat import MARK_MAX, is_ours, mark_line, record_of
 from meshrun.deploy.inventory.model import Host
+from meshrun.deploy.run.answers import network_hint
 from meshrun.deploy.run.dataplan import PARTIAL_DIR
 from meshrun.deploy.run.shell import local_workdir, make_workdir, shell_path
 from meshrun.deploy.run.syncset import (  # noqa: F401 (the owner mark's names, here too for callers and tests)
@@ -157,7 +158,7 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
         try:
             run_rsync(argv, host=host.name, what="code sync", timeout=timeout, on_line=on_line,
                       stdin=sent_list(os.fsencode(os.path.abspath(root)), files, os.fsencode(staged)),
-                      hint=f"check `fab check-network --hosts {host.name}`")
+                      hint=network_hint(host.name))
         except MeshrunError as err:
             said = SAID_RE.search(str(err)) if claim is not None else None
             if said is not None:

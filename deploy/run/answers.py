@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from meshrun.deploy.errors import MeshrunError
@@ -30,6 +31,11 @@ def said(text: str, limit: int = SAID_CLIP) -> str:
     """A message written by a host, quoted in ours: control characters escaped, clipped."""
     text = escaped(text)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def network_hint(host: str) -> str:
+    """What to run when a transfer to or from `host` fails (the end of rsyncrun's failure line)."""
+    return f"check `fab check-network --hosts {host}`"
 
 
 class Answer:
@@ -122,29 +128,25 @@ def is_real(value: object) -> bool:
     return is_int(value) and abs(value) < 2**1023  # type: ignore[operator]
 
 
-class Remaining(tuple[int, ...]):
-    """The process ids an agent's `stop` left alive, as the tuple they always were, and whether the
-    run was running there when it was asked (`was_running`; None: an agent that does not say). A
-    tuple that carries it: `fab stop` must tell a run it stopped from one that had ended, and every
-    other caller of the stop keeps its tuple of pids."""
+@dataclass(frozen=True)
+class StopAnswer:
+    """An agent's `stop`: the process ids of the run it left alive (should be none), and whether the
+    run was running there when it was asked (None: an agent that does not say). `fab stop` must tell
+    a run it stopped from one that had ended; the launcher's stops keep the pids only."""
 
+    pids: tuple[int, ...]
     was_running: bool | None
 
-    def __new__(cls, pids: tuple[int, ...] = (), was_running: bool | None = None) -> Remaining:
-        made = super().__new__(cls, pids)
-        made.was_running = was_running
-        return made
 
-
-def remaining_pids(host: str, answer: object) -> Remaining:
-    """The process ids an agent's `stop` says are still alive (deploy/host/stopping.py prints them),
-    with its `was_running`."""
+def remaining_pids(host: str, answer: object) -> StopAnswer:
+    """What an agent's `stop` says (deploy/host/stopping.py prints it): the process ids still alive,
+    and its `was_running`."""
     reader = Answer(host, "the agent's stop")
     found = reader.mapping(answer)
     remaining = found.get("remaining", MISSING)
     if not (isinstance(remaining, list) and all(is_int(p) and 0 < p < 2**31 for p in remaining)):
         raise reader.bad("remaining", remaining, "a list of process ids")
-    return Remaining(tuple(remaining), reader.flag(found.get("was_running", MISSING), "was_running"))
+    return StopAnswer(tuple(remaining), reader.flag(found.get("was_running", MISSING), "was_running"))
 
 
 class AgentBusy(MeshrunError):

@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from meshrun.deploy.inventory.shown import shown_path
+from meshrun.deploy.run.answers import network_hint  # here too: datasync and datastale import it from here
 
 DATA_MANIFEST = ".meshrun-manifest.sha256"  # meshrun's listing, at DEST on each host
 LEGACY_CACHE = ".meshrun-hash-cache.json"  # an older meshrun's hash cache inside SRC: never data
@@ -129,10 +130,6 @@ def batches(names: Iterable[str], budget: int) -> list[tuple[str, ...]]:
         group.append(name)
         size += cost
     return groups + ([tuple(group)] if group else [])
-
-
-def network_hint(host: str) -> str:
-    return f"check `fab check-network --hosts {host}`"
 
 
 def again(source: str, dest: str) -> str:
