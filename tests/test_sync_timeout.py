@@ -40,7 +40,7 @@ def test_the_timeout_given_is_each_hosts_code_and_data_deadline(project: Project
 
     monkeypatch.setattr(sync_cmd, "sync_host", code)
     monkeypatch.setattr(sync_cmd, "sync_data", data)
-    monkeypatch.setattr(sync_cmd, "refuse_under_runs", lambda hosts, inventory, root, runs=None: {})
+    monkeypatch.setattr(sync_cmd, "refuse_under_runs", lambda sessions, runs=None: {})
     sync_cmd.main(str(project.root / "hosts.yaml"), None, f"{project.root.parent / 'data'}:data/d", project, 7200)
     assert 7190 < given["code"] <= 7200 and given["data"] == 7200
     sync_cmd.main(str(project.root / "hosts.yaml"), None, f"{project.root.parent / 'data'}:data/d", project)

@@ -26,7 +26,8 @@ import pytest
 from meshrun.layout import AGENT_LOCK, host_dir
 from meshrun.deploy.commands import joincheck, membership
 from meshrun.deploy.commands.membership import Request, RequestPoller, prepare_joiner
-from meshrun.deploy.commands.sync import busy_runs, runs_from, under_runs
+from meshrun.deploy.commands.sync import runs_from
+from meshrun.deploy.run.syncbusy import busy_runs, under_runs
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import LocalSession
 from meshrun.deploy.errors import MeshrunError

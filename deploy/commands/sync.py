@@ -11,20 +11,17 @@ one that runs a run refuses the whole sync before any host's files change.
 from __future__ import annotations
 
 import os
-import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 import time
 from meshrun.deploy.edges.beside import Beside
 from pathlib import Path
 
-from meshrun.layout import is_run_id
 from meshrun.deploy.edges import sshtarget
-from meshrun.deploy.edges.check_probes import probe_argv
+from meshrun.deploy.edges.check_probes import open_sessions, probe_argv
 from meshrun.deploy.edges.host_queries import parse_json_object
 from meshrun.deploy.edges.codehints import hint_file, host_holds, load_hints, save_hints
-from meshrun.deploy.edges.agents import on_each_connected
-from meshrun.deploy.edges.sessions import SessionsLater, sessions_to
+from meshrun.deploy.edges.sessions import SessionsLater, close_all, sessions_to
 from meshrun.deploy.edges.transport import DEFAULT_CONNECT_TIMEOUT_S, Session
 from meshrun.deploy.host import codestat
 from meshrun.deploy.run.codehint import hint_key, may_hold
@@ -39,6 +36,7 @@ from meshrun.deploy.edges.records import load_record
 from meshrun.deploy.inventory.model import Host, Inventory
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.plan import python_of
+from meshrun.deploy.run.syncbusy import busy_runs, under_runs
 from meshrun.deploy.run.syncset import data_beside_code
 from meshrun.deploy.render.console import HostProgress, Renderer
 from meshrun.deploy.edges.sync import (Claim, SyncResult, WorkdirTaken, check_owner, is_project_itself, project_claim,
@@ -47,8 +45,6 @@ from meshrun.deploy.edges.sync import (Claim, SyncResult, WorkdirTaken, check_ow
 SYNC_TIMEOUT_S = 900
 SESSION_WAIT_S = 60  # a hinted host's session, at most; then it is synced as any other
 FANOUT_MARGIN_S = 30  # rsync is stopped at its own deadline: its message, not the fan-out's, says why
-# The run ids in the host-side test's busy answer (deploy/host/setup.py `runs_error`: at most 8, then ", ...").
-BUSY_RE = re.compile(r"runs? (.+?) (?:is|are) running from this workdir")
 
 
 def code_files(inventory: Inventory, project: Project) -> bytes:
@@ -116,52 +112,24 @@ def _holds(host: Host, later: SessionsLater, files: bytes, digest: str, claim: C
 
 
 def sync_dataset(hosts: tuple[Host, ...], inventory: Inventory, root: Path, spec: DataSpec,
-                 timeout: float = SYNC_TIMEOUT_S) -> dict[str, DataResult]:
+                 timeout: float = SYNC_TIMEOUT_S, held: Mapping[str, Session] | None = None) -> dict[str, DataResult]:
     """The dataset to every host in parallel, verified against its sha256 manifest; a workdir that
-    holds another project's code gets none (its claim is one command over the session opened here)."""
+    holds another project's code gets none (its claim is one command over the host's session). `held`:
+    sessions already open (`fab sync`'s, from its busy question), used instead of connecting again."""
     manifest = build_manifest(spec.source)
     claim = project_claim(root, inventory.path)
+    held = held or {}
 
     def one(host: Host, session: Session) -> DataResult:
         check_owner(host, session, root, claim)
         return sync_data(host, session, python_of(host, sys.executable), spec, manifest, root,
                          inventory.known_hosts, timeout)
 
-    with sessions_to(hosts, inventory, root) as sessions:
+    with sessions_to(tuple(h for h in hosts if h.name not in held), inventory, root) as opened:
+        sessions = {**held, **opened}
         results = on_each(hosts, lambda h: one(h, sessions[h.name]), timeout=timeout + FANOUT_MARGIN_S)
     refuse_taken(results)
     return results.require_all()
-
-
-def busy_runs(error: str) -> tuple[str, ...]:
-    """The runs a busy answer names, or () when it names none in the host-side test's own words."""
-    found = BUSY_RE.match(error)
-    runs = tuple(found.group(1).removesuffix(", ...").split(", ")) if found else ()
-    return runs if runs and all(is_run_id(r) for r in runs) else ()
-
-
-def under_runs(busy: Mapping[str, tuple[str, ...]], ours: Callable[[str, str], bool] = lambda run, host: True) -> str:
-    """One line: which run runs from which hosts' workdirs, and what to do (pure). A host's answer names
-    the runs: `fab stop --run` is advised only for a run `ours(run, host)`, one whose record here lists
-    that host; a run a host names that no record here puts on it may be its own invention (stopping a
-    real run of the same id elsewhere on its word) or another controller's: said, with no stop advised."""
-    why = "a worker restart or a --resume would import the new code beside the old; nothing was synced"
-    foreign = {host: [run for run in runs if not ours(run, host)] for host, runs in busy.items()}
-    if named := {host: runs for host, runs in foreign.items() if runs}:
-        said_by = "; ".join(f"{host} says {', '.join(runs)}" for host, runs in named.items())
-        return (f"a run this controller has no record of on that host is running from its workdir ({said_by}): "
-                f"fab sync would change the code it runs from ({why}); stop it where it was started, or wait")
-    where: dict[str, list[str]] = {}
-    for host, runs in busy.items():
-        for run in runs:
-            where.setdefault(run, []).append(host)
-    if len(where) == 1:
-        [(run, hosts)] = where.items()
-        return (f"run {run} is running from the workdir of {', '.join(hosts)}: fab sync would change the code it "
-                f"runs from ({why}); stop it first (fab stop --run {run}) or wait for it to end")
-    runs = ", ".join(f"{run} (on {', '.join(hosts)})" for run, hosts in where.items())
-    return (f"runs {runs} are running from these hosts' workdirs: fab sync would change the code they run from "
-            f"({why}); stop them first (fab stop --run ID, for each) or wait for them to end")
 
 
 def recorded_on(runs: Path, run: str, host: str) -> bool:
@@ -196,19 +164,15 @@ def runs_from(host: Host, session: Session) -> tuple[str, ...]:
                        "nothing was synced")
 
 
-def refuse_under_runs(hosts: tuple[Host, ...], inventory: Inventory, root: Path,
-                      runs: Path | None = None) -> dict[str, MeshrunError]:
-    """Every host asked at once, before any is synced: a refusal after another host's sync would have
-    changed that host's files. Returns why each host that could not be asked was not: it is synced
-    by no one (its rsync would most likely fail the same way), the others are. A workdir that is the
-    project itself gets nothing from a sync and is not asked."""
+def refuse_under_runs(sessions: Mapping[str, Session], runs: Path | None = None) -> dict[str, MeshrunError]:
+    """Every host asked at once, over its open session, before any is synced: a refusal after another
+    host's sync would have changed that host's files. Returns why each host that could not be asked
+    was not: it is synced by no one, the others are."""
     from meshrun.deploy.commands.setup import CHECK_TIMEOUT_S  # setup imports this module
 
-    sshtarget.check_all(hosts)  # a bad ssh_config value is one line before any host is contacted
-    asked = tuple(h for h in hosts if not is_project_itself(h, root))
-    results = on_each_connected(asked, inventory, root, runs_from,
-                                timeout=DEFAULT_CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S + 5)
-    busy = {name: runs for name, runs in results.ok.items() if runs}
+    results = on_each(tuple(s.host for s in sessions.values()), lambda h: runs_from(h, sessions[h.name]),
+                      timeout=CHECK_TIMEOUT_S + 5)
+    busy = {name: found for name, found in results.ok.items() if found}
     if busy:
         raise MeshrunError(under_runs(busy, lambda run, host: runs is not None and recorded_on(runs, run, host)))
     return results.failed
@@ -218,31 +182,42 @@ def main(inventory_arg: str | None, hosts_arg: str | None, data: str | None, pro
          timeout: float = SYNC_TIMEOUT_S) -> None:
     """`fab sync [--data SRC:DEST] [--timeout SECONDS]`: the code and the dataset, side by side when they
     cannot touch the same files (a no-op resync then costs the longer of the two, not their sum), each
-    host's within `timeout` seconds."""
+    host's within `timeout` seconds. Each host is connected once: the busy question and the data sync
+    share its session. One that cannot be connected or asked is synced by no one (its rsync would most
+    likely fail the same way); the others are, and it is named at the end. A workdir that is the project
+    itself gets nothing from a sync and is not asked."""
     root = project.root
     inv = load_inventory(inventory_path(inventory_arg, root), root)
     spec = parse_data_flag(data) if data else None
     selected = select_hosts(inv, hosts_arg).hosts
     renderer = Renderer()
     files = code_files(inv, project)
-    unasked = refuse_under_runs(selected, inv, root, project.runs)
+    sshtarget.check_all(selected)  # a bad ssh_config value is one line before any host is contacted
+    sessions, unasked = open_sessions(tuple(h for h in selected if not is_project_itself(h, root)), inv, root,
+                                      DEFAULT_CONNECT_TIMEOUT_S)
     try:
-        _sync_all(tuple(h for h in selected if h.name not in unasked), inv, project, spec, files, renderer, timeout)
-    except InputError:  # the user's to fix whatever the hosts do (a bad SRC, another project's workdir)
-        raise
-    except MeshrunError as err:
-        raise MeshrunError("; ".join([*map(str, unasked.values()), str(err)])) from None
+        unasked.update(refuse_under_runs(sessions, project.runs))
+        held = {name: session for name, session in sessions.items() if name not in unasked}
+        try:
+            _sync_all(tuple(h for h in selected if h.name not in unasked), inv, project, spec, files, renderer,
+                      timeout, held)
+        except InputError:  # the user's to fix whatever the hosts do (a bad SRC, another project's workdir)
+            raise
+        except MeshrunError as err:
+            raise MeshrunError("; ".join([*map(str, unasked.values()), str(err)])) from None
+    finally:
+        close_all(sessions)
     if unasked:
         raise MeshrunError("; ".join(str(err) for err in unasked.values()))
 
 
 def _sync_all(selected: tuple[Host, ...], inv: Inventory, project: Project, spec: DataSpec | None, files: bytes,
-              renderer: Renderer, timeout: float = SYNC_TIMEOUT_S) -> None:
+              renderer: Renderer, timeout: float, held: Mapping[str, Session]) -> None:
     """The code, and the dataset beside it when they cannot touch the same files; one line each."""
     root = project.root
     beside = spec is not None and data_beside_code(spec.dest, files)
     # A daemon thread, not a pool: Ctrl-C must not wait for the data's rsyncs, which localproc stops.
-    dataset = Beside(sync_dataset, selected, inv, root, spec, timeout) if beside else None
+    dataset = Beside(sync_dataset, selected, inv, root, spec, timeout, held) if beside else None
     try:
         code = sync_code(selected, inv, project, renderer, files, timeout=timeout)
     except MeshrunError:
@@ -260,7 +235,7 @@ def _sync_all(selected: tuple[Host, ...], inv: Inventory, project: Project, spec
                                              else f"{result.files} files in sync"))
     if spec is None:
         return
-    items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec, timeout)
+    items = dataset.result() if dataset is not None else sync_dataset(selected, inv, root, spec, timeout, held)
     for link in (next(iter(items.values())).links if items else ()):  # SRC's, the same for every host: once
         renderer.info(f"data {spec.dest}: {link}")
     for item in items.values():

@@ -2,7 +2,9 @@
 so that an ImageFolder or a glob on the host stops training on images the researcher deleted.
 
 What meshrun put at DEST is what its manifest there (`.meshrun-manifest.sha256`) lists. Before
-the new transfer overwrites it, the old one is fetched with rsync (the same transport as the data)
+the new transfer overwrites it, the host is asked for a digest of the names it lists (`same_names`,
+one command over the open session): the same names as the new manifest's, there is nothing to
+remove. Else the old one is fetched with rsync (the same transport as the data)
 into the controller's private staging folder, if it is no larger than `dataplan.old_bound` allows:
 a small multiple of this SRC's own listing. A larger one is not fetched, nothing is removed, and
 the result says so in one line: the host's file must not set what the controller holds or sifts.
@@ -19,6 +21,7 @@ sync still knows what to remove. Every name comes from the host, so none is ever
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import time
@@ -37,7 +40,7 @@ from meshrun.deploy.run.answers import MISSING, Answer, is_int, said
 from meshrun.deploy.run.dataplan import (DATA_MANIFEST, LINE_BYTES_MAX, batches, manifest_names, network_hint,
                                          old_bound, stale_names)
 from meshrun.deploy.run.shell import local_workdir
-from meshrun.fsutil import not_regular, size_text
+from meshrun.fsutil import open_regular, size_text
 
 OVER_MAX_SIZE = b" is over max-size"  # rsync's word (`--info=skip1`) for a file --max-size left behind
 ARGV_BUDGET = 64 << 10  # bytes of quoted names per removal command: `sh -c` takes one argument of 128 KiB
@@ -91,6 +94,51 @@ def stale_at_dest(host: Host, dest: str, root: Path, known_hosts: Path | None, i
         return Stale(())
 
 
+# Runs on the host with its python: the sha256 of the names DEST/<argv[2]> (DATA_MANIFEST) lists, each
+# followed by a newline, in its order (`names_digest`); null when there is no such regular file.
+OLD_NAMES = """
+import hashlib, json, os, re, stat, sys
+line = re.compile(rb"[0-9a-f]{64}  (.+)")
+try:
+    fd = os.open(os.path.join(sys.argv[1], sys.argv[2]), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+except OSError:
+    print("null")
+    sys.exit()
+with os.fdopen(fd, "rb") as old:
+    if not stat.S_ISREG(os.fstat(old.fileno()).st_mode):
+        print("null")
+        sys.exit()
+    names = hashlib.sha256()
+    for text in old:
+        found = line.fullmatch(text.rstrip(b"\\n"))
+        if found:
+            names.update(found[1] + b"\\n")
+print(json.dumps(names.hexdigest()))
+"""
+
+
+def names_digest(manifest: Mapping[str, str]) -> str:
+    """What OLD_NAMES answers for a manifest of these names, written as datasync.manifest_bytes writes it."""
+    digest = hashlib.sha256()
+    for name in manifest:
+        digest.update(name.encode("utf-8", "surrogateescape") + b"\n")
+    return digest.hexdigest()
+
+
+def same_names(session: Session, python: str, dest: str, manifest: Mapping[str, str], deadline: float) -> bool:
+    """Whether the manifest at DEST lists exactly the new manifest's names, in its order, as the host
+    says: then the previous sync left nothing SRC no longer has, and the old manifest need not be
+    fetched (an unchanged dataset, or changed contents under the same names: the common resync). The
+    host's word decides only what is removed from its own DEST: one that says so falsely keeps its
+    own stale files; an answer that is not a digest is "not the same"."""
+    result = session.run([python, "-c", OLD_NAMES, dest, DATA_MANIFEST], timeout=max(0.0, deadline - time.monotonic()))
+    try:
+        answer = result.last_json()
+    except (ValueError, IndexError):
+        return False
+    return isinstance(answer, str) and answer == names_digest(manifest)
+
+
 def too_large(dest: str, bound: int) -> str:
     return (f"data {shown_path(dest)}: the {DATA_MANIFEST} a previous sync left there is over {size_text(bound)}, "
             "more than this SRC's listing explains, so it was not read and nothing was removed; delete there what "
@@ -99,11 +147,8 @@ def too_large(dest: str, bound: int) -> str:
 
 def _opened(path: Path) -> BinaryIO:
     """`path` to read, when it is a regular file: opened without blocking and judged by fstat."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    fd = open_regular(path)
     try:
-        problem = not_regular(os.fstat(fd).st_mode)
-        if problem is not None:
-            raise OSError(problem)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)

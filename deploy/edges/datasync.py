@@ -9,7 +9,8 @@ short (Ctrl-C) keeps what it made, saved as it goes and on the way out.
 
 SRC is the user's and is only ever read. The hash cache lives in the user's cache folder, keyed by
 SRC's real path; the manifest is written to a private temporary folder and handed to rsync as a
-second source, so it lands at DEST beside the data. A `MANIFEST.sha256` of the user's in SRC is a
+second source, so it lands at DEST beside the data; its mtime comes from its bytes (`listing_mtime`),
+so rsync's quick check never takes a new listing for the old one. A `MANIFEST.sha256` of the user's in SRC is a
 data file like any other. Only a top-level `.meshrun-manifest.sha256` in SRC is refused: at DEST
 the two would be one file. A `.meshrun-hash-cache.json` an older meshrun left in SRC is not data
 and is never sent.
@@ -22,7 +23,9 @@ says so: run the same command again and it resumes (deploy/run/dataplan.rehinted
 disk filled is named as such, not sent to check the network.
 
 A file the previous sync sent that SRC no longer has is removed from DEST first (deploy/edges/
-datastale.py): nothing else there is touched. A link leaving SRC is sent as what it leads to, and
+datastale.py): nothing else there is touched. When the manifest there lists the same names as the
+new one (the host answers a digest of them over the session), there is nothing to remove, and the
+old manifest is not fetched: a resync of an unchanged or edited dataset costs no extra transfer. A link leaving SRC is sent as what it leads to, and
 its files are listed in the manifest (deploy/edges/datawalk.py); the result names each such link
 and how many files went through it (`DataResult.links`), and a file behind one named like an SSH
 key or an inventory stops the sync before anything is sent.
@@ -50,7 +53,7 @@ from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.run.answers import said
 from meshrun.deploy.run.dataplan import DATA_MANIFEST, LEGACY_CACHE, PARTIAL_DIR, listing_size, network_hint, rehinted
-from meshrun.deploy.edges.datastale import dest_path, remove_stale, stale_at_dest
+from meshrun.deploy.edges.datastale import Stale, dest_path, remove_stale, same_names, stale_at_dest
 from meshrun.deploy.edges.datawalk import Leaving, data_files, link_lines, unreadable, why
 from meshrun.deploy.edges.preflightcache import cache_file
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
@@ -247,12 +250,22 @@ def staged_manifest(source: Path, manifest: dict[str, str]) -> Iterator[Path]:
         raise MeshrunError(f"--data: cannot make a folder for the manifest in {base}: {why(err)}") from None
     try:
         try:
-            (folder / DATA_MANIFEST).write_bytes(manifest_bytes(manifest))
+            listing = manifest_bytes(manifest)
+            (folder / DATA_MANIFEST).write_bytes(listing)
+            os.utime(folder / DATA_MANIFEST, (listing_mtime(listing),) * 2)
         except OSError as err:
             raise MeshrunError(f"--data: cannot write the manifest in {folder}: {why(err)}") from None
         yield folder / DATA_MANIFEST
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def listing_mtime(listing: bytes) -> int:
+    """The staged manifest's mtime, in seconds, from its bytes: rsync's quick check compares size and
+    whole seconds, and a new listing of the same size (an edited file's new hash) staged within the
+    second of the last one would otherwise be skipped, leaving DEST verified against the old hashes.
+    The same listing keeps its mtime, so an unchanged one is not sent again. A time in 2001-2035."""
+    return 1_000_000_000 + int.from_bytes(hashlib.sha256(listing).digest()[:4], "big") % (1 << 30)
 
 
 def rsync_data_argv(host: Host, spec: DataSpec, root: Path, known_hosts: Path | None, checksum: bool,
@@ -350,9 +363,9 @@ def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifes
     deadline = time.monotonic() + timeout
     before = manifest.before if isinstance(manifest, Manifest) else 0
     with staged_manifest(spec.source, manifest) as listing:
-        stale = stale_at_dest(host, spec.dest, root, known_hosts, listing.parent / "previous", deadline, manifest,
-                              lambda name: os.path.lexists(os.path.join(spec.source, name)),
-                              max(os.path.getsize(listing), before))
+        stale = Stale(()) if same_names(session, python, spec.dest, manifest, deadline) else stale_at_dest(
+            host, spec.dest, root, known_hosts, listing.parent / "previous", deadline, manifest,
+            lambda name: os.path.lexists(os.path.join(spec.source, name)), max(os.path.getsize(listing), before))
         removed = remove_stale(session, python, spec.dest, stale.names, deadline) if stale.names else 0
         sent = _rsync(rsync_data_argv(host, spec, root, known_hosts, checksum=False, listing=listing), host.name,
                       spec, deadline)
