@@ -112,7 +112,7 @@ def test_a_jump_host_whose_key_is_not_pinned_or_changed_is_refused(
     known = known_hosts_of(inventory)
     ok, error = reachability(home, inventory, "h2")
     assert not ok and error == (f"host 'h2': jump host h1: unknown SSH host key {testbed.host_key_fingerprint(1)} "
-                                f"(ssh-ed25519) for 10.77.0.11, not in {known}; if you trust it, run: "
+                                f"(ssh-ed25519) for 10.77.0.11, not in ~/.ssh/known_hosts or {known}; if you trust it, run: "
                                 "fab trust --hosts h2")
     logins = len(accepted_from(testbed, 1))
     sync = fab_as(home, "sync", "--inventory", str(inventory), "--hosts", "h2")
@@ -121,16 +121,17 @@ def test_a_jump_host_whose_key_is_not_pinned_or_changed_is_refused(
     last = sync.stderr.strip().splitlines()[-1]
     assert sync.returncode == 1 and last == (f"error: host 'h2': jump host h1: unknown SSH host key "
                                              f"{testbed.host_key_fingerprint(1)} (ssh-ed25519) for 10.77.0.11, not in "
-                                             f"{known}; if you trust it, run: fab trust --inventory {inventory} "
+                                             f"~/.ssh/known_hosts or {known}; if you trust it, run: fab trust --inventory {inventory} "
                                              "--hosts h2"), sync.stderr
     assert len(accepted_from(testbed, 1)) == logins  # nothing logged in to the unpinned jump host
 
     pin(testbed, known, 1, as_host=3)  # h1 "was" h3: h1 offers a changed key
+    line = len(known.read_text().splitlines())  # the line pin() added: the one to delete
     ok, error = reachability(home, inventory, "h2")
     assert not ok and error == (f"host 'h2': jump host h1: SSH host key CHANGED for 10.77.0.11: known "
                                 f"{testbed.host_key_fingerprint(3)}, offered {testbed.host_key_fingerprint(1)}. This "
-                                f"may be an attack; if the host was reinstalled, delete its line from {known} and "
-                                "run: fab trust --hosts h2")
+                                f"may be an attack; if the host was reinstalled or its address reused, delete line "
+                                f"{line} of {known} and run: fab trust --hosts h2")
 
 
 def test_trust_pins_the_jump_host_first_then_the_host_behind_it(
@@ -186,7 +187,7 @@ def test_a_pinned_ed25519_host_offering_a_new_rsa_key_is_changed_and_yes_does_no
     before = known.read_text()
     expected = (f"host 'h1': SSH host key CHANGED for [10.77.0.11]:2222: known {testbed.host_key_fingerprint(1)} "
                 f"(ssh-ed25519), offered {fingerprint(rsa)} (ssh-rsa). This may be an attack; if the host was "
-                f"reinstalled, delete its line from {known} and run: fab trust --hosts h1")
+                f"reinstalled or its address reused, delete line 1 of {known} and run: fab trust --hosts h1")
     with second_sshd(testbed, 1, 2222, [rsa], tmp_path):
         result = fab("trust", "--inventory", str(inventory), "--hosts", "h1", "--yes", timeout=180)
         assert result.returncode == 1 and "CHANGED" in result.stdout

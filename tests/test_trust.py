@@ -37,7 +37,7 @@ def test_unknown_key_is_refused_and_trust_yes_makes_it_accepted(testbed: SimClus
     ok, error = reachable(inventory, "h1")
     fingerprint = testbed.host_key_fingerprint(1)
     assert not ok and error == (f"host 'h1': unknown SSH host key {fingerprint} (ssh-ed25519) for 10.77.0.11, not in "
-                                f"{known}; if you trust it, run: fab trust --hosts h1")
+                                f"~/.ssh/known_hosts or {known}; if you trust it, run: fab trust --hosts h1")
 
     result = fab("trust", "--inventory", str(inventory), "--hosts", "h1,h2,h3", "--yes")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -75,8 +75,8 @@ def test_changed_key_is_an_error_naming_both_fingerprints_and_never_replaced(
     result = fab("trust", "--inventory", str(inventory), "--hosts", "h1", "--yes")
     assert result.returncode == 1
     expected = (f"error: host 'h1': SSH host key CHANGED for 10.77.0.11: known {testbed.host_key_fingerprint(2)}, "
-                f"offered {testbed.host_key_fingerprint(1)}. This may be an attack; if the host was reinstalled, "
-                f"delete its line from {known} and run: fab trust --inventory {inventory} --hosts h1")
+                f"offered {testbed.host_key_fingerprint(1)}. This may be an attack; if the host was reinstalled or its "
+                f"address reused, delete line 1 of {known} and run: fab trust --inventory {inventory} --hosts h1")
     assert result.stderr.strip().splitlines()[-1] == expected
     assert known.read_text() == before
     ok, error = reachable(inventory, "h1")

@@ -37,12 +37,18 @@ class KeyOffer:
     name: str  # the known_hosts name: `addr` or `[addr]:port`
     key: paramiko.PKey
     status: KeyStatus
-    known: paramiko.PKey | None = None  # the recorded key, when CHANGED
+    known: hostkeys.Pin | None = None  # the recorded key and the line it is on, when CHANGED
     jump: str | None = None  # the ProxyJump hop this key is of; None: the host itself
+    pins: tuple[hostkeys.Pin, ...] = ()  # every line for `name`: a CHANGED key's advice names the stale ones
 
     @property
     def shown(self) -> str:
         return self.host if self.jump is None else f"{self.host} (jump host {self.jump})"
+
+    @property
+    def shown_status(self) -> str:
+        """`CHANGED (~/.ssh/known_hosts:3)`: which file holds the key compared, not the one keys are added to."""
+        return self.status.value if self.known is None else f"{self.status.value} ({self.known.file}:{self.known.line})"
 
 
 @dataclass(frozen=True)
@@ -53,18 +59,21 @@ class TrustRequest:
     timeout: float = DEFAULT_CONNECT_TIMEOUT_S
 
 
-def classify(host: str, name: str, key: paramiko.PKey, known: dict[str, paramiko.PKey],
+def classify(host: str, name: str, key: paramiko.PKey, pins: tuple[hostkeys.Pin, ...],
              jump: str | None = None) -> KeyOffer:
     """NEW only when nothing is pinned for `name`: a key of a new type on a host with a pinned key
-    of another is CHANGED (a downgrade or a man in the middle looks exactly like that)."""
+    of another is CHANGED (a downgrade or a man in the middle looks exactly like that). The key
+    compared is the first of its type, as a connection compares (~/.ssh/known_hosts before the
+    inventory's: hostkeys' docstring says why), so trust and connect never disagree."""
+    known = hostkeys.first_pins(pins)
     recorded = known.get(key.get_name())
     if recorded is None and known:
-        return KeyOffer(host, name, key, KeyStatus.CHANGED, next(iter(known.values())), jump)
+        return KeyOffer(host, name, key, KeyStatus.CHANGED, next(iter(known.values())), jump, pins)
     if recorded is None:
-        return KeyOffer(host, name, key, KeyStatus.NEW, None, jump)
-    if recorded.asbytes() == key.asbytes():
-        return KeyOffer(host, name, key, KeyStatus.KNOWN, None, jump)
-    return KeyOffer(host, name, key, KeyStatus.CHANGED, recorded, jump)
+        return KeyOffer(host, name, key, KeyStatus.NEW, None, jump, pins)
+    if recorded.key.asbytes() == key.asbytes():
+        return KeyOffer(host, name, key, KeyStatus.KNOWN, None, jump, pins)
+    return KeyOffer(host, name, key, KeyStatus.CHANGED, recorded, jump, pins)
 
 
 def offers_for(host: Host, known_hosts: Path | None, timeout: float) -> tuple[KeyOffer, ...]:
@@ -74,18 +83,19 @@ def offers_for(host: Host, known_hosts: Path | None, timeout: float) -> tuple[Ke
     offers: list[KeyOffer] = []
     for index, hop in enumerate(target.hops):
         name = hostkeys.known_hosts_name(hop.hostname, hop.port)
-        known = hostkeys.known_keys(known_hosts, name)
-        key = scan_host_key(host, known_hosts, index, timeout, preferred=list(known))
-        offers.append(classify(host.name, name, key, known, hop.label if index < len(target.jumps) else None))
+        pins = hostkeys.pins_for(known_hosts, name)
+        key = scan_host_key(host, known_hosts, index, timeout, preferred=list(hostkeys.first_pins(pins)))
+        offers.append(classify(host.name, name, key, pins, hop.label if index < len(target.jumps) else None))
         if offers[-1].status is not KeyStatus.KNOWN:
             break
     return tuple(offers)
 
 
-def changed_error(offer: KeyOffer, path: Path) -> MeshrunError:
+def changed_error(offer: KeyOffer, known_hosts: Path | None) -> MeshrunError:
+    """Names the line(s) to delete, in whichever file holds them (`known_hosts`: the inventory's file)."""
     assert offer.known is not None
-    return hostkeys.changed_key_error(offer.host, paramiko.BadHostKeyException(offer.name, offer.key, offer.known),
-                                      path, offer.jump)
+    return hostkeys.changed_key_error(offer.host, paramiko.BadHostKeyException(offer.name, offer.key, offer.known.key),
+                                      known_hosts, offer.jump, offer.pins)
 
 
 def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm: Callable[[str], bool],
@@ -98,8 +108,8 @@ def trust(request: TrustRequest, renderer: Renderer, interactive: bool, confirm:
                       timeout=request.timeout * (1 + sshtarget.MAX_HOPS) + 5)
     offers = [o for r in results.values() if isinstance(r, tuple) for o in r]
     print_host_keys(renderer, [(o.shown, o.name, f"{hostkeys.fingerprint(o.key)} ({o.key.get_name()})",
-                                o.status.value) for o in offers], str(path))
-    problems = [changed_error(o, path) for o in offers if o.status is KeyStatus.CHANGED]
+                                o.shown_status) for o in offers], str(path))
+    problems = [changed_error(o, inventory.known_hosts) for o in offers if o.status is KeyStatus.CHANGED]
     problems += results.failed.values()
     new = _unique([o for o in offers if o.status is KeyStatus.NEW])
     if new and not request.yes:
