@@ -182,7 +182,7 @@ def host_findings(host: HostFacts, cluster_nodes: Mapping[str, str]) -> list[Fin
         others = {node: name for node, name in cluster_nodes.items() if name != host.name}
         found += zerotier.findings(host.name, host.address, state, others, host.interface)
     if host.network == "wireguard":
-        found += wireguard.findings(host.name, host.wireguard or WireGuardState(error="not probed"))
+        found += wireguard.findings(host.name, host.wireguard or WireGuardState(error="not probed"), host.interface)
     return found
 
 
@@ -321,13 +321,17 @@ def is_public(address: str) -> bool:
 
 
 def public_findings(rdzv: RendezvousFacts, network: str) -> list[Finding]:
-    """The c10d store has no authentication or encryption: on a public address anyone may join."""
-    if network != "public" or not is_public(rdzv.address):
+    """The c10d store has no authentication or encryption: on a public address anyone may join, so
+    the address decides, not the label: `lan` is the default, which a user of two cloud machines
+    never writes. An overlay's address is judged by its own checks (its route, its assignment)."""
+    if network in ("zerotier", "wireguard") or not is_public(rdzv.address):
         return []
+    fix = ("firewall it to your hosts" if network == "public" else
+           "set `network: public` and run `fab firewall up` (it lets only your hosts in)")
     return [warn(CLUSTER, f"the rendezvous is on public address {rdzv.address}:{rdzv.port} ({rdzv.host}) with "
-                          "`network: public`: the c10d store (TCPStore) is unauthenticated and unencrypted, and "
+                          f"`network: {network}`: the c10d store (TCPStore) is unauthenticated and unencrypted, and "
                           "object collectives unpickle, so anyone who reaches the port can run code on your hosts; "
-                          "firewall it to your hosts or use an overlay (docs/public-ip.md, docs/zerotier.md)")]
+                          f"{fix} or use an overlay (docs/public-ip.md, docs/zerotier.md)")]
 
 
 def allreduce_findings(result: AllReduceResult) -> list[Finding]:
@@ -365,8 +369,8 @@ def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, lin
                  sites: Mapping[str, str | None] | None = None) -> CheckReport:
     """All findings in a stable order: hosts, versions, rendezvous, links, end to end. `sites`: each
     host's `site:`, which the link plan's rule follows past 32 hosts (deploy/check/linkplan.py)."""
-    nodes = {h.zerotier.node: h.name for h in hosts if h.zerotier is not None and h.zerotier.node}
-    found = [f for h in hosts for f in host_findings(h, nodes)] + local_findings(hosts) + version_findings(hosts)
+    nodes, dups = zerotier.node_names(((h.name, h.zerotier.node) for h in hosts if h.zerotier is not None), CLUSTER)
+    found = [f for h in hosts for f in host_findings(h, nodes)] + dups + local_findings(hosts) + version_findings(hosts)
     if rdzv is not None:
         found += rendezvous_findings(rdzv) + public_findings(rdzv, network)
     found += link_findings(links, {h.name: h.mtu for h in hosts}) + bandwidth_findings(links)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from meshrun.deploy.check.findings import Finding, warn
+from meshrun.deploy.check.findings import Finding, fail, warn
 
 WG_ARGV = ("wg", "show", "all", "latest-handshakes")
 # `wg`'s exit status kept (127: not installed), the host's time on the last line whatever it printed.
@@ -65,11 +65,20 @@ def host_state(rc: int, stdout: str, stderr: str) -> WireGuardState:
     return state_from(rc, "\n".join(lines[:-1]), stderr, int(clock) if rc == 0 else 0)
 
 
-def findings(host: str, state: WireGuardState) -> list[Finding]:
+def findings(host: str, state: WireGuardState, interface: str | None = None) -> list[Finding]:
+    """`interface`: the one the host's training traffic leaves by (`ip route get` to the rendezvous
+    host, from it to the next host); None when not known. Not one that `wg show all` lists means
+    `address:` names no WireGuard address (a public or LAN one): the job would run beside the tunnel,
+    in clear text, and the exposure check would take that interface for the overlay's."""
     if state.error is not None:
         return [warn(host, f"WireGuard state unreadable: {state.error}")]
     if not state.peers:
         return [warn(host, "`wg show` lists no WireGuard peers: is the tunnel up on this host?")]
+    listed = sorted({p.interface for p in state.peers})
+    if interface is not None and interface not in listed:
+        return [fail(host, f"traffic to the rendezvous host leaves via {interface}, not a WireGuard interface "
+                           f"({', '.join(listed)}): training would run outside the tunnel, unencrypted; set `address:` "
+                           f"in the inventory to each host's WireGuard address (the one on {listed[0]} there)")]
     return []
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from meshrun.deploy.check.findings import Finding, fail, warn
 from meshrun.deploy.run.answers import MISSING, from_json, is_int
@@ -183,6 +183,25 @@ NETWORK_FIXES: Mapping[str, str] = {
     "NOT_FOUND": "no such network: check the network id and `zerotier-cli join` it again",
     "PORT_ERROR": "the TAP device could not be created: check /dev/net/tun and the service's log",
 }
+
+
+def node_names(claims: Iterable[tuple[str, str | None]], where: str) -> tuple[dict[str, str], list[Finding]]:
+    """(node id → host name for the ids exactly one selected host reports; a WARN at `where` per id
+    two or more report). A node id is one identity's: a second claim is a cloned disk or VM image
+    (identity.secret copied with it) or a host answering falsely. Either way the id names no host in
+    relay warnings, which would otherwise send the user to open UDP on the wrong one."""
+    holders: dict[str, list[str]] = {}
+    for name, node in claims:
+        if node:
+            holders.setdefault(node, []).append(name)
+    twins = [(node, names) for node, names in holders.items() if len(names) > 1]
+    return {node: names[0] for node, names in holders.items() if len(names) == 1}, [
+        warn(where, f"{', '.join(names[:-1])} and {names[-1]} {'both' if len(names) == 2 else 'all'} report ZeroTier "
+                    f"node id {node}: a node id belongs to one ZeroTier identity, so one host runs a copy of "
+                    "another's (a cloned disk or VM image) or answers falsely, and relays to that id cannot be "
+                    "pinned on one host; on the host that should differ, stop zerotier-one, delete identity.public "
+                    "and identity.secret in /var/lib/zerotier-one, start it and authorize its new node id")
+        for node, names in twins]
 
 
 def findings(host: str, address: str, state: ZeroTierState, cluster_nodes: Mapping[str, str],
