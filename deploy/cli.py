@@ -81,13 +81,23 @@ def _one_line_errors(fn: Callable[..., object], args: tuple, kwargs: dict) -> ob
     except Exception as err:  # noqa: BLE001 - the single top-level handler
         if kwargs.get("debug") or os.environ.get("MESHRUN_DEBUG"):
             raise
-        log_path = debug_log()
+        Renderer().error(one_line(f"{internal_error(err)} (rerun with --debug to see it here)", sys.maxsize))
+        raise Exit(code=1) from None
+
+
+def internal_error(err: Exception) -> str:
+    """A bug, in one line: `internal error: KeyError: 'gpu1'; traceback in <the debug log>`, its
+    traceback appended there (the top-level handler's, and an attached run's answer to a join that
+    hit one). A log that cannot be written is not named, and costs nothing else."""
+    said = f"internal error: {err.__class__.__name__}: {err}"
+    log_path = debug_log()
+    try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
-            traceback.print_exc(file=log)
-        Renderer().error(one_line(f"internal error: {err.__class__.__name__}: {err}; traceback in {log_path} "
-                                  "(rerun with --debug to see it here)", sys.maxsize))
-        raise Exit(code=1) from None
+            traceback.print_exception(type(err), err, err.__traceback__, file=log)
+    except OSError:
+        return said
+    return f"{said}; traceback in {log_path}"
 
 
 def _interrupted(signum: int) -> NoReturn:

@@ -72,6 +72,7 @@ def apply(action: Action, selection: Selection, sessions: Mapping[str, Session])
     # command reads the port sshd took this very connection on.
     connections = on_each(remote, lambda h: sessions[h.name].run(["printenv", "SSH_CONNECTION"], create_workdir=True,
                                                                  timeout=30).stdout[:200]).require_all()
+    # The head may have no session (a join after the first rendezvous host died): its address is still asked for.
     specs = (specs_for(selection, training_interfaces(remote, selection.head, sessions), connections)
              if action is Action.UP else {})
     results = on_each(remote, lambda h: _on_host(sessions[h.name], h, host_request(action, specs.get(h.name))),

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from meshrun.fsutil import read_regular
+from meshrun.fsutil import atomic_write_json, read_regular
 from meshrun.layout import RECORD_LOCK
 from meshrun.deploy.edges.host_queries import route_dev
+from meshrun.deploy.cli import internal_error
 from meshrun.deploy.project import Project
 from meshrun.deploy.commands.firewall import admit, release
 from meshrun.deploy.commands.joincheck import (below_minimum, leave_refusal, live_sessions, refuse_members_end,
@@ -251,13 +252,11 @@ class RequestPoller:
             answer = {"ok": True, "message": message}
         except MeshrunError as err:
             answer = {"ok": False, "message": str(err)}
-        except OSError as err:  # e.g. the run record could not be saved: `fab join` must still get an answer
-            answer = {"ok": False, "message": f"host '{request.host}': {request.action} failed: {err}"}
+        except Exception as err:  # noqa: BLE001 - an OSError (record unsaved) or a bug: answer now, not in 180 s
+            why = err if isinstance(err, OSError) else internal_error(err)
+            answer = {"ok": False, "message": f"host '{request.host}': {request.action} failed: {why}"}
         self.renderer.info(f"{request.action} {request.host}: {answer['message']}")
-        done = request.path.with_name(request.path.stem + ".done.json")
-        tmp = done.with_name("." + done.name)
-        tmp.write_text(json.dumps(answer))
-        os.replace(tmp, done)
+        atomic_write_json(request.path.with_name(request.path.stem + ".done.json"), answer)
 
     def _join(self, runner: JobRunner, name: str) -> str:
         if run_ending(runner):  # before anything is raised on the joiner: nothing would take it down

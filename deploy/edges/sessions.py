@@ -105,10 +105,13 @@ class SessionsLater:
 
 
 def training_interfaces(hosts: tuple[Host, ...], head: Host, sessions: Mapping[str, Session]) -> dict[str, str]:
-    """Per host, the interface that routes to the rendezvous host (for NCCL/GLOO_SOCKET_IFNAME)."""
+    """Per host of `hosts`, the interface that routes to the rendezvous host `head` (for
+    NCCL/GLOO_SOCKET_IFNAME). `head` need not be among `hosts` nor have a session: a join into a
+    --firewall run after its first rendezvous host died asks only the live members, and a route to
+    a dead host's address is still the route to its network."""
     if len(hosts) == 1 and hosts[0].is_local:
         return {}
-    addresses = {h.name: h.address for h in hosts}
+    addresses = {h.name: h.address for h in (*hosts, head)}  # a head among `hosts` keeps its place
 
     def probe(host: Host) -> str:
         peer = peer_address_for(host.name, head.name, addresses)
