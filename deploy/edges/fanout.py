@@ -123,21 +123,23 @@ def start_each(items: Sequence[T], start: Callable[[T], None], workers: int = FA
 
     threads = [threading.Thread(target=work, daemon=True, name=f"start-{n}")
                for n in range(min(max(1, workers), len(items)))]
-    interrupted = False
-    for thread in threads:
-        try:
+
+    def run_all() -> None:  # again after a Ctrl-C: it then starts none and waits for those running
+        for thread in threads:
             if not cancelled.is_set():
                 thread.start()
+        for thread in threads:
+            while thread.is_alive():  # one whose start a Ctrl-C cut short takes no item: cancelled first
+                thread.join(0.2)
+
+    interrupted = False
+    while True:
+        try:  # the whole of it: a Ctrl-C lands on any bytecode, `is_alive` or the loop's own included
+            run_all()
+            break
         except KeyboardInterrupt:
             interrupted = True
             cancelled.set()
-    for thread in threads:
-        while thread.is_alive():
-            try:
-                thread.join(0.2)
-            except KeyboardInterrupt:
-                interrupted = True
-                cancelled.set()
     if crashes:
         raise crashes[0]
     if interrupted:
