@@ -141,13 +141,22 @@ STATES = "one of open, refused, timeout, unreachable, error"
     ('[{"state": "open"}, {"state": "open"}]', LINKS + "2 result(s) for 1 target(s)"),
     ('[{"state": "open", "connect_ms": "fast"}]', LINKS + "[0].connect_ms is 'fast'; expected a number >= 0 or null"),
     ('[{"state": "open", "connect_ms": -1}]', LINKS + "[0].connect_ms is -1; expected a number >= 0 or null"),
-    ('[{"state": "open", "mbit_s": NaN}]', LINKS + "[0].mbit_s is nan; expected a number >= 0 or null"),
+    ('[{"state": "open", "mbit_s": "fast"}]', LINKS + "[0].mbit_s is 'fast'; expected a number >= 0 or null"),
     ('[{"state": "open", "detail": 5}]', LINKS + "[0].detail is 5; expected text"),
     ('[{"state": "open", "df_ok": "yes"}]', LINKS + "[0].df_ok is 'yes'; expected true, false or null"),
 ])
 def test_link_probe_answers(answer: str, message: str) -> None:
     assert failure(lambda: check_probes.probe_links(FakeSession(answer), host(), TARGETS, 1372, 0.0,
                                                     "/venv/bin/python")) == message
+
+
+def test_a_rate_no_link_gives_voids_that_link_only() -> None:
+    """NaN, infinite, negative: the figure of that one link is gone, with why; the host's answer
+    stands (a peer answering `inf` to its transfer must not make the whole host look broken)."""
+    answer = '[{"state": "open", "connect_ms": 0.5, "detail": "", "df_ok": true, "mbit_s": NaN}]'
+    assert check_probes.probe_links(FakeSession(answer), host(), TARGETS, 1372, 0.0, "/venv/bin/python") == (
+        LinkResult("h1", "h2", "10.0.0.2", 41234, PortState.OPEN, False, 0.5,
+                   "the probe reported nan Mbit/s, no usable rate", 1372, True, None),)
 
 
 def test_a_sound_link_answer() -> None:

@@ -8,7 +8,9 @@ import re
 from typing import Any, Mapping, Sequence
 
 from meshrun.deploy.check.verdicts import Fingerprint, LinkResult, PortState
-from meshrun.deploy.run.answers import MISSING, Answer, is_int
+from meshrun.deploy.inventory.shown import shown
+from meshrun.deploy.run.answers import MISSING, Answer, is_int, is_real
+from meshrun.deploy.run.commplan import MAX_MBIT_S
 
 VERSION_RE = re.compile(r"[A-Za-z0-9.+!_-]{1,40}")
 BUILD_RE = re.compile(r"[0-9a-f]{12}")
@@ -122,8 +124,19 @@ def _link(reader: Answer, host: str, i: int, target: Mapping[str, Any], answer: 
     state = reader.choice(a.get("state", MISSING), f"[{i}].state", HOST_STATES)
     detail = reader.text(a.get("detail", ""), f"[{i}].detail")
     df_ok = reader.flag(a.get("df_ok", MISSING), f"[{i}].df_ok")
+    mbit_s, unusable = _rate(reader, a.get("mbit_s", MISSING), f"[{i}].mbit_s")
     return LinkResult(source=host, target=target["name"], address=target["address"], port=target["port"],
                       state=PortState(state), rendezvous=bool(target.get("rendezvous")),
                       connect_ms=reader.number(a.get("connect_ms", MISSING), f"[{i}].connect_ms"),
-                      detail=detail or "", df_size=None if "df_ok" not in a else df_size, df_ok=df_ok,
-                      mbit_s=reader.number(a.get("mbit_s", MISSING), f"[{i}].mbit_s"))
+                      detail=unusable or detail or "", df_size=None if "df_ok" not in a else df_size, df_ok=df_ok,
+                      mbit_s=mbit_s)
+
+
+def _rate(reader: Answer, value: object, field: str) -> tuple[float | None, str]:
+    """A link's Mbit/s and "", or None and why it is no rate. A number no link gives (NaN, infinite,
+    negative, past MAX_MBIT_S) voids that one link's figure, not the host's answer: the host's other
+    links, to honest peers, still count, and no peer's answer can make it look broken as a whole."""
+    number = isinstance(value, float) or is_int(value)  # another type is a wrong answer, said as such
+    if number and not (is_real(value) and 0 <= value <= MAX_MBIT_S):  # type: ignore[operator]
+        return None, f"the probe reported {shown(value)} Mbit/s, no usable rate"
+    return reader.number(value, field), ""

@@ -70,11 +70,33 @@ def route_dev(session: Session, address: str) -> str:
     result = session.run(route_get_argv(address), timeout=10, create_workdir=True)
     name = parse_route_dev(result.stdout) if result.ok else None
     if name is None:
-        why = (f"ip route get gave no interface: {shown(result.stdout.strip(), 120)}" if result.ok else
-               said((result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1], 200))
+        last = said((result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1], 200)
+        tool = None if result.ok else ip_trouble(result.rc, result.stderr)
+        if tool is not None:
+            raise MeshrunError(f"host '{session.host.name}': {tool} ({last}); meshrun finds the training interface "
+                               f"with `ip -j route get`: install iproute2 >= 4.13 there (apt-get install iproute2)")
+        why = f"ip route get gave no interface: {shown(result.stdout.strip(), 120)}" if result.ok else last
         raise MeshrunError(f"host '{session.host.name}': no route to {address} ({why}); "
                            "check the host's network and its route to the peer")
     return name
+
+
+# An iproute2 before 4.13 says `Option "-j" is unknown, try "ip -help".`; busybox's applet, `invalid option`.
+UNKNOWN_OPTION_RE = re.compile(r"option\b.{0,20}\b(unknown|invalid|unrecognized)|(unknown|invalid|unrecognized) option",
+                               re.IGNORECASE)
+# Only the words that name `ip`: a login script's own "command not found" says nothing about it.
+NOT_FOUND_RE = re.compile(r"\bip: (command )?not found|not found: ip\b|\bip: no such file", re.IGNORECASE)
+
+
+def ip_trouble(rc: int, stderr: str) -> str | None:
+    """What is wrong with the host's `ip` itself when `ip -j route get` failed, or None (a real
+    failure to route): before the network is blamed, a missing tool or one too old for `-j`.
+    rc 127: the shell (or, for a local host, the controller) found no `ip` to run."""
+    if rc == 127 or NOT_FOUND_RE.search(stderr):
+        return "`ip` (iproute2) was not found on its PATH"
+    if UNKNOWN_OPTION_RE.search(stderr):
+        return "its `ip` has no JSON output (`-j`, iproute2 >= 4.13)"
+    return None
 
 
 def peer_address_for(host_name: str, rdzv_name: str, addresses: dict[str, str]) -> str | None:

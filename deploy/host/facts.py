@@ -19,7 +19,7 @@ import sys
 from typing import Iterator
 
 EXTRA_PATH = ("~/bin", "/usr/sbin", "/usr/local/sbin", "/sbin")
-TOOLS = ("nvidia-smi", "zerotier-cli", "wg", "ping", "rsync")
+TOOLS = ("nvidia-smi", "zerotier-cli", "wg", "ping", "rsync", "ip")  # ip: iproute2, for `ip -j route get`
 NOT_INSTALLED = "torch is not installed"
 
 

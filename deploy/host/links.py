@@ -8,25 +8,30 @@ outlives a lost controller. With `bind` (an elastic run's successors, which host
 after a failover) the rendezvous port is bound, never listened on, and let go at once: the answer
 says `"free"` or why not, and nothing holds the port while the check goes on. At most
 MAX_CONNECTIONS connections are served at once; more are closed as soon as they are accepted. A
-connection that sends `b` is a bulk transfer: the listener counts the bytes until EOF and answers
-the count.
+connection that sends `b` is a bulk transfer: the listener reads until EOF and answers the steady
+rate it counted.
 
 `connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip) and a
 don't-fragment ping of the given size to each address; prints a JSON list with one result per
 target. With `"bulk_only": true` only a timed transfer to each, one after another, and why one
 could not be timed (the controller asks for them once every host's handshakes are done, so no
-handshake waits in a queue behind another host's transfer).
+handshake waits in a queue behind another host's transfer). The sender times its own transfer:
+the far end's answer only ends it and can lower the figure, never raise it (`_bulk`).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
+import math
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 
@@ -57,12 +62,14 @@ def _serve_one(conn: socket.socket) -> None:
 
 
 def _steady_rate(arrivals: list[tuple[float, int]]) -> float:
-    """Bytes/s between the middle of the transfer and its end, from (time, cumulative bytes)."""
+    """Bytes/s from the last sample at or before the middle of the transfer to its end, from (time,
+    cumulative bytes). At or before: the sender's samples stop while the buffers drain, and a drain
+    longer than the writes must not leave it no sample to start from."""
     if len(arrivals) < 2:
         return 0.0
     start, end = arrivals[0][0], arrivals[-1][0]
     middle = start + (end - start) / 2
-    at_middle = next((t, n) for t, n in arrivals if t >= middle)
+    at_middle = [(t, n) for t, n in arrivals[:-1] if t <= middle][-1]
     span = end - at_middle[0]
     return (arrivals[-1][1] - at_middle[1]) / span if span > 0 else 0.0
 
@@ -209,24 +216,59 @@ def _df_ping(address: str, size: int) -> bool | None:
         return None
 
 
+def _unacked(sock: socket.socket) -> int:
+    """Bytes written to `sock` that the far end's kernel has not acknowledged (Linux's SIOCOUTQ, which
+    is TIOCOUTQ); 0 where the host cannot say, and what was written then counts as delivered: at most
+    a send buffer too early, never more than this host itself pushed."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except (OSError, AttributeError):  # AttributeError: a platform without TIOCOUTQ
+        return 0
+
+
+def _send_for(sock: socket.socket, seconds: float) -> tuple[list[tuple[float, int]], int]:
+    """Write for `seconds`: (time, bytes acknowledged) after each write, and the bytes written."""
+    written, acked = 1, []  # 1: the `b` that opened the transfer
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        sock.sendall(CHUNK)
+        written += len(CHUNK)
+        acked.append((time.monotonic(), written - min(_unacked(sock), written)))
+    return acked, written
+
+
 def _bulk(address: str, port: int, seconds: float) -> tuple[float | None, str]:
-    """The steady Mbit/s the far end received during a transfer of about `seconds` (its second
-    half), or None and why not."""
+    """The steady Mbit/s of a transfer of about `seconds` (its second half), timed here, or None and
+    why not. The far end answers once it has read the last byte: that answer ends the timing."""
     try:
         with socket.create_connection((address, port), timeout=5) as sock:
             sock.sendall(b"b")
-            start = time.monotonic()
-            while time.monotonic() - start < seconds:
-                sock.sendall(CHUNK)
+            acked, written = _send_for(sock, seconds)
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(seconds + 10)
             # bounded: the far end is another host, and an answer is one short number
-            rate = float(sock.makefile("rb").readline(ANSWER_MAX) or 0)
-    except (OSError, ValueError) as err:  # ValueError: the far end answered no number
+            answer = sock.makefile("rb").readline(ANSWER_MAX)
+            acked.append((time.monotonic(), written - min(_unacked(sock), written)))
+    except OSError as err:
         return None, _said(err)
-    if rate <= 0:
+    return _reported(_steady_rate(acked), answer)
+
+
+def _reported(own: float, answer: bytes) -> tuple[float | None, str]:
+    """Mbit/s from this host's own figure (bytes/s), lowered to the far end's if it counted less. The
+    far end's number is only its word: taken as the rate, a host answering `inf` or 1e12 would set
+    the speed of a link that starts at another host, and `--comm auto`'s slowest node with it."""
+    try:
+        theirs = float(answer)
+    except ValueError:  # not a number, or no answer at all
+        theirs = math.nan
+    if not (math.isfinite(theirs) and theirs >= 0):
+        return None, "the far end answered no usable rate"
+    if theirs == 0:
         return None, "the far end counted no steady transfer"
-    return round(rate * 8 / 1e6, 1), ""
+    if own <= 0:
+        return None, "the transfer was too short to time"
+    return round(min(own, theirs) * 8 / 1e6, 1), ""
 
 
 def _said(err: Exception) -> str:
