@@ -34,7 +34,7 @@ def test_the_timeout_given_is_each_hosts_code_and_data_deadline(project: Project
         given["code"] = timeout
         return SyncResult(host.name, False, 1)
 
-    def data(host, session, python, spec, manifest, root, known_hosts, timeout):  # type: ignore[no-untyped-def]
+    def data(host, session, python, spec, manifest, root, known_hosts, timeout, same=None):  # type: ignore[no-untyped-def]
         given["data"] = timeout
         return DataResult(host.name, 1, (), ())
 
@@ -42,9 +42,9 @@ def test_the_timeout_given_is_each_hosts_code_and_data_deadline(project: Project
     monkeypatch.setattr(sync_cmd, "sync_data", data)
     monkeypatch.setattr(sync_cmd, "refuse_under_runs", lambda sessions, runs=None: {})
     sync_cmd.main(str(project.root / "hosts.yaml"), None, f"{project.root.parent / 'data'}:data/d", project, 7200)
-    assert 7190 < given["code"] <= 7200 and given["data"] == 7200
+    assert 7190 < given["code"] <= 7200 and 7190 < given["data"] <= 7200  # less what was asked first
     sync_cmd.main(str(project.root / "hosts.yaml"), None, f"{project.root.parent / 'data'}:data/d", project)
-    assert 890 < given["code"] <= sync_cmd.SYNC_TIMEOUT_S == 900 and given["data"] == 900
+    assert 890 < given["code"] <= sync_cmd.SYNC_TIMEOUT_S == 900 and 890 < given["data"] <= 900
 
 
 @pytest.mark.parametrize("value, said", [

@@ -356,14 +356,17 @@ def listed_only(names: list[object], manifest: dict[str, str]) -> tuple[str, ...
 
 
 def sync_data(host: Host, session: Session, python: str, spec: DataSpec, manifest: dict[str, str], root: Path,
-              known_hosts: Path | None, timeout: float) -> DataResult:
+              known_hosts: Path | None, timeout: float, same: bool | None = None) -> DataResult:
     """Remove what the previous sync sent that SRC no longer has, send what changed and the manifest,
     verify everything against it, resend and re-verify what fails; all of it within `timeout` s. The
-    resend needs no manifest: DEST holds it by then."""
+    resend needs no manifest: DEST holds it by then. `same`: `same_names`' answer when the caller
+    asked it already (beside another question), else it is asked here."""
     deadline = time.monotonic() + timeout
     before = manifest.before if isinstance(manifest, Manifest) else 0
+    if same is None:
+        same = same_names(session, python, spec.dest, manifest, deadline)
     with staged_manifest(spec.source, manifest) as listing:
-        stale = Stale(()) if same_names(session, python, spec.dest, manifest, deadline) else stale_at_dest(
+        stale = Stale(()) if same else stale_at_dest(
             host, spec.dest, root, known_hosts, listing.parent / "previous", deadline, manifest,
             lambda name: os.path.lexists(os.path.join(spec.source, name)), max(os.path.getsize(listing), before))
         removed = remove_stale(session, python, spec.dest, stale.names, deadline) if stale.names else 0
