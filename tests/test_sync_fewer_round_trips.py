@@ -128,7 +128,7 @@ def test_a_file_edited_within_the_second_of_the_last_sync_arrives(tmp_path: Path
     (src / "cat/1.png").write_bytes(b"cat/2.png")  # the same size, in the same whole second: rsync skips it
     second, fraction = divmod(was.st_mtime_ns, 10**9)
     os.utime(src / "cat/1.png", ns=(was.st_atime_ns, second * 10**9 + (fraction + 1) % 10**9))
-    time.sleep(1.05 - time.time() % 1)  # just past the start of a second: the old manifest's mtime and the new one's share it
+    time.sleep(1.05 - time.time() % 1)  # just past a second's start: the old and the new manifest share it
     os.utime(tmp_path / "wd/data/ds" / DATA_MANIFEST)
     result = sync(src, tmp_path)
     assert (tmp_path / "wd/data/ds/cat/1.png").read_bytes() == b"cat/2.png"

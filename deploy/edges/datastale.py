@@ -32,6 +32,7 @@ from typing import BinaryIO
 
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sync import PROTECT_ARGS, remote_path, remote_spec, ssh_argv
+from meshrun.deploy.edges.sshexec import NotFinished
 from meshrun.deploy.edges.transport import CommandResult, Session
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
@@ -117,6 +118,11 @@ print(json.dumps(names.hexdigest()))
 """
 
 
+# The names of a 256 MiB manifest (OLD_MAX) hash in about a second: a host that has not answered by
+# then is left to the fetch, whose rsync gives up after RSYNC_IO_TIMEOUT_S of silence, not the sync's whole deadline.
+NAMES_TIMEOUT_S = 20.0
+
+
 def names_digest(manifest: Mapping[str, str]) -> str:
     """What OLD_NAMES answers for a manifest of these names, written as datasync.manifest_bytes writes it."""
     digest = hashlib.sha256()
@@ -131,9 +137,12 @@ def same_names(session: Session, python: str, dest: str, manifest: Mapping[str, 
     fetched (an unchanged dataset, or changed contents under the same names: the common resync). The
     host's word decides only what is removed from its own DEST: one that says so falsely keeps its
     own stale files; an answer that is not a digest is "not the same"."""
-    result = session.run([python, "-c", OLD_NAMES, dest, DATA_MANIFEST], timeout=max(0.0, deadline - time.monotonic()))
+    left = max(0.0, min(NAMES_TIMEOUT_S, deadline - time.monotonic()))
     try:
+        result = session.run([python, "-c", OLD_NAMES, dest, DATA_MANIFEST], timeout=left)
         answer = result.last_json()
+    except NotFinished:  # took the command, says nothing: the fetch's rsync, with its I/O timeout, judges it
+        return False
     except (ValueError, IndexError):
         return False
     return isinstance(answer, str) and answer == names_digest(manifest)

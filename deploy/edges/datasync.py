@@ -25,8 +25,8 @@ disk filled is named as such, not sent to check the network.
 A file the previous sync sent that SRC no longer has is removed from DEST first (deploy/edges/
 datastale.py): nothing else there is touched. When the manifest there lists the same names as the
 new one (the host answers a digest of them over the session), there is nothing to remove, and the
-old manifest is not fetched: a resync of an unchanged or edited dataset costs no extra transfer. A link leaving SRC is sent as what it leads to, and
-its files are listed in the manifest (deploy/edges/datawalk.py); the result names each such link
+old manifest is not fetched: a resync of an unchanged or edited dataset costs no extra transfer.
+A link leaving SRC is sent as what it leads to, and its files are listed in the manifest (deploy/edges/datawalk.py); the result names each such link
 and how many files went through it (`DataResult.links`), and a file behind one named like an SSH
 key or an inventory stops the sync before anything is sent.
 """
