@@ -109,28 +109,35 @@ def start_each(items: Sequence[T], start: Callable[[T], None], workers: int = FA
     cancelled = threading.Event()
     crashes: list[BaseException] = []
 
-    def work() -> None:
-        while not cancelled.is_set():
-            try:
-                item = turns.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                start(item)
-            except BaseException as err:  # a bug: re-raised in the caller's thread below
-                crashes.append(err)
-                cancelled.set()
+    def work(done: threading.Event) -> None:
+        try:
+            while not cancelled.is_set():
+                try:
+                    item = turns.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    start(item)
+                except BaseException as err:  # a bug: re-raised in the caller's thread below
+                    crashes.append(err)
+                    cancelled.set()
+        finally:
+            done.set()
 
-    threads = [threading.Thread(target=work, daemon=True, name=f"start-{n}")
-               for n in range(min(max(1, workers), len(items)))]
+    count = min(max(1, workers), len(items))
+    finished = [threading.Event() for _ in range(count)]
+    threads = [threading.Thread(target=work, args=(finished[n],), daemon=True, name=f"start-{n}") for n in range(count)]
 
     def run_all() -> None:  # again after a Ctrl-C: it then starts none and waits for those running
         for thread in threads:
             if not cancelled.is_set():
                 thread.start()
-        for thread in threads:
-            while thread.is_alive():  # one whose start a Ctrl-C cut short takes no item: cancelled first
-                thread.join(0.2)
+        # Each thread's own event, not join/is_alive: Python 3.11's join, cut by a KeyboardInterrupt,
+        # can mark a thread that still runs as stopped (its bpo-45274 handling), and a start in
+        # flight then went unwaited. A thread with no ident yet has not run: it takes no item now.
+        for thread, done in zip(threads, finished):
+            while thread.ident is not None and not done.wait(0.2):
+                pass
 
     interrupted = False
     while True:
