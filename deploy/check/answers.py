@@ -111,7 +111,8 @@ def listener_of(host: str, answer: dict) -> tuple[int, str]:
 
 def link_results(host: str, targets: Sequence[Mapping[str, Any]], answers: object,
                  df_size: int | None) -> tuple[LinkResult, ...]:
-    """The link probe's JSON list, one result per target in order → LinkResults from `host`."""
+    """The link probe's JSON list, one result per target in order → LinkResults from `host`. A
+    target's own `df_size` (linkverdicts.df_targets) is its probe's size; `df_size`, the others'."""
     reader = Answer(host, "the link probe")
     if len(reader.array(answers)) != len(targets):
         raise reader.error(f"{len(answers)} result(s) for {len(targets)} target(s)")
@@ -124,12 +125,13 @@ def _link(reader: Answer, host: str, i: int, target: Mapping[str, Any], answer: 
     state = reader.choice(a.get("state", MISSING), f"[{i}].state", HOST_STATES)
     detail = reader.text(a.get("detail", ""), f"[{i}].detail")
     df_ok = reader.flag(a.get("df_ok", MISSING), f"[{i}].df_ok")
+    df_detail = reader.text(a.get("df_detail", ""), f"[{i}].df_detail")  # why df_ok is null, if probed
     mbit_s, unusable = _rate(reader, a.get("mbit_s", MISSING), f"[{i}].mbit_s")
     return LinkResult(source=host, target=target["name"], address=target["address"], port=target["port"],
                       state=PortState(state), rendezvous=bool(target.get("rendezvous")),
                       connect_ms=reader.number(a.get("connect_ms", MISSING), f"[{i}].connect_ms"),
-                      detail=unusable or detail or "", df_size=None if "df_ok" not in a else df_size, df_ok=df_ok,
-                      mbit_s=mbit_s)
+                      detail=unusable or detail or "", df_ok=df_ok, mbit_s=mbit_s, df_detail=df_detail or "",
+                      df_size=None if "df_ok" not in a else target.get("df_size", df_size))
 
 
 def _rate(reader: Answer, value: object, field: str) -> tuple[float | None, str]:

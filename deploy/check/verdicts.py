@@ -14,22 +14,14 @@ from typing import Collection, Iterable, Mapping
 from meshrun.deploy.check import loginshell, wireguard, zerotier
 from meshrun.deploy.check.findings import Finding, Level, fail, warn, worst
 from meshrun.deploy.check.linkplan import link_plan
+from meshrun.deploy.check.linkverdicts import (  # noqa: F401 (the links' records and verdicts, here too for callers)
+    PORTS_DOC, LinkResult, PortState, bandwidth_findings, link_findings)
 from meshrun.deploy.check.sites import PlaceLinks
 from meshrun.deploy.check.wireguard import WireGuardState
 from meshrun.deploy.check.zerotier import ZeroTierState
 
 LOW_DISK_GIB = 5.0
 CLUSTER = "cluster"
-PORTS_DOC = "docs/public-ip.md#ports"
-
-
-class PortState(str, Enum):
-    OPEN = "open"
-    REFUSED = "refused"  # nothing listens, or a firewall rejects
-    TIMEOUT = "timeout"  # dropped on the way: a firewall, a cut link, a wrong route
-    UNREACHABLE = "unreachable"  # no route to the address
-    ERROR = "error"
-    SKIPPED = "skipped"  # not tried: one end failed earlier
 
 
 class ProbeStatus(str, Enum):
@@ -85,24 +77,6 @@ class HostFacts:
     processes: int | None = None  # the processes the launch starts here (Host.nproc_per_node); None: not told
     login_noise: str | None = None  # what the login scripts print on stdout before every answer (loginshell.py)
     login: str | None = None  # user@host as SSH logs in: whose login shell runs every command; None: a local host
-
-
-@dataclass(frozen=True)
-class LinkResult:
-    """One directed TCP connect (and probes) from `source` to a port on `target`."""
-
-    source: str
-    target: str
-    address: str
-    port: int
-    state: PortState
-    rendezvous: bool = False  # the rendezvous port, not an ephemeral one
-    connect_ms: float | None = None  # TCP handshake time: one round trip
-    detail: str = ""
-    df_size: int | None = None  # ICMP payload of the don't-fragment probe (interface MTU - 28)
-    df_ok: bool | None = None  # None: not probed
-    mbit_s: float | None = None  # with --bandwidth
-    bandwidth_detail: str = ""  # with --bandwidth, an open link's transfer that could not be timed: why
 
 
 @dataclass(frozen=True)
@@ -281,31 +255,6 @@ def version_findings(hosts: Iterable[HostFacts]) -> list[Finding]:
     return found
 
 
-def link_findings(links: Iterable[LinkResult], mtus: Mapping[str, int | None]) -> list[Finding]:
-    found = []
-    for link in links:
-        where = f"{link.source} -> {link.target}"
-        detail = f" ({link.detail})" if link.detail else ""
-        if link.state is PortState.SKIPPED:
-            continue
-        if link.source == link.target and not link.rendezvous:  # a host whose own listener failed
-            found.append(fail(link.source, f"the link probe could not start on {link.source}: {link.detail}"))
-            continue
-        if link.state is not PortState.OPEN and link.rendezvous:
-            found.append(fail(where, f"rendezvous port {link.address}:{link.port} on {link.target} is {link.state.value}"
-                                     f"{detail}: torchrun cannot rendezvous; allow TCP {link.port} to {link.target} "
-                                     f"from every host ({PORTS_DOC})"))
-        elif link.state is not PortState.OPEN:
-            found.append(fail(where, f"TCP to an ephemeral port on {link.target} ({link.address}:{link.port}) is "
-                                     f"{link.state.value}{detail}: NCCL and gloo connect every pair on random ports; "
-                                     f"allow all TCP between the hosts' training addresses ({PORTS_DOC})"))
-        if link.df_ok is False:
-            found.append(warn(where, f"a {link.df_size}-byte don't-fragment ping to {link.address} was lost: the path "
-                                     f"MTU is below {link.source}'s interface MTU {mtus.get(link.source)}; large "
-                                     "transfers may stall; lower the interface MTU (docs/zerotier.md#mtu)"))
-    return found
-
-
 def rendezvous_findings(rdzv: RendezvousFacts) -> list[Finding]:
     if rdzv.listener == "listening":
         return []
@@ -346,18 +295,6 @@ def local_findings(hosts: Iterable[HostFacts]) -> list[Finding]:
         return []
     return [fail(h.name, "`address: local` cannot be reached by other hosts; give it its LAN or overlay address "
                          "to use it in a multi-host run") for h in hosts if h.address == "local"]
-
-
-def bandwidth_findings(links: Iterable[LinkResult]) -> list[Finding]:
-    """With --bandwidth, a WARN per host and reason for the open links whose transfer could not be
-    timed: without their bandwidth the places found and the plan's floors stand on fewer links."""
-    unmeasured: dict[tuple[str, str], list[str]] = {}
-    for link in links:
-        if link.bandwidth_detail and link.mbit_s is None and link.state is PortState.OPEN and not link.rendezvous:
-            unmeasured.setdefault((link.source, link.bandwidth_detail), []).append(link.target)
-    return [warn(source, f"bandwidth to {', '.join(targets)} not measured ({why}); places and the plan's floors "
-                         "leave those links out: run `fab check-network --bandwidth` again")
-            for (source, why), targets in unmeasured.items()]
 
 
 def has_failures(found: Iterable[Finding]) -> bool:

@@ -19,6 +19,7 @@ from meshrun.deploy.edges import host_queries as probes, sshtarget
 from meshrun.deploy.check import wireguard
 from meshrun.deploy.check.answers import facts_of, link_results, listener_of, machine_of
 from meshrun.deploy.check.linkplan import link_plan
+from meshrun.deploy.check.linkverdicts import df_targets
 
 from meshrun.deploy.check import zerotier
 from meshrun.deploy.errors import MeshrunError
@@ -186,8 +187,9 @@ def start_listener(session: Session, host: Host, rdzv_port: int | None, lifetime
 
 def probe_links(session: Session, host: Host, targets: list[dict], df_size: int | None, bandwidth_s: float,
                 local_python: str, bulk_only: bool = False) -> tuple[LinkResult, ...]:
-    """Connect from `host` to every target at once; one LinkResult per target. `bulk_only`: the
-    timed transfers alone, one target after another (their LinkResults hold only `mbit_s`)."""
+    """Connect from `host` to every target at once; one LinkResult per target. `df_size`: the
+    don't-fragment ping's payload to a target that names none (`df_targets` sizes each by its family).
+    `bulk_only`: the timed transfers alone, one target after another (their LinkResults hold only `mbit_s`)."""
     spec = {"targets": targets, "timeout": LINK_CONNECT_TIMEOUT_S, "df_size": df_size, "bandwidth_s": bandwidth_s,
             "bulk_only": bulk_only}
     limit = LINK_CONNECT_TIMEOUT_S + 10 + bandwidth_s * len(targets) * 2
@@ -377,7 +379,7 @@ def probe_network(hosts: tuple[Host, ...], head: Host, rdzv_port: int, sessions:
         def probe(host: Host) -> tuple[LinkResult, ...]:
             targets = link_targets(host.name, ports, head.name, rdzv_target, plan.peers[host.name])
             mtu = mtus.get(host.name)
-            return probe_links(sessions[host.name], host, targets, mtu - 28 if mtu else None, 0.0, local_python)
+            return probe_links(sessions[host.name], host, df_targets(targets, mtu), None, 0.0, local_python)
 
         results = on_each([h for h in able if h.name in listeners], probe, timeout=FACTS_TIMEOUT_S)
         measured = measure_bandwidth(able, results.ok, sessions, bandwidth_s, local_python) if bandwidth_s else {}

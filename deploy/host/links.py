@@ -12,11 +12,13 @@ connection that sends `b` is a bulk transfer: the listener reads until EOF and a
 rate it counted.
 
 `connect SPEC_JSON`: TCP connect to every target at once (connect time = one round trip) and a
-don't-fragment ping of the given size to each address; prints a JSON list with one result per
-target. With `"bulk_only": true` only a timed transfer to each, one after another, and why one
-could not be timed (the controller asks for them once every host's handshakes are done, so no
-handshake waits in a queue behind another host's transfer). The sender times its own transfer:
-the far end's answer only ends it and can lower the figure, never raise it (`_bulk`).
+don't-fragment ping of the target's `df_size` (sized by the controller for its address's family)
+to each address, read as the path MTU's only when a small ping passes (`_df_ping`); prints a JSON
+list with one result per target. With `"bulk_only": true` only a timed transfer to each, one after
+another, and why one could not be timed (the controller asks for them once every host's handshakes
+are done, so no handshake waits in a queue behind another host's transfer). The sender times its
+own transfer: the far end's answer only ends it and can lower the figure, never raise it; one the
+far end acknowledges none of has stalled (`_bulk`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ MAX_CONNECTIONS = 16  # the check's own peers need one each; a flood must not co
 MAX_LIFETIME_S = 180.0  # whatever the controller asks: a probe never listens for long
 HANDSHAKES = 3  # per link: its RTT is the quickest
 ANSWER_MAX = 64  # bytes of a listener's answer to a transfer read, at most
+STALL_S = 2.0  # nothing acknowledged for this long: stalled (a round trip, even a relayed one, is far less)
+WRITE_TIMEOUT_S = 5.0  # a write of a transfer that moves: far longer, the far end may drain slowly
+# deploy/check/linkverdicts.py reads this text as a stall (a FAIL, not a figure missing)
+STALLED = "the transfer stalled: the far end acknowledged none of it"
+SMALL_PING = 56  # ping's own default payload: a packet no path needs to fragment
+PING_MISSING = "`ping` is not installed on this host (apt-get install iputils-ping)"
 
 
 def _serve_one(conn: socket.socket) -> None:
@@ -208,12 +216,33 @@ def _refusal(err: OSError, timeout: float) -> dict[str, object]:
     return {"state": "unreachable" if unreachable else "error", "detail": err.strerror or str(err)}
 
 
-def _df_ping(address: str, size: int) -> bool | None:
-    argv = ["ping", "-n", "-q", "-M", "do", "-s", str(size), "-c", "1", "-W", "2", address]
+def _ping(address: str, size: int, wait_s: int) -> subprocess.CompletedProcess:
+    """One don't-fragment ping of `size` payload bytes, its reply awaited `wait_s` seconds."""
+    argv = ["ping", "-n", "-q", "-M", "do", "-s", str(size), "-c", "1", "-W", str(wait_s), address]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=wait_s + 3)
+
+
+def _df_ping(address: str, size: int) -> tuple[bool | None, str]:
+    """(True, ""): the full-size don't-fragment ping came back. (False, ""): it was lost and a small
+    one came back, so the path drops what the interface's MTU lets out. (None, why the path MTU was
+    not tested) otherwise: a lost ping alone says nothing of the MTU (ICMP filtered, clouds' default;
+    a ping without CAP_NET_RAW; busybox's, which has no -M, loses every one). The small ping is the
+    same command but its size and has a shorter deadline, and runs only after a loss: a sound path
+    costs one ping."""
     try:
-        return subprocess.run(argv, capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+        if _ping(address, size, 2).returncode == 0:
+            return True, ""
+        small = _ping(address, SMALL_PING, 1)
+    except FileNotFoundError:
+        return None, PING_MISSING
+    except subprocess.TimeoutExpired as err:
+        return None, f"ping did not finish in {err.timeout:g} s"
+    except OSError as err:
+        return None, f"ping could not run ({err.strerror or err})"
+    if small.returncode == 0:
+        return False, ""
+    why = next((line.strip() for line in small.stderr.splitlines() if line.strip()), "") or "no reply"
+    return None, f"a {SMALL_PING}-byte ping got no answer either ({why[:120]}): ICMP is filtered or ping cannot run"
 
 
 def _unacked(sock: socket.socket) -> int:
@@ -226,32 +255,54 @@ def _unacked(sock: socket.socket) -> int:
         return 0
 
 
-def _send_for(sock: socket.socket, seconds: float) -> tuple[list[tuple[float, int]], int]:
-    """Write for `seconds`: (time, bytes acknowledged) after each write, and the bytes written."""
-    written, acked = 1, []  # 1: the `b` that opened the transfer
+class _Sent:
+    """A transfer's bytes written (1: the `b` that opened it) and, after each write, (time, bytes the
+    far end's kernel acknowledged)."""
+
+    def __init__(self) -> None:
+        self.written, self.acked = 1, []
+
+    def sample(self, sock: socket.socket) -> int:
+        acked = self.written - min(_unacked(sock), self.written)
+        self.acked.append((time.monotonic(), acked))
+        return acked
+
+
+def _transfer(sock: socket.socket, seconds: float, sent: _Sent) -> bytes:
+    """Write for `seconds`, then the far end's answer, which comes once it has read the last byte.
+    `send`, not `sendall`: each write counts what went, so a stall knows what went before it."""
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        sock.sendall(CHUNK)
-        written += len(CHUNK)
-        acked.append((time.monotonic(), written - min(_unacked(sock), written)))
-    return acked, written
+        sent.written += sock.send(CHUNK)
+        if sent.sample(sock) > 1:  # it moves: a slow path's write may wait longer than a stall's
+            sock.settimeout(WRITE_TIMEOUT_S)
+    sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(seconds + 10)
+    answer = sock.makefile("rb").readline(ANSWER_MAX)  # bounded: the far end is another host, a number is short
+    sent.sample(sock)
+    return answer
 
 
 def _bulk(address: str, port: int, seconds: float) -> tuple[float | None, str]:
     """The steady Mbit/s of a transfer of about `seconds` (its second half), timed here, or None and
-    why not. The far end answers once it has read the last byte: that answer ends the timing."""
+    why not. A write that waits STALL_S while the far end has acknowledged nothing past the opening
+    byte is STALLED: the handshake and that byte are small packets, the writes full-size ones, so a
+    path that passes only the former (a path-MTU black hole) is told from a far end that stopped
+    reading (its kernel acknowledged its buffer's worth: "did not answer the transfer in time")."""
+    sent = _Sent()
     try:
         with socket.create_connection((address, port), timeout=5) as sock:
             sock.sendall(b"b")
-            acked, written = _send_for(sock, seconds)
-            sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(seconds + 10)
-            # bounded: the far end is another host, and an answer is one short number
-            answer = sock.makefile("rb").readline(ANSWER_MAX)
-            acked.append((time.monotonic(), written - min(_unacked(sock), written)))
+            sock.settimeout(STALL_S)
+            try:
+                answer = _transfer(sock, seconds, sent)
+            except socket.timeout:
+                if sent.sample(sock) <= 1:
+                    return None, STALLED
+                raise
     except OSError as err:
         return None, _said(err)
-    return _reported(_steady_rate(acked), answer)
+    return _reported(_steady_rate(sent.acked), answer)
 
 
 def _reported(own: float, answer: bytes) -> tuple[float | None, str]:
@@ -290,8 +341,9 @@ def connect(spec: dict) -> None:
 
     def probe(i: int, target: dict) -> None:
         results[i] = _connect(target["address"], target["port"], spec["timeout"])
-        if spec.get("df_size") and not target.get("rendezvous"):
-            results[i]["df_ok"] = _df_ping(target["address"], spec["df_size"])
+        size = target.get("df_size", spec.get("df_size"))  # the controller sizes each by its address's family
+        if size and not target.get("rendezvous"):
+            results[i]["df_ok"], results[i]["df_detail"] = _df_ping(target["address"], size)
 
     threads = [threading.Thread(target=probe, args=(i, t)) for i, t in enumerate(targets)]
     for thread in threads:
