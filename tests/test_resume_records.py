@@ -26,6 +26,7 @@ import pytest
 from meshrun.deploy.commands import train as train_cmd
 from meshrun.deploy.edges.checkpointpush import push_checkpoints
 from meshrun.deploy.edges.check_probes import WRITE_FILE
+from meshrun.deploy.edges import records
 from meshrun.deploy.edges.records import (RunRecord, live_records, load_record, may_be_running, record_from,
                                           retire_attempt)
 from meshrun.deploy.edges.sessions import sessions_to
@@ -105,9 +106,13 @@ def test_a_resume_that_fails_before_its_launch_leaves_the_last_attempts_records(
     assert live_records(finished.runs) == []
 
 
-def test_the_record_lists_every_attempts_hosts_and_the_next_resume_defaults_to_the_latest(finished: Project) -> None:
+def test_the_record_lists_every_attempts_hosts_and_the_next_resume_defaults_to_the_latest(
+        finished: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """h1 and h3 left out, h4 added: this attempt's hosts first, in launch order (a joiner walks the
-    succession in the record's order), then h1 and h3; the next resume starts on h2, h4 again."""
+    succession in the record's order), then h1 and h3; the next resume starts on h2, h4 again. Each
+    attempt's controller is this test's process, ended by the time of the next (a pytest whose
+    command line names `fab` and `train` files would read as a live `fab train`)."""
+    monkeypatch.setattr(records, "controller_alive", lambda record: False)
     record = resume_on(finished, "h2,h4")
     assert (record.hosts, record.earlier, record.members) == (("h2", "h4", "h1", "h3"), ("h1", "h3"), ("h2", "h4"))
     saved = load_record(finished.runs, RUN)
