@@ -27,6 +27,7 @@ from meshrun.deploy.check.verdicts import AllReduceResult, LinkResult, PortState
 from meshrun.deploy.edges import check_probes
 from meshrun.deploy.host import links
 from tests.fakesession import FakeSession, host
+from tests.localsockets import listening
 
 BLACK_HOLE = ("TCP connects to h2 but a bulk transfer stalls: nothing sent was acknowledged, the mark of a path-MTU "
               "black hole (small packets pass, full-size ones are lost), and training would hang on its first large "
@@ -37,23 +38,13 @@ AGAIN = "places and the plan's floors leave those links out: run `fab check-netw
 @contextmanager
 def never_reads() -> Iterator[int]:
     """A far end that accepts and never reads: the sender's writes block once the buffers are full."""
-    server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
-
-    def accept() -> None:
+    with listening(held.append) as port:
         try:
-            while True:
-                held.append(server.accept()[0])
-        except OSError:
-            pass  # closed: the test is over
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
+            yield port
+        finally:
+            for conn in held:
+                conn.close()
 
 
 @pytest.fixture

@@ -15,10 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
 
@@ -29,6 +27,7 @@ from meshrun.deploy.edges import check_probes
 from meshrun.deploy.host import links
 from meshrun.deploy.run.commplan import node_bandwidth
 from tests.fakesession import FakeSession, host
+from tests.localsockets import listening
 
 
 READ = 65536  # bytes a throttled receiver reads at a time
@@ -45,30 +44,6 @@ def receiver(reply: bytes, pause: float) -> Callable[[socket.socket], None]:
                 time.sleep(pause)
             conn.sendall(reply)
     return serve
-
-
-@contextmanager
-def listening(serve: Callable[[socket.socket], None], rcvbuf: int | None = None) -> Iterator[int]:
-    """A listener thread on 127.0.0.1 serving every connection with `serve`; yields its port."""
-    server = socket.socket()
-    if rcvbuf:  # a small receive buffer: a throttled far end's drain stays short
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-
-    def accept() -> None:
-        try:
-            while True:
-                conn, _ = server.accept()
-                threading.Thread(target=serve, args=(conn,), daemon=True).start()
-        except OSError:
-            pass  # closed: the test is over
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        server.close()
 
 
 def transfers(capsys: pytest.CaptureFixture[str], ports: dict[str, int], seconds: float) -> list[dict]:
