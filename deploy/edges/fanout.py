@@ -128,21 +128,10 @@ def start_each(items: Sequence[T], start: Callable[[T], None], workers: int = FA
     finished = [threading.Event() for _ in range(count)]
     threads = [threading.Thread(target=work, args=(finished[n],), daemon=True, name=f"start-{n}") for n in range(count)]
 
-    def run_all() -> None:  # again after a Ctrl-C: it then starts none and waits for those running
-        for thread in threads:
-            if not cancelled.is_set():
-                thread.start()
-        # Each thread's own event, not join/is_alive: Python 3.11's join, cut by a KeyboardInterrupt,
-        # can mark a thread that still runs as stopped (its bpo-45274 handling), and a start in
-        # flight then went unwaited. A thread with no ident yet has not run: it takes no item now.
-        for thread, done in zip(threads, finished):
-            while thread.ident is not None and not done.wait(0.2):
-                pass
-
     interrupted = False
     while True:
-        try:  # the whole of it: a Ctrl-C lands on any bytecode, `is_alive` or the loop's own included
-            run_all()
+        try:  # the whole of it: a Ctrl-C lands on any bytecode, the loop's own included
+            _start_and_wait(threads, finished, cancelled)
             break
         except KeyboardInterrupt:
             interrupted = True
@@ -151,3 +140,18 @@ def start_each(items: Sequence[T], start: Callable[[T], None], workers: int = FA
         raise crashes[0]
     if interrupted:
         raise KeyboardInterrupt
+
+
+def _start_and_wait(threads: list[threading.Thread], finished: list[threading.Event],
+                    cancelled: threading.Event) -> None:
+    """Start each thread unless cancelled, then wait for each that started; called again after a
+    Ctrl-C, it then starts none and waits for those running. Each thread's own event, not join or
+    is_alive: Python 3.11's join, cut by a KeyboardInterrupt, can mark a thread that still runs as
+    stopped (its bpo-45274 handling), and a start in flight then went unwaited. A thread with no
+    ident yet has not run: it takes no item now (cancelled is set first)."""
+    for thread in threads:
+        if not cancelled.is_set():
+            thread.start()
+    for thread, done in zip(threads, finished):
+        while thread.ident is not None and not done.wait(0.2):
+            pass
