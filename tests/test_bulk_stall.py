@@ -21,10 +21,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from meshrun.deploy.check import linkverdicts
+from meshrun.deploy.check import linkplan, linkverdicts
 from meshrun.deploy.check.findings import Finding, Level
 from meshrun.deploy.check.verdicts import AllReduceResult, LinkResult, PortState, ProbeStatus, build_report
 from meshrun.deploy.edges import check_probes
+from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.host import links
 from tests.fakesession import FakeSession, host
 from tests.localsockets import listening
@@ -110,3 +111,20 @@ def test_a_stall_the_host_reports_fails_the_check() -> None:
     timed = tuple(dataclasses.replace(k, bandwidth_detail=measured[(k.source, k.target)][1]) for k in found["h1"])
     report = build_report((), None, timed, AllReduceResult(ProbeStatus.OK), "zerotier", 1.0)
     assert (report.level, report.findings) == (Level.FAIL, (Finding(Level.FAIL, "h1", BLACK_HOLE),))
+
+
+def test_the_fan_outs_limit_covers_the_longest_hosts_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each host's probe may take links_limit for its targets (a stalled one waits STALL_S); the fan-out
+    over the hosts waited a fixed 60 + 10·bandwidth_s, so 31 stalled targets read as "the transfers
+    from h1 failed" instead of 31 stalls."""
+    assert linkplan.links_limit(31, 1.0) == 3.0 + 10 + 62 and linkplan.links_limit(2, 0.25) == 3.0 + 10 + 4
+    given: list[float] = []
+
+    def fan_out(hosts, fn, timeout):  # type: ignore[no-untyped-def]
+        given.append(timeout)
+        return on_each((), fn, timeout=timeout)  # nothing is probed: the limit given is what is tested
+
+    monkeypatch.setattr(check_probes, "on_each", fan_out)
+    links = tuple(LinkResult("h1", f"t{n}", f"10.0.0.{n}", 40000, PortState.OPEN) for n in range(31))
+    check_probes.measure_bandwidth((host(),), {"h1": links}, {}, 1.0, "/venv/bin/python")
+    assert given == [check_probes.FACTS_TIMEOUT_S + linkplan.links_limit(31, 1.0)]

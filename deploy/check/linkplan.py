@@ -93,3 +93,12 @@ def _by_site(names: Sequence[str], places: list[tuple[str, ...]]) -> LinkPlan:
                     f"sampled by site, of {n * (n - 1)} pairs ({k} sites): each host to every host of its own "
                     f"site, then to the host at its index in each other site; past {ALL_PAIRS_MAX_HOSTS} sites or "
                     f"hosts in a site, to those 1, 2, 4, … places after it")
+
+
+LINK_CONNECT_S = 3.0  # a link probe's TCP connect to one target, at most
+
+
+def links_limit(targets: int, bandwidth_s: float) -> float:
+    """How long one host's link probe may take: the connects, then per target a timed transfer, or a
+    stall's wait (deploy/host/links.py STALL_S, 2 s) where the transfer moves nothing."""
+    return LINK_CONNECT_S + 10 + max(bandwidth_s, 1.0) * targets * 2

@@ -18,7 +18,7 @@ from meshrun.deploy.edges import host_queries as probes, sshtarget
 
 from meshrun.deploy.check import wireguard
 from meshrun.deploy.check.answers import facts_of, link_results, listener_of, machine_of
-from meshrun.deploy.check.linkplan import link_plan
+from meshrun.deploy.check.linkplan import LINK_CONNECT_S, link_plan, links_limit
 from meshrun.deploy.check.linkverdicts import df_targets
 
 from meshrun.deploy.check import zerotier
@@ -38,7 +38,6 @@ from meshrun.deploy.edges.transport import CommandResult, Session, Stream, conne
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "host"  # the stdlib probes, shipped as `python -c`
 FACTS_TIMEOUT_S = 60  # importing torch on a cold disk takes a while
-LINK_CONNECT_TIMEOUT_S = 3.0
 # The file travels in argv, not on stdin: invoke feeds a remote stdin about 100 bytes per second.
 # Written to a temp file beside it and renamed over it: a session cut mid-write (the resume's
 # checkpoint manifest) leaves the old file whole, never a truncated one.
@@ -190,11 +189,10 @@ def probe_links(session: Session, host: Host, targets: list[dict], df_size: int 
     """Connect from `host` to every target at once; one LinkResult per target. `df_size`: the
     don't-fragment ping's payload to a target that names none (`df_targets` sizes each by its family).
     `bulk_only`: the timed transfers alone, one target after another (their LinkResults hold only `mbit_s`)."""
-    spec = {"targets": targets, "timeout": LINK_CONNECT_TIMEOUT_S, "df_size": df_size, "bandwidth_s": bandwidth_s,
+    spec = {"targets": targets, "timeout": LINK_CONNECT_S, "df_size": df_size, "bandwidth_s": bandwidth_s,
             "bulk_only": bulk_only}
-    limit = LINK_CONNECT_TIMEOUT_S + 10 + bandwidth_s * len(targets) * 2
     result = session.run(probe_argv(python_of(host, local_python), "links", "connect", json.dumps(spec)),
-                         timeout=limit)
+                         timeout=links_limit(len(targets), bandwidth_s))
     try:
         answers = result.last_json()
     except (ValueError, IndexError):
@@ -217,7 +215,8 @@ def measure_bandwidth(able: tuple[Host, ...], found: Mapping[str, tuple[LinkResu
         return probe_links(sessions[host.name], host, targets, None, bandwidth_s, local_python, bulk_only=True)
 
     hosts = [h for h in able if open_links.get(h.name)]
-    done = on_each(hosts, transfers, timeout=FACTS_TIMEOUT_S + bandwidth_s * 10)
+    longest = max((len(open_links[h.name]) for h in hosts), default=0)  # each host's probe has its own limit
+    done = on_each(hosts, transfers, timeout=FACTS_TIMEOUT_S + links_limit(longest, bandwidth_s))
     measured = {(k.source, k.target): (k.mbit_s, k.detail if k.mbit_s is None else "")
                 for links in done.ok.values() for k in links}
     for name, error in done.failed.items():
