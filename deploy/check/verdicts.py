@@ -15,7 +15,7 @@ from meshrun.deploy.check import loginshell, wireguard, zerotier
 from meshrun.deploy.check.findings import Finding, Level, fail, warn, worst
 from meshrun.deploy.check.linkplan import link_plan
 from meshrun.deploy.check.linkverdicts import (  # noqa: F401 (the links' records and verdicts, here too for callers)
-    PORTS_DOC, LinkResult, PortState, bandwidth_findings, link_findings)
+    LinkResult, PortState, bandwidth_findings, link_findings)
 from meshrun.deploy.check.sites import PlaceLinks
 from meshrun.deploy.check.wireguard import WireGuardState
 from meshrun.deploy.check.zerotier import ZeroTierState
