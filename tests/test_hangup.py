@@ -113,7 +113,8 @@ def test_logs_follow_in_a_terminal_that_closes_exits_129(followed: tuple[Path, R
             os.close(master)
         follow.kill()
         follow.wait()
-    assert not (tmp_path / "cache" / "meshrun" / "debug.log").exists()
+    debug_log = tmp_path / "cache" / "meshrun" / "debug.log"
+    assert not debug_log.exists(), debug_log.read_text(errors="replace")
 
 
 CONTROLLER = r'''
