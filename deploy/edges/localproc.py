@@ -10,6 +10,9 @@ terminal's SIGHUP is a Ctrl-C since deploy/stopsignals.py) runs no exit handler:
 kernel sends it SIGTERM when the thread that started it goes (rsync then keeps its partial file
 for the next fetch, and its ssh sees its pipes close); without that, a fetch's rsync would go on
 writing into the staging tree under the next fetch.
+
+`command_words` says what another process of this machine runs: from /proc on Linux, else (macOS)
+from `ps`, run as above.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Callable, Sequence
 TERM_GRACE_S = 2.0  # rsync removes its temp file on SIGTERM; then SIGKILL
 DRAIN_WAIT_S = 5.0  # a child that left the group may hold a pipe open: stop reading after this
 POLL_S = 0.05
+PROC = Path("/proc")
+PS_TIMEOUT_S = 5.0
 
 Sink = Callable[[bytes], None]
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -75,6 +80,41 @@ def run_bounded(argv: Sequence[str], *, timeout: float, on_stdout: Sink, on_stde
     finally:
         with _live_lock:
             _live.discard(proc.pid)
+
+
+def command_words(pid: int, proc: Path = PROC) -> list[str] | None:
+    """The command line of this machine's process `pid` as words: read from `proc` where it is a
+    mounted /proc (it has `self`; one word per argument), else asked of `ps` (macOS has no /proc; split
+    at whitespace). [] when there is no such process; None when one runs but nothing here says what
+    (no `ps`, or one that fails or hangs): the caller decides what that means."""
+    if (proc / "self").is_dir():
+        try:
+            return os.fsdecode((proc / str(pid) / "cmdline").read_bytes().removesuffix(b"\0")).split("\0")
+        except OSError:
+            return []
+    if not process_exists(pid):
+        return []  # no ps started for each long-gone pid a runs folder records
+    out: list[bytes] = []
+    try:  # -ww: the whole line, whatever the terminal's width (procps and BSD ps alike)
+        rc = run_bounded(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=PS_TIMEOUT_S,
+                         on_stdout=out.append, on_stderr=lambda _: None)
+    except OSError:
+        return None
+    words = os.fsdecode(b"".join(out)).split()
+    return words if rc == 0 and words else None
+
+
+def process_exists(pid: int) -> bool:
+    """Whether this machine has a process `pid` (a zombie, or another user's, too)."""
+    if pid <= 0:  # 0 and negatives name process groups to os.kill
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, and is another user's
+        return True
+    return True
 
 
 def _parent_death_signal() -> Callable[[], None] | None:

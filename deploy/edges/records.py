@@ -19,10 +19,11 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from meshrun.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, read_regular
 from meshrun.layout import DEFAULT_PG_TIMEOUT_S, EVENTS, HEARTBEAT_TIMEOUT_S, is_run_id, LAUNCH_RECORD, SUMMARY
+from meshrun.deploy.edges.localproc import PROC, command_words, process_exists
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.inventory.fields import NAME_RE
@@ -251,15 +252,27 @@ def several_live(records: list[RunRecord], command: str) -> str:
     return f"{len(records)} runs may still be running: {shown}{more}; name one: {command} --run ID"
 
 
-def controller_alive(record: RunRecord) -> bool:
-    """The run's attached controller still runs (its pid is a `fab train` or `meshrun train` process)."""
+def controller_alive(record: RunRecord, proc: Path = PROC) -> bool:
+    """The run's attached controller still runs: its pid's command line is a `fab train` or `meshrun
+    train` (`runs_fab_train`), read from /proc, or from `ps` where there is none (macOS). `proc`: where
+    /proc is (a test points it at an empty folder to be a Mac)."""
     if record.detached or not record.controller_pid:
         return False
-    try:
-        cmdline = Path(f"/proc/{record.controller_pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return (b"fab" in cmdline or b"meshrun" in cmdline) and b"train" in cmdline
+    words = command_words(record.controller_pid, proc)
+    if words is None:
+        # No /proc and no answer from ps: a process with that pid is taken for the controller. Judged
+        # dead, a live run would get a second controller behind its back (a --resume's agents and end
+        # reaching its processes, a join started detached beside it); judged alive, a dead one whose pid
+        # was reused only makes `fab status/logs/stop` need --run ID, and a resume wait for that pid to go.
+        return process_exists(record.controller_pid)
+    return runs_fab_train(words)
+
+
+def runs_fab_train(words: Sequence[str]) -> bool:
+    """Pure rule: a command line (its words) is an attached controller's, `[python] .../fab train ...`
+    or `meshrun train`: one word holds "fab" or "meshrun", and one holds "train". None of these has
+    whitespace, so ps's line split at whitespace is judged as /proc's arguments are."""
+    return any("fab" in w or "meshrun" in w for w in words) and any("train" in w for w in words)
 
 
 ENDED = frozenset(s.value for s in JobStatus)  # the statuses the controller writes in a summary.json
