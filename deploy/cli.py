@@ -10,6 +10,9 @@ SIGTERM (`timeout`, systemd, `kill`) and SIGHUP (a closed terminal, a dropped SS
 tmux) are taken as a Ctrl-C: their default action ended the process where it stood, and no cleanup
 ran (a `--firewall` run's chain stayed up on every host). A command a signal ended exits 128 + its
 number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP: `deploy/errors.interrupted_status`).
+
+Every task also starts with the soft limit on open files raised (`raise_open_files_limit`): a fan-out
+over many hosts needs more than macOS gives by default.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from meshrun.deploy.stopsignals import StopSignals
 from meshrun.deploy.inventory.shown import one_line
 
 F = TypeVar("F", bound=Callable[..., object])
+# A fan-out holds per host an SSH socket, its log file and, while it syncs, rsync's 2 to 3 pipes: about
+# 60 hosts reach macOS's default soft limit of 256 open files (Linux's is 1024). Each task asks for this.
+OPEN_FILES_WANTED = 4096
 
 
 def debug_log() -> Path:
@@ -43,6 +49,7 @@ def guarded(fn: F) -> F:
         from meshrun.deploy.render.console import repeat_in_hints
 
         _paramiko_to_debug_log()
+        raise_open_files_limit()
         repeat_in_hints(kwargs)  # `fab setup --hosts gpu2` from a run with --inventory lab.yaml says so
         signals = StopSignals()
         try:
@@ -105,6 +112,24 @@ def _interrupted(signum: int) -> NoReturn:
 
     Renderer().error("interrupted" if signum == signal.SIGINT else f"interrupted by {interrupted_by(signum)}")
     raise Exit(code=interrupted_status(signum)) from None
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> None:
+    """The soft limit on open files raised to `wanted`, or to the hard limit if that is lower; never
+    lowered. Where it cannot be (no `resource` off Unix, a refusal), it stays: a local tool that then
+    cannot start says "too many open files" (deploy/edges/rsyncrun.py)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+    if soft == resource.RLIM_INFINITY or soft >= target:  # RLIM_INFINITY is -1 on Linux: never compared
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass
 
 
 def _paramiko_to_debug_log() -> None:

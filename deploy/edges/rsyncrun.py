@@ -11,6 +11,7 @@ sends keep-alives while it works, so an honest host that is busy never meets it.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -88,11 +89,31 @@ def _run_once(argv: Sequence[str], host: str, what: str, timeout: float, stdin: 
         rc = run_bounded(argv, timeout=max(timeout, 0.0), on_stdout=out, on_stderr=errors.feed, stdin=stdin,
                          sweep_group=True)
     except OSError as err:
-        raise MeshrunError(f"host '{host}': {what}: cannot run {argv[0]} here ({err.strerror}); install rsync") from None
+        raise MeshrunError(f"host '{host}': {what}: {cannot_start(argv[0], err, _open_files_limit())}") from None
     for line in lines.flush():
         if on_line is not None:
             on_line(line)
     return rc, errors.text()
+
+
+def cannot_start(program: str, err: OSError, open_files: int | None) -> str:
+    """Why `program` could not start, and what to do. Out of file descriptors (EMFILE: this process's
+    `open_files`, reached by a fan-out over many hosts; ENFILE: the system's) is no missing rsync."""
+    if err.errno in (errno.EMFILE, errno.ENFILE):
+        limit = f"ulimit -n {open_files}" if open_files is not None else "ulimit -n"
+        return (f"cannot run {program} here: too many open files on this machine ({limit}); raise that limit, "
+                "or give fewer hosts at once (--hosts)")
+    return f"cannot run {program} here ({err.strerror}); install rsync"
+
+
+def _open_files_limit() -> int | None:
+    """This process's soft limit on open files; None off Unix or when unlimited."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def local_rsync_problem(program: str, host: str, what: str) -> None:
