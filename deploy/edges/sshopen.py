@@ -9,10 +9,13 @@ dial.py's: bounded, and a server that accepts and never speaks is told from one 
 
 from __future__ import annotations
 
+import base64
+import os
+import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import fabric
 import paramiko
@@ -141,6 +144,95 @@ def login_refused(who: str, target: str, hop: sshtarget.Hop, jump: str | None, c
                         "and that the key is in the host's authorized_keys")
 
 
+# The files paramiko's SSHClient tries after the hop's own (`look_for_keys`, on by default), in its order.
+PARAMIKO_DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ed25519")
+
+
+def locked_keys(hop: sshtarget.Hop) -> tuple[str, ...]:
+    """The key files paramiko tried for `hop` that it cannot read without a passphrase: its identities,
+    then ~/.ssh/id_*. paramiko's error does not say which file it was."""
+    tried = (*hop.identities, *(os.path.expanduser(f"~/.ssh/{name}") for name in PARAMIKO_DEFAULT_KEYS))
+    return tuple(key for key in dict.fromkeys(tried) if _encrypted(key))
+
+
+def _encrypted(key: str) -> bool:
+    if not Path(key).is_file():  # paramiko skips a missing default key; a FIFO would block the read
+        return False
+    for kind in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):  # as paramiko tries them
+        try:
+            kind.from_private_key_file(key)
+            return False
+        except paramiko.PasswordRequiredException:
+            return True
+        except (paramiko.SSHException, OSError, ValueError):  # another kind of key, or no key at all
+            continue
+    return False
+
+
+def locked_out(who: str, target: str, hop: sshtarget.Hop, jump: str | None, config: Path) -> MeshrunError:
+    """paramiko's last try was a key file it cannot unlock. paramiko tries ~/.ssh/id_* after the agent's
+    keys: where the agent holds every such key, it offered them and the host refused them, and that is
+    what is said (the old words, with paramiko's own reason)."""
+    locked = locked_keys(hop)
+    left = unheld(locked, [public_blob(key) for key in locked], agent_keys(hop))
+    if locked and not left:
+        return login_refused(who, target, hop, jump, config, paramiko.AuthenticationException("Authentication failed."))
+    return passphrase_needed(who, target, left, hop, config)
+
+
+def unheld(keys: Sequence[str], publics: Sequence[bytes | None], held: Collection[bytes]) -> tuple[str, ...]:
+    """The `keys` whose public half (`publics`, from each KEY.pub; None: unknown) the agent does not hold."""
+    return tuple(key for key, public in zip(keys, publics) if public is None or public not in held)
+
+
+def public_blob(key: str) -> bytes | None:
+    """The public key in `key`.pub (what ssh-keygen writes beside it), as an agent lists it; None without one."""
+    path = Path(key + ".pub")
+    try:
+        if not path.is_file():
+            return None
+        with open(path, "rb") as public:
+            fields = public.read(sshtarget.KEY_MAX).split()
+        return base64.b64decode(fields[1], validate=True)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def agent_keys(hop: sshtarget.Hop) -> frozenset[bytes]:
+    """The public keys that the agent paramiko offered for `hop` holds: IdentityAgent's, else $SSH_AUTH_SOCK's."""
+    path = "" if hop.agent == sshtarget.AGENT_NONE else hop.agent or os.environ.get("SSH_AUTH_SOCK", "")
+    if not path:
+        return frozenset()
+    try:
+        agent = SocketAgent(path)  # no keys where the socket is not there or refuses
+    except AgentSilent:  # it answered the connect a moment ago; now nothing it holds can be named
+        return frozenset()
+    try:
+        return frozenset(key.asbytes() for key in agent.get_keys())
+    finally:
+        agent.close()
+
+
+def passphrase_needed(who: str, target: str, keys: Sequence[str], hop: sshtarget.Hop, config: Path) -> MeshrunError:
+    """One line for the keys paramiko cannot unlock (`keys`, from locked_keys): ssh asks for the
+    passphrase, or on macOS reads it from the Keychain (ssh_config's UseKeychain), and so logs in where
+    meshrun could not even offer the key. Only an agent holding it lets meshrun (and rsync's ssh) use it."""
+    several = len(keys) > 1
+    named = (f"the keys {', '.join(keys)} are" if several else f"the key {keys[0]} is" if keys
+             else f"the key ({hop.identity_from or '~/.ssh/id_*'}) is")
+    files, them = " ".join(shlex.quote(key) for key in keys) or "KEY", "them" if several else "it"
+    if hop.agent == sshtarget.AGENT_NONE:
+        agent = (f"IdentityAgent none for Host {hop.label} in {config} keeps every SSH agent out; point "
+                 f"IdentityAgent at an agent and add {them} there (`ssh-add {files}`)")
+    elif hop.agent:
+        agent = (f"the agent at IdentityAgent {hop.agent} does not hold {them}; run "
+                 f"`SSH_AUTH_SOCK={shlex.quote(hop.agent)} ssh-add {files}`")
+    else:
+        agent = f"no SSH agent holds {them}; run `ssh-add {files}` (on macOS `ssh-add --apple-use-keychain {files}`)"
+    return MeshrunError(f"{who}: SSH login to {target}: {named} passphrase-protected and {agent}; meshrun does "
+                        "not read UseKeychain or ask for passphrases")
+
+
 def unreachable(who: str, target: str, err: Exception, jump: str | None) -> MeshrunError:
     if jump is not None and jumps.refused_early(err):  # tried jumps.REFUSED_TRIES times
         return MeshrunError(f"{who}: {target} closed the SSH connection before its banner, {jumps.REFUSED_TRIES} "
@@ -188,6 +280,8 @@ def open_hop(conn: HopConnection, hop: sshtarget.Hop, jump: str | None, opening:
         named = paramiko.BadHostKeyException(hostkeys.known_hosts_name(hop.hostname, hop.port), err.key,
                                              err.expected_key)
         raise hostkeys.changed_key_error(opening.host, named, opening.known_hosts, jump) from None
+    except paramiko.PasswordRequiredException:  # an AuthenticationException: said before it, as its own case
+        raise locked_out(who, target, hop, jump, opening.config) from None
     except paramiko.AuthenticationException as err:
         raise login_refused(who, target, hop, jump, opening.config, err) from None
     except (socket.timeout, TimeoutError):
