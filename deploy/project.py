@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Collection, Sequence
 
 from meshrun.layout import RUNS_DIR
 from meshrun.deploy.errors import InputError
@@ -142,10 +143,49 @@ def relative_to_project(path: str, project: Project, flag: str, packaged_ok: boo
         if module is not None:
             raise InputError(_module_message(path, module, project.root))
         raise InputError(f"{flag} {path}: no such file in the project {project.root}")
+    fixed = wrong_case(project.root, inside)
+    if fixed is not None:  # a case-insensitive disk (macOS) found it; the Linux hosts will not
+        raise InputError(case_message(flag, path, project.root / fixed if candidate.is_absolute() else fixed))
     if flag == "--script" and not is_python_source(path, _first_line(full)):
         raise InputError(f"--script {path}: meshrun runs a Python file under torchrun; put the environment in the "
                          "inventory's `env:` and pass the Python script it runs (docs/scripts.md)")
     return inside.as_posix()
+
+
+def real_case(typed: PurePosixPath, names: Sequence[Collection[str]]) -> PurePosixPath | None:
+    """`typed` (a path inside the project) with each component spelled as its folder spells it, where
+    one differs from the real name only in case; None when every component is exact (or unknown).
+    `names[i]`: the real names in the folder holding `typed.parts[i]`. On macOS's case-insensitive disk
+    `stat("Train.py")` finds train.py, so only these names tell the two apart; on this Linux disk the
+    tests give the names a Mac would list for a typed path that stat found."""
+    parts, changed = list(typed.parts), False
+    for index, (part, there) in enumerate(zip(typed.parts, names)):
+        if part in there:
+            continue
+        same = sorted(name for name in there if name.casefold() == part.casefold())
+        if same:
+            parts[index], changed = same[0], True
+    return PurePosixPath(*parts) if changed else None
+
+
+def wrong_case(root: Path, inside: Path) -> PurePosixPath | None:
+    """`real_case` of `inside` (from the project root), read from the disk: each folder along it listed.
+    A folder that cannot be listed has no names to compare, and its component stays as typed."""
+    typed = PurePosixPath(inside.as_posix())
+    listings: list[frozenset[str]] = []
+    for index in range(len(typed.parts)):
+        try:
+            listings.append(frozenset(os.listdir(root.joinpath(*typed.parts[:index]))))
+        except (OSError, ValueError):
+            listings.append(frozenset())
+    return real_case(typed, listings)
+
+
+def case_message(flag: str, path: str, real: PurePosixPath | Path) -> str:
+    """The refusal of a --script or --config typed in another case than the project's file: it passes
+    every check on a Mac's disk and fails on the hosts' (a path rsync and git send as spelled)."""
+    return (f"{flag} {path}: the project's file is {real.as_posix()} (hosts' file systems are case-sensitive); "
+            f"pass {flag} {real.as_posix()}")
 
 
 def script_arg_warnings(args: tuple[str, ...], project: Project, cwd: Path | None = None) -> tuple[str, ...]:
