@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import platform
 import subprocess
 import threading
 import time
@@ -121,10 +122,28 @@ class LocalStream:
         self.close_stdin()
 
 
-class LocalSession:
-    """`address: local`: the host is this machine; its workdir is resolved against the project."""
+def local_host_refusal(name: str, system: str) -> str | None:
+    """Why host `name`, `address: local`, cannot run on a controller whose `platform.system()` is
+    `system`, or None. A local host runs meshrun's host agent and torchrun here, and they are Linux
+    programs: processes found in /proc, torchrun and its workers tied to their parent by prctl
+    (deploy/host/procs.py, torchrun.py). On macOS the agent would die with a traceback before
+    torchrun starts, and `fab status`/`fab stop` could not find the run."""
+    if system == "Linux":
+        return None
+    return (f"host '{name}': `address: local` runs meshrun's host agent on this machine, which needs Linux "
+            f"(/proc, prctl); this machine is {system or 'not Linux'}: train on a Linux host (a VM or a remote box) "
+            "instead")
 
-    def __init__(self, host: Host, project_root: Path) -> None:
+
+class LocalSession:
+    """`address: local`: the host is this machine; its workdir is resolved against the project.
+    Every local host's command passes here, so a machine that cannot be one is refused here, once
+    (`local_host_refusal`); `system` is `platform.system()` unless a test names another."""
+
+    def __init__(self, host: Host, project_root: Path, system: str | None = None) -> None:
+        refusal = local_host_refusal(host.name, platform.system() if system is None else system)
+        if refusal is not None:
+            raise MeshrunError(refusal)
         self.host = host
         self.cwd = local_workdir(host.workdir, project_root)
 

@@ -62,10 +62,15 @@ def program_at_home(argv: tuple[str, ...] | list[str]) -> list[str]:
     return [os.path.expanduser(program) if program.startswith("~/") else program, *rest]
 
 
-def die_with_parent(parent: int) -> Callable[[], None]:
+def die_with_parent(parent: int, system: str | None = None) -> Callable[[], None] | None:
     """A preexec_fn for torchrun: SIGTERM when the agent dies (even by SIGKILL), so torchrun stops
     its workers instead of running on with nobody to stop them. libc is loaded here, in the
-    parent: the child of a threaded process must not import anything before exec."""
+    parent: the child of a threaded process must not import anything before exec. None (no
+    preexec_fn) off Linux (`system`: os.uname().sysname unless a test names another), as
+    deploy/edges/localproc._parent_death_signal: no other libc has prctl, and its lookup failing in
+    the child would be a SubprocessError the agent does not catch, not a torchrun started."""
+    if (os.uname().sysname if system is None else system) != "Linux":
+        return None
     libc = ctypes.CDLL(None, use_errno=True)
 
     def in_child() -> None:
