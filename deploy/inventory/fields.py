@@ -238,6 +238,15 @@ def check_name(name: str, at: Where, noun: str) -> None:
         raise at.fail(f"{noun} name {shown(name)} is longer than {MAX_NAME} characters", f"rename the {noun}")
 
 
+def case_twin(name: str, seen: dict[str, str]) -> str | None:
+    """The name in `seen` (keyed by casefold) that differs from `name` only in case, or None; `name`
+    is added to `seen`. Host names are file names in the runs folder (logs/HOST.log, hosts/HOST/,
+    .placed/HOST.json), and a macOS or Windows disk is case-insensitive: `gpu1` and `GPU1` would
+    share them. An exact repeat is a duplicate key, refused by the YAML reader."""
+    twin = seen.setdefault(name.casefold(), name)
+    return twin if twin != name else None
+
+
 FIELD_READERS: Mapping[str, Callable[[yaml.Node, Where], object]] = {
     "address": address,
     "ssh_address": address,
