@@ -14,8 +14,10 @@ Each line names the measured links that set the floor (`floor_links`): each host
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +64,22 @@ def parse_comm(value: str, workload: Workload) -> str:
     return value
 
 
+def no_torch(python: str) -> str:
+    """The line for a controller without torch: meshrun's pyproject leaves torch out on Intel Macs
+    (PyTorch has no torch>=2.4 wheel for them), and nothing else the controller does needs it."""
+    return (f"--comm needs torch in this Python ({python}) to size the model's gradients: `python -m meshrun.train "
+            f"--describe` builds the model here; install it ({shlex.quote(python)} -m pip install 'torch>=2.4'; "
+            "PyTorch has no such wheel for Intel Macs), or train without --comm and name the hook after --, e.g. "
+            "`-- comm.hook=powersgd`")
+
+
 def describe(workload: Workload, root: Path) -> Gradients:
     """Gradient shapes, hook settings and sync_bn of the configured model: `python -m meshrun.train
-    --describe` here on the controller (no training, no process group)."""
+    --describe` here on the controller (no training, no process group). Every `--comm`, a named
+    hook's too, needs it: the floors come from the gradients' size. The trainer runs in this very
+    Python (sys.executable), so torch is looked for here, without importing it."""
+    if importlib.util.find_spec("torch") is None:
+        raise MeshrunError(no_torch(sys.executable))
     argv = [sys.executable, "-m", TRAINER_MODULE, "--describe"]
     argv += ["--config", workload.config] if workload.config else []
     done = subprocess.run([*argv, *workload.args], cwd=root, capture_output=True, text=True, timeout=300)
