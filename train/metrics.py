@@ -174,11 +174,14 @@ class MetricsSink:
     """Writes this rank's share of the run-dir outputs; ``is_main`` selects the rank-0 files."""
 
     def __init__(self, run_dir: Path, rank: int, is_main: bool, progress_seconds: float,
-                 tensorboard: bool) -> None:
+                 tensorboard: bool, clock: Callable[[], float] = time.monotonic) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir, self.rank, self.is_main = run_dir, rank, is_main
         self.progress_seconds = progress_seconds
-        self._last_progress = 0.0
+        # The throttle's clock is monotonic: a wall clock stepped back (a VM resumed, NTP, `date`) froze
+        # progress.json until the epoch's end. The records keep the wall clock: their readers compare hosts.
+        self._clock = clock
+        self._last_progress: float | None = None  # on `clock`; None: nothing written yet
         self._main: IO[str] | None = open(run_dir / METRICS, "a") if is_main else None
         self._rank = open(run_dir / rank_metrics(rank), "a")
         self._pending: list[str] = []
@@ -233,14 +236,15 @@ class MetricsSink:
 
     def progress_due(self) -> bool:
         """Whether ``progress`` would write now (lets callers skip building the record)."""
-        return self.is_main and time.time() - self._last_progress >= self.progress_seconds
+        return self.is_main and due(self._last_progress, self._clock(), self.progress_seconds)
 
     def progress(self, record: ProgressRecord, force: bool = False) -> None:
         if not self.is_main:
             return
-        if force or record.time - self._last_progress >= self.progress_seconds:
+        now = self._clock()
+        if force or due(self._last_progress, now, self.progress_seconds):
             atomic_write_json(self.run_dir / PROGRESS, as_json(record))
-            self._last_progress = record.time
+            self._last_progress = now
 
     def result(self, record: ResultRecord) -> None:
         self._succeeded = True
@@ -269,6 +273,11 @@ class MetricsSink:
             self._tb.close()
         if self._tracker is not None:
             self._tracker.close(0 if self._succeeded else 1)
+
+
+def due(last: float | None, now: float, every: float) -> bool:
+    """Is a write throttled to one per ``every`` seconds due at ``now`` (the last at ``last``, None: none yet)?"""
+    return last is None or now - last >= every
 
 
 def _tensorboard(run_dir: Path) -> Any:
