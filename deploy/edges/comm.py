@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshrun.fsutil import atomic_write_bytes
-from meshrun.layout import COMM_PLAN, DEFAULT_PG_TIMEOUT_S, TRAINER_MODULE, rank_metrics, run_dir
+from meshrun.layout import COMM_PLAN, DEFAULT_PG_TIMEOUT_S, TRAINER_MODULE
 from meshrun.deploy.check.sites import undeclared_places
 from meshrun.deploy.run import commplan
 from meshrun.deploy.run.commplan import GRAD_BYTES, Collective, CommPlan, Hook, HookSettings, TimeoutAdvice
+from meshrun.deploy.edges.commmetrics import comm_record_argv, last_comm_record
 from meshrun.deploy.edges.sessions import first_found
 from meshrun.deploy.errors import InputError, MeshrunError
 from meshrun.deploy.edges.check_probes import gather_facts, probe_pairs
@@ -340,22 +341,11 @@ def applied_hook(workload: Workload) -> str:
 
 
 def read_comm_record(sessions: Mapping[str, Session], plan: LaunchPlan) -> dict | None:
-    """Rank 0's `comm` record (the trainer's all-reduce probe), from whichever host ran rank 0."""
+    """Rank 0's `comm` record (the trainer's all-reduce probe), from whichever host ran rank 0: its
+    `comm` lines only, never the whole metrics file (deploy/edges/commmetrics.py says why)."""
     names = [h.host.name for h in plan.hosts]
-    return first_found(sessions, names, ["cat", f"{run_dir(plan.run_id)}/{rank_metrics(0)}"], 20,
+    return first_found(sessions, names, comm_record_argv(plan.run_id), 20,
                        lambda result: last_comm_record(result.stdout))
-
-
-def last_comm_record(text: str) -> dict | None:
-    """The last sound `comm` record of a metrics file. The file comes from a host, and a line may
-    be cut short (a host killed mid-write) or crafted: such a line is skipped, never fatal."""
-    found = None
-    for line in text.splitlines():
-        row = from_json(line)
-        comm_s = row.get("comm_s") if isinstance(row, dict) and row.get("kind") == "comm" else None
-        if is_real(comm_s) and comm_s >= 0:  # not math.isfinite: `10**400` (an int) would raise OverflowError
-            found = row
-    return found
 
 
 def beside_floor(saved: Mapping[str, Any], measured_s: float | None) -> dict[str, Any]:
