@@ -276,8 +276,9 @@ def leave(c, run=None, hosts=None, project=None, runs_dir=None, debug=False, inv
     "run": RUN_HELP, "dest": "where runs live locally (default: where this controller records them)",
     "force": "overwrite local files you changed that differ from the hosts' copies",
     "every_copy": "bring every host's copy of the checkpoints, not only the newest holder's",
-    "prune": "then remove the checkpoints fetched earlier that are older than every host's oldest (all hosts "
-             "answering; never a file you changed, never best.pt)", "debug": DEBUG_HELP,
+    "prune": "then remove the checkpoints fetched earlier that are older than the oldest of the hosts still in "
+             "the run (all of them answering; never a file a host lists or you changed, never the newest, never "
+             "best.pt)", "debug": DEBUG_HELP,
     "inventory": RUN_INVENTORY_HELP})
 @_guarded
 def fetch_checkpoints(c, run=None, dest=None, force=False, project=None, runs_dir=None, debug=False, every_copy=False,

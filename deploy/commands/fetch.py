@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from stat import S_ISDIR
 from pathlib import Path
 
-from meshrun.layout import BEST_CHECKPOINT, CHECKPOINTS, HOSTS, checkpoint_step, run_dir
+from meshrun.layout import BEST_CHECKPOINT, CHECKPOINTS, EVENTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.checkpointpush import copy_records
 from meshrun.deploy.edges.fanout import HostResults, on_each
@@ -271,7 +271,9 @@ def main(run: str | None, dest: str | None, force: bool, project: Project, every
         if elsewhere:
             copy_records(record, project.runs, destination, renderer)
         fetched = fetch_run(record, project.root, destination, force, renderer, every_copy)
-        pruned = prune_home(destination / record.run_id, fetched.reports, record.members) if prune else None
+        # The run's events are this project's (copy_records may not carry them to --dest).
+        pruned = (prune_home(destination / record.run_id, fetched.reports, record.members,
+                             project.runs / record.run_id / EVENTS) if prune else None)
     return _said(record, fetched, destination, every_copy, pruned.line() if pruned is not None else None,
                  str(destination) if elsewhere else None, renderer)
 
