@@ -13,6 +13,7 @@ from pathlib import Path
 
 from meshrun.fsutil import not_regular, open_regular
 from meshrun.layout import HOSTS, TRAIN_LOG, controller_log, log_path
+from meshrun.deploy.commands.logsfollow import Follower, none_left
 from meshrun.deploy.edges.agents import CONNECT_BUDGET_S, on_each_connected, run_hosts, run_states, with_missing
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.errors import MeshrunError
@@ -45,7 +46,8 @@ def shown_line(host: str, text: str) -> str:
 
 
 def show_logs(record: RunRecord, root: Path, runs: Path, renderer: Renderer, follow: bool, lines: int) -> None:
-    """Each host's train.log (the last `lines`), prefixed; with `follow`, until Ctrl-C. A host that
+    """Each host's train.log (the last `lines`), prefixed; with `follow`, until Ctrl-C or no host is left
+    to follow (each stopped answering SSH or its stream ended, said in a line each). A host that
     cannot be reached, or keeps no log, is shown from this machine's copy where there is one."""
     hosts, inventory, missing = run_hosts(record, root)
     if follow:
@@ -151,7 +153,9 @@ def show_copy(runs: Path, run_id: str, host: str, why: str, renderer: Renderer, 
 def _follow(hosts: tuple[Host, ...], inventory: Inventory, root: Path, runs: Path, record: RunRecord,
             renderer: Renderer, lines: int, missing: dict[str, MeshrunError]) -> None:
     """Each host's tail -F, started at once through its own session: a host that cannot be reached
-    is a warning (over its log from this machine's copy, where there is one), and the others are followed."""
+    is a warning (over its log from this machine's copy, where there is one), and the others are
+    followed until Ctrl-C; a host that stops answering, or whose stream ends, is said and left
+    (deploy/commands/logsfollow.py), and once none is left it is a MeshrunError."""
     opened: dict[str, Session] = {}
     lock, over = threading.Lock(), threading.Event()
 
@@ -179,31 +183,16 @@ def _follow(hosts: tuple[Host, ...], inventory: Inventory, root: Path, runs: Pat
         if not started.ok and unseen:
             raise MeshrunError(f"no log to follow: no host of run {record.run_id} could be reached; "
                                "see the lines above")
-        _pump(started.ok, renderer)  # none: every host's copy is shown above, and nothing is left to follow
+        if not started.ok:
+            return  # every host's copy is shown above, and nothing is left to follow
+        follower = Follower(started.ok, {name: opened[name] for name in started.ok},
+                            lambda name, text: renderer.log_line(name, shown_line(name, text)), renderer.warn)
+        if not follower.run():  # each host stopped answering or its stream ended, each said above
+            raise MeshrunError(none_left(record.run_id))
     finally:
         with lock:
             over.set()
         close_all(opened)
-
-
-def _pump(streams: dict[str, Stream], renderer: Renderer) -> None:
-    """Every stream's lines to the console, until each ends or Ctrl-C."""
-    def pump(name: str) -> None:
-        while raw := streams[name].readline():
-            text = raw.decode(errors="replace").rstrip("\r\n")
-            renderer.log_line(name, shown_line(name, text))
-
-    threads = [threading.Thread(target=pump, args=(n,), daemon=True) for n in streams]
-    for t in threads:
-        t.start()
-    try:
-        while any(t.is_alive() for t in threads):
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for stream in streams.values():
-            stream.abandon()
 
 
 def main(run: str | None, follow: bool, lines: int, project: Project) -> None:
