@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,20 @@ def test_an_egg_info_is_read_by_importlib_metadata(tmp_path: Path) -> None:
                           timeout=60, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"old-proj": "1.2", "new.proj": "3.4"}
+
+
+def test_the_answer_ends_with_the_hosts_clock_and_how_long_the_probe_had_run(tmp_path: Path) -> None:
+    """The controller places the host's clock in its round trip (deploy/check/clocks.reading): the probe
+    reads it last, and says how long its own code had run by then (longrun56, 1)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    before = time.time()
+    done = subprocess.run([sys.executable, "-S", "-c", SOURCE, "light"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+    after = time.time()
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert list(answer)[-2:] == ["clock_after_s", "clock"]
+    assert before <= answer["clock"] <= after
+    assert 0 <= answer["clock_after_s"] <= after - before
+    assert before + answer["clock_after_s"] <= answer["clock"]

@@ -1,1 +1,1 @@
-"""The check wing (controller, pure): host facts → PASS/WARN/FAIL verdicts, ZeroTier and WireGuard parsing, findings. Its effectful side is deploy/edges/check_probes.py."""
+"""The check wing (controller, pure): host facts → PASS/WARN/FAIL verdicts, the hosts' clocks against each other (clocks.py), ZeroTier and WireGuard parsing, findings. Its effectful side is deploy/edges/check_probes.py."""

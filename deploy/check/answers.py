@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
+from meshrun.deploy.check.clocks import Clock, NoClock, reading
 from meshrun.deploy.check.verdicts import Fingerprint, LinkResult, PortState
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.run.answers import MISSING, Answer, is_int, is_real
@@ -72,6 +73,27 @@ def machine_of(host: str, facts: dict) -> tuple[str | None, int | None]:
     if not (cpus is None or is_int(cpus) and 1 <= cpus <= MAX_CPUS):
         raise reader.bad("cpus", cpus, f"a count of 1 to {MAX_CPUS} or null")
     return machine, cpus
+
+
+# Seconds since 1970 a clock may read: up to 2100-01-01. One before it is still a clock (a host whose
+# clock was reset reads 1970, and is said to be that far behind); past it, or not a number, is no time.
+LAST_CLOCK = 4102444800
+
+
+def clock_of(host: str, facts: dict, sent_at: float, answered_at: float) -> Clock | NoClock:
+    """The facts probe's `clock` (its time.time()) and `clock_after_s` (how long it had run by then),
+    asked at `sent_at` and answered at `answered_at` (this machine's wall clock) → its offset. Never
+    raises: the rest of the answer stands, and a clock that is no time is a NoClock, said as a WARN."""
+    clock, ran = facts.get("clock", MISSING), facts.get("clock_after_s", MISSING)
+    if not (is_real(clock) and 0 <= clock <= LAST_CLOCK):
+        return NoClock(f"the facts probe's clock is {_said(clock)}; expected seconds since 1970, up to {LAST_CLOCK}")
+    if not (is_real(ran) and ran >= 0):
+        return NoClock(f"the facts probe's clock_after_s is {_said(ran)}; expected a number of seconds >= 0")
+    return reading(sent_at, answered_at, float(clock), float(ran))
+
+
+def _said(value: object) -> str:
+    return "missing" if value is MISSING else shown(value, 40)
 
 
 def canary_ports(host: str, answer: dict, rdzv_port: int | None) -> tuple[int, int | None]:

@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Collection, Iterable, Mapping
 
 from meshrun.deploy.check import loginshell, wireguard, zerotier
+from meshrun.deploy.check.clocks import Clock, NoClock, clock_findings
 from meshrun.deploy.check.findings import Finding, Level, fail, warn, worst
 from meshrun.deploy.check.linkplan import link_plan
 from meshrun.deploy.check.linkverdicts import (  # noqa: F401 (the links' records and verdicts, here too for callers)
@@ -77,6 +78,7 @@ class HostFacts:
     processes: int | None = None  # the processes the launch starts here (Host.nproc_per_node); None: not told
     login_noise: str | None = None  # what the login scripts print on stdout before every answer (loginshell.py)
     login: str | None = None  # user@host as SSH logs in: whose login shell runs every command; None: a local host
+    clock: Clock | NoClock | None = None  # against this machine's, from the facts probe (clocks.py); None: not read
 
 
 @dataclass(frozen=True)
@@ -303,11 +305,13 @@ def has_failures(found: Iterable[Finding]) -> bool:
 
 def build_report(hosts: tuple[HostFacts, ...], rdzv: RendezvousFacts | None, links: tuple[LinkResult, ...],
                  allreduce: AllReduceResult, network: str, duration_s: float,
-                 sites: Mapping[str, str | None] | None = None) -> CheckReport:
-    """All findings in a stable order: hosts, versions, rendezvous, links, end to end. `sites`: each
-    host's `site:`, which the link plan's rule follows past 32 hosts (deploy/check/linkplan.py)."""
+                 sites: Mapping[str, str | None] | None = None, elastic: bool = False) -> CheckReport:
+    """All findings in a stable order: hosts, versions, clocks, rendezvous, links, end to end. `sites`: each
+    host's `site:`, which the link plan's rule follows past 32 hosts (deploy/check/linkplan.py). `elastic`:
+    the run regroups, so clocks too far apart FAIL (deploy/check/clocks.py)."""
     nodes, dups = zerotier.node_names(((h.name, h.zerotier.node) for h in hosts if h.zerotier is not None), CLUSTER)
     found = [f for h in hosts for f in host_findings(h, nodes)] + dups + local_findings(hosts) + version_findings(hosts)
+    found += clock_findings({h.name: h.clock for h in hosts}, elastic)
     if rdzv is not None:
         found += rendezvous_findings(rdzv) + public_findings(rdzv, network)
     found += link_findings(links, {h.name: h.mtu for h in hosts}) + bandwidth_findings(links)

@@ -61,14 +61,16 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     stamps = Beside(stamp_lines, tuple(h for h in hosts if h.name in sessions), sessions, sys.executable)
     try:
         facts = with_processes(gather_facts(hosts, head, sessions, unreachable, sys.executable), hosts)
-        # An inventory with `elastic:` runs elastic: its successors' rendezvous port is checked too.
+        # An inventory with `elastic:` runs elastic: its successors' rendezvous port is checked too, and
+        # host clocks too far apart for its regroup FAIL (deploy/check/clocks.py).
+        elastic = inventory.elastic is not None
         probed = probe_network(hosts, head, inventory.rendezvous.port, sessions, facts,
                                BANDWIDTH_S if request.bandwidth else 0.0, sys.executable,
-                               successor_names(selection, inventory.elastic is not None))
+                               successor_names(selection, elastic))
         rdzv, links = probed.rendezvous, probed.links
         exposure = probe_exposure(hosts, head, inventory.rendezvous.port, sessions, sys.executable)
         allreduce = AllReduceResult(ProbeStatus.SKIPPED, "not run: fix the failures above first")
-        if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0).findings):
+        if not has_failures(build_report(facts, rdzv, links, allreduce, network, 0, sites, elastic).findings):
             interfaces = {f.name: f.interface for f in facts if f.interface}
             allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable,
                                       allreduce_budget(facts))
@@ -80,7 +82,8 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
     matrix = [(k.source, k.target, k.mbit_s, k.connect_ms) for k in links if not k.rendezvous]
     # Measured places the inventory does not declare (docs/sites.md): bandwidth tells them.
     places = site_findings(names, sites, matrix) if request.bandwidth else []
-    report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started, sites),
+    report = with_findings(build_report(facts, rdzv, links, allreduce, network, time.monotonic() - started, sites,
+                                        elastic),
                            meshrun_findings(facts, str(controller_identity())) + successor_findings(probed.successors)
                            + busy_findings(facts) + exposure_findings(exposure) + places
                            + ([since_setup] if since_setup else []))
@@ -153,7 +156,7 @@ def _check_before_run(selection: Selection, sessions: Mapping[str, Session], ren
                            successor_names(selection, elastic))
     skipped = AllReduceResult(ProbeStatus.SKIPPED, "not part of the pre-flight")
     report = with_findings(build_report(facts, probed.rendezvous, probed.links, skipped, head.network.value,
-                                        time.monotonic() - started, sites_of(hosts)),
+                                        time.monotonic() - started, sites_of(hosts), elastic),
                            meshrun_findings(facts, str(controller_identity())) + successor_findings(probed.successors)
                            + busy_findings(facts))
     warnings = tuple(f"pre-flight: {f.where}: {f.message}" for f in report.findings if f.level is Level.WARN)

@@ -17,7 +17,7 @@ from meshrun.layout import STATE_REFUSED_EXIT, run_dir
 from meshrun.deploy.edges import host_queries as probes, sshtarget
 
 from meshrun.deploy.check import wireguard
-from meshrun.deploy.check.answers import facts_of, link_results, listener_of, machine_of
+from meshrun.deploy.check.answers import Clock, NoClock, clock_of, facts_of, link_results, listener_of, machine_of
 from meshrun.deploy.check.linkplan import LINK_CONNECT_S, link_plan, links_limit
 from meshrun.deploy.check.linkverdicts import df_targets
 
@@ -75,7 +75,7 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
     # `true` prints nothing: what it "printed" came from the login shell's scripts, before every answer.
     quiet = session.run(["true"], timeout=FACTS_TIMEOUT_S, create_workdir=True)
     ssh_ms = round((time.monotonic() - start) * 1000, 1)
-    fingerprint, disk_free, tools, (machine, cpus) = _fingerprint(session, python_of(host, local_python))
+    fingerprint, disk_free, tools, (machine, cpus), clock = _fingerprint(session, python_of(host, local_python))
     gpus, gpu_note = _gpus(session, tools.get("nvidia-smi"))
     interface, mtu, interface_error = _interface(session, peer)
     zt = _zerotier(session, tools.get("zerotier-cli")) if host.network is Network.ZEROTIER else None
@@ -86,19 +86,21 @@ def host_facts(session: Session, host: Host, peer: str | None, local_python: str
                      interface=interface, mtu=mtu, interface_error=interface_error, zerotier=zt, wireguard=wg,
                      machine=machine, cpus=cpus, python_unset=host.python is None and not host.is_local,
                      rsync_missing=not host.is_local and "rsync" in tools and tools["rsync"] is None,
-                     login_noise=login_noise(quiet.stdout), login=_login(session))
+                     login_noise=login_noise(quiet.stdout), login=_login(session), clock=clock)
 
 
 def _fingerprint(session: Session, python: str) -> tuple[Fingerprint, int | None, dict[str, str],
-                                                         tuple[str | None, int | None]]:
-    result = session.run(probe_argv(python, "facts"), timeout=FACTS_TIMEOUT_S)
+                                                         tuple[str | None, int | None], Clock | NoClock | None]:
+    # Timed: the host reads its clock within this round trip (deploy/check/clocks.py).
+    result, sent_at, answered_at = probes.timed_run(session, probe_argv(python, "facts"), FACTS_TIMEOUT_S)
     facts = probes.parse_json_object(result.stdout) if result.ok else None
     if facts is None:
         # A login shell that is not POSIX says so on some line, not always the last (fish ends on a caret).
         last = (result.stderr.strip().splitlines() or [f"exit status {result.rc}"])[-1]
         reason = non_posix_line(result.stderr) or last
-        return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}, (None, None)
-    return (*facts_of(session.host.name, facts), machine_of(session.host.name, facts))
+        return Fingerprint(None, error=f"`{python}`: {reason}"), None, {}, (None, None), None
+    name = session.host.name
+    return (*facts_of(name, facts), machine_of(name, facts), clock_of(name, facts, sent_at, answered_at))
 
 
 def _login(session: Session) -> str | None:

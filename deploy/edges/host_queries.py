@@ -1,17 +1,20 @@
 """Facts read from hosts with small commands: argv builders and parsers of their JSON output.
 
-Parsers are pure and tested on recorded output; `route_interface` and `route_dev` are the effectful helpers.
+Parsers are pure and tested on recorded output; `route_interface`, `route_dev` and `timed_run` are the
+effectful helpers.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
+from typing import NamedTuple, Sequence
 
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.shown import shown
 from meshrun.deploy.run.answers import from_json, said
-from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.edges.transport import CommandResult, Session
 
 
 @dataclass(frozen=True)
@@ -134,3 +137,21 @@ def parse_json_object(output: str) -> dict | None:
         if isinstance(value, dict):
             return value
     return None
+
+
+class Timed(NamedTuple):
+    """A command's result and this machine's wall clock as it was asked for and as its answer was in:
+    the window in which the host read its clock for the facts probe (deploy/check/clocks.reading)."""
+
+    result: CommandResult
+    sent_at: float
+    answered_at: float
+
+
+def timed_run(session: Session, argv: Sequence[str], timeout: float) -> Timed:
+    """`session.run(argv)` between two readings of this machine's clock, in the same round trip. The
+    end is the start plus the monotonic time between: a step of this machine's clock while the host
+    answers (NTP, a resume) moves both ends together, never the window's width."""
+    sent_at, started = time.time(), time.monotonic()
+    result = session.run(argv, timeout=timeout)
+    return Timed(result, sent_at, sent_at + (time.monotonic() - started))

@@ -3,6 +3,9 @@
 Prints one JSON object: the interpreter, torch / torch.version.cuda / NCCL (read from torch's files,
 imported only where they do not tell; or why torch is missing), the meshrun this interpreter
 imports (version and build, `meshrun_identity`), free disk in the working directory (the host's workdir), and where the tools the check runs next live.
+Last, read as late as it can be, the host's wall clock (`clock`, time.time()) and how long the probe had run by
+then (`clock_after_s`, by the monotonic clock): the controller places the reading in its round trip
+(deploy/check/clocks.py), since an elastic run's rendezvous drops hosts whose clocks are seconds apart.
 With the argument `light` (a run's provenance, `deploy/edges/provenance.py`) torch is not imported:
 its versions are read from its installed files. Extra places are searched for `zerotier-cli` because a non-root SSH login has no
 /usr/sbin on PATH, and because a user who needs `sudo zerotier-cli` puts a wrapper in ~/bin.
@@ -16,7 +19,10 @@ import os
 import platform
 import shutil
 import sys
+import time
 from typing import Iterator
+
+STARTED = time.monotonic()  # as the probe's own code begins: what ran before it is in the controller's window
 
 EXTRA_PATH = ("~/bin", "/usr/sbin", "/usr/local/sbin", "/sbin")
 TOOLS = ("nvidia-smi", "zerotier-cli", "wg", "ping", "rsync", "ip")  # ip: iproute2, for `ip -j route get`
@@ -188,6 +194,8 @@ def main() -> None:
     facts = {"python": platform.python_version(), "executable": sys.executable, "cwd": os.getcwd(),
              "disk_free": usage.free, **versions, "meshrun": meshrun_identity(), "tools": tool_paths(),
              **machine_facts()}
+    facts["clock_after_s"] = time.monotonic() - STARTED
+    facts["clock"] = time.time()  # just before the answer leaves: the rest of the window is its way back
     print(json.dumps(facts))
 
 
