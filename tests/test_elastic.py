@@ -148,7 +148,10 @@ def test_b_a_cut_link_is_noticed_the_cut_host_ends_itself_and_rejoins(testbed, i
     # Once the link healed, the controller found h3 answering again and started it: it rejoined.
     rejoined = [e for e in events if e[:2] == ("joined", "h3")]
     assert rejoined and "came back" in rejoined[0][2], events
-    assert summary["restarts"] >= 2 and summary["metrics"]["test_acc"] >= 0.95
+    # The survivors' workers restart for the loss; h3's return is one more round, or joins the loss's
+    # own when the survivors are still re-forming as it comes back (two loaded CI runs: 1 restart, h3
+    # rejoined, world 3).
+    assert summary["restarts"] >= 1 and summary["metrics"]["test_acc"] >= 0.95
     assert_whole_epochs(run_id, epochs=LONG_TRAIN_EPOCHS)
     print(f"cut host's run processes gone {gone_after:.0f} s after the cut; timeline {events}")
 
