@@ -15,7 +15,6 @@ ends. The pace is shortened (PACE); the outer bound proves the follow ends, it a
 from __future__ import annotations
 
 import io
-import socket
 import threading
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.render.console import Renderer, repeat_in_hints
 from meshrun.deploy.render.neutral import NeutralConsole
 from tests.standin_sshd import Keys
+from tests.cutlink import Link
 
 PACE = Pace(quiet_s=10.0, ping_timeout_s=6.0, pings_before_lost=2)
 RUN = "20261207-020000-ab12"
@@ -92,25 +92,6 @@ def test_the_lines_that_say_it() -> None:
                                          "closed); no more of its log will come: fab logs -f again once it is back")
     assert none_left(RUN) == (f"no host of run {RUN} is followed any more (see the lines above): "
                               "fab logs -f again once they are back")
-
-
-class Link:
-    """Two socket pairs joined by pumps: the client's end, the server's end, and `cut`."""
-
-    def __init__(self) -> None:
-        self.cut = threading.Event()
-        self.client, near = socket.socketpair()
-        far, self.server = socket.socketpair()
-        for a, b in ((near, far), (far, near)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                if not self.cut.is_set():  # cut: the bytes vanish and no side hears of it
-                    b.sendall(data)
-        except OSError:
-            pass
 
 
 class TailingHost(paramiko.ServerInterface):

@@ -11,7 +11,6 @@ a call ends long before its deadline; they assert no speed.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -30,28 +29,10 @@ from meshrun.deploy.edges.transport import LocalSession, SshSession
 from meshrun.deploy.inventory.model import Host, Network
 from tests import bounded
 from tests.standin_sshd import Keys
+from tests.cutlink import Link
 
 OUTER_S = 60  # a 3600 s command on a cut link must end well within this
 AGENT_STATUS = ["/home/u/meshrun/.venv/bin/python", "-m", "meshrun.deploy.host.agent", "status", "--host", "gpu1"]
-
-
-class Link:
-    """Two socket pairs joined by pumps: the client's end, the server's end, and `cut`."""
-
-    def __init__(self) -> None:
-        self.cut = threading.Event()
-        self.client, near = socket.socketpair()
-        far, self.server = socket.socketpair()
-        for a, b in ((near, far), (far, near)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                if not self.cut.is_set():  # cut: the bytes vanish and no side hears of it
-                    b.sendall(data)
-        except OSError:
-            pass
 
 
 class StandinHost(paramiko.ServerInterface):

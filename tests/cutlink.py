@@ -1,0 +1,27 @@
+"""A link that can be cut without a reset, for in-process SSH tests (tests/test_ssh_liveness.py,
+tests/test_logs_follow_gone.py): the bytes stop, and neither side hears of it, as when a laptop
+sleeps or a NAT forgets the connection."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class Link:
+    """Two socket pairs joined by pumps: the client's end, the server's end, and `cut`."""
+
+    def __init__(self) -> None:
+        self.cut = threading.Event()
+        self.client, near = socket.socketpair()
+        far, self.server = socket.socketpair()
+        for a, b in ((near, far), (far, near)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                if not self.cut.is_set():  # cut: the bytes vanish and no side hears of it
+                    b.sendall(data)
+        except OSError:
+            pass
