@@ -12,14 +12,15 @@ import pytest
 
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.load import load_inventory
+from meshrun.deploy.inventory.shown import MESSAGE_MAX
 
 REFUSED = [
     ("hosts:\n  gpu1: {address: 10.0.0.1}\n  GPU1: {address: 10.0.0.2}\n",
-     "3: host 'GPU1': host name 'GPU1' differs from host 'gpu1' only in case; rename one of them: a runs folder on a "
-     "macOS or Windows disk cannot tell them apart (their logs/HOST.log, hosts/HOST/ would be one)"),
+     "3: host 'GPU1': host name 'GPU1' differs from host 'gpu1' only in case; rename one: a macOS or Windows disk "
+     "cannot tell their run files apart"),
     ("hosts:\n  Lab-A.x: {address: 10.0.0.1}\n  b: {address: 10.0.0.2}\n  lab-a.X: {address: 10.0.0.3}\n",
-     "4: host 'lab-a.X': host name 'lab-a.X' differs from host 'Lab-A.x' only in case; rename one of them: a runs "
-     "folder on a macOS or Windows disk cannot tell them apart (their logs/HOST.log, hosts/HOST/ would be one)"),
+     "4: host 'lab-a.X': host name 'lab-a.X' differs from host 'Lab-A.x' only in case; rename one: a macOS or "
+     "Windows disk cannot tell their run files apart"),
 ]
 
 
@@ -29,7 +30,8 @@ def test_names_equal_but_for_case_get_one_exact_line(tmp_path: Path, text: str, 
     path.write_text(text)
     with pytest.raises(InputError) as info:
         load_inventory(path)
-    assert str(info.value) == f"{path}:{expected}"
+    # A long temporary path loses its middle (deploy/inventory/shown.with_path); the file name and line stay.
+    assert str(info.value).endswith(f"{path.name}:{expected}") and len(str(info.value)) <= MESSAGE_MAX
     assert info.value.exit_code == 2
 
 

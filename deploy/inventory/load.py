@@ -136,8 +136,7 @@ def _read_hosts(node: yaml.Node, where: Where, defaults: Mapping[str, object],
         fields.check_name(name, at, "host")
         if (twin := fields.case_twin(name, folded)) is not None:
             raise at.fail(f"host name {shown(name)} differs from host {shown(twin)} only in case",
-                          "rename one of them: a runs folder on a macOS or Windows disk cannot tell them apart "
-                          "(their logs/HOST.log, hosts/HOST/ would be one)")
+                          "rename one: a macOS or Windows disk cannot tell their run files apart")
         own = ({} if _is_null(value_node) else
                _read_fields(value_node, where, name, HOST_KEYS, f"host '{name}'", project))
         if "address" not in own:
