@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 import threading
 
+import paramiko
+
 
 class Link:
     """Two socket pairs joined by pumps: the client's end, the server's end, and `cut`."""
@@ -25,3 +27,15 @@ class Link:
                     b.sendall(data)
         except OSError:
             pass
+
+
+def joined(link: Link, server: paramiko.ServerInterface, host_key: str) -> tuple[paramiko.Transport, paramiko.Transport]:
+    """An in-process SSH server (`server`, with `host_key`) at the link's far end and a client at its
+    near end, logged in as root: (client, served)."""
+    served = paramiko.Transport(link.server)
+    served.add_server_key(paramiko.Ed25519Key.from_private_key_file(host_key))
+    served.start_server(event=threading.Event(), server=server)
+    client = paramiko.Transport(link.client)
+    client.start_client(timeout=10)
+    client.auth_none("root")
+    return client, served

@@ -35,7 +35,7 @@ from meshrun.deploy.inventory.model import Host, Network
 from meshrun.deploy.render.console import Renderer, repeat_in_hints
 from meshrun.deploy.render.neutral import NeutralConsole
 from tests.standin_sshd import Keys
-from tests.cutlink import Link
+from tests.cutlink import Link, joined
 
 PACE = Pace(quiet_s=10.0, ping_timeout_s=6.0, pings_before_lost=2)
 RUN = "20261207-020000-ab12"
@@ -154,12 +154,7 @@ def wired(keys: Keys) -> Iterator[dict[str, tuple[PairedSsh, Link, TailingHost]]
     ends: list[paramiko.Transport] = []
     for name in ("h1", "h2"):
         link, server = Link(), TailingHost(name)
-        served = paramiko.Transport(link.server)
-        served.add_server_key(paramiko.Ed25519Key.from_private_key_file(str(keys.host_key)))
-        served.start_server(event=threading.Event(), server=server)
-        client = paramiko.Transport(link.client)
-        client.start_client(timeout=10)
-        client.auth_none("root")
+        client, served = joined(link, server, str(keys.host_key))
         made[name] = (PairedSsh(name, client), link, server)
         ends += [client, served]
     yield made

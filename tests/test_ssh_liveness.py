@@ -29,7 +29,7 @@ from meshrun.deploy.edges.transport import LocalSession, SshSession
 from meshrun.deploy.inventory.model import Host, Network
 from tests import bounded
 from tests.standin_sshd import Keys
-from tests.cutlink import Link
+from tests.cutlink import Link, joined
 
 OUTER_S = 60  # a 3600 s command on a cut link must end well within this
 AGENT_STATUS = ["/home/u/meshrun/.venv/bin/python", "-m", "meshrun.deploy.host.agent", "status", "--host", "gpu1"]
@@ -92,12 +92,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 @pytest.fixture
 def wired(keys: Keys) -> Iterator[tuple[PairedSsh, Link, StandinHost]]:
     link, server = Link(), StandinHost()
-    served = paramiko.Transport(link.server)
-    served.add_server_key(paramiko.Ed25519Key.from_private_key_file(str(keys.host_key)))
-    served.start_server(event=threading.Event(), server=server)
-    client = paramiko.Transport(link.client)
-    client.start_client(timeout=10)
-    client.auth_none("root")
+    client, served = joined(link, server, str(keys.host_key))
     client.sock.settimeout(1.0)
     yield PairedSsh(client), link, server
     client.close()
