@@ -1,6 +1,6 @@
 """Every host holds a complete checkpoint copy (train/checkpoint.py): one writer per directory,
 byte-identical copies with every rank's state, and a resume from any host's copy that continues
-bit for bit. Real processes, gloo on CPU; simulated hosts are torchrun nodes on this machine,
+bit for bit. Real processes, gloo on CPU; simulated hosts are launchers on this machine (tests/trainer/forkrun.py),
 each with its own run directory."""
 
 from __future__ import annotations

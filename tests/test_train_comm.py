@@ -1,5 +1,5 @@
 """DDP comm hooks (train/comm.py): PowerSGD state in checkpoints, exact resume, reset on a new
-world size; config validation. Local torchrun, gloo on CPU, 2 ranks."""
+world size; config validation. Forked ranks (tests/trainer/forkrun.py), gloo on CPU, 2 ranks."""
 
 from __future__ import annotations
 

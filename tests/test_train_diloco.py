@@ -1,4 +1,4 @@
-"""DiLoCo in the trainer (local torchrun, gloo on CPU): replicas drift within a round and agree
+"""DiLoCo in the trainer (forked ranks, tests/trainer/forkrun.py; gloo on CPU): replicas drift within a round and agree
 after it, checkpoints carry the round, resume at a round's end and mid-round is exact, an elastic
 restart at a new world size finishes the interrupted round, and the config names the hooks. The
 digits accuracy of both variants against `none` is in tests/test_train_end_to_end.py, beside the

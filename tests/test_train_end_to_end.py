@@ -1,5 +1,5 @@
-"""Whole runs under torchrun (2 gloo processes): accuracy bars (the shipped digits config, and the
-DiLoCo variants against it) and the ResNet-18 path."""
+"""Whole runs of 2 gloo processes: accuracy bars (the shipped digits config under real torchrun, as
+the controller starts it, and the DiLoCo variants against it) and the ResNet-18 path."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_digits_default_config_reaches_97_percent_and_diloco_stays_within_one_po
     (`comm.hook: none`) is also the baseline each DiLoCo variant is compared with: a second `none`
     run would train the same seeded model again (TensorBoard, on here, does not touch training)."""
     run = tmp_path / "run"
-    proc = train(run)
+    proc = train(run, torchrun=True)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((run / "result.json").read_text())
     assert result["metrics"]["test_acc"] >= 0.97, result

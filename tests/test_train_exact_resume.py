@@ -24,7 +24,7 @@ def final_model(run: Path) -> dict[str, torch.Tensor]:
 def test_mid_epoch_resume_is_exact_and_fewer_processes_use_each_sample_once(tmp_path: Path) -> None:
     """One run stopped at step 30, resumed from two copies of it: on the same 2 processes (exact)
     and on one. A copy, not a second stopped run: seeds are fixed, so a second run with the same
-    arguments writes the same checkpoints, and each stopped run costs a torchrun start."""
+    arguments writes the same checkpoints, and each stopped run costs a launch."""
     straight, broken, fewer = tmp_path / "straight", tmp_path / "broken", tmp_path / "fewer"
     assert train(straight, *COMMON).returncode == 0
     stopped = train(broken, *COMMON, "debug.stop_after_step=30")

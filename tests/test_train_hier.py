@@ -30,7 +30,7 @@ def test_sites_train_apart_resume_elsewhere_and_match_plain_ddp(tmp_path: Path) 
     two = {"a": {"MESHRUN_SITE": "office"}, "b": {"MESHRUN_SITE": "home"}}
     # The first part sends the pseudo-gradient between sites as bfloat16 (comm.diloco_wire_dtype).
     stopped = train_hosts(tmp_path, HOSTS, *RUN, "debug.stop_after_step=35", "comm.diloco_wire_dtype=bf16", envs=two)
-    for done in stopped.values():  # torchrun reports the workers' status 3 as a failure
+    for done in stopped.values():  # the launcher (as torchrun) reports the workers' status 3 as a failure
         assert done.returncode != 0 and "debug.stop_after_step=35" in done.stderr, done.stderr[-3000:]
     assert ("comm: hier: 2 sites: office ranks [0, 1], home ranks [2]; DDP inside each site, diloco-overlap "
             "between sites every 8 steps (pseudo-gradient in bf16)") in stopped["a"].stdout

@@ -14,7 +14,7 @@ from tests.trainer.harness import train
 @pytest.mark.slow
 def test_pointnet2_shapes_reaches_90_percent(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = train(run, "log.tensorboard=false", config=CONFIG_DIR / "pointnet2_shapes.yaml")
+    proc = train(run, "log.tensorboard=false", config=CONFIG_DIR / "pointnet2_shapes.yaml", torchrun=True)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((run / "result.json").read_text())
     assert result["metrics"]["test_acc"] >= 0.90, result

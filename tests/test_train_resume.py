@@ -15,12 +15,12 @@ def test_resume_after_epoch_2_continues_at_epoch_3(tmp_path: Path) -> None:
     its epoch record when the record came after the save (a CI run of tests/test_elastic.py lost
     epoch 6 so): the record must be there, and the resume must not redo the epoch."""
     run = tmp_path / "run"
-    first = train(run, "epochs=4", "debug.stop_after_epoch=2", "log.tensorboard=false")
+    first = train(run, "epochs=4", "debug.stop_after_epoch=2", "log.tensorboard=false", torchrun=True)
     assert first.returncode != 0, first.stderr
     assert [r["epoch"] for r in records(run, kind="epoch")] == [1, 2]
     assert not (run / "result.json").exists()
 
-    second = train(run, "epochs=4", "log.tensorboard=false")
+    second = train(run, "epochs=4", "log.tensorboard=false", torchrun=True)
     assert second.returncode == 0, second.stderr
     resume = records(run, kind="resume")
     assert len(resume) == 1 and resume[0]["epoch"] == 2 and resume[0]["world_size"] == 2

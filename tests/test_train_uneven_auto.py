@@ -95,5 +95,5 @@ def test_resume_onto_another_layout_uses_each_sample_once(tmp_path: Path) -> Non
 
 def test_sync_bn_on_cpu_is_a_one_line_usage_error(tmp_path: Path) -> None:
     proc = train(tmp_path / "run", "epochs=1", "sync_bn=true", "log.tensorboard=false")
-    assert proc.returncode != 0  # torchrun reports its child's exit 2 as 1
+    assert proc.returncode != 0  # the launcher (as torchrun) reports its child's exit 2 as 1
     assert "train: error: sync_bn=true needs CUDA" in proc.stderr

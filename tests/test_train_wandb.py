@@ -54,7 +54,7 @@ def test_rank0_logs_the_epoch_scalars_offline_with_the_hosts(tmp_path: Path, wan
     run_id = f"wandb-test-{os.getpid()}"  # tags every process of the run, wandb-core included
     key = "k3y" * 29  # a key in the environment, as the inventory's env puts it: offline, unused
     hosts = (("alpha", 1), ("beta", 1))
-    done = train_hosts(tmp_path, hosts, "epochs=2", "log.wandb=true",
+    done = train_hosts(tmp_path, hosts, "epochs=2", "log.wandb=true", torchrun=True,
                        envs={h: {"MESHRUN_RUN_ID": run_id, "WANDB_API_KEY": key} for h, _ in hosts})
     assert {h: p.returncode for h, p in done.items()} == {"alpha": 0, "beta": 0}, done["alpha"].stderr
     assert _tagged(run_id) == []  # nothing of wandb outlives the trainer

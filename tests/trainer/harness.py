@@ -1,7 +1,9 @@
 """Launch the trainer the way the controller does, and read what it wrote.
 
-Everything runs in real processes: ``torchrun --standalone`` with gloo on CPU for the trainer,
-``torch.multiprocessing`` (forked ranks) for function-level multi-rank tests.
+Everything runs in real processes, gloo on CPU: the trainer's ranks forked by tests/trainer/forkrun.py
+(torch imported once per launch, not once per rank and again by torchrun's agent), or under real
+``torchrun`` (``torchrun=True``) for the tests about what torchrun gives; ``torch.multiprocessing``
+(forked ranks) for function-level multi-rank tests.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
+FORKRUN = Path(__file__).resolve().with_name("forkrun.py")
 _TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "MESHRUN_RUN_ID",
                   "MESHRUN_BATCH_SIZE", "MESHRUN_SITE")
@@ -32,39 +35,50 @@ def torchrun_logs(folder: Path) -> list[str]:
     return [f"--log-dir={folder / 'torchrun-logs'}"]
 
 
-def train_argv(run_dir: Path, overrides: tuple[str, ...], nproc: int, config: Path | None) -> list[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                *torchrun_logs(run_dir.parent), "-m", "meshrun.train"] if nproc else \
-        [sys.executable, "-m", "meshrun.train"]
+def train_argv(run_dir: Path, overrides: tuple[str, ...], nproc: int, config: Path | None,
+               torchrun: bool = False) -> list[str]:
+    if not nproc:
+        launcher = [sys.executable, "-m", "meshrun.train"]
+    elif torchrun:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                    *torchrun_logs(run_dir.parent), "-m", "meshrun.train"]
+    else:
+        launcher = [sys.executable, str(FORKRUN), f"--nproc={nproc}", "--"]
     cfg = ["--config", str(config)] if config else []
     return [*launcher, *cfg, "--run-dir", str(run_dir), *overrides]
 
 
 def train(run_dir: Path, *overrides: str, nproc: int = 2, config: Path | None = None,
-          timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m meshrun.train`` (under torchrun when ``nproc`` > 0) and wait for it; ``env``
-    adds variables (e.g. MESHRUN_BATCH_SIZE, as the controller sets it)."""
-    return subprocess.run(train_argv(run_dir, overrides, nproc, config), cwd=run_dir.parent,
+          timeout: float = 600, env: dict[str, str] | None = None,
+          torchrun: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m meshrun.train`` (``nproc`` ranks forked by forkrun.py, or under torchrun with
+    ``torchrun``; one plain process when ``nproc`` is 0) and wait for it; ``env`` adds variables
+    (e.g. MESHRUN_BATCH_SIZE, as the controller sets it)."""
+    return subprocess.run(train_argv(run_dir, overrides, nproc, config, torchrun), cwd=run_dir.parent,
                           env=clean_env(**(env or {})), capture_output=True, text=True,
                           timeout=timeout)
 
 
 def train_hosts(base: Path, hosts: tuple[tuple[str, int], ...], *overrides: str,
-                timeout: float = 600, envs: dict[str, dict[str, str]] | None = None
-                ) -> dict[str, subprocess.CompletedProcess[str]]:
-    """Simulated hosts on this machine, started the way the controller starts real ones: one
-    ``torchrun --nnodes`` per host (static rendezvous on 127.0.0.1), each with its own
+                timeout: float = 600, envs: dict[str, dict[str, str]] | None = None,
+                torchrun: bool = False) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Simulated hosts on this machine, started as the controller starts real ones, one launcher
+    per host: forkrun.py's ranks (or with ``torchrun``, one ``torchrun --nnodes``: a static
+    rendezvous on 127.0.0.1), ranks numbered host by host, each host with its own
     ``MESHRUN_HOST`` (plus ``envs[host]``, e.g. MESHRUN_SITE) and run dir ``base/<host>/run``;
     output in ``base/<host>/out|err``."""
-    port, procs = free_port(), {}
+    port, procs, world = free_port(), {}, sum(nproc for _, nproc in hosts)
     try:
         for node, (host, nproc) in enumerate(hosts):
             home = base / host
             home.mkdir(parents=True, exist_ok=True)
-            argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
-                    f"--node-rank={node}", f"--nproc-per-node={nproc}", *torchrun_logs(home),
-                    "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "meshrun.train",
-                    "--run-dir", str(home / "run"), *overrides]
+            first = sum(n for _, n in hosts[:node])
+            launcher = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
+                        f"--node-rank={node}", f"--nproc-per-node={nproc}", *torchrun_logs(home),
+                        "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "meshrun.train"] if torchrun else \
+                [sys.executable, str(FORKRUN), f"--nproc={nproc}", f"--nnodes={len(hosts)}", f"--node-rank={node}",
+                 f"--first-rank={first}", f"--world-size={world}", f"--master-port={port}", "--"]
+            argv = [*launcher, "--run-dir", str(home / "run"), *overrides]
             # Files, not pipes: a full pipe would stall one host, and with it the collectives.
             with open(home / "out", "w") as out, open(home / "err", "w") as err:
                 procs[host] = subprocess.Popen(argv, cwd=home, env=clean_env(MESHRUN_HOST=host, **(envs or {}).get(host, {})),
