@@ -76,7 +76,9 @@ def test_fab_train_local_default_reaches_95_percent_and_writes_summary() -> None
 @pytest.mark.parametrize("sig,limit", [(signal.SIGINT, 15.0), (signal.SIGKILL, 30.0)])
 def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: float) -> None:
     """Ctrl-C stops the run everywhere; a SIGKILLed controller's agent notices EOF and stops it."""
-    fab_run = FabProcess("train", "--", "epochs=500")
+    # Paced (20 ms a step asleep): the run only has to be running while it is watched and stopped, and
+    # at full speed its 2 ranks took both cores for that whole time.
+    fab_run = FabProcess("train", "--", "epochs=500", "debug.step_sleep_seconds=0.02")
     try:
         run_id = run_id_of(fab_run.wait_for(r"\[local:0\] epoch 1 ", timeout=120))
         assert run_processes(run_id)
