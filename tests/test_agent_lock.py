@@ -124,10 +124,13 @@ def test_the_lock_goes_with_its_agent_and_a_detached_start_waits_for_its_own_pid
     killed = subprocess.Popen(agent_argv("--quiet", command=[sys.executable, "-c", SLEEPER, str(marker)]),
                               cwd=tmp_path, stdin=subprocess.DEVNULL)
     worker = wait_for(lambda: read_pid(marker), 20, "the agent's command")
+    # The agent writes its pidfile once its command has started (it names the command's pid): on a
+    # loaded machine the command's marker came first, and a kill then left no pidfile (CI, 2026-12-07).
+    pidfile = tmp_path / host_dir(RUN, "local") / AGENT_PIDFILE
+    wait_for(pidfile.exists, 20, "the agent's pidfile")
     killed.kill()  # SIGKILL: no clean-up of its own; its torchrun gets SIGTERM from the kernel
     killed.wait(timeout=10)
     wait_for(lambda: not alive(worker), 20, "the killed agent's command ending")
-    pidfile = tmp_path / host_dir(RUN, "local") / AGENT_PIDFILE
     assert json.loads(pidfile.read_text())["agent_pid"] == killed.pid  # stale
     failed = subprocess.run(agent_argv("--detach", "--env-stdin", command=[str(tmp_path / "no-such-command")]),
                             cwd=tmp_path, input=b"{}\n", capture_output=True, timeout=30)
