@@ -108,42 +108,17 @@ def _exec(channel: paramiko.Channel, command: str, wait: float) -> None:
 
 
 def drop(channel: paramiko.Channel) -> None:
-    """Close `channel` without waiting for the close to be sent (closing can block on a dead link),
-    and once the host has closed it too, remove its id from its transport's `channels_seen`.
-
-    paramiko adds every channel it opens to that dict and never removes it: a liveness probe every 2 s
-    per host for a whole run kept ~80 B each, ~70 MB a week at 3 hosts (review longrun56, finding 3),
-    and every command of the run's polls the same. Its reader routes a channel message by `_channels`,
-    which holds a channel only weakly (a dropped one vanishes from it at once), then looks the id up in
-    `channels_seen` only to tell a late message for a dead channel (ignored) from an unknown id, which
-    ends the whole connection. The host's EOF and CLOSE may come after ours: removed then, they would
-    cut the connection. So the channel is held here until the host's CLOSE takes it out of `_channels`
-    (by RFC 4254 5.3 the host sends nothing more on it after that), at most EXEC_ANSWER_S (a host that
-    has not answered by then keeps the entry). Ids are reused only after 2**24 channels, and never
-    between the look and the removal: paramiko holds the transport's lock while it picks a new id."""
-    threading.Thread(target=_close_and_forget, args=(channel,), daemon=True, name="ssh-drop").start()
+    """Close `channel` without waiting for the close to be sent."""
+    threading.Thread(target=_close_quietly, args=(channel,), daemon=True, name="ssh-drop").start()
 
 
-def _close_and_forget(channel: paramiko.Channel) -> None:
+def _close_quietly(channel: paramiko.Channel) -> None:
     """Best effort: the transport may be going away under it (the controller exiting after its
     one-line error, a dead link); a traceback from this thread would follow that line (CI saw one)."""
     try:
         channel.close()
     except Exception:  # noqa: BLE001 - nothing is waiting for this close
-        return
-    transport, chanid = channel.get_transport(), channel.get_id()
-    live, seen = getattr(transport, "_channels", None), getattr(transport, "channels_seen", None)
-    if live is None or not isinstance(seen, dict):  # another paramiko: nothing known to remove
-        return
-    deadline, pause = time.monotonic() + EXEC_ANSWER_S, 0.005
-    while live.get(chanid) is channel:  # `channel` held: only the host's CLOSE (or the end) unlinks it
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(pause)
-        pause = min(2 * pause, 0.5)
-    with transport.lock:
-        if live.get(chanid) is None:
-            seen.pop(chanid, None)
+        pass
 
 
 class Lost(Exception):
