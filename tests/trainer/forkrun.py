@@ -22,7 +22,6 @@ torchrun (`tests/trainer/harness.py`, `torchrun=True`; tests/fabrun.py).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import runpy
 import signal
@@ -30,7 +29,10 @@ import sys
 import time
 import uuid
 
-PR_SET_PDEATHSIG = 1
+from harness import free_port  # this file's folder is first on sys.path: it runs as a script
+
+from meshrun.deploy.host.procs import die_with_parent
+
 STOP_GRACE_S = 30.0  # torchrun's own wait before it kills a worker that ignored SIGTERM
 
 
@@ -57,14 +59,6 @@ def rank_env(args: argparse.Namespace, local_rank: int, port: int, run_id: str) 
             "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def preload() -> None:
     """What every rank would import on its own: done here once, inherited by the forks."""
     import importlib
@@ -83,14 +77,12 @@ def fork_ranks(args: argparse.Namespace) -> dict[int, int] | None:
     port = args.master_port or free_port()
     # torchrun --standalone names each launch afresh; a static rendezvous (several nodes) is "none".
     run_id = str(uuid.uuid4()) if args.nnodes == 1 else "none"
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent, children = os.getpid(), {}
+    in_child, children = die_with_parent(os.getpid()), {}  # a killed launcher leaves no rank behind
     for local_rank in range(args.nproc):
         pid = os.fork()
         if pid == 0:
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a killed launcher leaves no rank behind
-            if os.getppid() != parent:
-                os._exit(1)
+            if in_child is not None:
+                in_child()
             os.environ.update(rank_env(args, local_rank, port, run_id))
             return None
         children[pid] = local_rank
