@@ -67,8 +67,8 @@ class _Server(paramiko.ServerInterface):
         if self.owner.mode is Mode.MUTE:
             self.owner.released.wait()
             return False
-        if self.owner.mode is Mode.REAL:
-            threading.Thread(target=self.owner.serve, args=(channel, command), daemon=True).start()
+        if self.owner.mode is Mode.REAL:  # started once this request is answered (`_answer_then_serve`)
+            self.owner.to_serve[channel] = command
         return True
 
 
@@ -82,6 +82,7 @@ class StandinSshd:
         self.host_key = paramiko.Ed25519Key.from_private_key_file(str(keys.host_key))
         self.client_public = paramiko.Ed25519Key.from_private_key_file(str(keys.client_key))
         self.commands: list[str] = []
+        self.to_serve: dict[paramiko.Channel, bytes] = {}  # exec requests not answered yet (ids repeat per connection)
         self.released = threading.Event()
         self.transports: list[paramiko.Transport] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -99,11 +100,23 @@ class StandinSshd:
                 return
             transport = paramiko.Transport(sock)
             transport.add_server_key(self.host_key)
+            transport._channel_handler_table = {**transport._channel_handler_table,
+                                                paramiko.common.MSG_CHANNEL_REQUEST: self._answer_then_serve}
             self.transports.append(transport)
             try:
                 transport.start_server(server=_Server(self))
             except (paramiko.SSHException, EOFError, OSError):
                 transport.close()
+
+    def _answer_then_serve(self, channel: paramiko.Channel, message: paramiko.Message) -> None:
+        """paramiko's server answers an exec request after `check_channel_exec_request` returns: a
+        command started there could send its output, exit status and close before that answer (a
+        quick `echo`), and the client, closed before its request was answered, would raise "Channel
+        closed." (a full run saw it). A real sshd answers first; so does this one."""
+        paramiko.Channel._handle_request(channel, message)
+        command = self.to_serve.pop(channel, None)
+        if command is not None:
+            threading.Thread(target=self.serve, args=(channel, command), daemon=True).start()
 
     def serve(self, channel: paramiko.Channel, command: bytes) -> None:
         """REAL mode: the command, as `uid`, with the channel for its stdin, stdout and stderr."""

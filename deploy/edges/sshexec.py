@@ -47,6 +47,8 @@ PING_TIMEOUT_S = 3.0
 # Misses in a row before the host counts as gone: one more than the launcher's, as a long command
 # (a torch install) may load the host; a cut link is then noticed within about 12 + 3 * 3 = 21 s.
 PINGS_BEFORE_LOST = 3
+# Closed channels whose late messages paramiko still recognises per connection (forget_old_channels).
+KEEP_CLOSED_CHANNELS = 256
 WAIT_STEP_S = 1.0  # how often a waiting `collect` looks at the clock and the host's liveness
 WORD_MAX = 64  # characters of one word of a command shown in a message
 SshErrors = (OSError, EOFError, paramiko.SSHException)
@@ -108,7 +110,8 @@ def _exec(channel: paramiko.Channel, command: str, wait: float) -> None:
 
 
 def drop(channel: paramiko.Channel) -> None:
-    """Close `channel` without waiting for the close to be sent."""
+    """Close `channel` without waiting for the close to be sent (closing can block on a dead link),
+    then bound what its transport remembers of closed channels (`forget_old_channels`)."""
     threading.Thread(target=_close_quietly, args=(channel,), daemon=True, name="ssh-drop").start()
 
 
@@ -117,8 +120,32 @@ def _close_quietly(channel: paramiko.Channel) -> None:
     one-line error, a dead link); a traceback from this thread would follow that line (CI saw one)."""
     try:
         channel.close()
+        forget_old_channels(channel.get_transport())
     except Exception:  # noqa: BLE001 - nothing is waiting for this close
         pass
+
+
+def forget_old_channels(transport: paramiko.Transport, keep: int | None = None) -> None:
+    """Remove the oldest closed channels' ids from `transport.channels_seen` once it holds more than
+    2 * `keep` (KEEP_CLOSED_CHANNELS) of them, down to `keep`.
+
+    paramiko adds every channel it opens to that dict and never removes it: a liveness probe every 2 s
+    per host and every command of a run's polls, for a week, kept ~70 MB at 3 hosts (review longrun56,
+    finding 3). Its reader looks an id up there only for a message naming a channel it no longer has:
+    found, the message is ignored; not found, paramiko ends the whole connection. A host may send on a
+    channel after we closed it (paramiko's own server sends a command's exit status after the close
+    when the client gave up first; the close itself comes after ours), so the newest `keep` closed ids
+    are kept: a message that late, `keep` channels on, is not one a working sshd sends. Oldest first
+    is the dict's order (ids are handed out in increasing order, reused only after 2**24); the
+    transport's lock is the one paramiko holds while it opens a channel and records its id."""
+    keep = KEEP_CLOSED_CHANNELS if keep is None else keep
+    live, seen = getattr(transport, "_channels", None), getattr(transport, "channels_seen", None)
+    if live is None or not isinstance(seen, dict) or len(seen) <= 2 * keep:  # another paramiko: leave it
+        return
+    with transport.lock:
+        closed = [chanid for chanid in seen if live.get(chanid) is None]
+        for chanid in closed[:max(0, len(closed) - keep)]:
+            del seen[chanid]
 
 
 class Lost(Exception):

@@ -26,7 +26,7 @@ from meshrun.deploy.edges import hostkeys, jumps, sshtarget
 from meshrun.deploy.edges.capped import Capped, read_line
 from meshrun.deploy.edges.jumps import HopConnection, JumpConnection
 from meshrun.deploy.edges.localproc import run_bounded
-from meshrun.deploy.edges.sshexec import (EXEC_ANSWER_S, PING_TIMEOUT_S, Lost, SshErrors, SshStream, Unanswered, asked,
+from meshrun.deploy.edges.sshexec import (PING_TIMEOUT_S, Lost, SshErrors, SshStream, Unanswered, asked, drop,
                                           collect, NotFinished, not_finished, open_command, stopped_answering)
 from meshrun.deploy.edges.sshopen import Opening, connection, offered_key, open_hop, reach, unsendable
 # Still importable from here (tests do): they moved to sshopen.py with the rest of a hop's opening.
@@ -298,7 +298,7 @@ class SshSession:
         """The host's sshd grants a new channel within `timeout`: the link and sshd are alive. The
         channel is closed unused: asking it to run `true` made sshd fork a shell for every probe,
         every 2 s on every host of a run (4 ms of CPU each on the test bed, docs/scale.md); paramiko's
-        record of it is removed once the host has closed it too (`close_probe`)."""
+        record of it is forgotten once enough newer channels closed (`sshexec.forget_old_channels`)."""
         transport = self.conn.client.get_transport()
         if transport is None or not transport.is_active():
             return False
@@ -306,49 +306,12 @@ class SshSession:
             channel = transport.open_session(timeout=timeout)
         except SshErrors:
             return False
-        close_probe(transport, channel)
+        drop(channel)
         return True
 
     def close(self) -> None:
         self.conn.close()
         self._release()  # the last session through a jump host closes it
-
-
-def close_probe(transport: paramiko.Transport, channel: paramiko.Channel) -> None:
-    """Close a probe's `channel` (from a thread of its own: closing can block on a dead link), and
-    once the host has closed it too, remove its id from `transport.channels_seen`.
-
-    paramiko adds every channel it opens to that dict and never removes it: a probe every 2 s per
-    host for a whole run kept ~80 B each, ~70 MB a week at 3 hosts (review longrun56, finding 3).
-    Its reader routes a channel message by `_channels`, which holds a channel only weakly (a dropped
-    one vanishes from it at once), then looks the id up in `channels_seen` only to tell a late message
-    for a dead channel (ignored) from an unknown id, which ends the whole connection. The host's EOF
-    and CLOSE come after ours: removed then, they would cut the connection. So the channel is held
-    here until the host's CLOSE takes it out of `_channels` (by RFC 4254 5.3 the host sends nothing
-    more on it after that), at most EXEC_ANSWER_S (a host that has not answered by then keeps the
-    entry, as every probe did before). Ids are reused only after 2**24 channels, and never between
-    the look and the removal: paramiko holds the transport's lock while it picks a new channel's id."""
-    threading.Thread(target=_close_and_forget, args=(transport, channel), daemon=True, name="ssh-probe-close").start()
-
-
-def _close_and_forget(transport: paramiko.Transport, channel: paramiko.Channel) -> None:
-    try:
-        channel.close()
-    except Exception:  # noqa: BLE001 - the transport is going away under it (sshexec._close_quietly)
-        return
-    chanid = channel.get_id()
-    live, seen = getattr(transport, "_channels", None), getattr(transport, "channels_seen", None)
-    if live is None or not isinstance(seen, dict):  # another paramiko: nothing known to remove
-        return
-    deadline, pause = time.monotonic() + EXEC_ANSWER_S, 0.005
-    while live.get(chanid) is channel:  # `channel` held: only the host's CLOSE (or the end) unlinks it
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(pause)
-        pause = min(2 * pause, 0.5)
-    with transport.lock:
-        if live.get(chanid) is None:
-            seen.pop(chanid, None)
 
 
 def connect(host: Host, known_hosts: Path | None, project_root: Path,
