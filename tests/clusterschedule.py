@@ -9,6 +9,8 @@ A worker asks for work when it has at most two tests left; it gets, in order of 
   gwN (N < slots): an alone unit, an either-cluster unit, a pure test;
   past the last slot: pure tests only;
   holding an alone unit: a pure test first.
+Of the pure tests, those marked `waits` come first (they wait on deadlines and stand-in hosts that
+never answer: taken last, they held a CI run's last minute with its cores idle).
 An alone unit (16 or 32 simulated hosts: their torch imports take every core for minutes) goes
 only to a worker while no other worker has cluster tests left, and while it runs the other workers
 get pure tests only: a timed cluster test beside it would starve (a CI run lost two that way).
@@ -31,9 +33,9 @@ from tests.testbed.layout import slot_of_worker
 
 SLOT0, EITHER, ALONE = "cluster-slot0::", "cluster-either::", "cluster-alone::"
 CLUSTER = (SLOT0, EITHER, ALONE)
-PURE = ""
-# The listing's kinds (tests/conftest.py writes it): slot 0, either cluster, alone.
-PREFIX_OF_KIND = {"0": SLOT0, "*": EITHER, "!": ALONE}
+PURE, WAITS = "", "waits::"  # every pure test's scope matches PURE; a waiting one's WAITS too
+# The listing's kinds (tests/conftest.py writes it): slot 0, either cluster, alone, a pure test that waits.
+PREFIX_OF_KIND = {"0": SLOT0, "*": EITHER, "!": ALONE, "~": WAITS}
 
 
 class ClusterScheduling(LoadScopeScheduling):
@@ -52,7 +54,7 @@ class ClusterScheduling(LoadScopeScheduling):
         if prefix is None:
             return nodeid
         module = nodeid.split("::", 1)[0]
-        return prefix + (nodeid if prefix == EITHER and module in self.split_modules else module)
+        return prefix + (nodeid if prefix == WAITS or (prefix == EITHER and module in self.split_modules) else module)
 
     def _cluster_work(self, node: Any, elsewhere: bool) -> set[str]:
         """The prefixes of the cluster units other workers (or this one) have not finished."""
@@ -66,9 +68,9 @@ class ClusterScheduling(LoadScopeScheduling):
         to run its last one, and a cluster unit queued there would wait for the alone unit's end."""
         slot = slot_of_worker(str(node.gateway.id))
         if slot is None or ALONE in busy:
-            return [PURE]
+            return [WAITS, PURE]
         cluster = ([] if busy else [ALONE]) + ([SLOT0] if slot == 0 else []) + [EITHER]
-        return [PURE] + cluster if ALONE in own else cluster + [PURE]
+        return [WAITS, PURE] + cluster if ALONE in own else cluster + [WAITS, PURE]
 
     def _next_scope(self, node: Any) -> str | None:
         return self._first_in_queue(self._wanted(node, self._cluster_work(node, elsewhere=True),

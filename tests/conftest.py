@@ -158,6 +158,9 @@ EITHER_MARK = "either_cluster"
 # A cluster module so heavy (16 or 32 simulated hosts importing torch) that a timed cluster test
 # beside it starves: it runs on any slot while the other workers run pure tests only.
 ALONE_MARK = "alone_cluster"
+# A machine-only test that mostly waits (on a deadline, a stand-in host that never answers): little CPU,
+# so it runs early, beside the cluster tests' CPU, not in the run's last minute with the cores idle.
+WAITS_MARK = "waits"
 # Either-cluster modules whose tests share nothing and each take a minute: units of one test, so
 # both workers' clusters share them out.
 SPLIT_MODULES = frozenset({"tests/test_elastic.py"})
@@ -185,6 +188,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{EITHER_MARK}: a cluster test that runs on any slot's cluster")
     config.addinivalue_line("markers", f"{ALONE_MARK}: a cluster test that runs on any slot's cluster, "
                                        "beside no other cluster test")
+    config.addinivalue_line("markers", f"{WAITS_MARK}: a test off the cluster that mostly waits: scheduled first")
     if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="meshrun-cluster-tests-")
         os.close(fd)
@@ -203,11 +207,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _cluster_kinds(items: list[pytest.Item]) -> list[tuple[pytest.Item, str]]:
-    """("0" slot 0 | "*" either cluster | "!" alone) for the cluster tests, and "0" for the pure tests
-    of a module that has slot-0 cluster tests: they compare slot 0's names and addresses exactly."""
+    """("0" slot 0 | "*" either cluster | "!" alone) for the cluster tests, "0" for the pure tests
+    of a module that has slot-0 cluster tests (they compare slot 0's names and addresses exactly), and
+    "~" for the other tests marked `waits`."""
     slot0 = {item.nodeid.split("::")[0] for item in items if _on_the_cluster(item) and not _either_cluster(item)}
-    return [(item, "!" if _alone_cluster(item) else "*" if _either_cluster(item) else "0") for item in items
-            if _on_the_cluster(item) or item.nodeid.split("::")[0] in slot0]
+
+    def kind(item: pytest.Item) -> str | None:
+        if _on_the_cluster(item):
+            return "!" if _alone_cluster(item) else "*" if _either_cluster(item) else "0"
+        if item.nodeid.split("::")[0] in slot0:
+            return "0"
+        return "~" if item.get_closest_marker(WAITS_MARK) is not None else None
+
+    return [(item, found) for item in items if (found := kind(item)) is not None]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

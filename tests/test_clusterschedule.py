@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.clusterschedule import ALONE, EITHER, PURE, SLOT0, ClusterScheduling
+from tests.clusterschedule import ALONE, EITHER, PURE, SLOT0, WAITS, ClusterScheduling
 
 COLLECTION = [
     "tests/test_a.py::test_pure_1",
@@ -150,10 +150,23 @@ def test_an_alone_unit_runs_first_beside_pure_tests_only_and_the_waiting_worker_
 
 def test_what_a_worker_may_take_while_the_others_hold_cluster_units(tmp_path: Path) -> None:
     sched, (gw0, gw1, gw2) = scheduler(tmp_path, workers=3)
-    assert sched._wanted(gw0, set()) == [ALONE, SLOT0, EITHER, PURE]
-    assert sched._wanted(gw1, set()) == [ALONE, EITHER, PURE]
-    assert sched._wanted(gw1, {SLOT0}) == [EITHER, PURE]  # no alone unit beside cluster tests
-    assert sched._wanted(gw0, {EITHER}) == [SLOT0, EITHER, PURE]
-    assert sched._wanted(gw0, {ALONE, EITHER}) == [PURE]  # no cluster test beside an alone unit
-    assert sched._wanted(gw2, set()) == [PURE]  # past the last slot
-    assert sched._wanted(gw1, set(), {ALONE}) == [PURE, ALONE, EITHER]  # its next test: a pure one
+    assert sched._wanted(gw0, set()) == [ALONE, SLOT0, EITHER, WAITS, PURE]
+    assert sched._wanted(gw1, set()) == [ALONE, EITHER, WAITS, PURE]
+    assert sched._wanted(gw1, {SLOT0}) == [EITHER, WAITS, PURE]  # no alone unit beside cluster tests
+    assert sched._wanted(gw0, {EITHER}) == [SLOT0, EITHER, WAITS, PURE]
+    assert sched._wanted(gw0, {ALONE, EITHER}) == [WAITS, PURE]  # no cluster test beside an alone unit
+    assert sched._wanted(gw2, set()) == [WAITS, PURE]  # past the last slot
+    assert sched._wanted(gw1, set(), {ALONE}) == [WAITS, PURE, ALONE, EITHER]  # its next test: a pure one
+
+
+def test_the_pure_tests_that_wait_come_before_the_other_pure_tests(tmp_path: Path) -> None:
+    """A test marked `waits` (listed "~") sorts late by name, yet the pure worker takes it first: it
+    waits beside the cluster tests' CPU rather than in the run's last minute with the cores idle."""
+    collection = [*COLLECTION, "tests/test_zz.py::test_pure_waits_1", "tests/test_zz.py::test_pure_waits_2"]
+    listing = LISTING + "~ tests/test_zz.py::test_pure_waits_1\n~ tests/test_zz.py::test_pure_waits_2\n"
+    sched, nodes = scheduler(tmp_path, workers=3, collection=collection, listing=listing)
+    sched.schedule()
+    run_all(sched, nodes)
+    assert ran_by(nodes[2])[:2] == ["tests/test_zz.py::test_pure_waits_1", "tests/test_zz.py::test_pure_waits_2"]
+    assert sorted(t for n in nodes for t in ran_by(n)) == sorted(collection)  # each test once
+    assert all(n.shutting_down for n in nodes)

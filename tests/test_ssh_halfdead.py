@@ -27,6 +27,7 @@ from tests.standin_sshd import Keys
 from tests.trap import dialled, listening_trap
 
 TIMEOUT_S = 3.0  # the connect timeout given: the messages name it
+pytestmark = pytest.mark.waits  # deadlines and hosts that never answer: little CPU (tests/conftest.py)
 OUTER_S = 60
 
 

@@ -31,6 +31,7 @@ from tests import bounded
 from tests.standin_sshd import Keys
 from tests.cutlink import Link, joined
 
+pytestmark = pytest.mark.waits  # deadlines and hosts that never answer: little CPU (tests/conftest.py)
 OUTER_S = 60  # a 3600 s command on a cut link must end well within this
 AGENT_STATUS = ["/home/u/meshrun/.venv/bin/python", "-m", "meshrun.deploy.host.agent", "status", "--host", "gpu1"]
 

@@ -44,6 +44,7 @@ from meshrun.deploy.run.requirements import Requirements
 from meshrun.layout import CHECKPOINTS
 from tests.standin_sshd import Keys, Mode, StandinSshd
 
+pytestmark = pytest.mark.waits  # deadlines and hosts that never answer: little CPU (tests/conftest.py)
 MESHRUN = str(Path(sys.executable).parent / "meshrun")
 RUN_ID = "20261201-120000-abcd"
 OUTER_S = 240  # proves a command returns; far above any bound meshrun sets for these calls
