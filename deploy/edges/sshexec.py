@@ -125,20 +125,20 @@ def _close_quietly(channel: paramiko.Channel) -> None:
         pass
 
 
-def forget_old_channels(transport: paramiko.Transport, keep: int | None = None) -> None:
+def forget_old_channels(transport: paramiko.Transport) -> None:
     """Remove the oldest closed channels' ids from `transport.channels_seen` once it holds more than
-    2 * `keep` (KEEP_CLOSED_CHANNELS) of them, down to `keep`.
+    2 * KEEP_CLOSED_CHANNELS of them, down to KEEP_CLOSED_CHANNELS.
 
     paramiko adds every channel it opens to that dict and never removes it: a liveness probe every 2 s
     per host and every command of a run's polls, for a week, kept ~70 MB at 3 hosts (review longrun56,
     finding 3). Its reader looks an id up there only for a message naming a channel it no longer has:
     found, the message is ignored; not found, paramiko ends the whole connection. A host may send on a
     channel after we closed it (paramiko's own server sends a command's exit status after the close
-    when the client gave up first; the close itself comes after ours), so the newest `keep` closed ids
-    are kept: a message that late, `keep` channels on, is not one a working sshd sends. Oldest first
-    is the dict's order (ids are handed out in increasing order, reused only after 2**24); the
-    transport's lock is the one paramiko holds while it opens a channel and records its id."""
-    keep = KEEP_CLOSED_CHANNELS if keep is None else keep
+    when the client gave up first; the close itself comes after ours), so the newest closed ids are
+    kept: a message that late, KEEP_CLOSED_CHANNELS channels on, is not one a working sshd sends.
+    Oldest first is the dict's order (ids are handed out in increasing order, reused only after
+    2**24); the transport's lock is the one paramiko holds while it opens a channel and records its id."""
+    keep = KEEP_CLOSED_CHANNELS
     live, seen = getattr(transport, "_channels", None), getattr(transport, "channels_seen", None)
     if live is None or not isinstance(seen, dict) or len(seen) <= 2 * keep:  # another paramiko: leave it
         return
