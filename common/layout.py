@@ -136,6 +136,11 @@ def host_dir(run_id: str, host: str) -> str:
     return f"{run_dir(run_id)}/{HOSTS}/{host}"
 
 
+# Every run's agent lock in a workdir, as a glob relative to it: a lock held is a run running from that
+# workdir (the host-side test `deploy/host/setup.py --check-only --agent-locks` reads them).
+AGENT_LOCKS = f"{host_dir('*', '*')}/{AGENT_LOCK}"
+
+
 def controller_log(host: str) -> str:
     """The attached controller's copy of `host`'s streamed lines, relative to the run's folder (CONTROLLER_LOGS)."""
     return f"{CONTROLLER_LOGS}/{host}.log"

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from meshrun.layout import AGENT_LOCK, host_dir
+from meshrun.layout import AGENT_LOCK, AGENT_LOCKS, host_dir
 from meshrun.deploy.commands import setup
 from meshrun.deploy.host import setup as host_setup
 from tests.fakesession import failure, host
@@ -83,7 +83,7 @@ def test_several_running_runs_are_each_named(tmp_path: Path) -> None:
     holders = [hold(agent_lock(workdir, run, name)) for run, name in
                ((RUN, "gpu1"), (RUN, "gpu2"), ("20261201-110000-bbbb", "gpu2"))]
     try:
-        held = host_setup.running_agents(str(workdir / setup.AGENT_LOCKS))
+        held = host_setup.running_agents(str(workdir / AGENT_LOCKS))
         assert [(run, name) for run, name, _ in held] == [(RUN, "gpu1"), (RUN, "gpu2"),
                                                           ("20261201-110000-bbbb", "gpu2")]
         rc, done = answer(host_script(workdir))

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from meshrun.layout import AGENT_LOCKS
 from meshrun.deploy.commands import setup
 from meshrun.deploy.host import setup as host_setup
 from tests.fakesession import FakeSession, failure, host
@@ -131,7 +132,7 @@ def test_the_newest_run_and_a_resumed_old_one_are_found_among_more_locks_than_th
         os.utime(lock, (1_000_000_000 + when, 1_000_000_000 + when))
     newest, resumed = hold(locks[-1]), hold(locks[0])
     try:
-        assert host_setup.running_agents(str(tmp_path / setup.AGENT_LOCKS)) == [
+        assert host_setup.running_agents(str(tmp_path / AGENT_LOCKS)) == [
             (runs[0], "gpu1", str(resumed.pid)), (runs[-1], "gpu3", str(newest.pid))]
     finally:
         release(newest)

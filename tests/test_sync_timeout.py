@@ -30,7 +30,7 @@ def test_the_timeout_given_is_each_hosts_code_and_data_deadline(project: Project
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     given: dict[str, float] = {}
 
-    def code(host, root, known_hosts, files, progress, timeout, *, claim=None):  # type: ignore[no-untyped-def]
+    def code(host, root, known_hosts, files, progress, timeout, *, claim=None, python=None):  # type: ignore[no-untyped-def]
         given["code"] = timeout
         return SyncResult(host.name, False, 1)
 

@@ -4,6 +4,12 @@
   succession or a `--resume` imported the new code beside the old. `fab setup` already refused
   (`refuse_if_running`); `fab sync` now asks every host the same host-side test first (a run's agent
   holds its `agent.lock` in the workdir for its whole life) and refuses before any host's files change.
+- `fab train` synced its code beside its connect and pre-flight, whatever ran there: a second train on
+  the same hosts failed its pre-flight (the first run's port), after its sync had changed the first
+  run's code. Every code sync now runs the same host-side test in the rsync's own command on a remote
+  host (`syncbusy.busy_guard`: no round trip more), here on a local one, and sends nothing to a host
+  that runs a run from its workdir (a host that holds this very code is asked, not synced: a second run
+  on it goes on). Over real sshd: tests/test_train_under_run.py.
 - `fab join` shipped this checkout's tree to the joiner while the members ran the launch's: two
   versions in one DDP job. A member is asked first whether its workdir holds this checkout's code.
 
@@ -15,7 +21,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,8 +34,9 @@ import pytest
 from meshrun.layout import AGENT_LOCK, host_dir
 from meshrun.deploy.commands import joincheck, membership
 from meshrun.deploy.commands.membership import Request, RequestPoller, prepare_joiner
-from meshrun.deploy.commands.sync import runs_from
-from meshrun.deploy.run.syncbusy import busy_runs, under_runs
+from meshrun.deploy.commands.sync import SyncUnderRun, runs_from, sync_code
+from meshrun.deploy.host import setup as host_setup
+from meshrun.deploy.run.syncbusy import BUSY_EXIT, busy_guard, busy_runs, guard_said, under_runs
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import LocalSession
 from meshrun.deploy.errors import MeshrunError
@@ -95,6 +104,43 @@ def test_fab_sync_goes_on_once_the_run_ended(local_project: tuple[Path, Path], t
     done = sync(root, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (workdir / "train.py").read_text() == "print('new model')\n"
+
+
+def test_every_code_sync_leaves_a_workdir_a_run_runs_from_alone(local_project: tuple[Path, Path], held: Path,
+                                                                 tmp_path: Path) -> None:
+    """`fab train`'s, `fab setup`'s and `fab join`'s code sync (sync_code), on this machine: refused before
+    rsync, the run's record here lists h1, so its stop is advised."""
+    root, workdir = local_project
+    before = tree(workdir)
+    inventory = load_inventory(root / "inventory" / "hosts.yaml", root)
+    with pytest.raises(SyncUnderRun) as refused:
+        sync_code(inventory.hosts, inventory, Project(root, root / "runs"), Renderer())
+    assert str(refused.value) == (
+        f"run {RUN} is running from the workdir of h1: the code sync would change the code it runs from (a worker "
+        "restart or a --resume would import the new code beside the old; nothing was synced to that host); stop it "
+        f"first (fab stop --run {RUN}) or wait for it to end")
+    assert tree(workdir) == before
+
+
+def guard(workdir: Path, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    """The guard as a remote code sync's rsync runs it on the host (`(cd WORKDIR && GUARD)`), here."""
+    shown = busy_guard(python, Path(host_setup.__file__).read_text())
+    return subprocess.run(["sh", "-c", f"(cd {shlex.quote(str(workdir))} && {shown})"], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_remote_guard_ends_the_sync_under_a_run_and_says_which(local_project: tuple[Path, Path]) -> None:
+    workdir = local_project[1]
+    lock = workdir / host_dir(RUN, "h1") / AGENT_LOCK
+    assert (done := guard(workdir)).returncode == 0 and done.stdout == ""  # a lock no agent holds: no run
+    with open(lock, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        done = guard(workdir)
+        assert done.returncode == BUSY_EXIT and done.stdout == ""  # stdout is rsync's protocol: never written
+        assert guard_said(done.stderr) == (RUN,)
+        assert guard(workdir, str(workdir / "no-python")).returncode == 0  # not set up: none of its runs is there
+    assert guard_said("rsync: connection unexpectedly closed") is None
+    assert guard_said("meshrun-workdir-busy: ../x is running from this workdir") == ()  # busy, no run named
 
 
 def test_the_runs_a_busy_answer_names_are_read_in_the_host_sides_own_words() -> None:

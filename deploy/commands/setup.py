@@ -7,7 +7,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.layout import AGENT_LOCK, host_dir
+from meshrun.layout import AGENT_LOCKS
 from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE, host_path
 from meshrun.deploy.commands.sync import sync_code
 from meshrun.deploy.edges.check_probes import probe_argv
@@ -34,7 +34,6 @@ CHECK_TIMEOUT_S = 120  # the base interpreter's start and a glob of the runs' ag
 WHEELS = ".venv/meshrun-wheels"  # in the host's workdir, beside the venv that installs them
 PATH_CLIP = 1000  # characters of the venv interpreter's path a host reports: it is run there as argv[0]
 # Every run's agent lock in the workdir: the host side refuses while one is held (a run executes from the venv).
-AGENT_LOCKS = f"{host_dir('*', '*')}/{AGENT_LOCK}"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 import time
 from meshrun.deploy.edges.beside import Beside
+from meshrun.layout import AGENT_LOCKS
 from pathlib import Path
 
 from meshrun.deploy.edges import sshtarget
@@ -40,7 +41,7 @@ from meshrun.deploy.run.plan import python_of
 from meshrun.deploy.run.syncbusy import busy_runs, under_runs
 from meshrun.deploy.run.syncset import data_beside_code
 from meshrun.deploy.render.console import HostProgress, Renderer
-from meshrun.deploy.edges.sync import (Claim, SyncResult, WorkdirTaken, check_owner, is_project_itself, project_claim,
+from meshrun.deploy.edges.sync import (Claim, RunsBusy, SyncResult, WorkdirTaken, check_owner, is_project_itself, project_claim,
                                        project_files, sync_host, taken_message)
 
 SYNC_TIMEOUT_S = 900
@@ -84,14 +85,33 @@ def sync_code(hosts: tuple[Host, ...], inventory: Inventory, project: Project, r
             bars.update(host.name, 100)
             return SyncResult(host.name, False, len(names), unchanged=True)
         left = timeout - (time.monotonic() - started)  # the ask's time is the sync's
-        return sync_host(host, root, inventory.known_hosts, files, bars.update, left, claim=claim)
+        return sync_host(host, root, inventory.known_hosts, files, bars.update, left, claim=claim,
+                         python=python_of(host, sys.executable))
 
     with HostProgress(renderer, "sync", [h.name for h in hosts]) as bars:
         results = on_each(hosts, lambda h: one(h, bars), timeout=timeout + FANOUT_MARGIN_S)
     done = results.ok
     save_hints(hint_file(), {hint_key(where, h): local for h in hosts if h.name in done and not done[h.name].skipped})
     refuse_taken(results)
+    refuse_busy(results, project.runs)
     return results.require_all()
+
+
+class SyncUnderRun(MeshrunError):
+    """A code sync that some host refused before its rsync: a run runs from its workdir."""
+
+
+def refuse_busy(results: HostResults, runs: Path) -> None:
+    """When a host's code sync was refused under a running run: one line naming the runs and their
+    hosts (`under_runs`, a stop advised only for a run this controller's records put there), then any
+    other host's error."""
+    busy = {name: err.runs for name, err in results.failed.items() if isinstance(err, RunsBusy)}
+    if not busy:
+        return
+    others = [str(err) for err in results.failed.values() if not isinstance(err, RunsBusy)]
+    line = under_runs(busy, lambda run, host: recorded_on(runs, run, host), "the code sync",
+                      f"nothing was synced to {'that host' if len(busy) == 1 else 'those hosts'}")
+    raise SyncUnderRun("; ".join([line, *others]))
 
 
 def refuse_taken(results: HostResults) -> None:
@@ -148,7 +168,7 @@ def runs_from(host: Host, session: Session) -> tuple[str, ...]:
     """The runs whose agents run from `host`'s workdir, as `fab setup`'s `refuse_if_running` asks it,
     with the interpreter the runs' agents use. A host's answer is data: one that lies "none" only
     lets its own files change under its own run."""
-    from meshrun.deploy.commands.setup import AGENT_LOCKS, CHECK_TIMEOUT_S  # setup imports this module
+    from meshrun.deploy.commands.setup import CHECK_TIMEOUT_S  # setup imports this module
 
     argv = probe_argv(python_of(host, sys.executable), "setup", "--check-only", "--agent-locks", AGENT_LOCKS)
     result = session.run(argv, timeout=CHECK_TIMEOUT_S, create_workdir=True)

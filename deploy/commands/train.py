@@ -18,7 +18,7 @@ from meshrun.deploy.commands.membership import RequestPoller
 from meshrun.deploy.commands.check import preflight
 from meshrun.deploy.commands.firewall import around_run
 from meshrun.deploy.edges.sessions import SessionsLater, sessions_to, training_interfaces
-from meshrun.deploy.commands.sync import code_files, sync_code
+from meshrun.deploy.commands.sync import SyncUnderRun, code_files, sync_code
 from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.host.notify import Sender
@@ -251,7 +251,10 @@ def _prepare_hosts(request: TrainRequest, selection: Selection, inventory: Inven
                    gradients: comm_cmd.Gradients | None = None) -> LaunchOptions:
     """After the pre-flight: the code sync's end, checkpoints back for a resume, the comm hook choice."""
     if syncing is not None:
-        synced = syncing.result()  # its error, naming each host that failed
+        try:
+            synced = syncing.result()  # its error, naming each host that failed
+        except SyncUnderRun as err:
+            raise MeshrunError(f"{err}; or start this run beside it on the code those hosts hold: --no-sync") from None
         if unchanged := [r.host for r in synced.values() if r.unchanged]:
             renderer.info(f"sync: the code on {len(unchanged)} of {len(synced)} host(s) was already this project's "
                           "(every file's size and mtime, as rsync compares them); nothing sent there")

@@ -25,6 +25,7 @@ repository's (`project_ids`): every clone, worktree and machine's checkout of it
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
 import posixpath
@@ -38,17 +39,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from meshrun.layout import WORKDIR_OWNER
+from meshrun.layout import AGENT_LOCKS, WORKDIR_OWNER
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.edges.gitlist import GIT_TIMEOUT_S, repository_files
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
 from meshrun.deploy.edges.transport import Session
+from meshrun.deploy.host import setup as host_setup
 from meshrun.deploy.host.codestat import MARK_MAX, is_ours, mark_line, record_of
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.answers import network_hint
 from meshrun.deploy.run.dataplan import PARTIAL_DIR
 from meshrun.deploy.run.shell import local_workdir, make_workdir, shell_path
+from meshrun.deploy.run.syncbusy import busy_guard, guard_said
 from meshrun.deploy.run.syncset import (  # noqa: F401 (the owner mark's names, here too for callers and tests)
     NAME_RE, OWNER_SAID, PRUNE_SH, SAID_RE, SHIPPED_NEW, WORKDIR_FILES, Claim, WorkdirTaken, mark_name, new_workdir,
     relative_name, remote_path, remote_spec, sent_list, shippable, taken_message)
@@ -74,6 +77,16 @@ CLAIM_SH = ('m=$1; [ -e "$m" ] || [ -L "$m" ] || { t="$m.$$"; printf \'%s\\n\' "
             f'printf \'%s %s\\n\' {OWNER_SAID} "$o" | tr -cd \'\\040-\\176\\n\' >&2; exit {OWNER_EXIT}')
 
 
+class RunsBusy(MeshrunError):
+    """A code sync refused before its rsync: a run runs from the host's workdir (`runs`, as its answer
+    names them; () when it said so in other words). Nothing was sent to that host."""
+
+    def __init__(self, host: str, runs: tuple[str, ...]) -> None:
+        super().__init__(f"host '{host}': a run is running from its workdir ({', '.join(runs) or 'unnamed'}); "
+                         "nothing was synced there")
+        self.host, self.runs = host, runs
+
+
 @dataclass(frozen=True)
 class SyncResult:
     host: str
@@ -97,11 +110,13 @@ def project_files(root: Path, private: tuple[Path, ...] = (), private_dirs: tupl
 
 
 def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | None = None,
-               claim: Claim | None = None, *, recorded: bool = False) -> list[str]:
+               claim: Claim | None = None, *, recorded: bool = False, guard: str | None = None) -> list[str]:
     """Copy the files listed on stdin from `root` to the host's workdir (or `dest` there); with
-    `claim` (the code sync to a remote host), the workdir is claimed for the project first. With
-    `recorded` (the code sync), the list is `sent_list`'s, from `/`, and on a remote host its rsync
-    is followed by PRUNE_SH in the workdir (a local one's is run here: `sync_host`)."""
+    `claim` (the code sync to a remote host), the workdir is claimed for the project first, and with
+    `guard` (syncbusy.busy_guard), that shell command runs in the workdir before that: its failure
+    ends the sync before the claim and rsync. With `recorded` (the code sync), the list is `sent_list`'s, from `/`,
+    and on a remote host its rsync is followed by PRUNE_SH in the workdir (a local one's is run here:
+    `sync_host`)."""
     target = dest if dest is not None else remote_path(host.workdir)
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--archive", "--compress", "--mkpath", "--files-from=-",
             "--from0", "--info=progress2", "--no-inc-recursive"]
@@ -112,7 +127,9 @@ def rsync_argv(host: Host, root: Path, known_hosts: Path | None, dest: str | Non
     # The workdir is made before the remote rsync looks at it: `fab train` runs commands beside the
     # sync that may make it too (deploy/commands/train.py), and rsync's own mkdir of a destination it
     # found missing fails if another makes it between rsync's stat and its mkdir. `mkdir -p` does not.
-    claimed = f" && {claim_command(host.workdir, claim)}" if claim is not None else ""
+    # The guard first, in a subshell (the cwd kept): a workdir a run runs from gets not a byte, not even a mark.
+    claimed = f" && (cd {shell_path(host.workdir)} && {guard})" if guard is not None else ""
+    claimed += f" && {claim_command(host.workdir, claim)}" if claim is not None else ""
     # The prune runs after rsync, in the same command (rsync's arguments follow: `sh -c` takes them as "$@"),
     # and only once it succeeded; its own trouble never fails the sync (rsync's exit is the command's).
     pruned = f'rsync "$@" || exit; cd {shell_path(host.workdir)} && ({PRUNE_SH}); exit 0'
@@ -135,9 +152,13 @@ def in_project(host: Host, root: Path) -> bool:
 
 
 def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
-              progress: Callable[[str, int], None], timeout: float, *, claim: Claim | None = None) -> SyncResult:
+              progress: Callable[[str, int], None], timeout: float, *, claim: Claim | None = None,
+              python: str | None = None) -> SyncResult:
     """rsync the listed files to `host` within `timeout` s; `progress(host, percent)` as rsync reports it.
-    With `claim`, a workdir another project's sync marked is WorkdirTaken, and nothing is sent."""
+    With `claim`, a workdir another project's sync marked is WorkdirTaken, and nothing is sent. With
+    `python` (the runs' interpreter there), a workdir a run runs from is RunsBusy, and nothing is sent:
+    asked in the same command as the rsync (no round trip more), so a sync beside `fab train`'s connect
+    never changes the code under another run, whatever else that train then refuses."""
     count = files.count(b"\0")
     if is_project_itself(host, root):
         return SyncResult(host.name, True, count)
@@ -145,6 +166,8 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
     if host.is_local:  # made before rsync looks, as rsync_argv's --rsync-path does on a remote host
         workdir = local_workdir(host.workdir, root)
         workdir.mkdir(parents=True, exist_ok=True)
+        if python is not None and (held := host_setup.running_agents(f"{glob.escape(str(workdir))}/{AGENT_LOCKS}")):
+            raise RunsBusy(host.name, tuple(dict.fromkeys(run for run, _, _ in held)))
         if claim is not None and (found := claim_local(workdir, claim)) is not None:
             raise WorkdirTaken(host.name, host.workdir, mark_name(found), claim)
     dest = str(local_workdir(host.workdir, root)) if host.is_local else None
@@ -154,7 +177,8 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
             progress(host.name, int(match.group(1)))
 
     with staged_record(files) as staged:
-        argv = rsync_argv(host, root, known_hosts, dest, None if host.is_local else claim, recorded=True)
+        guard = None if host.is_local or python is None else busy_guard(python, Path(host_setup.__file__).read_text())
+        argv = rsync_argv(host, root, known_hosts, dest, None if host.is_local else claim, recorded=True, guard=guard)
         try:
             run_rsync(argv, host=host.name, what="code sync", timeout=timeout, on_line=on_line,
                       stdin=sent_list(os.fsencode(os.path.abspath(root)), files, os.fsencode(staged)),
@@ -163,6 +187,8 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
             said = SAID_RE.search(str(err)) if claim is not None else None
             if said is not None:
                 raise WorkdirTaken(host.name, host.workdir, said.group(1), claim) from None  # type: ignore[arg-type]
+            if guard is not None and (runs := guard_said(str(err))) is not None:
+                raise RunsBusy(host.name, runs) from None
             raise
     if dest is not None:  # a remote host's ran in rsync's own command (`rsync_argv`)
         with contextlib.suppress(OSError, subprocess.SubprocessError):  # left in the record: removed next time
