@@ -149,14 +149,18 @@ def trust(c, hosts=None, inventory=None, yes=False, timeout=None, project=None, 
 @task(help={**PROJECT_FLAGS, "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP,
             "base": "interpreter on the host that creates the venv (default python3)",
             "reuse_site": "let the venv also see this interpreter's packages (e.g. a shared env with torch)",
+            "install_project": "also the project itself when it is a package (pip install --no-deps -e .); "
+                               "--no-install-project leaves it out",
             "debug": DEBUG_HELP})
 @_guarded
-def setup(c, hosts=None, inventory=None, base="python3", reuse_site=None, project=None, runs_dir=None, debug=False):
+def setup(c, hosts=None, inventory=None, base="python3", reuse_site=None, project=None, runs_dir=None, debug=False,
+          install_project=True):
     """Prepare each remote host's Python: <workdir>/.venv with this meshrun and the project's requirements (idempotent)."""
     from meshrun.deploy.commands.setup import main
 
     reuse = flags.host_program("--reuse-site", reuse_site) if reuse_site else None
-    main(inventory or None, hosts or None, flags.host_program("--base", base), reuse, _project(project, runs_dir))
+    main(inventory or None, hosts or None, flags.host_program("--base", base), reuse, _project(project, runs_dir),
+         bool(install_project))
 
 
 @task(help={**PROJECT_FLAGS, "hosts": HOSTS_HELP, "inventory": INVENTORY_HELP,

@@ -28,16 +28,32 @@ MINE = "0.1.0 (build 0123456789ab)"
 def test_requirements_txt_wins_then_pyproject_dependencies(tmp_path: Path) -> None:
     assert project_requirements(tmp_path) == Requirements()
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "mine"\ndependencies = ["numpy>=1.24", "einops"]\n')
-    assert project_requirements(tmp_path) == Requirements(lines=("numpy>=1.24", "einops"))
+    assert project_requirements(tmp_path) == Requirements(lines=("numpy>=1.24", "einops"), install_project=True)
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    assert project_requirements(tmp_path) == Requirements(file="requirements.txt", install_project=True)
+
+
+def test_the_project_itself_is_installed_when_pip_can_build_it(tmp_path: Path) -> None:
+    """A setup.py, or a pyproject.toml with [project] or [build-system]: what `pip install -e .` builds.
+    A pyproject.toml for tools alone ([tool.ruff]) is no package."""
     (tmp_path / "requirements.txt").write_text("numpy\n")
     assert project_requirements(tmp_path) == Requirements(file="requirements.txt")
+    (tmp_path / "pyproject.toml").write_text("[tool.ruff]\nline-length = 120\n")
+    assert project_requirements(tmp_path) == Requirements(file="requirements.txt")
+    (tmp_path / "pyproject.toml").write_text("[project\n")  # unreadable: requirements.txt wins, nothing built
+    assert project_requirements(tmp_path) == Requirements(file="requirements.txt")
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    assert project_requirements(tmp_path) == Requirements(file="requirements.txt", install_project=True)
+    (tmp_path / "requirements.txt").unlink()
+    (tmp_path / "pyproject.toml").unlink()
+    assert project_requirements(tmp_path) == Requirements(install_project=True)
 
 
 def test_meshrun_as_its_own_project_adds_nothing_beyond_the_wheel(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "meshrun"\ndependencies = ["torch>=2.4"]\n')
     assert project_requirements(tmp_path) == Requirements()
     (tmp_path / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n')
-    assert project_requirements(tmp_path) == Requirements()
+    assert project_requirements(tmp_path) == Requirements(install_project=True)  # a package, of no requirements
 
 
 @pytest.mark.parametrize("text, message", [

@@ -151,7 +151,8 @@ def workdir(tmp_path: Path) -> Path:
 
 def run_setup(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """deploy/host/setup.py's install in `workdir`, its pip stood in: it writes its record as it does."""
-    args = argparse.Namespace(force=False, build="b1", wheel="w.whl", requirements="requirements.txt", requirement=[])
+    args = argparse.Namespace(force=False, build="b1", wheel="w.whl", requirements="requirements.txt", requirement=[],
+                              install_project=False)
     with monkeypatch.context() as here:
         here.chdir(workdir)
         here.setattr(host_setup, "pip", lambda *args: 0.0)

@@ -3,6 +3,7 @@ project (the host side is deploy/host/setup.py; the wheel, deploy/edges/wheel.py
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ def setup_argv(request: SetupRequest, force: bool = False) -> list[str]:
                       *(["--reuse-site", request.reuse_site] if request.reuse_site else []),
                       *(["--requirements", reqs.file] if reqs.file else []),
                       *[arg for line in reqs.lines for arg in ("--requirement", line)],
+                      *(["--install-project"] if reqs.install_project else []),
                       *(["--force"] if force else []), "--agent-locks", AGENT_LOCKS)
 
 
@@ -165,8 +167,10 @@ def setup_hosts(hosts: tuple[Host, ...], inventory: Inventory, project: Project,
     return results.require_all()
 
 
-def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site: str | None, project: Project) -> None:
-    """`fab setup`: set up each selected remote host, then say what to put in the inventory."""
+def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site: str | None, project: Project,
+         install_project: bool = True) -> None:
+    """`fab setup`: set up each selected remote host, then say what to put in the inventory. Without
+    `install_project` (--no-install-project), the project itself is not pip-installed even when it is a package."""
     root = project.root
     inv = load_inventory(inventory_path(inventory_arg, root), root)
     selected = select_hosts(inv, hosts_arg).hosts
@@ -176,7 +180,10 @@ def main(inventory_arg: str | None, hosts_arg: str | None, base: str, reuse_site
     remote = tuple(h for h in selected if not h.is_local)
     if not remote:
         return
-    request = SetupRequest(base, reuse_site, controller_wheel(), controller_identity(), project_requirements(root))
+    requirements = project_requirements(root)
+    if not install_project:
+        requirements = dataclasses.replace(requirements, install_project=False)
+    request = SetupRequest(base, reuse_site, controller_wheel(), controller_identity(), requirements)
     results = setup_hosts(remote, inv, project, renderer, request)
     for host in remote:
         result = results[host.name]

@@ -9,7 +9,9 @@ skipped when already done, so a second run changes nothing:
 3. install the pushed wheel when the venv holds another build (`.venv/meshrun-installed` keeps
    what was installed); its dependencies come from the host's index or the reused packages;
 4. install the project's requirements (`--requirements FILE` or `--requirement LINE`...) when
-   they changed since the last install.
+   they changed since the last install;
+5. with `--install-project`, the project itself, editable and without dependencies (`pip install
+   --no-deps -e .`, deploy/run/requirements.py says why) when its build files (BUILD_FILES) changed.
 Prints one JSON object: the actions taken, the venv's python, its torch version, and the host's
 home and workdir (the controller resolves the inventory's `python:` with them); or {"error"}.
 
@@ -47,6 +49,7 @@ from pathlib import Path
 VENV = Path(".venv")
 STAMP = VENV / "meshrun-installed"
 PTH = "meshrun-reuse-site.pth"
+BUILD_FILES = ("pyproject.toml", "setup.py", "setup.cfg")  # what pip reads to build the project
 
 
 def lock_file(workdir: Path) -> Path:
@@ -143,7 +146,25 @@ def install(args: argparse.Namespace, actions: list[str]) -> None:
         what = args.requirements or "the project's dependencies"
         seconds = pip(what, *(["-r", args.requirements] if args.requirements else args.requirement))
         actions.append(f"installed {what} in {seconds:.0f} s")
-    STAMP.write_text(json.dumps({**stamp, "requirements": wanted}) + "\n")
+    stamp = {**stamp, "requirements": wanted}
+    STAMP.write_text(json.dumps(stamp) + "\n")  # what is done is done, whatever the project's build does
+    if args.install_project and (args.force or stamp.get("project") != (built := build_digest())):
+        seconds = pip("the project itself", "--no-deps", "-e", ".")
+        actions.append(f"installed the project itself (pip install --no-deps -e .) in {seconds:.0f} s")
+        stamp["project"] = built
+    STAMP.write_text(json.dumps(stamp) + "\n")
+
+
+def build_digest() -> str:
+    """sha256 of the workdir's BUILD_FILES, each named, as they are now (an absent one counts as such)."""
+    digest = hashlib.sha256()
+    for name in BUILD_FILES:
+        try:
+            data = Path(name).read_bytes()
+        except FileNotFoundError:
+            data = None
+        digest.update(f"{name} {len(data) if data is not None else -1}\n".encode() + (data or b""))
+    return digest.hexdigest()
 
 
 def hold_lock(path: Path) -> list[str] | None:
@@ -275,6 +296,7 @@ def main() -> int:
     parser.add_argument("--reuse-site", default=None, help="interpreter whose packages the venv should also see")
     parser.add_argument("--requirements", default=None, help="the project's requirements file")
     parser.add_argument("--requirement", action="append", default=[], help="one requirement (from pyproject.toml)")
+    parser.add_argument("--install-project", action="store_true", help="also the project itself: pip install -e .")
     parser.add_argument("--force", action="store_true", help="install again even if the stamp says done")
     parser.add_argument("--agent-locks", default=None, help="glob of the runs' agent locks, relative to the workdir")
     parser.add_argument("--check-only", action="store_true", help="only answer whether a run is running here")

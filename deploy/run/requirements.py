@@ -3,6 +3,13 @@ host's venv. `requirements.txt` at the project root wins; else `pyproject.toml`'
 `[project].dependencies`. meshrun's own clone declares only meshrun's dependencies, which the
 wheel brings already, so a project named meshrun adds nothing.
 
+And the project itself, when it is a package pip can install (a `setup.py`, or a `pyproject.toml`
+with a `[project]` or `[build-system]` table): a researcher who ran `pip install -e .` at home
+imports the package from any script (`scripts/train.py` importing `mypkg`, a `src/` layout), and a
+host whose venv lacks it fails at the first import. Setup installs it editable and without its
+dependencies (`pip install --no-deps -e .` in the workdir: the code synced later is the code
+imported; the dependencies are the requirements above), again when its build files change.
+
 Setup records on each host the digest of what it installed (deploy/host/setup.py's
 requirements_digest); `declared` computes the same digest here, so every launch can tell a host
 set up with other requirements than the project's now (deploy/check/sincesetup.py)."""
@@ -25,6 +32,7 @@ else:  # pragma: no cover - Python 3.10 controllers get tomli from meshrun's dep
     import tomli as tomllib
 
 REQUIREMENTS_FILE = "requirements.txt"
+SETUP_PY = "setup.py"
 PYPROJECT_MAX = 1 << 20
 
 
@@ -32,6 +40,7 @@ PYPROJECT_MAX = 1 << 20
 class Requirements:
     file: str | None = None  # relative to the project (and so to each host's workdir)
     lines: tuple[str, ...] = ()  # from pyproject.toml
+    install_project: bool = False  # the project itself, editable (`installable`)
 
     @property
     def declared(self) -> bool:
@@ -39,23 +48,40 @@ class Requirements:
 
 
 def project_requirements(root: Path) -> Requirements:
-    if (root / REQUIREMENTS_FILE).is_file():
-        return Requirements(file=REQUIREMENTS_FILE)
+    """What setup installs for the project at `root`. A pyproject.toml that cannot be read is one line
+    naming it, unless requirements.txt is there, which wins over it (the project itself is then not
+    installed from it: pip would fail on it the same way)."""
     path = root / "pyproject.toml"
-    if not path.is_file():
-        return Requirements()
-    fix = f"fix it, or declare the project's requirements in {REQUIREMENTS_FILE}"
-    data = read_input(path, PYPROJECT_MAX, "the project's", fix)
+    listed = (root / REQUIREMENTS_FILE).is_file()
     try:
-        project = tomllib.loads(data.decode("utf-8")).get("project") or {}
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise InputError(with_path("", path, f": not valid TOML ({one_line(str(err), 80)}); {fix}")) from None
+        document = _pyproject(path) if path.is_file() else {}
+    except InputError:
+        if not listed:
+            raise
+        return Requirements(file=REQUIREMENTS_FILE, install_project=(root / SETUP_PY).is_file())
+    project = document.get("project", {})
     if not isinstance(project, dict):
-        raise InputError(with_path("", path, f": [project] is not a table; {fix}"))
+        raise InputError(with_path("", path, f": [project] is not a table; {FIX}"))
+    if project.get("name") == "meshrun":
+        return Requirements()
+    install = (root / SETUP_PY).is_file() or "project" in document or "build-system" in document
+    if listed:
+        return Requirements(file=REQUIREMENTS_FILE, install_project=install)
     deps = project.get("dependencies") or []
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         raise InputError(f"{path}: [project].dependencies must be a list of requirement strings")
-    return Requirements() if project.get("name") == "meshrun" else Requirements(lines=tuple(deps))
+    return Requirements(lines=tuple(deps), install_project=install)
+
+
+FIX = f"fix it, or declare the project's requirements in {REQUIREMENTS_FILE}"
+
+
+def _pyproject(path: Path) -> dict:
+    data = read_input(path, PYPROJECT_MAX, "the project's", FIX)
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise InputError(with_path("", path, f": not valid TOML ({one_line(str(err), 80)}); {FIX}")) from None
 
 
 @dataclass(frozen=True)
