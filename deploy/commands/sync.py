@@ -15,8 +15,9 @@ import sys
 from collections.abc import Mapping
 import time
 from meshrun.deploy.edges.beside import Beside
-from meshrun.layout import AGENT_LOCKS
 from pathlib import Path
+
+from meshrun.layout import AGENT_LOCKS
 
 from meshrun.deploy.edges import sshtarget
 from meshrun.deploy.edges.check_probes import open_sessions, probe_argv
@@ -41,8 +42,8 @@ from meshrun.deploy.run.plan import python_of
 from meshrun.deploy.run.syncbusy import busy_runs, under_runs
 from meshrun.deploy.run.syncset import data_beside_code
 from meshrun.deploy.render.console import HostProgress, Renderer
-from meshrun.deploy.edges.sync import (Claim, RunsBusy, SyncResult, WorkdirTaken, check_owner, is_project_itself, project_claim,
-                                       project_files, sync_host, taken_message)
+from meshrun.deploy.edges.sync import (Claim, RunsBusy, SyncResult, WorkdirTaken, check_owner, is_project_itself,
+                                       project_claim, project_files, sync_host, taken_message)
 
 SYNC_TIMEOUT_S = 900
 SESSION_WAIT_S = 60  # a hinted host's session, at most; then it is synced as any other

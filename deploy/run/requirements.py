@@ -40,7 +40,7 @@ PYPROJECT_MAX = 1 << 20
 class Requirements:
     file: str | None = None  # relative to the project (and so to each host's workdir)
     lines: tuple[str, ...] = ()  # from pyproject.toml
-    install_project: bool = False  # the project itself, editable (`installable`)
+    install_project: bool = False  # the project itself, editable: a setup.py, or [project] or [build-system]
 
     @property
     def declared(self) -> bool:

@@ -29,7 +29,8 @@ def busy_guard(python: str, probe: str) -> str:
     test (`probe`, deploy/host/setup.py, run by the runs' interpreter `python`), and when it answers busy,
     that answer on stderr after BUSY_SAID in printable ASCII only, and exit BUSY_EXIT. No answer (no such
     interpreter there: none of its runs runs there) lets the sync go on."""
-    test = " ".join([shell_path(python), *map(shlex.quote, ["-c", probe, "--check-only", "--agent-locks", AGENT_LOCKS])])
+    argv = ["-c", probe, "--check-only", "--agent-locks", AGENT_LOCKS]
+    test = " ".join([shell_path(python), *map(shlex.quote, argv)])
     return (f'o=$({test} 2>/dev/null); case "$o" in *\'"busy": true\'*) '
             f"printf '%s %s\\n' {BUSY_SAID} \"$o\" | tr -cd '\\040-\\176\\n' >&2; exit {BUSY_EXIT};; esac")
 
