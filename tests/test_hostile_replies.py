@@ -140,7 +140,8 @@ def test_provenance_of_a_host_naming_a_bad_nvidia_smi_has_no_gpus_and_raises_not
 def test_setup_refuses_a_venv_python_that_is_not_printable() -> None:
     answer = json.dumps({"python": "/home/u/meshrun/.venv/bin/python\ud800", "actions": [], "torch": None})
     request = SimpleNamespace(base="python3", reuse_site=None, identity=SimpleNamespace(build="0" * 12),
-                              wheel=Path("meshrun.whl"), requirements=SimpleNamespace(file=None, lines=()))
+                              wheel=Path("meshrun.whl"), requirements=SimpleNamespace(file=None, lines=(),
+                                                                                          install_project=False))
     assert failure(lambda: setup._run_setup(named("h2"), FakeSession(answer), request, force=False)) == (
         r"host 'h2': the setup script gave an unexpected answer: python is '/home/u/meshrun/.venv/bin/python\ud800'; "
         "expected a path of printable characters")

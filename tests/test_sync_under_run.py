@@ -122,9 +122,9 @@ def test_every_code_sync_leaves_a_workdir_a_run_runs_from_alone(local_project: t
     assert tree(workdir) == before
 
 
-def guard(workdir: Path, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+def guard(workdir: Path, python: str = sys.executable, seconds: int = 30) -> subprocess.CompletedProcess[str]:
     """The guard as a remote code sync's rsync runs it on the host (`(cd WORKDIR && GUARD)`), here."""
-    shown = busy_guard(python, Path(host_setup.__file__).read_text())
+    shown = busy_guard(python, Path(host_setup.__file__).read_text(), seconds)
     return subprocess.run(["sh", "-c", f"(cd {shlex.quote(str(workdir))} && {shown})"], capture_output=True,
                           text=True, timeout=60)
 
@@ -140,6 +140,23 @@ def test_the_remote_guard_ends_the_sync_under_a_run_and_says_which(local_project
         assert guard_said(done.stderr) == (RUN,)
         assert guard(workdir, str(workdir / "no-python")).returncode == 0  # not set up: none of its runs is there
     assert guard_said("rsync: connection unexpectedly closed") is None
+
+
+def test_an_interpreter_that_floods_or_hangs_lets_the_sync_go_on(local_project: tuple[Path, Path],
+                                                                 tmp_path: Path) -> None:
+    """A broken (or hostile) `python:` on the host: the guard reads GUARD_ANSWER_MAX bytes of its answer and
+    waits `seconds` at most (rsync would give up on a host silent for 60 s). Under a held lock too: such an
+    interpreter runs no run."""
+    workdir = local_project[1]
+    (tmp_path / "flood").write_text("#!/bin/sh\nexec yes\n")
+    (tmp_path / "hang").write_text("#!/bin/sh\nexec sleep 600\n")
+    for name in ("flood", "hang"):
+        (tmp_path / name).chmod(0o755)
+    with open(workdir / host_dir(RUN, "h1") / AGENT_LOCK, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        # Each returns (`guard` gives up after 60 s: unbounded, the flood and the hang would not).
+        assert guard(workdir, str(tmp_path / "flood")).returncode == 0
+        assert guard(workdir, str(tmp_path / "hang"), seconds=1).returncode == 0
     assert guard_said("meshrun-workdir-busy: ../x is running from this workdir") == ()  # busy, no run named
 
 

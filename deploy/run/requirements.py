@@ -5,7 +5,7 @@ wheel brings already, so a project named meshrun adds nothing.
 
 And the project itself, when it is a package pip can install (a `setup.py`, or a `pyproject.toml`
 with a `[project]` or `[build-system]` table): a researcher who ran `pip install -e .` at home
-imports the package from any script (`scripts/train.py` importing `mypkg`, a `src/` layout), and a
+imports the package from any script (one in a subfolder importing `mypkg`, a `src/` layout), and a
 host whose venv lacks it fails at the first import. Setup installs it editable and without its
 dependencies (`pip install --no-deps -e .` in the workdir: the code synced later is the code
 imported; the dependencies are the requirements above), again when its build files change.

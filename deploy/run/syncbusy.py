@@ -16,6 +16,10 @@ from meshrun.deploy.run.shell import shell_path
 BUSY_RE = re.compile(r"runs? (.+?) (?:is|are) running from this workdir")
 BUSY_SAID = "meshrun-workdir-busy:"  # on the code sync's stderr, before the host-side test's answer
 BUSY_EXIT = 96  # the guard's exit status then: the rsync never starts
+# The guard's test is given this long, well inside rsync's own 60 s without data (edges/rsyncrun.py), and this
+# much of its answer is read: an interpreter that hangs or floods (a broken or hostile host) lets the sync go on.
+GUARD_TIMEOUT_S = 30
+GUARD_ANSWER_MAX = 4096
 WHY = "a worker restart or a --resume would import the new code beside the old"
 
 
@@ -24,14 +28,15 @@ def busy_runs(error: str) -> tuple[str, ...]:
     return _named(BUSY_RE.match(error))
 
 
-def busy_guard(python: str, probe: str) -> str:
+def busy_guard(python: str, probe: str, seconds: int = GUARD_TIMEOUT_S) -> str:
     """The shell command a remote code sync runs in the workdir before its rsync: `fab sync`'s host-side
-    test (`probe`, deploy/host/setup.py, run by the runs' interpreter `python`), and when it answers busy,
-    that answer on stderr after BUSY_SAID in printable ASCII only, and exit BUSY_EXIT. No answer (no such
-    interpreter there: none of its runs runs there) lets the sync go on."""
+    test (`probe`, deploy/host/setup.py, run by the runs' interpreter `python`) within `seconds`, and when
+    it answers busy, that answer on stderr after BUSY_SAID in printable ASCII only, and exit BUSY_EXIT. No
+    answer (no such interpreter there: none of its runs runs there; or none in time, or no `timeout`
+    program) lets the sync go on."""
     argv = ["-c", probe, "--check-only", "--agent-locks", AGENT_LOCKS]
-    test = " ".join([shell_path(python), *map(shlex.quote, argv)])
-    return (f'o=$({test} 2>/dev/null); case "$o" in *\'"busy": true\'*) '
+    test = " ".join(["timeout", str(seconds), shell_path(python), *map(shlex.quote, argv)])
+    return (f'o=$({test} 2>/dev/null | head -c {GUARD_ANSWER_MAX}); case "$o" in *\'"busy": true\'*) '
             f"printf '%s %s\\n' {BUSY_SAID} \"$o\" | tr -cd '\\040-\\176\\n' >&2; exit {BUSY_EXIT};; esac")
 
 
