@@ -35,7 +35,7 @@ from meshrun.layout import AGENT_LOCK, host_dir
 from meshrun.deploy.commands import joincheck, membership
 from meshrun.deploy.commands.membership import Request, RequestPoller, prepare_joiner
 from meshrun.deploy.commands.sync import SyncUnderRun, runs_from, sync_code
-from meshrun.deploy.host import setup as host_setup
+from meshrun.deploy.edges.check_probes import busy_test_argv
 from meshrun.deploy.run.syncbusy import BUSY_EXIT, busy_guard, busy_runs, guard_said, under_runs
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import LocalSession
@@ -124,7 +124,7 @@ def test_every_code_sync_leaves_a_workdir_a_run_runs_from_alone(local_project: t
 
 def guard(workdir: Path, python: str = sys.executable, seconds: int = 30) -> subprocess.CompletedProcess[str]:
     """The guard as a remote code sync's rsync runs it on the host (`(cd WORKDIR && GUARD)`), here."""
-    shown = busy_guard(python, Path(host_setup.__file__).read_text(), seconds)
+    shown = busy_guard(busy_test_argv(python), seconds)
     return subprocess.run(["sh", "-c", f"(cd {shlex.quote(str(workdir))} && {shown})"], capture_output=True,
                           text=True, timeout=60)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from meshrun.layout import AGENT_LOCKS
 from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE, host_path
 from meshrun.deploy.commands.sync import sync_code
-from meshrun.deploy.edges.check_probes import probe_argv
+from meshrun.deploy.edges.check_probes import busy_test_argv, probe_argv
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sessions import sessions_to
@@ -34,7 +34,6 @@ WHEEL_PUSH_TIMEOUT_S = 600  # meshrun's wheel is a few hundred kB
 CHECK_TIMEOUT_S = 120  # the base interpreter's start and a glob of the runs' agent locks (an NFS home)
 WHEELS = ".venv/meshrun-wheels"  # in the host's workdir, beside the venv that installs them
 PATH_CLIP = 1000  # characters of the venv interpreter's path a host reports: it is run there as argv[0]
-# Every run's agent lock in the workdir: the host side refuses while one is held (a run executes from the venv).
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def setup_argv(request: SetupRequest, force: bool = False) -> list[str]:
 
 def check_argv(request: SetupRequest) -> list[str]:
     """The host side's test alone: whether a run's agent holds its lock in the workdir."""
-    return probe_argv(request.base, "setup", "--check-only", "--agent-locks", AGENT_LOCKS)
+    return busy_test_argv(request.base)
 
 
 def refuse_if_running(host: Host, session: Session, request: SetupRequest) -> None:

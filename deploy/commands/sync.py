@@ -17,10 +17,8 @@ import time
 from meshrun.deploy.edges.beside import Beside
 from pathlib import Path
 
-from meshrun.layout import AGENT_LOCKS
-
 from meshrun.deploy.edges import sshtarget
-from meshrun.deploy.edges.check_probes import open_sessions, probe_argv
+from meshrun.deploy.edges.check_probes import busy_test_argv, open_sessions
 from meshrun.deploy.edges.host_queries import parse_json_object
 from meshrun.deploy.edges.codehints import hint_file, host_holds, load_hints, save_hints
 from meshrun.deploy.edges.sessions import SessionsLater, close_all, sessions_to
@@ -171,7 +169,7 @@ def runs_from(host: Host, session: Session) -> tuple[str, ...]:
     lets its own files change under its own run."""
     from meshrun.deploy.commands.setup import CHECK_TIMEOUT_S  # setup imports this module
 
-    argv = probe_argv(python_of(host, sys.executable), "setup", "--check-only", "--agent-locks", AGENT_LOCKS)
+    argv = busy_test_argv(python_of(host, sys.executable))
     result = session.run(argv, timeout=CHECK_TIMEOUT_S, create_workdir=True)
     data = parse_json_object(result.stdout) if result.stdout else None
     if data is None and result.rc in (126, 127):  # the shell's "cannot execute" and "not found"

@@ -41,6 +41,7 @@ from typing import Callable, Iterator
 
 from meshrun.layout import AGENT_LOCKS, WORKDIR_OWNER
 from meshrun.deploy.errors import MeshrunError
+from meshrun.deploy.edges.check_probes import busy_test_argv
 from meshrun.deploy.edges.gitlist import GIT_TIMEOUT_S, repository_files
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
@@ -177,7 +178,7 @@ def sync_host(host: Host, root: Path, known_hosts: Path | None, files: bytes,
             progress(host.name, int(match.group(1)))
 
     with staged_record(files) as staged:
-        guard = None if host.is_local or python is None else busy_guard(python, Path(host_setup.__file__).read_text())
+        guard = None if host.is_local or python is None else busy_guard(busy_test_argv(python))
         argv = rsync_argv(host, root, known_hosts, dest, None if host.is_local else claim, recorded=True, guard=guard)
         try:
             run_rsync(argv, host=host.name, what="code sync", timeout=timeout, on_line=on_line,

@@ -34,6 +34,7 @@ else:  # pragma: no cover - Python 3.10 controllers get tomli from meshrun's dep
 REQUIREMENTS_FILE = "requirements.txt"
 SETUP_PY = "setup.py"
 PYPROJECT_MAX = 1 << 20
+FIX = f"fix it, or declare the project's requirements in {REQUIREMENTS_FILE}"  # a pyproject.toml setup cannot read
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,6 @@ def project_requirements(root: Path) -> Requirements:
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         raise InputError(f"{path}: [project].dependencies must be a list of requirement strings")
     return Requirements(lines=tuple(deps), install_project=install)
-
-
-FIX = f"fix it, or declare the project's requirements in {REQUIREMENTS_FILE}"
 
 
 def _pyproject(path: Path) -> dict:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from meshrun.layout import AGENT_LOCKS, is_run_id
+from meshrun.layout import is_run_id
 from meshrun.deploy.run.shell import shell_path
 
 # The run ids in the host-side test's busy answer (deploy/host/setup.py `runs_error`: at most 8, then ", ...").
@@ -28,15 +28,14 @@ def busy_runs(error: str) -> tuple[str, ...]:
     return _named(BUSY_RE.match(error))
 
 
-def busy_guard(python: str, probe: str, seconds: int = GUARD_TIMEOUT_S) -> str:
+def busy_guard(test: Sequence[str], seconds: int = GUARD_TIMEOUT_S) -> str:
     """The shell command a remote code sync runs in the workdir before its rsync: `fab sync`'s host-side
-    test (`probe`, deploy/host/setup.py, run by the runs' interpreter `python`) within `seconds`, and when
+    test (the argv `test`, check_probes.busy_test_argv: the runs' interpreter first) within `seconds`, and when
     it answers busy, that answer on stderr after BUSY_SAID in printable ASCII only, and exit BUSY_EXIT. No
     answer (no such interpreter there: none of its runs runs there; or none in time, or no `timeout`
     program) lets the sync go on."""
-    argv = ["-c", probe, "--check-only", "--agent-locks", AGENT_LOCKS]
-    test = " ".join(["timeout", str(seconds), shell_path(python), *map(shlex.quote, argv)])
-    return (f'o=$({test} 2>/dev/null | head -c {GUARD_ANSWER_MAX}); case "$o" in *\'"busy": true\'*) '
+    shown = " ".join(["timeout", str(seconds), shell_path(test[0]), *map(shlex.quote, test[1:])])
+    return (f'o=$({shown} 2>/dev/null | head -c {GUARD_ANSWER_MAX}); case "$o" in *\'"busy": true\'*) '
             f"printf '%s %s\\n' {BUSY_SAID} \"$o\" | tr -cd '\\040-\\176\\n' >&2; exit {BUSY_EXIT};; esac")
 
 
