@@ -35,7 +35,7 @@ from meshrun.layout import AGENT_LOCK, host_dir
 from meshrun.deploy.commands import joincheck, membership
 from meshrun.deploy.commands.membership import Request, RequestPoller, prepare_joiner
 from meshrun.deploy.commands.sync import SyncUnderRun, runs_from, sync_code
-from meshrun.deploy.edges.check_probes import busy_test_argv
+from meshrun.deploy.edges.sync import busy_test_argv
 from meshrun.deploy.run.syncbusy import BUSY_EXIT, busy_guard, busy_runs, guard_said, under_runs
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import LocalSession

@@ -11,11 +11,11 @@ from pathlib import Path
 from meshrun.layout import AGENT_LOCKS
 from meshrun.deploy.check.answers import BUILD_RE, VERSION_CLIP, VERSION_RE, host_path
 from meshrun.deploy.commands.sync import sync_code
-from meshrun.deploy.edges.check_probes import busy_test_argv, probe_argv
+from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.fanout import on_each
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.edges.sessions import sessions_to
-from meshrun.deploy.edges.sync import push_dir_argv
+from meshrun.deploy.edges.sync import busy_test_argv, push_dir_argv
 from meshrun.deploy.edges.transport import CommandResult, Session
 from meshrun.deploy.edges.wheel import Identity, controller_identity, controller_wheel
 from meshrun.deploy.errors import MeshrunError

@@ -18,7 +18,7 @@ from meshrun.deploy.edges.beside import Beside
 from pathlib import Path
 
 from meshrun.deploy.edges import sshtarget
-from meshrun.deploy.edges.check_probes import busy_test_argv, open_sessions
+from meshrun.deploy.edges.check_probes import open_sessions
 from meshrun.deploy.edges.host_queries import parse_json_object
 from meshrun.deploy.edges.codehints import hint_file, host_holds, load_hints, save_hints
 from meshrun.deploy.edges.sessions import SessionsLater, close_all, sessions_to
@@ -40,8 +40,8 @@ from meshrun.deploy.run.plan import python_of
 from meshrun.deploy.run.syncbusy import busy_runs, under_runs
 from meshrun.deploy.run.syncset import data_beside_code
 from meshrun.deploy.render.console import HostProgress, Renderer
-from meshrun.deploy.edges.sync import (Claim, RunsBusy, SyncResult, WorkdirTaken, check_owner, is_project_itself,
-                                       project_claim, project_files, sync_host, taken_message)
+from meshrun.deploy.edges.sync import (Claim, RunsBusy, SyncResult, WorkdirTaken, busy_test_argv, check_owner,
+                                       is_project_itself, project_claim, project_files, sync_host, taken_message)
 
 SYNC_TIMEOUT_S = 900
 SESSION_WAIT_S = 60  # a hinted host's session, at most; then it is synced as any other

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
-from meshrun.layout import AGENT_LOCKS, STATE_REFUSED_EXIT, run_dir
+from meshrun.layout import STATE_REFUSED_EXIT, run_dir
 from meshrun.deploy.edges import host_queries as probes, sshtarget
 
 from meshrun.deploy.check import wireguard
@@ -59,12 +59,6 @@ finally:
 def probe_argv(python: str, probe: str, *args: str) -> list[str]:
     """`python -c <deploy/PROBE.py> ARGS`: the probe travels in the argv, nothing to install."""
     return [python, "-c", (PROBE_DIR / f"{probe}.py").read_text(), *args]
-
-
-def busy_test_argv(python: str) -> list[str]:
-    """`fab setup`'s host-side test alone, run by `python`: whether a run's agent holds its lock in the
-    workdir (deploy/host/setup.py `--check-only`). Setup, `fab sync` and every code sync's guard ask it."""
-    return probe_argv(python, "setup", "--check-only", "--agent-locks", AGENT_LOCKS)
 
 
 def open_sessions(hosts: tuple[Host, ...], inventory: Inventory, root: Path,

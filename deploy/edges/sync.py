@@ -41,7 +41,7 @@ from typing import Callable, Iterator
 
 from meshrun.layout import AGENT_LOCKS, WORKDIR_OWNER
 from meshrun.deploy.errors import MeshrunError
-from meshrun.deploy.edges.check_probes import busy_test_argv
+from meshrun.deploy.edges.check_probes import probe_argv
 from meshrun.deploy.edges.gitlist import GIT_TIMEOUT_S, repository_files
 from meshrun.deploy.edges.rsyncrun import io_timeout_option, run_rsync
 from meshrun.deploy.edges.sshargv import ssh_argv  # the ssh rsync runs: same hops, keys and host keys as paramiko
@@ -76,6 +76,12 @@ CLAIM_SH = ('m=$1; [ -e "$m" ] || [ -L "$m" ] || { t="$m.$$"; printf \'%s\\n\' "
             'n=$3; shift 3; for i in "$@"; do case "$o" in "$i"|"$i "*) t="$m.$$"; '
             '{ printf \'%s\\n\' "$n" > "$t" && mv -f "$t" "$m"; rm -f "$t"; } 2>/dev/null; exit 0;; esac; done; '
             f'printf \'%s %s\\n\' {OWNER_SAID} "$o" | tr -cd \'\\040-\\176\\n\' >&2; exit {OWNER_EXIT}')
+
+
+def busy_test_argv(python: str) -> list[str]:
+    """`fab setup`'s host-side test alone, run by `python`: whether a run's agent holds its lock in the
+    workdir (deploy/host/setup.py `--check-only`). Setup, `fab sync` and every code sync's guard ask it."""
+    return probe_argv(python, "setup", "--check-only", "--agent-locks", AGENT_LOCKS)
 
 
 class RunsBusy(MeshrunError):
