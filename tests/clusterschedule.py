@@ -15,7 +15,7 @@ An alone unit (16 or 32 simulated hosts: their torch imports take every core for
 only to a worker while no other worker has cluster tests left, and while it runs the other workers
 get pure tests only: a timed cluster test beside it would starve (a CI run lost two that way).
 Asked first, it runs at the start, beside the pure tests. So the clusters otherwise run at the same
-time, the workers past the last slot (tests/run starts four) run pure tests beside them from the start (cluster
+time, the workers past the last slot (tests/run starts four, three slots) run pure tests beside them from the start (cluster
 tests mostly wait on timeouts and sleeping steps), and the pure tests, CPU-bound
 and short, fill every worker at the end. A worker that waits
 for an alone unit to end is woken when any test completes; one that can take none of what is left,
@@ -66,7 +66,7 @@ class ClusterScheduling(LoadScopeScheduling):
         """The prefixes this worker may take, in order, while other workers hold `busy` and it holds
         `own`. Holding an alone unit, it asks for a pure test first: the worker needs a next test
         to run its last one, and a cluster unit queued there would wait for the alone unit's end."""
-        slot = slot_of_worker(str(node.gateway.id))
+        slot = slot_of_worker(str(node.gateway.id), self.slots)
         if slot is None or ALONE in busy:
             return [WAITS, PURE]
         cluster = ([] if busy else [ALONE]) + ([SLOT0] if slot == 0 else []) + [EITHER]

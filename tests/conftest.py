@@ -162,8 +162,9 @@ ALONE_MARK = "alone_cluster"
 # so it runs early, beside the cluster tests' CPU, not in the run's last minute with the cores idle.
 WAITS_MARK = "waits"
 # Either-cluster modules whose tests share nothing and each take a minute: units of one test, so
-# both workers' clusters share them out.
-SPLIT_MODULES = frozenset({"tests/test_elastic.py"})
+# the workers' clusters share them out.
+SPLIT_MODULES = frozenset({"tests/test_elastic.py", "tests/test_comm_multihost.py", "tests/test_multihost.py",
+                           "tests/test_check_network.py"})
 # Where the workers list the cluster tests they collected, for the controller's scheduler.
 CLUSTER_LIST_ENV = "MESHRUN_CLUSTER_TESTS_FILE"
 
@@ -231,9 +232,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Worker gwN stands on slot N's cluster (tests/testbed/layout.py). gw0 runs slot 0's cluster
-    tests, module by module, while gw1 runs the either-cluster ones on its own cluster; whichever is
-    done first takes the rest of the either-cluster ones, then both take the pure and single-machine
-    tests. (xdist's own `xdist_group` mark cannot pin groups: xdist 3.8 renames the test through an
+    tests, module by module, while gw1 and gw2 run the either-cluster ones on their own clusters;
+    gw0 takes the either-cluster ones left once its own are done, then all take the pure and
+    single-machine tests. (xdist's own `xdist_group` mark cannot pin groups: xdist 3.8 renames the test through an
     attribute pytest 9 no longer reads, and a group's tests spread over both workers.)"""
     if getattr(config.option, "dist", "no") != "loadgroup":
         return None

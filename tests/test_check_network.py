@@ -24,8 +24,11 @@ from tests.conftest import _testbed_unavailable, hosts_up
 from tests.fabrun import REPO, ROOT, fab, run_id_of
 from tests.testbed import SimCluster
 from tests.testbed import wireguard as testbed_wireguard
+from tests.testbed.layout import Host
 
 pytestmark = pytest.mark.cluster
+# The tests that name no fixed address run on any slot's cluster (tests/conftest.py).
+EITHER = pytest.mark.either_cluster
 RDZV_PORT = 29400
 
 
@@ -64,13 +67,14 @@ def iptables(testbed: SimCluster, i: int, rule: list[str]) -> Iterator[None]:
         subprocess.run([*netns, "-D", "INPUT", *rule], check=True)
 
 
+@EITHER
 @pytest.mark.slow
 def test_all_checks_pass_with_table_and_json(inventory: Path) -> None:
     result, elapsed = check(inventory)
     print(result.stdout, result.stderr, sep="\n")
     assert result.returncode == 0, result.stdout + result.stderr
     for i in (1, 2, 3):
-        assert f"h{i} (10.77.0.1{i}, lan): PASS" in result.stdout
+        assert f"h{i} ({Host(i).address}, lan): PASS" in result.stdout
     assert "reachable, host key verified" in result.stdout and "rdzv h1:29400" in result.stdout
     assert "check-network PASS: 3 host(s), 6 link(s) probed (every pair), 0 failure(s), 0 warning(s)" in result.stdout
 
@@ -84,7 +88,7 @@ def test_all_checks_pass_with_table_and_json(inventory: Path) -> None:
     assert pairs == {(a, b) for a in ("h1", "h2", "h3") for b in ("h1", "h2", "h3") if a != b}
     assert all(l["state"] == "open" for l in report["links"]) and len(report["links"]) == 9
     assert all(l["df_ok"] is True and l["df_size"] == 1472 for l in report["links"] if not l["rendezvous"])
-    assert report["rendezvous"] == {"host": "h1", "address": "10.77.0.11", "port": RDZV_PORT, "listener": "listening"}
+    assert report["rendezvous"] == {"host": "h1", "address": Host(1).address, "port": RDZV_PORT, "listener": "listening"}
     assert report["allreduce"]["status"] == "ok" and report["allreduce"]["world_size"] == 3
     print(f"check-network on 3 hosts: {elapsed:.1f} s wall (fab), {report['duration_s']} s measured inside")
 
@@ -131,6 +135,7 @@ def test_rendezvous_port_taken_by_another_process_is_detected(testbed: SimCluste
                   "holds it (a run in progress?): stop it or change `rendezvous.port`") in failing(report)
 
 
+@EITHER
 @pytest.mark.slow
 def test_a_member_planting_a_pickle_in_the_check_store_runs_nothing_anywhere(testbed: SimCluster, inventory: Path,
                                                                              tmp_path: Path) -> None:
@@ -244,6 +249,7 @@ def test_bandwidth_is_measured_on_every_link_in_bounded_time(testbed: SimCluster
     print(f"check-network --bandwidth at 50mbit: {rates} Mbit/s, {elapsed:.1f} s")
 
 
+@EITHER
 @pytest.mark.slow
 def test_bandwidth_on_two_sites_warns_of_the_places_the_inventory_does_not_declare(
         testbed: SimCluster, make_inventory: Callable[..., Path]) -> None:
@@ -300,6 +306,7 @@ def five(testbed: SimCluster) -> Iterator[SimCluster]:
         yield cluster
 
 
+@EITHER
 def test_bandwidth_cuts_nested_places_where_bandwidth_and_rtt_agree(five: SimCluster, tmp_path: Path) -> None:
     """Issue 22, places that nest, on real links: the `nested` profile puts h1, h2 | h3, h4 | h5 in
     three places 20 Mbit/s and 40 ms apart, the first place's LAN shaped to 200 Mbit/s (Wi-Fi) beside the

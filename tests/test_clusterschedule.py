@@ -41,10 +41,10 @@ class Worker:
 
 
 def scheduler(tmp_path: Path, workers: int = 2, collection: list[str] = COLLECTION,
-              listing: str = LISTING) -> tuple[ClusterScheduling, list[Worker]]:
+              listing: str = LISTING, slots: int = 2) -> tuple[ClusterScheduling, list[Worker]]:
     (tmp_path / "cluster-tests").write_text(listing)
     config = SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace(loadscopereorder=False))
-    sched = ClusterScheduling(config, None, tmp_path / "cluster-tests", frozenset({"tests/test_elastic.py"}), slots=2)
+    sched = ClusterScheduling(config, None, tmp_path / "cluster-tests", frozenset({"tests/test_elastic.py"}), slots=slots)
     nodes = [Worker(f"gw{i}", collection) for i in range(workers)]
     for node in nodes:
         node.sched = sched
@@ -104,6 +104,22 @@ def test_a_worker_past_the_last_slot_gets_pure_tests_only_and_stops(tmp_path: Pa
     run_all(sched, nodes)
     ran_by_gw2 = ran_by(nodes[2])
     assert ran_by_gw2 and all("pure" in t for t in ran_by_gw2)
+    assert all(n.shutting_down for n in nodes)
+
+
+def test_with_three_slots_two_workers_share_the_either_cluster_tests_and_the_fourth_runs_pure_ones(tmp_path: Path) -> None:
+    sched, nodes = scheduler(tmp_path, workers=4, slots=3)
+    gw0, gw1, gw2, gw3 = nodes
+    sched.schedule()
+    assert gw0.sent[0] == ["tests/test_check.py::test_one", "tests/test_check.py::test_two"]
+    firsts = [gw1.sent[0], gw2.sent[0]]
+    assert ["tests/test_comm.py::test_hooks", "tests/test_comm.py::test_hier"] in firsts
+    assert all(not t.startswith("tests/test_check.py") and "pure" not in t for batch in firsts for t in batch)
+    assert all("pure" in t for t in ran_by(gw3))
+    run_all(sched, nodes)
+    ran = [ran_by(n) for n in nodes]
+    assert sorted(t for tests in ran for t in tests) == sorted(COLLECTION)  # each test once
+    assert not {t for tests in ran[1:] for t in tests if t.startswith("tests/test_check.py")}
     assert all(n.shutting_down for n in nodes)
 
 

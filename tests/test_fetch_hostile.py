@@ -17,7 +17,7 @@ import pytest
 from tests.fabrun import ROOT, FabProcess, fab
 from tests.hostile import Canary, HostileRun, listing, manifest, odd_entries, plant_run, remove_run, sha256, tree
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.either_cluster]
 
 GOOD = b"the good checkpoint at step 2\n"
 GOOD_NAME = "ckpt-step000000002.pt"

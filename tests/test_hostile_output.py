@@ -17,7 +17,7 @@ import pytest
 from meshrun.deploy.edges.records import RunRecord, new_run_id
 from tests.fabrun import ROOT, fab, run_id_of
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.either_cluster]
 
 WORKDIR = "/root/meshrun"
 UNSAFE = [chr(c) for c in (*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0))]
@@ -51,7 +51,8 @@ def test_status_shows_a_garbage_answering_host_as_unknown(testbed, make_inventor
     inventory = make_inventory(host_overrides={"h2": {"python": "/root/evil-agent"}})
     run_id = new_run_id()
     testbed.exec(2, ["sh", "-c", "cat > /root/evil-answer"], input=answer.replace("RUN", run_id))
-    RunRecord(run_id, str(inventory), ("h1", "h2"), time.time() - 3600, True, "10.77.0.11:29400").save(ROOT / "runs")
+    RunRecord(run_id, str(inventory), ("h1", "h2"), time.time() - 3600, True,
+              f"{testbed.host(1).address}:29400").save(ROOT / "runs")
     as_json = fab("status", "--run", run_id, "--json", timeout=120)
     assert as_json.returncode == 0 and as_json.stderr == "", as_json.stderr
     states = {s["host"]: s for s in json.loads(as_json.stdout)}

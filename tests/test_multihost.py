@@ -20,6 +20,8 @@ from tests.fabrun import (ROOT, FabProcess, fab, run_id_of, run_processes, torch
 from tests.runrecords import summary_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# Every test but the WireGuard one (slot 0's overlay addresses) runs on any slot's cluster.
+EITHER = pytest.mark.either_cluster
 
 HOSTILE = ["a b", "it's", 'say "hi"', "$(touch /tmp/meshrun-pwned)", "`touch /tmp/meshrun-pwned`",
            "x; touch /tmp/meshrun-pwned", "line1\nline2", "$HOME", "*", "\\", "--epochs", "-rf", "é ü 漢"]
@@ -30,6 +32,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@EITHER
 def test_three_hosts_train_fetch_and_verify_checkpoints(testbed, inventory: Path, tmp_path: Path) -> None:
     cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # what this controller last synced where: its own
     done = fab("train", "--inventory", str(inventory), "--hosts", "h1,h2,h3", "--", "epochs=10", timeout=300, env=cache)
@@ -144,6 +147,7 @@ def test_uneven_processes_over_the_wireguard_overlay(testbed_wg, make_inventory)
         assert command[command.index("--nproc-per-node") + 1] == ("2" if i == 1 else "1")
 
 
+@EITHER
 def test_user_script_gets_hostile_arguments_and_env_literally(testbed, make_inventory) -> None:
     """A seed-000-style script runs unmodified via --script; hostile values in argv, env and the
     workdir reach the remote process literally and none is executed."""
@@ -186,6 +190,7 @@ def wait_until_clean(testbed, run_id: str, limit: float) -> float:
     return time.monotonic()
 
 
+@EITHER
 @pytest.mark.parametrize("sig,limit", [(signal.SIGINT, 15.0), (signal.SIGKILL, 30.0)], ids=["ctrl-c", "sigkill"])
 def test_no_orphans_when_the_controller_is_interrupted_or_killed(testbed, inventory: Path, sig: int,
                                                                  limit: float) -> None:
@@ -209,6 +214,7 @@ def test_no_orphans_when_the_controller_is_interrupted_or_killed(testbed, invent
         run.close()
 
 
+@EITHER
 def test_crash_on_one_host_stops_the_others_and_shows_its_tail(testbed, inventory: Path) -> None:
     done = fab("train", "--inventory", str(inventory), "--script", "tests/scripts/crash_one_rank.py", timeout=240)
     assert done.returncode == 1
@@ -222,6 +228,7 @@ def test_crash_on_one_host_stops_the_others_and_shows_its_tail(testbed, inventor
     wait_no_run_processes(run_id, timeout=5)
 
 
+@EITHER
 def test_preflight_stops_a_run_on_a_host_without_torch(testbed, make_inventory) -> None:
     """The fast pre-flight (versions, ports) runs before sync and launch; --skip-checks skips it."""
     inventory = make_inventory(host_overrides={"h2": {"python": "/usr/bin/python3"}})

@@ -9,10 +9,10 @@ loss: lan, home 20 Mbit/s 40 ms, far 50 Mbit/s 150 ms) with
 `with cluster.profile("far"):` (latency.py, its NFQUEUE delayer delayer.c).
 Needs root. Try it by hand: `python -m tests.testbed`.
 
-Those names and subnets are slot 0's. A machine holds a second cluster beside it on slot 1
-(mru<i>, mrubr0, 10.74.0.x, overlay 10.75.0.x, its own state dir and lock), chosen by
-MESHRUN_TESTBED_SLOT or the pytest-xdist worker (layout.py): the test runner's second worker runs
-its share of the cluster tests there.
+Those names and subnets are slot 0's. A machine holds two more clusters beside it on slots 1 and 2
+(mru<i>, mrubr0, 10.74.0.x, overlay 10.75.0.x; mrv<i>, 10.71.0.x, 10.72.0.x; each its own state dir
+and lock), chosen by MESHRUN_TESTBED_SLOT or the pytest-xdist worker (layout.py): the test runner's
+second and third workers run their share of the cluster tests there.
 """
 
 from .cluster import ClusterState, DownReport, Process, SimCluster

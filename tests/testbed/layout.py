@@ -12,19 +12,22 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# A machine holds up to two clusters side by side, one per slot: the test runner's second worker
-# runs the tests that name no fixed address on slot 1 while the first runs the rest on slot 0
-# (tests/conftest.py). A process's slot is read once, from the environment, and every name, subnet,
+# A machine holds up to three clusters side by side, one per slot: the test runner's second and third
+# workers run the tests that name no fixed address on slots 1 and 2 while the first runs the rest on
+# slot 0 (tests/conftest.py): the cluster tests mostly wait, and two chains of them set the suite's end. A process's slot is read once, from the environment, and every name, subnet,
 # state dir and lock below follows it; slot 0 is the cluster every doc and recipe describes.
 SLOT_ENV = "MESHRUN_TESTBED_SLOT"
 SLOTS = ({"prefix": "mrt", "underlay": "10.77.0", "overlay": "10.78.0", "zt": "10.79.0", "state": ""},
-         {"prefix": "mru", "underlay": "10.74.0", "overlay": "10.75.0", "zt": "10.76.0", "state": "-1"})
+         {"prefix": "mru", "underlay": "10.74.0", "overlay": "10.75.0", "zt": "10.76.0", "state": "-1"},
+         {"prefix": "mrv", "underlay": "10.71.0", "overlay": "10.72.0", "zt": "10.73.0", "state": "-2"})
 
 
-def slot_of_worker(worker: str) -> int | None:
-    """pytest-xdist's worker gwN stands on slot N; None past the last slot (or for a non-worker)."""
-    number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else len(SLOTS)
-    return number if number < len(SLOTS) else None
+def slot_of_worker(worker: str, slots: int | None = None) -> int | None:
+    """pytest-xdist's worker gwN stands on slot N; None past the last of `slots` (all of SLOTS by
+    default), or for a non-worker."""
+    slots = len(SLOTS) if slots is None else slots
+    number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else slots
+    return number if number < slots else None
 
 
 def _slot() -> int:
