@@ -14,8 +14,10 @@ from pathlib import Path
 
 # A machine holds up to three clusters side by side, one per slot: the test runner's second and third
 # workers run the tests that name no fixed address on slots 1 and 2 while the first runs the rest on
-# slot 0 (tests/conftest.py): the cluster tests mostly wait, and two chains of them set the suite's end. A process's slot is read once, from the environment, and every name, subnet,
-# state dir and lock below follows it; slot 0 is the cluster every doc and recipe describes.
+# slot 0 (tests/conftest.py). The cluster tests mostly wait: where the cores are not saturated, two
+# chains of them set the suite's end (docs/scale.md). A process's slot is read once, from the
+# environment, and every name, subnet, state dir and lock below follows it; slot 0 is the cluster
+# every doc and recipe describes.
 SLOT_ENV = "MESHRUN_TESTBED_SLOT"
 SLOTS = ({"prefix": "mrt", "underlay": "10.77.0", "overlay": "10.78.0", "zt": "10.79.0", "state": ""},
          {"prefix": "mru", "underlay": "10.74.0", "overlay": "10.75.0", "zt": "10.76.0", "state": "-1"},
