@@ -30,7 +30,7 @@ def busy_runs(error: str) -> tuple[str, ...]:
 
 def busy_guard(test: Sequence[str], seconds: int = GUARD_TIMEOUT_S) -> str:
     """The shell command a remote code sync runs in the workdir before its rsync: `fab sync`'s host-side
-    test (the argv `test`, check_probes.busy_test_argv: the runs' interpreter first) within `seconds`, and when
+    test (the argv `test`, edges/sync.busy_test_argv: the runs' interpreter first) within `seconds`, and when
     it answers busy, that answer on stderr after BUSY_SAID in printable ASCII only, and exit BUSY_EXIT. No
     answer (no such interpreter there: none of its runs runs there; or none in time, or no `timeout`
     program) lets the sync go on."""
