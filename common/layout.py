@@ -72,6 +72,11 @@ AGENT_MODULE = "meshrun.deploy.host.agent"
 TRAINER_MODULE = "meshrun.train"  # the built-in trainer: launched by the plan, asked by --check and --describe
 NOTIFY_CLOSE_S = 10.0  # what a run's last notification may add to its end, at most (controller or detached agent)
 SCRIPT_RUNNER_MODULE = "meshrun.deploy.host.runscript"  # runs a user's --script, then leaves with os._exit
+# What that runner writes on stderr for a rank of a world > 1 that exited 0 without calling init_process_group
+# (deploy/host/alonewatch.py), and the controller reads back from its host logs into summary.json's
+# `trained_alone` (deploy/run/alone.py).
+ALONE_LINE = ("meshrun: rank {rank} of {world} never called torch.distributed.init_process_group: it trained alone "
+              '(docs/scripts.md, "Scripts written for mp.spawn")')
 # torchrun as meshrun starts it: the rendezvous state read as data (deploy/host/torchrun.py, which keeps its own
 # copies of the three names below: the check ships it to hosts without meshrun; tests/test_rdzv_state.py holds them equal).
 TORCHRUN_MODULE = "meshrun.deploy.host.torchrun"

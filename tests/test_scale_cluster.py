@@ -52,6 +52,7 @@ def test_check_network_and_a_barrier_run_on_sixteen_hosts(sixteen: SimCluster, t
     assert sorted(int(r) for r in re.findall(r"BARRIER rank=(\d+) ", train.stdout)) == list(range(SIZE))
     summary = json.loads((ROOT / "runs" / run_id_of(train.stdout) / "summary.json").read_text())
     assert (summary["status"], summary["world_size"], sorted(summary["hosts"])) == ("succeeded", SIZE, sorted(names))
+    assert summary["trained_alone"] == []  # every rank joined (deploy/run/alone.py)
 
 
 CONNECT_ALL = """

@@ -44,6 +44,7 @@ from meshrun.deploy.edges.records import (RunRecord, load_record, new_run_id, re
 from meshrun.deploy.edges.sync import is_project_itself
 from meshrun.deploy.inventory.selection import Selection, parse_nnodes, select_hosts
 from meshrun.deploy.run.workload import recorded_workload, refuse_trainer_flags, resumed_nnodes, resumed_work
+from meshrun.deploy.run.alone import AloneRank, alone_warning
 from meshrun.deploy.run.summary import RunSummary, build_summary
 from meshrun.deploy.edges.trainercheck import check_trainer_args
 from meshrun.deploy.edges.transport import Session, connect
@@ -359,6 +360,8 @@ def _conclude(outcome: JobOutcome, summary: RunSummary, project: Project, render
         renderer.info(f"comm: {c['hook']} all-reduce {c['measured_s'] * 1e3:.1f} ms per step, ring floor "
                       f"{c['floor_s'] * 1e3:.1f} ms at {c['bandwidth_mbit_s']} Mbit/s ({c['ratio']}x)")
     renderer.job_summary(summary, outcome, str(path))
+    if alone := alone_warning(AloneRank(**r) for r in summary.trained_alone):
+        renderer.warn(alone)
     if outcome.interrupted:  # as every other task a signal ends: 130 for a Ctrl-C (deploy/errors.py)
         return interrupted_status(outcome.interrupted)
     return 0 if outcome.status is JobStatus.SUCCEEDED else 1

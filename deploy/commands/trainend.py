@@ -4,6 +4,7 @@ the comm record, provenance, the newest checkpoint), read into the run's summary
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from meshrun.layout import RESULT, run_dir
@@ -15,11 +16,13 @@ from meshrun.deploy.edges import provenance
 from meshrun.deploy.edges.beside import Beside
 from meshrun.deploy.edges.records import RunRecord
 from meshrun.deploy.edges.transport import CommandResult, Session
+from meshrun.deploy.edges.watch import tail
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.project import Project
 from meshrun.deploy.render.console import Renderer
 from meshrun.deploy.render.neutral import one_line
+from meshrun.deploy.run.alone import ALONE_READ, AloneRank, trained_alone
 from meshrun.deploy.run.outcome import JobOutcome, JobStatus
 from meshrun.deploy.run.plan import LaunchPlan
 from meshrun.deploy.run.summary import HostEnd, RunSummary, build_summary, end_files, end_read, host_end, trainer_result
@@ -103,7 +106,8 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     rdzv_id = record.rdzv_id or plan.run_id
     if record.workload.get("script"):
         # A script writes no result.json (docs/scripts.md): its hosts' round is the start counts instead.
-        return build_summary(plan, outcome, None, comm, made, ends=read_ends(answering, plan, rdzv_id, True))
+        summary = build_summary(plan, outcome, None, comm, made, ends=read_ends(answering, plan, rdzv_id, True))
+        return dataclasses.replace(summary, trained_alone=[r.as_json() for r in alone_ranks(outcome)])
     result = read_result(answering, plan)
     # result.json is written at success only: a failed or stopped trainer run's restarts (torchrun's
     # restarts of failed workers among them, which no timeline shows), epochs and metrics are in its
@@ -115,6 +119,12 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     ends = read_ends(answering, plan, rdzv_id, False, trainer=result is None) if asks else []
     return build_summary(plan, outcome, result, comm, made, ends=ends,
                          epochs=configured_epochs(record.workload.get("args")))
+
+
+def alone_ranks(outcome: JobOutcome) -> list[AloneRank]:
+    """The ranks of a --script run that trained alone, as the ends of this controller's copies of the
+    hosts' logs say (deploy/run/alone.py): the runner's line is each such rank's last."""
+    return trained_alone({h.host: tail(h.log, ALONE_READ) for h in outcome.hosts})
 
 
 def launched(origin: Beside[dict], renderer: Renderer) -> dict | None:

@@ -9,8 +9,8 @@ every child process the script starts other than a DataLoader's workers: ranks s
 `alone_line` is then ALONE_LINE for a rank that exited 0 having done none of that: where torch was
 imported and its function could not be wrapped, nothing is said (not knowing is not "alone").
 
-Standard library only, and optional: the runner goes without it where it runs alone, without
-meshrun (`fab check-network` ships runscript.py as a file).
+Standard library and meshrun.layout only, and optional: the runner goes without it where it runs
+alone, without meshrun (`fab check-network` ships runscript.py as a file).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import sys
 from types import ModuleType
 from typing import Mapping
 
+from meshrun.layout import ALONE_LINE
+
 WATCHED = {"torch.distributed": "init_process_group", "torch.multiprocessing": "start_processes"}  # 2nd: mp.spawn's
 CALLED: set[str] = set()  # the WATCHED functions the script called, and "a child process" it started
 WRAPPED: set[str] = set()  # the WATCHED functions found and wrapped
-ALONE_LINE = ("meshrun: rank {rank} of {world} never called torch.distributed.init_process_group: it trained alone "
-              '(docs/scripts.md, "Scripts written for mp.spawn")')
 DATALOADER_WORKER = ("torch.utils.data._utils.worker", "_worker_loop")  # a child that is no rank
 
 

@@ -51,6 +51,7 @@ class RunSummary:
     comm: dict[str, Any] | None = None  # with --comm: hook, floor_s, measured_s, ratio (deploy/edges/comm.py)
     provenance: dict[str, Any] | None = None  # what produced the run (deploy/run/provenance.py)
     idle: list[dict[str, Any]] = field(default_factory=list)  # idle warnings: time, host, idle_s, threshold
+    trained_alone: list[dict[str, Any]] = field(default_factory=list)  # --script ranks that never joined: deploy/run/alone.py
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

@@ -1,0 +1,75 @@
+"""A --script run whose ranks never call init_process_group ends with a warning and summary.json's
+`trained_alone` (deploy/run/alone.py): read from the controller's copies of the hosts' logs, each
+host's word about its own ranks only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from meshrun.layout import ALONE_LINE
+from meshrun.deploy.run.alone import ALONE_MAX, AloneRank, alone_in_log, alone_warning, trained_alone
+from tests.clirun import git_project, run_meshrun
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def line(prefix: str, rank: int, world: int) -> str:
+    return f"[{prefix}] " + ALONE_LINE.format(rank=rank, world=world)
+
+
+def test_whole_lines_of_the_runner_count_for_the_log_they_are_in() -> None:
+    text = "\n".join([
+        "ave alone (docs/scripts.md, \"Scripts written for mp.spawn\")",  # the cut first line of a log's end
+        line("gpu1:1", 1, 4),
+        line("gpu1:1", 1, 4),  # once
+        line("gpu9:3", 3, 4),  # another host's prefix: still this log's host's word
+        "[gpu1:0] " + line("gpu1:0", 0, 4),  # the line inside another: no whole line of the runner's
+        line("gpu1:2", 2, 4) + " and more",
+        line("gpu1:5", 5, 4),  # rank past the world
+        line("gpu1:2", 2, 4).replace("2 of 4", "\u0662 of 4"),  # an Arabic-Indic two: no ASCII digit
+        ALONE_LINE.format(rank=0, world=4),  # no torchrun prefix
+        line("gpu1:0", 0, 4),
+    ])
+    assert alone_in_log("gpu1", text) == [AloneRank("gpu1", 0, 4), AloneRank("gpu1", 1, 4), AloneRank("gpu1", 3, 4)]
+    assert alone_in_log("gpu1", "[gpu1:0] trained on my own\n") == []
+
+
+def test_a_flooding_host_names_at_most_alone_max_ranks_and_hosts_come_in_order() -> None:
+    flood = "\n".join(line("h:0", r, 10**6) for r in range(ALONE_MAX + 50))
+    assert len(alone_in_log("h", flood)) == ALONE_MAX
+    logs = {"b": line("b:1", 1, 2), "a": line("a:0", 0, 2) + "\n" + line("a:0", 0, 2)}
+    assert trained_alone(logs) == [AloneRank("a", 0, 2), AloneRank("b", 1, 2)]
+    assert AloneRank("a", 0, 2).as_json() == {"host": "a", "rank": 0, "world_size": 2}
+
+
+def test_the_warning_names_the_ranks_and_what_to_do() -> None:
+    assert alone_warning([]) is None
+    assert alone_warning([AloneRank("a", 0, 2), AloneRank("b", 1, 2)]) == (
+        "2 rank(s) never called torch.distributed.init_process_group and trained alone (a rank 0, b rank 1): each "
+        "trained the whole job by itself, so the run's result is no distributed one; pass your script its "
+        'distribution flags (docs/scripts.md, "Scripts written for mp.spawn")')
+    many = alone_warning([AloneRank("h", r, 10) for r in range(10)])
+    assert many is not None and many.startswith("10 rank(s) ") and "h rank 7 and 2 more)" in many
+
+
+@pytest.mark.slow
+def test_a_local_script_run_that_never_joins_says_so_at_its_end_and_in_its_summary(tmp_path: Path) -> None:
+    """Real torchrun and runner on the bundled local inventory (2 processes): the script imports no torch."""
+    project = git_project(tmp_path)
+    (project / "alone.py").write_text("print('trained on my own')\n")
+    (project / "inventory").mkdir()
+    (project / "inventory" / "local.yaml").write_bytes((REPO / "inventory" / "local.yaml").read_bytes())
+    subprocess.run(["git", "add", "-A"], cwd=project, check=True)
+    done = run_meshrun(project, "train", "--script", "alone.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert ("warning: 2 rank(s) never called torch.distributed.init_process_group and trained alone (local rank 0, "
+            "local rank 1): ") in " ".join(done.stderr.split())
+    [summary_path] = (project / "runs").glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["status"] == "succeeded"
+    assert summary["trained_alone"] == [{"host": "local", "rank": 0, "world_size": 2},
+                                        {"host": "local", "rank": 1, "world_size": 2}]
