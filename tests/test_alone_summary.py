@@ -12,6 +12,7 @@ import pytest
 
 from meshrun.layout import ALONE_LINE
 from meshrun.deploy.run.alone import ALONE_MAX, AloneRank, alone_in_log, alone_warning, trained_alone
+from meshrun.deploy.commands.report import script_outcome, script_run_lines
 from tests.clirun import git_project, run_meshrun
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +55,24 @@ def test_the_warning_names_the_ranks_and_what_to_do() -> None:
         'distribution flags (docs/scripts.md, "Scripts written for mp.spawn")')
     many = alone_warning([AloneRank("h", r, 10) for r in range(10)])
     assert many is not None and many.startswith("10 rank(s) ") and "h rank 7 and 2 more)" in many
+
+
+def test_fab_report_of_a_script_run_shows_the_ranks_that_trained_alone() -> None:
+    """`fab report` reads `trained_alone` back from summary.json, the entries of the controller's
+    shape only (the file may have been edited), host names shown neutralized."""
+    summary = {"run_id": "r1", "status": "succeeded", "world_size": 2, "host_results": {"a": {"rc": 0}},
+               "trained_alone": [{"host": "a", "rank": 1, "world_size": 2}, {"host": "a", "rank": 2, "world_size": 2},
+                                 {"host": ["a"], "rank": 0, "world_size": 2}, "a rank 0",
+                                 {"host": "b\x1b[2J", "rank": 0, "world_size": 2}]}
+    outcome = script_outcome(summary)
+    assert outcome.trained_alone == [{"host": "a", "rank": 1, "world_size": 2},
+                                     {"host": "b\x1b[2J", "rank": 0, "world_size": 2}]
+    assert script_run_lines("r1", "train.py", outcome, ("a",))[2:] == [
+        "2 rank(s) never called torch.distributed.init_process_group and trained alone (a rank 1, b\\x1b[2J rank 0): "
+        "each trained the whole job by itself, so the run's result is no distributed one; pass your script its "
+        'distribution flags (docs/scripts.md, "Scripts written for mp.spawn")']
+    assert script_outcome({**summary, "trained_alone": "all"}).trained_alone == []
+    assert len(script_run_lines("r1", "train.py", script_outcome({**summary, "trained_alone": []}), ("a",))) == 2
 
 
 @pytest.mark.slow

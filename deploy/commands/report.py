@@ -23,6 +23,7 @@ from meshrun.deploy.inventory.shown import shown_path, with_path
 from meshrun.deploy.render.console import Renderer
 
 from meshrun.deploy.render.png import write_png
+from meshrun.deploy.run.alone import ALONE_MAX, AloneRank, alone_warning
 from meshrun.deploy.run.answers import from_json, is_int, is_real, said
 from meshrun.deploy.run.provenance import report_lines
 from meshrun.deploy.run.report import RunReport, load_report
@@ -115,6 +116,7 @@ class ScriptOutcome:
     reason: str | None = None
     exits: dict[str, int | None] = field(default_factory=dict)  # host -> exit status; None: lost
     timeline: list[dict] = field(default_factory=list)  # events with a numeric time, an event and a host
+    trained_alone: list[dict] = field(default_factory=list)  # {host, rank, world_size}: deploy/run/alone.py
 
 
 def script_outcome(summary: dict | None) -> ScriptOutcome:
@@ -130,7 +132,15 @@ def script_outcome(summary: dict | None) -> ScriptOutcome:
     timeline = [e for e in events if isinstance(e, dict) and is_real(e.get("time"))
                 and isinstance(e.get("event"), str) and isinstance(e.get("host"), str)]
     status = got.get("status") if got.get("status") in STATUSES else None
-    return ScriptOutcome(True, status, **ints, **reals, **texts, exits=exits, timeline=timeline)
+    return ScriptOutcome(True, status, **ints, **reals, **texts, exits=exits, timeline=timeline,
+                         trained_alone=alone_entries(got.get("trained_alone")))
+
+
+def alone_entries(listed: object) -> list[dict]:
+    """summary.json's `trained_alone`, the entries of the shape the controller writes only."""
+    entries = listed[:ALONE_MAX] if isinstance(listed, list) else []
+    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("host"), str) and is_int(e.get("rank"))
+            and is_int(e.get("world_size")) and 0 <= e["rank"] < e["world_size"]]
 
 
 def script_run_lines(run_id: str, script: str, outcome: ScriptOutcome, hosts: tuple[str, ...]) -> list[str]:
@@ -154,7 +164,8 @@ def script_run_lines(run_id: str, script: str, outcome: ScriptOutcome, hosts: tu
         lines.append(f"timeline {at}: {_shown(event['event'])} {_shown(event['host'])}{size}")
     if len(outcome.timeline) > TIMELINE_SHOWN:
         lines.append(f"timeline: {len(outcome.timeline) - TIMELINE_SHOWN} more event(s) in summary.json")
-    return lines
+    alone = alone_warning(AloneRank(_shown(e["host"]), e["rank"], e["world_size"]) for e in outcome.trained_alone)
+    return lines + ([alone] if alone else [])
 
 
 def ended_line(run_id: str, outcome: ScriptOutcome) -> str:
