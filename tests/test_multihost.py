@@ -167,6 +167,13 @@ def test_user_script_gets_hostile_arguments_and_env_literally(testbed, make_inve
     assert echoed.returncode == 0, echoed.stdout[-3000:] + echoed.stderr[-2000:]
     shown = [l.split("ENV ", 1)[1] for l in echoed.stdout.splitlines() if "ENV " in l]
     assert len(shown) == 2 and all(json.loads(s) == env for s in shown)
+    # The seed script joined its world; the echo never calls init_process_group: both ranks trained alone,
+    # read from the controller's copies of h1's and h2's logs (deploy/run/alone.py).
+    assert summary_of(run_id)["trained_alone"] == []
+    assert summary_of(run_id_of(echoed.stdout))["trained_alone"] == [{"host": "h1", "rank": 0, "world_size": 2},
+                                                                    {"host": "h2", "rank": 1, "world_size": 2}]
+    assert "2 rank(s) never called torch.distributed.init_process_group and trained alone (h1 rank 0, h2 rank 1)" in (
+        " ".join(echoed.stderr.split()))
     # ... and is kept nowhere on disk: the agent's record holds no environment.
     agent = testbed.exec(2, ["cat", f"/root/mesh run $(x)/runs/{run_id}/hosts/h2/agent.json"]).stdout
     assert "MR_HOSTILE_" not in agent
