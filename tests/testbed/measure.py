@@ -5,6 +5,10 @@ bench/latency_profiles.py.
 * `ping -U` (user-to-user latency): plain ping timestamps a reply when it
   arrives, before INPUT, so it misses the delay the delayer adds on the way back
   into the sender (NOTES.md §5).
+  With -U the figure also holds ping's own wait for a core after each reply: on a
+  loaded machine (the suite beside it) that wait reached tens of ms (a 60.2 ms median
+  on `home`'s 40, 2026-12-07). ping is the instrument, not the workload: it runs at
+  the simulated network's priority (NETWORK_NICE), as the delayer does.
 * iperf3 with ``--omit``: the first seconds (TCP slow start; at 150 ms RTT it
   needs ~1 s to fill a 50 Mbit/s path) are left out of the figure.
 """
@@ -21,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .proc import run
+from .proc import NETWORK_NICE, run
 
 _TIME_RE = re.compile(r" time=([0-9.]+) ms")
 
@@ -66,7 +70,7 @@ def parse_pings(sent: int, stdout: str) -> Pings:
 def ping(cluster: Runs | None, i: int, address: str, *, count: int = 9,
          interval: float = 0.2) -> Pings:
     """ping -U from host i (or from the controller, this namespace, if cluster is None)."""
-    argv = ping_argv(address, count, interval)
+    argv = ["nice", "-n", str(NETWORK_NICE), *ping_argv(address, count, interval)]
     timeout = count * interval + 30
     # ping exits 1 when replies are missing: the count says how many.
     result = (run(argv, check=False, timeout=timeout) if cluster is None
