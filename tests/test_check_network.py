@@ -306,6 +306,19 @@ def five(testbed: SimCluster) -> Iterator[SimCluster]:
         yield cluster
 
 
+def measured_nested(five: SimCluster, inventory: Path) -> tuple[dict, dict, dict]:
+    """check-network --bandwidth on the `nested` profile: its report, and per pair ("12") the best
+    bandwidth and smallest RTT as the clustering takes them, and the best bandwidth alone."""
+    with five.profile("nested"):
+        report, _, _ = check_json(inventory, "--bandwidth")
+    # What the test claims is the places, from the links; not the end-to-end all-reduce, which a
+    # CI run with the 16-host test beside it starved past its budget (2026-12-05; other tests own it).
+    assert [link for link in report["links"] if link["state"] != "open"] == [], report["findings"]
+    stats = {"".join(sorted(h[1] for h in pair)): v for pair, v in pair_stats(
+        (k["source"], k["target"], k["mbit_s"], k["connect_ms"]) for k in report["links"] if not k["rendezvous"]).items()}
+    return report, stats, {pair: mbit for pair, (mbit, _) in stats.items()}
+
+
 @EITHER
 def test_bandwidth_cuts_nested_places_where_bandwidth_and_rtt_agree(five: SimCluster, tmp_path: Path) -> None:
     """Issue 22, places that nest, on real links: the `nested` profile puts h1, h2 | h3, h4 | h5 in
@@ -314,18 +327,16 @@ def test_bandwidth_cuts_nested_places_where_bandwidth_and_rtt_agree(five: SimClu
     (check-network before 2026-12-05) split h1 from h2. h3 and h4 declare `site: dc`: the WARN's
     lines keep it and declare the rest, and the matrix by site has dc inside."""
     inventory = five.write_inventory(tmp_path / "hosts.yaml", host_overrides={h: {"site": "dc"} for h in ("h3", "h4")})
-    with five.profile("nested"):
-        report, _, _ = check_json(inventory, "--bandwidth")
-    # What this test claims is the places, from the links; not the end-to-end all-reduce, which a
-    # CI run with the 16-host test beside it starved past its budget (2026-12-05; other tests own it).
-    assert [link for link in report["links"] if link["state"] != "open"] == [], report["findings"]
-    # per pair ("12"), its best bandwidth and smallest RTT, as the clustering takes them
-    stats = {"".join(sorted(h[1] for h in pair)): v for pair, v in pair_stats(
-        (k["source"], k["target"], k["mbit_s"], k["connect_ms"]) for k in report["links"] if not k["rendezvous"]).items()}
-    best = {pair: mbit for pair, (mbit, _) in stats.items()}
-    slow = {pair: mbit for pair, mbit in best.items() if pair not in ("12", "34")}
-    assert 200 * 0.85 < best["12"] < 200 * 1.05 and max(slow.values()) < 25, best
-    # The premise: the widest gap between consecutive bandwidths is the one between the two LANs.
+    # The premise is the machine's, not meshrun's: the widest gap between consecutive bandwidths is the
+    # one between the two LANs. The unshaped veth's figure is what the probe's CPU reaches: beside the
+    # suite it once read 1747 Mbit/s against the Wi-Fi LAN's 190 (2026-12-07), short of the 10x the gap
+    # needs. One more measurement then; a premise that fails twice fails the test.
+    for _ in range(2):
+        report, stats, best = measured_nested(five, inventory)
+        slow = {pair: mbit for pair, mbit in best.items() if pair not in ("12", "34")}
+        assert 200 * 0.85 < best["12"] < 200 * 1.05 and max(slow.values()) < 25, best
+        if best["34"] / best["12"] > best["12"] / max(slow.values()):
+            break
     assert best["34"] / best["12"] > best["12"] / max(slow.values()), best
     print(f"nested: best Mbit/s per pair {best}; smallest RTT ms per pair { {p: r for p, (_, r) in stats.items()} }")
     places = [f["message"] for f in report["findings"] if f["where"] == "cluster"]
