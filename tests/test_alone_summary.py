@@ -4,6 +4,7 @@ host's word about its own ranks only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -44,7 +45,7 @@ def test_a_flooding_host_names_at_most_alone_max_ranks_and_hosts_come_in_order()
     assert len(alone_in_log("h", flood)) == ALONE_MAX
     logs = {"b": line("b:1", 1, 2), "a": line("a:0", 0, 2) + "\n" + line("a:0", 0, 2)}
     assert trained_alone(logs) == [AloneRank("a", 0, 2), AloneRank("b", 1, 2)]
-    assert AloneRank("a", 0, 2).as_json() == {"host": "a", "rank": 0, "world_size": 2}
+    assert dataclasses.asdict(AloneRank("a", 0, 2)) == {"host": "a", "rank": 0, "world_size": 2}
 
 
 def test_the_warning_names_the_ranks_and_what_to_do() -> None:

@@ -107,7 +107,7 @@ def gathered(plan: LaunchPlan, outcome: JobOutcome, record: RunRecord, sessions:
     if record.workload.get("script"):
         # A script writes no result.json (docs/scripts.md): its hosts' round is the start counts instead.
         summary = build_summary(plan, outcome, None, comm, made, ends=read_ends(answering, plan, rdzv_id, True))
-        return dataclasses.replace(summary, trained_alone=[r.as_json() for r in alone_ranks(outcome)])
+        return dataclasses.replace(summary, trained_alone=[dataclasses.asdict(r) for r in alone_ranks(outcome)])
     result = read_result(answering, plan)
     # result.json is written at success only: a failed or stopped trainer run's restarts (torchrun's
     # restarts of failed workers among them, which no timeline shows), epochs and metrics are in its

@@ -33,9 +33,6 @@ class AloneRank:
     rank: int
     world_size: int
 
-    def as_json(self) -> dict[str, object]:
-        return {"host": self.host, "rank": self.rank, "world_size": self.world_size}
-
 
 def alone_in_log(host: str, text: str) -> list[AloneRank]:
     """The ranks whose ALONE_LINE is a whole line of `text` (a log's end: its first line may be a
