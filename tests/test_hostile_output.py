@@ -65,11 +65,14 @@ def test_status_shows_a_garbage_answering_host_as_unknown(testbed, make_inventor
 
 
 def _cut_metrics_lines(testbed, run: dict, stop: threading.Event) -> None:
-    """A hostile (or crashing) rank 0 host: as soon as a run's metrics file appears, append a
-    line cut short (no newline: the trainer's next record lands on the same, broken line)."""
+    """A hostile (or crashing) rank 0 host: as soon as a run's metrics file has its first records,
+    append a line cut short (no newline: the trainer's next record lands on the same, broken line).
+    Not as soon as it appears: a fresh start opens the file, then sets aside what an earlier run left
+    there (train/metrics.py `set_aside_earlier_run`), and a cut line that lands in between goes aside
+    with it (it did, in a CI run); nothing is written to the file before that."""
     while not stop.is_set():
-        found = testbed.exec(1, ["sh", "-c", f"ls {WORKDIR}/runs/*/metrics.rank0.jsonl 2>/dev/null"],
-                             check=False).stdout.split()
+        found = testbed.exec(1, ["sh", "-c", f'for f in {WORKDIR}/runs/*/metrics.rank0.jsonl; do '
+                                 '[ -s "$f" ] && echo "$f"; done; true'], check=False).stdout.split()
         fresh = [f for f in found if f not in run["before"]]
         if fresh:
             testbed.exec(1, ["sh", "-c", 'printf %s \'{"kind": "comm", "comm_s": 0.0\' >> "$1"', "sh", fresh[0]])
