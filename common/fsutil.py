@@ -100,6 +100,16 @@ def sha256_file(path: Path) -> str:
     return sha.hexdigest()
 
 
+def copy_hashed(src: Path, dst: Path) -> str:
+    """Copy `src` to a new `dst` and return the sha256 of the bytes copied: one read for both."""
+    sha = hashlib.sha256()
+    with open(src, "rb") as source, open(dst, "xb") as out:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            sha.update(block)
+            out.write(block)
+    return sha.hexdigest()
+
+
 class FileRefused(OSError):
     """A file that is not read: not a regular file, or larger than the limit. `str()` says which, in words
     (`is a FIFO, not a regular file`); `too_large` tells the two apart."""

@@ -13,7 +13,8 @@ import pytest
 
 from meshrun.deploy.commands.fetch import Fetched, failure_lines, main, replaceable, vouched
 from meshrun.deploy.run.resume import newest_listed_step
-from meshrun.deploy.edges.fetch import FetchReport, place
+from meshrun.deploy.edges.fetch import FetchReport
+from meshrun.deploy.edges.fetchplace import place
 from meshrun.deploy.edges.records import RunRecord, load_record
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.project import Project

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from meshrun.deploy.edges import fetch as fetch_module
-from meshrun.deploy.edges.fetch import (MAX_DEPTH, FetchReport, Staging, fetch_argv, fetch_verified, place,
-                                        prepare_staging, remove_staging, remove_tree, transfer, verify_checkpoints)
+from meshrun.deploy.edges.fetch import (FetchReport, Staging, fetch_argv, fetch_verified, prepare_staging,
+                                        remove_staging, remove_tree, transfer, verify_checkpoints)
+from meshrun.deploy.edges.fetchplace import place
+from meshrun.deploy.edges.staging import MAX_DEPTH
 from meshrun.deploy.edges.rsyncrun import run_rsync
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.model import Host, Network

@@ -16,7 +16,7 @@ import pytest
 
 from meshrun.deploy.commands.fetch import main
 from meshrun.deploy.edges.placed import journal_to, read_journal, read_placed
-from meshrun.deploy.edges import fetch as fetch_edge
+from meshrun.deploy.edges import fetchplace as fetch_edge
 from meshrun.deploy.project import Project
 from tests.localrun import local_h2_project
 from meshrun.deploy.run.manifest import manifest_text, parse_manifest

@@ -21,7 +21,8 @@ import pytest
 
 from meshrun.deploy.commands.sync import code_files
 from meshrun.deploy.edges import gitlist, sync
-from meshrun.deploy.edges.fetch import FetchReport, place
+from meshrun.deploy.edges.fetch import FetchReport
+from meshrun.deploy.edges.fetchplace import place
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.host import codestat
 from meshrun.deploy.inventory.load import load_inventory

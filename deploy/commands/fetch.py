@@ -12,11 +12,13 @@ from pathlib import Path
 from meshrun.layout import BEST_CHECKPOINT, CHECKPOINTS, EVENTS, HOSTS, checkpoint_step, run_dir
 from meshrun.deploy.edges.agents import run_hosts, with_missing
 from meshrun.deploy.edges.checkpointpush import copy_records
+from meshrun.deploy.edges.digestmemo import DigestMemo
 from meshrun.deploy.edges.fanout import HostResults, on_each
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.fetch import BUT_CHECKPOINTS, EVERYTHING, FETCH_ATTEMPTS, FETCH_TIMEOUT_S, \
-    ONLY_CHECKPOINTS, RESUMES, FetchReport, fetch_argv, fetch_lock, fetch_verified, place, prepare_staging, read_host_manifest, \
-    remove_staging, skip_lines, stage_verified
+    ONLY_CHECKPOINTS, RESUMES, FetchReport, fetch_argv, fetch_lock, fetch_verified, prepare_staging, read_host_manifest, \
+    remove_staging, skip_lines
+from meshrun.deploy.edges.fetchplace import note_unchanged, place, stage_verified
 from meshrun.deploy.edges.prune import prune_home
 from meshrun.deploy.edges.placed import drop_journal, hashes_of, journal_to, placed_after, read_journal, read_placed, \
     save_placed, write_assembled_manifest
@@ -55,6 +57,7 @@ class _Transfers:
     known_hosts: Path | None
     force: bool
     renderer: Renderer
+    memo: DigestMemo  # the digests of the files here, read once while unchanged
 
     def each(self, part: tuple[str, ...], chosen: list[Host], what: str) -> HostResults[FetchReport]:
         """`part` of each chosen host's run directory, in parallel, with a progress bar per host."""
@@ -78,7 +81,9 @@ class _Transfers:
         argv = fetch_argv(host, run_id, staging, self.root, self.known_hosts, basis, part)
         fetch_verified(argv, staging, report, bars.update)
         ours = read_placed(home, host.name)
-        place(staging.tree, report.landed, report, self.force, ours=ours, on_placed=journal_to(home, host.name))
+        checked = {f"{CHECKPOINTS}/{name}": digest for name, digest in report.verified.items()}
+        place(staging.tree, report.landed, report, self.force, ours=ours, on_placed=journal_to(home, host.name),
+              known=checked, here=self.memo)
         save_placed(home, host.name, placed_after(ours, report))
         remove_staging(staging)
         return report
@@ -97,7 +102,7 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
     hosts, inventory, missing = run_hosts(record, root)  # a bad ssh_config: one line before any host
     home = dest / record.run_id
     every_copy = every_copy or isinstance(record.workload.get("script"), str)
-    transfers = _Transfers(record, root, home, inventory.known_hosts, force, renderer)
+    transfers = _Transfers(record, root, home, inventory.known_hosts, force, renderer, DigestMemo(home))
     results = transfers.each(EVERYTHING if every_copy else BUT_CHECKPOINTS, hosts, "fetch")
     failed = with_missing(results, missing, record.hosts).failed
     reports = list(results.ok.values())
@@ -122,7 +127,8 @@ def fetch_run(record: RunRecord, root: Path, dest: Path, force: bool, renderer: 
                 shutil.rmtree(home / INCOMING / host, ignore_errors=True)  # its partial file: never resumed now
             else:
                 failed.setdefault(host, MeshrunError(f"{err}; its logs and metrics came home, its checkpoints did not"))
-    _assemble_checkpoints(home, reports, force)
+    _assemble_checkpoints(home, reports, force, transfers.memo)
+    transfers.memo.save()
     incoming = home / INCOMING
     if incoming.is_dir() and not any(incoming.iterdir()):
         incoming.rmdir()
@@ -200,7 +206,7 @@ def _merge(reports: list[FetchReport], extra: FetchReport) -> None:
     report.skipped.total += extra.skipped.total - len(extra.skipped.names)
 
 
-def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -> None:
+def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool, memo: DigestMemo) -> None:
     """`runs/<id>/checkpoints/`: the verified checkpoints of the host holding the newest one, and
     the controller's manifest of the verified ones there (nothing else a host put in its folder).
     That manifest is meshrun's own file, rewritten on every fetch: kept as it was, it would stop
@@ -217,13 +223,17 @@ def _assemble_checkpoints(home: Path, reports: list[FetchReport], force: bool) -
     previous = {**read_host_manifest(target).digests(), **read_journal(home, ASSEMBLY)} if ours else {}
     assembly = home / INCOMING / f".{CHECKPOINTS}"
     shutil.rmtree(assembly, ignore_errors=True)
-    stage_verified(best.landed / CHECKPOINTS, best.verified, assembly)
+    staged, already = stage_verified(best.landed / CHECKPOINTS, best.verified, assembly, target, memo)
     combined = FetchReport(best.host, target)
+    on_placed = journal_to(home, ASSEMBLY) if ours else None
     place(assembly, target, combined, force, prefix=f"{CHECKPOINTS}/", ours=replaceable(previous, best.newest_step),
-          on_placed=journal_to(home, ASSEMBLY) if ours else None, grow=False)
+          on_placed=on_placed, grow=False, known=staged, here=memo)
+    note_unchanged(combined, already, f"{CHECKPOINTS}/", on_placed)
     shutil.rmtree(assembly)
     if ours:
-        present = hashes_of(target, set(previous) | {n for r in reports for n in r.verified})
+        # What this assembly placed or found is as it left it; only the rest is read again (yours?).
+        unread = (set(previous) | {n for r in reports for n in r.verified}) - set(combined.placed)
+        present = {**hashes_of(target, unread, memo.digest), **combined.placed}
         write_assembled_manifest(target, vouched(present, [r.verified for r in reports], previous), combined)
         drop_journal(home, ASSEMBLY)
     best.kept_home += [c for c in combined.conflicts if c not in best.kept_home]  # relative to runs/<id>/

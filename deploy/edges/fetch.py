@@ -9,15 +9,7 @@ tree. A host fetched before is fetched against what the last fetch placed from i
 (`staging.fetch_basis`): only what changed on the host crosses the link. Checkpoints are
 verified against the host's `MANIFEST.sha256` under the rules of `deploy.run.manifest` (the
 trainer's own names only; other lines are reported, not acted on).
-Each staged file is then fsynced and renamed into place (`os.replace`), so a file appears under
-its final name whole or not at all; a file that differs from one already here is never
-overwritten unless `force` or it is still what an earlier fetch brought (a log or metrics
-file the host has since grown, a file of the host's own tree the last fetch placed, or a
-`best.pt` the controller's own manifest lists with that sha256, from a host as new; a step's
-checkpoint is never replaced), and nothing is written through a link or outside the target.
-
-The staged tree is walked without recursion (`staging.walk`) and no deeper than MAX_DEPTH: a
-folder below that is reported, not placed, and removed from staging.
+Each staged file is then placed (`deploy.edges.fetchplace`).
 """
 
 from __future__ import annotations
@@ -27,19 +19,18 @@ import os
 import re
 import shlex
 import shutil
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
-from meshrun.fsutil import fsync_dir, sha256_file
+from meshrun.fsutil import sha256_file
 from meshrun.layout import CHECKPOINT_MANIFEST, CHECKPOINTS, FETCH_LOCK, checkpoint_step, run_dir
 from meshrun.deploy.errors import MeshrunError
 from meshrun.deploy.inventory.shown import with_path
 from meshrun.deploy.edges.rsyncrun import RSYNC_VANISHED_EXIT, io_timeout_option, run_rsync
-from meshrun.deploy.edges.staging import MAX_DEPTH, PARTIAL_DIR, Staging, is_regular, remove_tree, walk
+from meshrun.deploy.edges.staging import PARTIAL_DIR, Staging, is_regular, remove_tree, walk
 from meshrun.deploy.edges.sync import PROGRESS_RE, PROTECT_ARGS, remote_path, remote_spec, ssh_argv
 from meshrun.deploy.inventory.model import Host
 from meshrun.deploy.run.manifest import MANIFEST_MAX_BYTES, Manifest, parse_manifest, refusal_lines, shown
@@ -212,69 +203,6 @@ def verify_checkpoints(tree: Path, report: FetchReport) -> None:
     report.newest_step = max((s for s in steps if s is not None), default=-1)
 
 
-def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: str = "",
-          ours: Mapping[str, str] | None = None, on_placed: Callable[[str, str], None] | None = None,
-          grow: bool = True) -> None:
-    """Move the regular files under `source` into `target`, each atomically: new ones land,
-    identical ones are dropped, a differing local file is kept (a conflict) unless `force` or it
-    is still what meshrun put there: a byte prefix of the new copy (a log that grew: none of its
-    bytes is lost; not with `grow` off, for checkpoints, which are written whole: a host could
-    append to a verified one), or the sha256 `ours` gives for its relative name. Folders deeper than
-    MAX_DEPTH are refused (a report line) and left in `source`. `on_placed(relative name, sha256)`
-    as each file is here as the host sent it, so a caller cut off midway still knows which are."""
-    deep: list[Path] = []
-    found = _regular_files(source, deep)
-    report.refused += deep_lines(report.host, [prefix + shown(d.relative_to(source).as_posix(), limit=200)
-                                               for d in deep])
-    for src in found:
-        rel = src.relative_to(source)
-        dst = target / rel
-        name = prefix + shown(rel.as_posix(), limit=200)
-        if not _plain_dirs_to(target, dst):
-            report.refused.append(f"host '{report.host}': {name}: a folder on its way here is a link or a file; "
-                                  "not placed")
-            continue
-        if os.path.lexists(dst) and not is_regular(dst):  # a folder or link of yours: never replaced
-            report.conflicts.append(name)
-            continue
-        digest = sha256_file(src)
-        if not os.path.lexists(dst):
-            report.new.append(name)
-        elif (local := sha256_file(dst)) == digest:
-            report.unchanged.append(name)
-        elif force or (ours or {}).get(rel.as_posix()) == local or (grow and _grew(dst, src)):
-            report.updated.append(name)
-        else:
-            report.conflicts.append(name)
-            continue
-        report.placed[rel.as_posix()] = digest
-        if name not in report.unchanged:
-            _commit(src, dst)
-        if on_placed is not None:
-            on_placed(rel.as_posix(), digest)
-
-
-def _grew(old: Path, new: Path) -> bool:
-    """`old`'s bytes are a proper prefix of `new`'s: a file that was only appended to."""
-    if os.lstat(old).st_size >= os.lstat(new).st_size:
-        return False
-    with open(old, "rb") as a, open(new, "rb") as b:
-        while chunk := a.read(1 << 20):
-            if b.read(len(chunk)) != chunk:
-                return False
-    return True
-
-
-def stage_verified(source: Path, digests: dict[str, str], out: Path) -> None:
-    """Copy into `out` the checkpoints of `source` that still match their verified sha256: what
-    `runs/<id>/checkpoints/` is assembled from (its manifest the controller writes afterwards)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, digest in digests.items():
-        if is_regular(source / name) and sha256_file(source / name) == digest:
-            with open(source / name, "rb") as src, open(out / name, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-
-
 def remove_staging(staging: Staging) -> None:
     """The staged copy goes once placed; partial transfers stay so the next fetch resumes, and
     an emptied partial dir goes with the rest. Folders deeper than MAX_DEPTH go whole. A tree
@@ -301,53 +229,6 @@ def _empty_tree(tree: Path) -> None:
     for folder in reversed(folders):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
-
-
-def deep_lines(host: str, names: list[str]) -> list[str]:
-    """One report line per folder too deep to bring home (at most REPORTED_SKIPS, then a count)."""
-    lines = [f"host '{host}': {name}: a folder more than {MAX_DEPTH} levels deep; not placed"
-             for name in names[:REPORTED_SKIPS]]
-    if len(names) > REPORTED_SKIPS:
-        lines.append(f"host '{host}': {len(names) - REPORTED_SKIPS} more folders more than {MAX_DEPTH} levels deep; "
-                     "not placed")
-    return lines
-
-
-
-def _regular_files(top: Path, deep: list[Path]) -> list[Path]:
-    """Regular files under `top`, sorted; links are not followed, partial-dirs are skipped, and
-    folders deeper than MAX_DEPTH are added to `deep`."""
-    found = []
-    for here, dirs, files in walk(top, deep):
-        dirs[:] = [d for d in dirs if d != PARTIAL_DIR]
-        found += [p for p in (here / f for f in files) if is_regular(p)]
-    return sorted(found)
-
-
-
-def _plain_dirs_to(target: Path, dst: Path) -> bool:
-    """Every folder from `target` down to `dst`'s parent is a real folder, or absent and made."""
-    folders = [target]
-    for part in dst.relative_to(target).parts[:-1]:
-        folders.append(folders[-1] / part)
-    for folder in folders:
-        try:
-            if not stat.S_ISDIR(os.lstat(folder).st_mode):
-                return False
-        except FileNotFoundError:
-            folder.mkdir(parents=folder == target)
-    return True
-
-
-def _commit(src: Path, dst: Path) -> None:
-    """Make `src`'s bytes durable, then rename it over `dst` (same filesystem: atomic)."""
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(src, dst)
-    fsync_dir(dst.parent)
 
 
 @contextmanager

@@ -98,9 +98,9 @@ def save_placed(home: Path, host: str, placed: Mapping[str, str]) -> None:
     drop_journal(home, host)
 
 
-def hashes_of(directory: Path, names: Iterable[str]) -> dict[str, str]:
+def hashes_of(directory: Path, names: Iterable[str], digest: Callable[[Path], str] = sha256_file) -> dict[str, str]:
     """{name: sha256} of the regular files of `directory` among `names` (links not followed)."""
-    return {name: sha256_file(directory / name) for name in sorted(names) if is_regular(directory / name)}
+    return {name: digest(directory / name) for name in sorted(names) if is_regular(directory / name)}
 
 
 def write_assembled_manifest(directory: Path, entries: dict[str, str], report: FetchReport) -> None:
