@@ -1,6 +1,6 @@
 """A fetch after the first sends only what changed on the host (longrun review, finding 1): the
 staging tree is emptied once placed, so rsync is given the host's tree as the last fetch left it,
-`runs/<id>/hosts/<host>/`, as its `--copy-dest` basis. Exact argv, the basis rule on real trees,
+`runs/<id>/hosts/<host>/`, as its `--link-dest` basis. Exact argv, the basis rule on real trees,
 real rsync from a local host (no sshd) counting the bytes it sent, and real rsync against a
 recording stand-in for ssh to show the basis path never reaches the host."""
 
@@ -44,11 +44,11 @@ def test_fetch_argv_gives_rsync_the_landed_tree_as_its_basis(tmp_path: Path) -> 
             "--no-specials", "--chmod=D755,F644", "--partial-dir=.rsync-partial", f"--temp-dir={tmp_path / 'in/tmp'}",
             "--info=progress2", "--no-inc-recursive"]
     assert fetch_argv(_host(), "r1", staging, tmp_path, kh, landed) == head + [
-        "--modify-window=-1", f"--copy-dest={landed}", "-e", shlex.join(ssh_argv(_host(), kh)),
+        "--modify-window=-1", f"--link-dest={landed}", "-e", shlex.join(ssh_argv(_host(), kh)),
         "10.0.0.2:meshrun/runs/r1/", f"{tmp_path / 'in/tree'}/"]
     local = _host("local", str(tmp_path / "wd"))
     assert fetch_argv(local, "r1", staging, tmp_path, None, landed) == head + [
-        "--modify-window=-1", f"--copy-dest={landed}", f"{tmp_path / 'wd/runs/r1'}/", f"{tmp_path / 'in/tree'}/"]
+        "--modify-window=-1", f"--link-dest={landed}", f"{tmp_path / 'wd/runs/r1'}/", f"{tmp_path / 'in/tree'}/"]
     assert fetch_argv(local, "r1", staging, tmp_path, None, None) == head + [
         f"{tmp_path / 'wd/runs/r1'}/", f"{tmp_path / 'in/tree'}/"]
 
@@ -69,7 +69,7 @@ def test_the_basis_is_a_plain_tree_of_folders_and_regular_files_only(tmp_path: P
     plain = _tree(tmp_path / "plain")
     assert fetch_basis(plain) == plain
     monkeypatch.chdir(tmp_path)
-    assert fetch_basis(Path("plain")) == plain  # absolute: a relative --copy-dest is read from the staging tree
+    assert fetch_basis(Path("plain")) == plain  # absolute: a relative --link-dest is read from the staging tree
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside/secret").write_text("s")
     cases = {"dir-link": lambda t: (t / "torchrun/attempt_0/x").symlink_to(tmp_path / "outside"),
@@ -161,7 +161,7 @@ def test_a_second_fetch_sends_only_the_new_checkpoint_and_what_the_logs_grew_by(
     _append(run / "metrics.rank0.jsonl", 64 << 10)
     assert main(RUN, None, False, project) == 0
     argvs, sent = rsyncs.fetch(0)
-    assert sent > 4 * MIB and not any(a.startswith("--copy-dest") for a in argvs[0])
+    assert sent > 4 * MIB and not any(a.startswith("--link-dest") for a in argvs[0])
     digests = _save(run, [400, 500, 600])
     _append(run / "train.log", 10 << 10)
     _append(run / "metrics.rank0.jsonl", 10 << 10)
@@ -169,7 +169,7 @@ def test_a_second_fetch_sends_only_the_new_checkpoint_and_what_the_logs_grew_by(
     home = project.runs / RUN
     argvs, sent = rsyncs.fetch(1)
     assert MIB <= sent < MIB + (64 << 10), rsyncs.literal
-    assert all(f"--copy-dest={home / 'hosts/h2'}" in argv for argv in argvs) and len(argvs) == 2
+    assert all(f"--link-dest={home / 'hosts/h2'}" in argv for argv in argvs) and len(argvs) == 2
     for name in ("train.log", "metrics.rank0.jsonl", "checkpoints/ckpt-step000000600.pt",
                  "checkpoints/ckpt-step000000400.pt", "checkpoints/MANIFEST.sha256"):
         assert (home / "hosts/h2" / name).read_bytes() == (run / name).read_bytes(), name
@@ -191,7 +191,7 @@ def test_a_link_you_made_in_the_hosts_tree_means_no_basis_but_the_fetch_still_wo
     digests = _save(run, [300, 400])
     assert main(RUN, None, False, project) == 0
     argvs, sent = rsyncs.fetch(1)
-    assert not any(a.startswith("--copy-dest") for argv in argvs for a in argv)
+    assert not any(a.startswith("--link-dest") for argv in argvs for a in argv)
     assert sent >= 2 * MIB  # everything again: the first fetch's behaviour
     assert parse_manifest((project.runs / RUN / "checkpoints/MANIFEST.sha256").read_bytes()).digests() == digests
 
@@ -218,7 +218,7 @@ def test_a_file_here_the_quick_check_takes_for_the_hosts_is_fetched_whole_on_the
     _write_manifest(run)
     assert main(RUN, None, False, project) == 0
     # The second fetch: its small files and its checkpoints with the basis, then the retry without.
-    assert [any(a.startswith("--copy-dest") for a in argv) for argv in rsyncs.fetch(1)[0]] == [True, True, False]
+    assert [any(a.startswith("--link-dest") for a in argv) for argv in rsyncs.fetch(1)[0]] == [True, True, False]
     assert landed.read_bytes() == b"B" * 4096 and (home / "checkpoints/best.pt").read_bytes() == b"B" * 4096
 
 
@@ -251,7 +251,7 @@ def test_the_basis_path_never_reaches_the_host(tmp_path: Path) -> None:
     assert done.returncode != 0
     sent = (tmp_path / "words").read_bytes() + (tmp_path / "sent").read_bytes()
     assert b"meshrun/runs/r1/" in sent
-    assert b"gpu2-basis" not in sent and b"copy-dest" not in sent and str(tmp_path).encode() not in sent
+    assert b"gpu2-basis" not in sent and b"link-dest" not in sent and str(tmp_path).encode() not in sent
     assert b"modify-window" not in sent  # the receiver's alone: a host's older rsync never sees it
 
 
@@ -270,7 +270,7 @@ def test_force_fetches_without_a_basis_and_replaces_a_changed_file_with_the_host
     landed.write_bytes(b"damaged!!\n" * 100)
     os.utime(landed, ns=(os.stat(run / "train.log").st_atime_ns, os.stat(run / "train.log").st_mtime_ns))
     assert main(RUN, None, True, project) == 0
-    assert not any(a.startswith("--copy-dest") for argv in rsyncs.fetch(1)[0] for a in argv)
+    assert not any(a.startswith("--link-dest") for argv in rsyncs.fetch(1)[0] for a in argv)
     assert landed.read_bytes() == b"host line\n" * 100
 
 

@@ -39,7 +39,9 @@ from meshrun.deploy.run.shell import local_workdir
 SKIPPED_RE = re.compile(rb'^skipping non-regular file "(.*)"$')
 REPORTED_SKIPS = 20
 FETCH_TIMEOUT_S = 3600  # one host's whole transfer (checkpoints of a large model over a slow link)
-BASIS_OPTION = "--copy-dest="  # rsync reads unchanged files from the basis, changed ones as its differences
+# rsync hard-links an unchanged file from the basis (no byte read or written: a checkpoint of 10 GB
+# was copied on every fetch) and builds a changed one from the basis's blocks and the differences.
+BASIS_OPTION = "--link-dest="
 RESUMES = "the transfer resumes where it stopped"  # a failed transfer's hint: its partial file stays in staging
 FETCH_ATTEMPTS = 2  # transfers of a host whose checkpoints fail their checksum, before they are called damaged
 
@@ -87,9 +89,11 @@ def fetch_argv(host: Host, run_id: str, staging: Staging, root: Path, known_host
                basis: Path | None = None, part: tuple[str, ...] = EVERYTHING) -> list[str]:
     """rsync the host's run directory (of it, what the `part` filter keeps) into the staging
     tree: regular files only, resumable. With `basis` (`fetch_basis`: the host's tree as the last
-    fetch left it, absolute), a file unchanged there is copied from it here and a changed one (a
+    fetch left it, absolute), a file unchanged there is linked from it here and a changed one (a
     log that grew) comes as its differences: without it, the emptied staging tree would make
-    every fetch send every byte again."""
+    every fetch send every byte again. A staged link is only read, then unlinked (place() finds
+    it unchanged: it is the file here); nothing writes into a staged file, rsync included (its
+    changes land in a new file renamed over the name), so the file here is never written through it."""
     argv = ["rsync", PROTECT_ARGS, io_timeout_option(), "--recursive", "--times", "--no-links", "--no-devices",
             "--no-specials", "--chmod=D755,F644", f"--partial-dir={PARTIAL_DIR}", f"--temp-dir={staging.tmp}",
             "--info=progress2", "--no-inc-recursive", *part]

@@ -68,7 +68,7 @@ def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: 
         recorded = (ours or {}).get(rel.as_posix())
         if not os.path.lexists(dst):
             report.new.append(name)
-        elif (local := _local_digest(dst, src, recorded, here)) == digest:
+        elif (local := _local_digest(dst, src, digest, recorded, here)) == digest:
             report.unchanged.append(name)
         elif force or (recorded is not None and local == recorded) or (grow and _grew(dst, src)):
             report.updated.append(name)
@@ -84,10 +84,14 @@ def place(source: Path, target: Path, report: FetchReport, force: bool, prefix: 
             on_placed(rel.as_posix(), digest)
 
 
-def _local_digest(dst: Path, src: Path, recorded: str | None, here: Digests) -> str | None:
-    """`dst`'s sha256 where place compares it: with the new copy (only bytes of its size can be
-    the same) or with what an earlier fetch `recorded` placing it. None: neither can match."""
-    if recorded is None and os.lstat(dst).st_size != os.lstat(src).st_size:
+def _local_digest(dst: Path, src: Path, digest: str, recorded: str | None, here: Digests) -> str | None:
+    """`dst`'s sha256 where place compares it: with the new copy's, `digest` (only bytes of its
+    size can be the same) or with what an earlier fetch `recorded` placing it. None: neither can
+    match. A staged file rsync linked to `dst` (the basis, unchanged on the host) is `dst`: its bytes."""
+    here_stat, staged_stat = os.lstat(dst), os.lstat(src)
+    if os.path.samestat(here_stat, staged_stat):
+        return digest
+    if recorded is None and here_stat.st_size != staged_stat.st_size:
         return None
     return here.digest(dst)
 

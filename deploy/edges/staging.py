@@ -95,13 +95,14 @@ def is_regular(path: Path) -> bool:
 
 
 def fetch_basis(landed: Path) -> Path | None:
-    """`hosts/<host>/` as rsync's `--copy-dest` for that host's next fetch, or None (every file
+    """`hosts/<host>/` as rsync's `--link-dest` for that host's next fetch, or None (every file
     then comes whole, as on a first fetch): only a real folder whose every entry, MAX_DEPTH deep
     at most, is a real folder or a regular file, every folder listable.
 
     Safe with an untrusted host: the basis is only read, by the receiving rsync here (rsync sends
     basis options to a server only when the server receives: the host never sees this path), and
-    what rsync makes from it lands in staging, checked and placed as a file the host sent whole.
+    what rsync makes from it lands in staging (a hard link to an unchanged file, never written
+    through: `fetch_argv`), checked and placed as a file the host sent whole.
     It holds what this same host sent before (place() makes real folders and renames regular
     files there, never a link) and your edits of those. The host learns, for a name it serves,
     the size and block checksums of the file of that name here: its own earlier bytes or your
