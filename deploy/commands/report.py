@@ -7,23 +7,25 @@ none of those is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from meshrun.layout import SUMMARY
+from meshrun.layout import HOSTS, SUMMARY, TRAIN_LOG
 from meshrun.deploy.edges.comm import beside_floor, load_plan
 from meshrun.deploy.edges.provenance import detached as detached_provenance
 from meshrun.deploy.inputfiles import RECORD_MAX, read_optional
 from meshrun.deploy.project import Project
 from meshrun.deploy.edges.records import RunRecord, resolve_run
+from meshrun.deploy.edges.watch import tail
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inventory.shown import shown_path, with_path
 from meshrun.deploy.render.console import Renderer
 
 from meshrun.deploy.render.png import write_png
-from meshrun.deploy.run.alone import ALONE_MAX, AloneRank, alone_warning
+from meshrun.deploy.run.alone import ALONE_MAX, ALONE_READ, AloneRank, alone_warning, trained_alone
 from meshrun.deploy.run.answers import from_json, is_int, is_real, said
 from meshrun.deploy.run.provenance import report_lines
 from meshrun.deploy.run.report import RunReport, load_report
@@ -143,12 +145,22 @@ def alone_entries(listed: object) -> list[dict]:
             and is_int(e.get("world_size")) and 0 <= e["rank"] < e["world_size"]]
 
 
+def logged_alone(home: Path, hosts: Iterable[str]) -> list[AloneRank]:
+    """A run without summary.json (detached): the ranks that trained alone, as the ends of its hosts'
+    agent logs here say (`hosts/<host>/hosts/<host>/train.log` as `fab fetch-checkpoints` brought it
+    from the host's run directory; `hosts/<host>/train.log` where the run lives here, a local host).
+    Each log counts for its own host only (deploy/run/alone.py), whatever else it holds."""
+    return trained_alone({host: tail(home / HOSTS / host / HOSTS / host / TRAIN_LOG, ALONE_READ) + "\n"
+                          + tail(home / HOSTS / host / TRAIN_LOG, ALONE_READ) for host in hosts})
+
+
 def script_run_lines(run_id: str, script: str, outcome: ScriptOutcome, hosts: tuple[str, ...]) -> list[str]:
     """`fab report`'s lines for a --script run, before its provenance's: outcome, hosts, timeline."""
     head = f"run {run_id}: ran --script {shown_path(script)}"
+    alone = alone_warning(AloneRank(_shown(e["host"]), e["rank"], e["world_size"]) for e in outcome.trained_alone)
     if not outcome.recorded:
         return [f"{head}; no summary.json (detached, or not ended yet): fab status --run {run_id}",
-                f"hosts: {', '.join(hosts)}"]
+                f"hosts: {', '.join(hosts)}"] + ([f"from the hosts' logs here: {alone}"] if alone else [])
     facts = [outcome.status or "status unknown"]
     facts += [f"world size {outcome.world_size}"] if outcome.world_size is not None else []
     facts += [f"restarts {outcome.restarts}"] if outcome.restarts is not None else []
@@ -164,7 +176,6 @@ def script_run_lines(run_id: str, script: str, outcome: ScriptOutcome, hosts: tu
         lines.append(f"timeline {at}: {_shown(event['event'])} {_shown(event['host'])}{size}")
     if len(outcome.timeline) > TIMELINE_SHOWN:
         lines.append(f"timeline: {len(outcome.timeline) - TIMELINE_SHOWN} more event(s) in summary.json")
-    alone = alone_warning(AloneRank(_shown(e["host"]), e["rank"], e["world_size"]) for e in outcome.trained_alone)
     return lines + ([alone] if alone else [])
 
 
@@ -199,6 +210,9 @@ def script_report(runs: Path, record: RunRecord, script: str, as_json: bool) -> 
     if summary is None and provenance is None:
         metrics_root(runs, run_id, script)  # raises unless fetched files are there: then its hosts show
     outcome = script_outcome(summary)
+    if summary is None:
+        outcome = dataclasses.replace(outcome, trained_alone=[asdict(r) for r in logged_alone(runs / run_id,
+                                                                                               record.hosts)])
     renderer = Renderer()
     if as_json:
         renderer.json({"run_id": run_id, "script": script, "hosts": list(record.hosts), **asdict(outcome),
