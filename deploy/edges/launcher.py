@@ -279,9 +279,9 @@ class JobRunner:
         fresh = _Live(at_generation(live.launch, generation), session, live.log)
         self.rejoins[live.name] = self.rejoins.get(live.name, 0) + 1
         fresh.stream = start_agent(fresh.session, fresh.launch)  # MeshrunError: `live` stays lost (a try spent)
-        live.replaced = True
-        with self.lock:
+        with self.lock:  # one step for any reader: a replaced entry always has its successor listed
             self.hosts.append(fresh)
+            live.replaced = True
         threading.Thread(target=self._read, args=(fresh,), daemon=True, name=f"log-{fresh.name}").start()
         self._record(Change.JOINED, fresh.name, f"came back after being lost (generation {generation})")
 
