@@ -65,6 +65,8 @@ def first(tmp_path: Path):  # type: ignore[no-untyped-def]
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         worker = wait_for(lambda: read_pid(marker), 20, "the first agent's command")
+        # Its pidfile comes once the command has started (it names the command's pid): after the marker.
+        wait_for((tmp_path / host_dir(RUN, "local") / AGENT_PIDFILE).exists, 20, "the first agent's pidfile")
         yield agent, worker
     finally:
         agent.send_signal(signal.SIGTERM)

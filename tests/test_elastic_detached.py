@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.either_cluster]
 
 def _host_records(testbed, host: int, run_id: str, name: str) -> list[dict]:
     out = testbed.exec(host, ["sh", "-c", f"cat /root/meshrun/runs/{run_id}/{name} 2>/dev/null"], check=False).stdout
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+    whole = out[:out.rfind("\n") + 1]  # the trainer may be writing the last line as it is read
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
 
 def _wait_until(condition, timeout: float, what: str) -> None:

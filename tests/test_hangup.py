@@ -157,7 +157,10 @@ class Agent:
 class Session:
     def run(self, argv, *, timeout=60, create_workdir=False):  # the agent's stop: TERM, grace, KILL
         (out / "stop-began").write_text("")
-        time.sleep(2.0)
+        deadline = time.monotonic() + 30  # the stop lasts until the test has sent its second signal
+        while not (out / "second-sent").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # and for its handler to have run
         (out / "stopped").write_text(" ".join(argv))
         return CommandResult(0, '{"remaining": []}', "")
     def start(self, argv):
@@ -204,6 +207,7 @@ def test_a_signalled_controller_stops_its_run_gracefully_and_runs_its_finally(
         controller.send_signal(first)
         wait_until(lambda: (tmp_path / "stop-began").exists(), controller, "the stop")
         controller.send_signal(second)
+        (tmp_path / "second-sent").touch()
         assert controller.wait(60) == status, err.read_text()
     finally:
         controller.kill()

@@ -320,13 +320,13 @@ def test_status_watch_asks_on_at_most_its_workers_and_every_host_in_turn(monkeyp
     watcher.record = type("Record", (), {"hosts": tuple(h.name for h in hosts)})()
     asked: list[str] = []
     now, peak = [0], [0]
-    gauge = threading.Lock()
+    gauge, release = threading.Lock(), threading.Event()
 
     def ask(host: object) -> None:
         with gauge:
             now[0] += 1
             peak[0] = max(peak[0], now[0])
-        time.sleep(0.02)
+        release.wait(30)  # every question hangs until the test lets them go
         with gauge:
             now[0] -= 1
             asked.append(host.name)  # type: ignore[attr-defined]
@@ -334,9 +334,16 @@ def test_status_watch_asks_on_at_most_its_workers_and_every_host_in_turn(monkeyp
             watcher.asking.discard(host.name)  # type: ignore[attr-defined]
 
     monkeypatch.setattr(watcher, "_ask", ask)
-    started = time.monotonic()
-    watcher.view()
-    assert time.monotonic() - started < 0.5  # it did not wait for the questions
+    viewer = threading.Thread(target=watcher.view, daemon=True)
+    viewer.start()
+    viewer.join(10)
+    assert not viewer.is_alive()  # the view returned while every question hung: it did not wait for them
+    deadline = time.monotonic() + 10
+    while now[0] < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # time for a fifth asker, were there one
+    assert (now[0], peak[0], asked) == (4, 4, [])
+    release.set()
     deadline = time.monotonic() + 10
     while len(asked) < len(hosts) and time.monotonic() < deadline:
         time.sleep(0.01)

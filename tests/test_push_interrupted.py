@@ -117,8 +117,25 @@ def _cut_while_crossing(name: str) -> Callable[..., None]:
             time.sleep(0.01)
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(30)
+        # The client rsync exits without waiting for its receiver, which removes its temp file in its
+        # own clean-up: the cut is over when the whole group is.
+        while _group_alive(proc.pid):
+            assert time.monotonic() < deadline + 30, "rsync's receiver outlived the cut"
+            time.sleep(0.01)
         raise KeyboardInterrupt
     return cut
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a live (not zombie) process of process group `group` is left on this machine."""
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(group).encode() and fields[0] != b"Z":
+            return True
+    return False
 
 
 def _setup(tmp_path: Path, ours: dict[str, bytes], held: dict[str, bytes], listed: tuple[str, ...]):
