@@ -38,6 +38,7 @@ from meshrun.deploy.inventory.selection import Selection
 from meshrun.deploy.project import Project
 from meshrun.deploy.render import hints
 from meshrun.deploy.render.console import Renderer
+from meshrun.deploy.run import requirements
 from meshrun.deploy.run.requirements import Declared, Requirements, declared, requirements_digest
 from tests.fakesession import host
 
@@ -127,7 +128,8 @@ def test_the_controllers_digest_is_the_one_setup_records(tmp_path: Path, require
 def test_declared_reads_the_project_as_setup_does(tmp_path: Path) -> None:
     assert declared(tmp_path) == Declared("", "requirements.txt")  # nothing declared: no source needed
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\ndependencies = ["timm", "numpy"]\n')
-    assert declared(tmp_path) == Declared(hashlib.sha256(b"timm\nnumpy").hexdigest(), "pyproject.toml's dependencies")
+    assert declared(tmp_path) == Declared(hashlib.sha256(b"timm\nnumpy").hexdigest(), "pyproject.toml's dependencies",
+                                          requirements.build_digest(tmp_path))  # setup installs the project too
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\ndependencies = [\n')
     assert declared(tmp_path) is None  # invalid: the launch says nothing rather than fail over a warning
     (tmp_path / "requirements.txt").write_text(NEW)  # wins over pyproject.toml, as in setup
@@ -231,3 +233,87 @@ def test_check_network_warns_of_it_too(workdir: Path, tmp_path: Path, monkeypatc
     assert [f for f in findings if f["where"] == "gpu1" and "setup" in f["message"]] == [
         {"level": "WARN", "where": "gpu1", "message": sincesetup.requirements_finding(
             (named("gpu1"),), {"gpu1": stamp_with(D_OLD)}, NOW).message}]  # type: ignore[union-attr]
+
+
+# --- the project itself: its build files since setup installed it (pip install --no-deps -e .) ---
+
+B_OLD, B_NEW = "a" * 64, "b" * 64
+BUILT = Declared("", "requirements.txt", B_NEW)
+
+
+def stamp_of_project(project: object) -> str:
+    return json.dumps({"boot": "b", "gpus_busy": [], "requirements": "", "project": project}, sort_keys=True)
+
+
+def test_hosts_that_installed_the_project_from_other_build_files_get_one_warn() -> None:
+    hosts = (named("gpu1"), named("gpu2"), named("gpu3"), named("gpu4"), named("box", address="local"))
+    stamps = {"gpu1": stamp_of_project(B_OLD), "gpu2": stamp_of_project(B_NEW), "gpu3": stamp_of_project(None),
+              "gpu4": stamp_of_project(B_OLD.upper()), "box": stamp_of_project(B_OLD)}
+    assert sincesetup.since_setup(hosts, stamps, BUILT) == [Finding(
+        Level.WARN, "gpu1", "the project's build files (pyproject.toml, setup.py, setup.cfg) changed since `fab setup` "
+                            "installed the project there; run `fab setup --hosts gpu1`")]
+    assert sincesetup.since_setup(hosts, stamps, dataclasses.replace(BUILT, build=None)) == []  # setup does not install it
+    assert sincesetup.since_setup(hosts, stamps, None) == []
+    both = sincesetup.since_setup(hosts[:1], {"gpu1": json.dumps({"requirements": D_OLD, "project": B_OLD})},
+                                  Declared(D_NEW, "requirements.txt", B_NEW))
+    assert [f.message.split(" changed")[0] for f in both] == [
+        "requirements.txt", "the project's build files (pyproject.toml, setup.py, setup.cfg)"]
+
+
+@pytest.mark.parametrize("files", [
+    {}, {"pyproject.toml": b'[project]\nname = "p"\n'},
+    {"pyproject.toml": b'[build-system]\nrequires = ["setuptools"]\n', "setup.cfg": b"[metadata]\nname = p\n",
+     "setup.py": b"from setuptools import setup\nsetup()\n"}])
+def test_the_controllers_build_digest_is_the_one_setup_records(tmp_path: Path, files: dict[str, bytes],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    assert requirements.build_digest(tmp_path) == host_setup.build_digest()
+    assert requirements.BUILD_FILES == host_setup.BUILD_FILES
+
+
+def test_declared_has_the_build_digest_only_where_setup_installs_the_project(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text(NEW)
+    assert declared(tmp_path) == NOW  # no setup.py, no [project] or [build-system]: not installed
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\n')
+    assert declared(tmp_path) == dataclasses.replace(NOW, build=requirements.build_digest(tmp_path))
+
+
+def test_a_reused_pre_flight_warns_of_build_files_changed_since_setup_installed_the_project(
+        workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real stamp reads the record the real host-side setup wrote installing the project (its pip
+    stood in); a console script added to pyproject.toml since is said, and a setup since silences it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    pyproject = '[project]\nname = "mypkg"\nversion = "0"\n'
+    for where in (project, workdir):
+        (where / "requirements.txt").write_text(OLD)
+        (where / "pyproject.toml").write_text(pyproject)
+    args = argparse.Namespace(force=False, build="b1", wheel="w.whl", requirements="requirements.txt", requirement=[],
+                              install_project=True)
+
+    def setup_there() -> None:
+        with monkeypatch.context() as here:
+            here.chdir(workdir)
+            here.setattr(host_setup, "pip", lambda *args: 0.0)
+            host_setup.install(args, [])
+
+    setup_there()
+    gpu1 = named("gpu1", address="127.0.0.1", python=str(workdir / ".venv" / "bin" / "python"), workdir=str(workdir))
+    selection = Selection((gpu1,), Rendezvous(None, 29400))
+    sessions = {"gpu1": LocalSession(gpu1, project)}
+    monkeypatch.setattr(check, "_check_before_run", lambda *args: ())
+
+    def warned() -> list[str]:
+        shown = Recorder()
+        check.preflight(selection, sessions, shown, tmp_path / "preflight.json", root=project)
+        return shown.warnings
+
+    assert warned() == []
+    (project / "pyproject.toml").write_text(pyproject + '[project.scripts]\nmytool = "mypkg.cli:main"\n')
+    assert warned() == ["pre-flight: gpu1: the project's build files (pyproject.toml, setup.py, setup.cfg) changed "
+                        "since `fab setup` installed the project there; run `fab setup --hosts gpu1`"]
+    (workdir / "pyproject.toml").write_bytes((project / "pyproject.toml").read_bytes())  # setup's sync, then its install
+    setup_there()
+    assert warned() == []

@@ -14,7 +14,7 @@ from meshrun.deploy.check.exposure import exposure_findings, with_findings
 from meshrun.deploy.check.findings import Level
 from meshrun.deploy.check.gpus import busy_findings
 from meshrun.deploy.check.ports import store_hosts, successor_findings, successor_names
-from meshrun.deploy.check.sincesetup import requirements_finding
+from meshrun.deploy.check.sincesetup import since_setup
 from meshrun.deploy.check.sites import place_links, site_findings
 from meshrun.deploy.check.skew import meshrun_findings
 from meshrun.deploy.edges.wheel import controller_identity
@@ -74,7 +74,7 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
             interfaces = {f.name: f.interface for f in facts if f.interface}
             allreduce = run_allreduce(selection, sessions, interfaces, "check-" + new_run_id(), sys.executable,
                                       allreduce_budget(facts))
-        since_setup = requirements_finding(hosts, stamps.result(), declared(project.root))
+        changed = since_setup(hosts, stamps.result(), declared(project.root))
     finally:
         stamps.settle()  # its commands end before their sessions close
         close_all(sessions)
@@ -86,7 +86,7 @@ def check_network(request: CheckRequest, renderer: Renderer, project: Project) -
                                         elastic),
                            meshrun_findings(facts, str(controller_identity())) + successor_findings(probed.successors)
                            + busy_findings(facts) + exposure_findings(exposure) + places
-                           + ([since_setup] if since_setup else []))
+                           + changed)
     report = replace(report, places=place_links(names, sites, matrix))
     if request.json:
         renderer.json(asdict(report))
@@ -118,8 +118,8 @@ def preflight(selection: Selection, sessions: Mapping[str, Session], renderer: R
     path = cache or cache_file()
     stores = store_hosts(selection, elastic)
     lines = stamp_lines(selection.hosts, sessions, sys.executable, selection.rendezvous.port, stores)
-    if root is not None and (since_setup := requirements_finding(selection.hosts, lines, declared(root))):
-        renderer.warn(f"pre-flight: {since_setup.where}: {since_setup.message}")
+    for finding in since_setup(selection.hosts, lines, declared(root)) if root is not None else []:
+        renderer.warn(f"pre-flight: {finding.where}: {finding.message}")
     stamps = keyed_stamps(lines, selection.hosts, selection.rendezvous.port, stores)
     # This controller's build is in the key: after an upgrade here the hosts' meshrun is checked again.
     # So is elasticity: a plain run's pass never checked the successors' port.

@@ -24,6 +24,11 @@ it with the digest of its own requirements on every launch, reused pass or not, 
 requirements.txt changed since setup (deploy/check/sincesetup.py). Only when this interpreter is
 that venv's: a host whose inventory `python:` runs another environment did not get its packages
 from that setup, so the record says nothing of it. A `setup` rerun changes it, and so the stamp.
+
+Also `"project"`, from the same record: the digest of the project's build files (pyproject.toml,
+setup.py, setup.cfg) from which `fab setup` last installed the project itself (`pip install
+--no-deps -e .`), or null: a package or entry point added to them since is not installed here,
+and the controller warns of it as of the requirements.
 """
 
 from __future__ import annotations
@@ -106,10 +111,10 @@ def busy_gpus() -> list[int]:
     return sorted(busy)
 
 
-def setup_requirements() -> str | None:
-    """The `requirements` digest setup recorded for the workdir's venv, as written (the controller
-    checks its shape); None when this python is not that venv's, or there is no readable record.
-    Opened without blocking and read only if a regular file: a FIFO there must not hang the stamp."""
+def setup_record(field: str) -> str | None:
+    """A digest setup recorded for the workdir's venv (`requirements`, `project`), as written (the
+    controller checks its shape); None when this python is not that venv's, or there is no readable
+    record. Opened without blocking and read only if a regular file: a FIFO there must not hang the stamp."""
     try:
         if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
             return None
@@ -121,7 +126,7 @@ def setup_requirements() -> str | None:
         record = json.loads(data)
     except (OSError, ValueError, RecursionError):
         return None
-    found = record.get("requirements") if isinstance(record, dict) else None
+    found = record.get(field) if isinstance(record, dict) else None
     return found if isinstance(found, str) else None
 
 
@@ -131,7 +136,7 @@ def main(argv: list[str]) -> None:
     folders = sorted(set(site.getsitepackages() + [site.getusersitepackages()]))
     stamp = {"boot": _boot_id(), "python": os.path.realpath(sys.executable), "version": sys.version,
              "site": [[p, _mtime(p)] for p in folders], "torch": [torch_dir, _mtime(torch_dir) if torch_dir else None],
-             "gpus_busy": busy_gpus(), "requirements": setup_requirements()}
+             "gpus_busy": busy_gpus(), "requirements": setup_record("requirements"), "project": setup_record("project")}
     if len(argv) == 2:
         stamp["rdzv"] = port_state(argv[0], int(argv[1]))
     print(json.dumps(stamp, sort_keys=True))

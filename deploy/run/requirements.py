@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.fsutil import read_regular
+from meshrun.fsutil import FileRefused, read_regular
 from meshrun.deploy.errors import InputError
 from meshrun.deploy.inputfiles import read_input
 from meshrun.deploy.inventory.shown import one_line, with_path
@@ -33,6 +33,9 @@ else:  # pragma: no cover - Python 3.10 controllers get tomli from meshrun's dep
 
 REQUIREMENTS_FILE = "requirements.txt"
 SETUP_PY = "setup.py"
+# What pip reads to build the project: deploy/host/setup.py's BUILD_FILES (that file travels alone); tests hold them equal.
+BUILD_FILES = ("pyproject.toml", SETUP_PY, "setup.cfg")
+BUILD_FILE_MAX = 16 << 20
 PYPROJECT_MAX = 1 << 20
 FIX = f"fix it, or declare the project's requirements in {REQUIREMENTS_FILE}"  # a pyproject.toml setup cannot read
 
@@ -87,6 +90,7 @@ class Declared:
     """The project's requirements as setup would install them now: their digest and how to name them."""
     digest: str  # sha256 hex, as deploy/host/setup.py records it; "" when the project declares none
     source: str  # "requirements.txt" or "pyproject.toml's dependencies"
+    build: str | None = None  # `build_digest`, where setup installs the project itself; else None
 
 
 def requirements_digest(requirements: Requirements, file_bytes: bytes = b"") -> str:
@@ -98,6 +102,22 @@ def requirements_digest(requirements: Requirements, file_bytes: bytes = b"") -> 
     return hashlib.sha256("\n".join(requirements.lines).encode("utf-8")).hexdigest() if requirements.lines else ""
 
 
+def build_digest(root: Path) -> str | None:
+    """What deploy/host/setup.py's build_digest records of the project's BUILD_FILES once it installed
+    the project from them: sha256 over each, named, with its length (-1: absent). A copy of that
+    host-side rule; tests hold them equal. None when one cannot be read here (no word then)."""
+    digest = hashlib.sha256()
+    for name in BUILD_FILES:
+        try:
+            data: bytes | None = read_regular(root / name, BUILD_FILE_MAX)
+        except FileNotFoundError:
+            data = None
+        except (OSError, FileRefused):
+            return None
+        digest.update(f"{name} {len(data) if data is not None else -1}\n".encode() + (data or b""))
+    return digest.hexdigest()
+
+
 def declared(root: Path) -> Declared | None:
     """The digest setup would record for this project now; None when it cannot be told (an invalid
     pyproject.toml, an unreadable requirements.txt): the launch then says nothing of it."""
@@ -107,4 +127,5 @@ def declared(root: Path) -> Declared | None:
     except (InputError, OSError):
         return None
     source = "pyproject.toml's dependencies" if requirements.lines else REQUIREMENTS_FILE
-    return Declared(requirements_digest(requirements, data), source)
+    return Declared(requirements_digest(requirements, data), source,
+                    build_digest(root) if requirements.install_project else None)
