@@ -88,7 +88,11 @@ def test_interrupted_or_killed_controller_leaves_no_process(sig: int, limit: flo
             frames = view.stdout.split(f"run {run_id} — ")[1:]
             # host, state, ranks, generation, epoch, step, samples/s now / average, last progress, rtt (standalone: -)
             row = r"│ local +│ running +│ 2 +│ 0 +│ \d+ +│ \d+ +│ (\d+|-) / \d+ +│ \d+ s ago +│ - +│"
-            assert len(frames) == 6 and all(re.search(row, f) for f in frames), view.stdout
+            # The view never waits for a host: a frame drawn before the first answer says so (a loaded
+            # machine's CI drew one), and every frame from the first answer on shows the run.
+            asked = r"│ local +│ asking +│ - +│ - +│ - +│ - +│ - +│ - +│ - +│ - +│ - +│ - +│ never +│"
+            answered = next((i for i, f in enumerate(frames) if not re.search(asked, f)), len(frames))
+            assert len(frames) == 6 and answered <= 2 and all(re.search(row, f) for f in frames[answered:]), view.stdout
             assert any(re.search(r"│ \d+ / \d+ +│", f) for f in frames), view.stdout  # two progress answers
             assert any(re.search(r"│ CPU \d+% +│ RSS \d+\.\d +│ - +│ \d+ s ago", f) for f in frames), view.stdout
             assert re.search(r"world 2 rank\(s\) on 1 host\(s\) · epoch \d+/500 · step \d+ .* · ETA \d+ (h|min|s)",
